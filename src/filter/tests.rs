@@ -1,0 +1,638 @@
+//! The proxy-wasm glue driven natively: the real root and http contexts, with a fake host in
+//! place of Envoy that records every call and answer.
+
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::rc::Rc;
+use std::time::Duration;
+
+use proxy_wasm::traits::{HttpContext, RootContext};
+use proxy_wasm::types::Action;
+use serde_json::Value;
+
+use super::{FanoutRoot, Host};
+use crate::answer::Answer;
+
+/// The host functions the SDK imports from Envoy. The glue reaches the host only through
+/// [`Host`], so none of these may ever run in a test; they exist so that the test binary
+/// links (the SDK's default trait methods refer to them).
+macro_rules! unreachable_host_functions {
+    ($($name:ident)*) => {$(
+        #[no_mangle]
+        extern "C" fn $name() -> u32 {
+            eprintln!("the glue called {} directly instead of through Host", stringify!($name));
+            std::process::abort()
+        }
+    )*};
+}
+
+unreachable_host_functions! {
+    proxy_add_header_map_value
+    proxy_call_foreign_function
+    proxy_close_stream
+    proxy_continue_stream
+    proxy_define_metric
+    proxy_dequeue_shared_queue
+    proxy_done
+    proxy_enqueue_shared_queue
+    proxy_get_buffer_bytes
+    proxy_get_current_time_nanoseconds
+    proxy_get_header_map_pairs
+    proxy_get_header_map_value
+    proxy_get_log_level
+    proxy_get_metric
+    proxy_get_property
+    proxy_get_shared_data
+    proxy_get_status
+    proxy_grpc_call
+    proxy_grpc_cancel
+    proxy_grpc_close
+    proxy_grpc_send
+    proxy_grpc_stream
+    proxy_http_call
+    proxy_increment_metric
+    proxy_log
+    proxy_record_metric
+    proxy_register_shared_queue
+    proxy_remove_header_map_value
+    proxy_replace_header_map_value
+    proxy_resolve_shared_queue
+    proxy_send_local_response
+    proxy_set_buffer_bytes
+    proxy_set_effective_context
+    proxy_set_header_map_pairs
+    proxy_set_property
+    proxy_set_shared_data
+    proxy_set_tick_period_milliseconds
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Dispatched {
+    token: u32,
+    cluster: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    timeout: Duration,
+}
+
+#[derive(Default)]
+struct State {
+    config: Option<Vec<u8>>,
+    request_headers: Vec<(String, Vec<u8>)>,
+    request_body: Vec<u8>,
+    body_reads: usize,
+    unknown_clusters: HashSet<String>,
+    next_token: u32,
+    dispatched: Vec<Dispatched>,
+    /// The answer to the call being delivered: `:status` and body.
+    call_response: (Option<u16>, Vec<u8>),
+    call_body_reads: usize,
+    answers: Vec<Answer>,
+    now_ms: u64,
+}
+
+#[derive(Clone, Default)]
+struct FakeHost(Rc<RefCell<State>>);
+
+impl Host for FakeHost {
+    fn follow_log_level(&self) {}
+
+    fn plugin_configuration(&self) -> Option<Vec<u8>> {
+        self.0.borrow().config.clone()
+    }
+
+    fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
+        self.0.borrow().request_headers.clone()
+    }
+
+    fn request_body(&self, size: usize) -> Vec<u8> {
+        let mut state = self.0.borrow_mut();
+        state.body_reads += 1;
+        let end = size.min(state.request_body.len());
+        state.request_body[..end].to_vec()
+    }
+
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: Vec<(&str, &str)>,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<u32, String> {
+        let mut state = self.0.borrow_mut();
+        if state.unknown_clusters.contains(cluster) {
+            return Err(format!("unknown cluster {cluster}"));
+        }
+        state.next_token += 1;
+        let token = state.next_token;
+        state.dispatched.push(Dispatched {
+            token,
+            cluster: cluster.to_string(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+            body: body.to_vec(),
+            timeout,
+        });
+        Ok(token)
+    }
+
+    fn call_status(&self) -> Option<u16> {
+        self.0.borrow().call_response.0
+    }
+
+    fn call_body(&self, max: usize) -> Vec<u8> {
+        let mut state = self.0.borrow_mut();
+        state.call_body_reads += 1;
+        let body = &state.call_response.1;
+        body[..max.min(body.len())].to_vec()
+    }
+
+    fn respond(&self, answer: &Answer) {
+        self.0.borrow_mut().answers.push(answer.clone());
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.0.borrow().now_ms
+    }
+}
+
+/// A configured plugin and a way to open streams on it.
+struct Plugin {
+    host: FakeHost,
+    root: FanoutRoot<FakeHost>,
+}
+
+const THREE: &str = r#"{
+  "forward_headers": ["content-type", "x-request-id", "ce-*"],
+  "max_body_bytes": 64,
+  "channels": [
+    {"name": "orders", "hosts": ["orders.default"], "subscribers": [
+      {"cluster": "billing", "path": "/events", "authority": "billing.local", "timeout_ms": 2000,
+       "headers": {"x-tenant": "acme"}},
+      {"cluster": "shipping"},
+      {"cluster": "analytics", "path": "/in"}
+    ]},
+    {"name": "empty", "hosts": ["empty.default"], "subscribers": []}
+  ]
+}"#;
+
+impl Plugin {
+    fn configured(json: &str) -> Plugin {
+        let (plugin, ok) = Plugin::configure(json);
+        assert!(ok, "configuration refused: {json}");
+        plugin
+    }
+
+    fn configure(json: &str) -> (Plugin, bool) {
+        let host = FakeHost::default();
+        host.0.borrow_mut().config = Some(json.as_bytes().to_vec());
+        let mut root = FanoutRoot::new(host.clone());
+        assert!(root.on_vm_start(0));
+        let ok = root.on_configure(json.len());
+        (Plugin { host, root }, ok)
+    }
+
+    fn stream(&self, headers: &[(&str, &str)], body: &[u8]) -> Box<dyn HttpContext> {
+        let mut state = self.host.0.borrow_mut();
+        state.request_headers = headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect();
+        state.request_body = body.to_vec();
+        drop(state);
+        self.root.create_http_context(1).unwrap()
+    }
+
+    fn state(&self) -> std::cell::Ref<'_, State> {
+        self.host.0.borrow()
+    }
+
+    /// Delivers the answer to call `token`, as Envoy would.
+    fn answer_call(&self, ctx: &mut dyn HttpContext, token: u32, status: Option<u16>, body: &str) {
+        self.host.0.borrow_mut().call_response = (status, body.as_bytes().to_vec());
+        let num_headers = usize::from(status.is_some());
+        ctx.on_http_call_response(token, num_headers, body.len(), 0);
+    }
+
+    fn answers(&self) -> Vec<Answer> {
+        self.state().answers.clone()
+    }
+
+    fn only_answer(&self) -> Answer {
+        let answers = self.answers();
+        assert_eq!(answers.len(), 1, "expected exactly one answer: {answers:?}");
+        answers[0].clone()
+    }
+}
+
+fn post(host: &str) -> Vec<(&str, &str)> {
+    vec![(":method", "POST"), (":authority", host), (":path", "/")]
+}
+
+/// Headers, then the body in one piece.
+fn send(plugin: &Plugin, headers: &[(&str, &str)], body: &[u8]) -> Box<dyn HttpContext> {
+    let mut ctx = plugin.stream(headers, body);
+    if body.is_empty() {
+        assert_eq!(
+            ctx.on_http_request_headers(headers.len(), true),
+            Action::Pause
+        );
+    } else {
+        assert_eq!(
+            ctx.on_http_request_headers(headers.len(), false),
+            Action::Pause
+        );
+        assert_eq!(ctx.on_http_request_body(body.len(), true), Action::Pause);
+    }
+    ctx
+}
+
+fn report(answer: &Answer) -> Value {
+    serde_json::from_slice(&answer.body).unwrap()
+}
+
+// Rule 3: one call per subscriber, POST, its path and authority, the body, the selected
+// headers, its own headers.
+#[test]
+fn every_subscriber_gets_one_call_with_body_and_headers() {
+    let plugin = Plugin::configured(THREE);
+    let mut headers = post("orders.default:8080");
+    headers.extend([
+        ("content-type", "application/json"),
+        ("ce-id", "42"),
+        ("authorization", "Bearer secret"),
+        ("cookie", "a=b"),
+        ("x-unlisted", "1"),
+        ("content-length", "11"),
+        ("x-request-id", "r-1"),
+    ]);
+    let _ctx = send(&plugin, &headers, b"{\"id\": 42}\n");
+    let state = plugin.state();
+    assert!(state.answers.is_empty(), "answered before the calls ended");
+    let calls = &state.dispatched;
+    assert_eq!(
+        calls.iter().map(|c| c.cluster.as_str()).collect::<Vec<_>>(),
+        ["billing", "shipping", "analytics"]
+    );
+    let forwarded = [
+        ("content-type", "application/json"),
+        ("ce-id", "42"),
+        ("x-request-id", "r-1"),
+    ];
+    let expect = |path: &str, authority: &str, extra: &[(&str, &str)]| {
+        let mut h: Vec<(String, String)> = vec![
+            (":method".into(), "POST".into()),
+            (":path".into(), path.into()),
+            (":authority".into(), authority.into()),
+        ];
+        h.extend(
+            extra
+                .iter()
+                .chain(&forwarded)
+                .map(|(n, v)| (n.to_string(), v.to_string())),
+        );
+        h
+    };
+    assert_eq!(
+        calls[0].headers,
+        expect("/events", "billing.local", &[("x-tenant", "acme")])
+    );
+    assert_eq!(calls[1].headers, expect("/", "shipping", &[]));
+    assert_eq!(calls[2].headers, expect("/in", "analytics", &[]));
+    for call in calls {
+        assert_eq!(call.body, b"{\"id\": 42}\n");
+    }
+    assert_eq!(calls[0].timeout, Duration::from_millis(2000));
+    assert_eq!(calls[1].timeout, Duration::from_millis(60_000));
+}
+
+// Rules 4 and 5: the answer waits for every call; all 2xx gives 202.
+#[test]
+fn all_subscribers_2xx_answers_202_after_the_last() {
+    let plugin = Plugin::configured(THREE);
+    let mut ctx = send(&plugin, &post("orders.default"), b"{}");
+    plugin.answer_call(ctx.as_mut(), 2, Some(200), "");
+    plugin.answer_call(ctx.as_mut(), 1, Some(204), "");
+    assert!(plugin.answers().is_empty());
+    plugin.answer_call(ctx.as_mut(), 3, Some(202), "ignored body");
+    assert_eq!(plugin.only_answer(), Answer::accepted());
+    // Successes cost no read of the answer's body.
+    assert_eq!(plugin.state().call_body_reads, 0);
+}
+
+// Rule 5: any failure gives 500 with a report; the others are still called.
+#[test]
+fn one_failure_answers_500_naming_it() {
+    let plugin = Plugin::configured(THREE);
+    let mut ctx = send(&plugin, &post("orders.default"), b"{}");
+    plugin.host.0.borrow_mut().now_ms = 0;
+    plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
+    plugin.host.0.borrow_mut().now_ms = 35;
+    plugin.answer_call(ctx.as_mut(), 2, Some(500), "database down\r\n");
+    plugin.answer_call(ctx.as_mut(), 3, Some(200), "");
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 500);
+    assert!(answer
+        .headers
+        .contains(&("x-fanout-failed", "1".to_string())));
+    let doc = report(&answer);
+    assert_eq!(doc["channel"], "orders");
+    assert_eq!(doc["delivered"], 2);
+    let failed = &doc["failed"][0];
+    assert_eq!(failed["cluster"], "shipping");
+    assert_eq!(failed["outcome"], "status");
+    assert_eq!(failed["status"], 500);
+    assert_eq!(failed["detail"], "database down");
+    assert_eq!(failed["elapsed_ms"], 35);
+}
+
+#[test]
+fn outcome_kinds_in_the_report() {
+    let cases: &[(Option<u16>, &str, &str)] = &[
+        (Some(504), "upstream request timeout", "timeout"),
+        (
+            Some(503),
+            "upstream connect error or disconnect/reset before headers. reset reason: connection termination",
+            "reset",
+        ),
+        (None, "", "no_response"),
+        (Some(404), "", "status"),
+        (Some(302), "", "status"),
+    ];
+    for (status, body, outcome) in cases {
+        let plugin = Plugin::configured(r#"{"subscribers": [{"cluster": "a"}]}"#);
+        let mut ctx = send(&plugin, &post("x"), b"e");
+        plugin.answer_call(ctx.as_mut(), 1, *status, body);
+        let answer = plugin.only_answer();
+        assert_eq!(answer.status, 500, "{status:?} {body}");
+        assert_eq!(
+            report(&answer)["failed"][0]["outcome"],
+            *outcome,
+            "{status:?} {body}"
+        );
+    }
+}
+
+// Rule 5: a call Envoy refuses counts at once; if all are refused the answer is immediate.
+#[test]
+fn unknown_cluster_fails_at_dispatch_and_others_are_still_called() {
+    let plugin = Plugin::configured(THREE);
+    plugin
+        .host
+        .0
+        .borrow_mut()
+        .unknown_clusters
+        .insert("shipping".into());
+    let mut ctx = send(&plugin, &post("orders.default"), b"{}");
+    assert_eq!(plugin.state().dispatched.len(), 2);
+    plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
+    assert!(plugin.answers().is_empty());
+    plugin.answer_call(ctx.as_mut(), 2, Some(200), "");
+    let doc = report(&plugin.only_answer());
+    assert_eq!(doc["failed"][0]["cluster"], "shipping");
+    assert_eq!(doc["failed"][0]["outcome"], "dispatch_error");
+    assert_eq!(doc["failed"][0]["detail"], "unknown cluster shipping");
+}
+
+#[test]
+fn every_call_refused_answers_500_at_once() {
+    let plugin = Plugin::configured(r#"{"subscribers": [{"cluster": "a"}, {"cluster": "b"}]}"#);
+    {
+        let mut state = plugin.host.0.borrow_mut();
+        state.unknown_clusters.insert("a".into());
+        state.unknown_clusters.insert("b".into());
+    }
+    let _ctx = send(&plugin, &post("x"), b"e");
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 500);
+    assert!(answer
+        .headers
+        .contains(&("x-fanout-failed", "2".to_string())));
+}
+
+#[test]
+fn no_subscribers_answers_202_at_once() {
+    let plugin = Plugin::configured(THREE);
+    let _ctx = send(&plugin, &post("empty.default"), b"{}");
+    assert_eq!(plugin.only_answer(), Answer::accepted());
+    assert!(plugin.state().dispatched.is_empty());
+}
+
+// Rule 1.
+#[test]
+fn method_not_allowed_is_405_with_allow_and_no_call() {
+    let plugin = Plugin::configured(THREE);
+    let ctx_headers = [(":method", "GET"), (":authority", "orders.default")];
+    let _ctx = send(&plugin, &ctx_headers, b"");
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 405);
+    assert!(answer.headers.contains(&("allow", "POST".to_string())));
+    assert!(plugin.state().dispatched.is_empty());
+}
+
+#[test]
+fn unknown_host_is_404_and_no_call() {
+    let plugin = Plugin::configured(THREE);
+    let _ctx = send(&plugin, &post("nobody.default"), b"{}");
+    assert_eq!(plugin.only_answer().status, 404);
+    assert!(plugin.state().dispatched.is_empty());
+}
+
+// Rule 2: declared or counted, a body over the limit is 413 and nobody is called.
+#[test]
+fn declared_body_over_the_limit_is_413_before_the_body() {
+    let plugin = Plugin::configured(THREE);
+    let mut headers = post("orders.default");
+    headers.push(("content-length", "65"));
+    let mut ctx = plugin.stream(&headers, b"");
+    assert_eq!(
+        ctx.on_http_request_headers(headers.len(), false),
+        Action::Pause
+    );
+    assert_eq!(plugin.only_answer().status, 413);
+    // The rest of the upload changes nothing.
+    assert_eq!(ctx.on_http_request_body(65, true), Action::Pause);
+    assert_eq!(plugin.answers().len(), 1);
+    assert!(plugin.state().dispatched.is_empty());
+    assert_eq!(plugin.state().body_reads, 0);
+}
+
+#[test]
+fn chunked_body_over_the_limit_is_413_as_it_grows() {
+    let plugin = Plugin::configured(THREE);
+    let headers = post("orders.default");
+    let mut ctx = plugin.stream(&headers, &[b'x'; 100]);
+    assert_eq!(
+        ctx.on_http_request_headers(headers.len(), false),
+        Action::Pause
+    );
+    assert_eq!(ctx.on_http_request_body(40, false), Action::Pause);
+    assert!(plugin.answers().is_empty());
+    assert_eq!(ctx.on_http_request_body(80, false), Action::Pause);
+    assert_eq!(plugin.only_answer().status, 413);
+    assert_eq!(ctx.on_http_request_body(100, true), Action::Pause);
+    assert_eq!(plugin.answers().len(), 1);
+    assert!(plugin.state().dispatched.is_empty());
+}
+
+#[test]
+fn body_at_the_limit_is_fanned_out() {
+    let plugin = Plugin::configured(THREE);
+    let _ctx = send(&plugin, &post("orders.default"), &[b'x'; 64]);
+    assert!(plugin.answers().is_empty());
+    assert_eq!(plugin.state().dispatched.len(), 3);
+    assert_eq!(plugin.state().dispatched[0].body.len(), 64);
+}
+
+// A body in several pieces is read once, whole, at end of stream.
+#[test]
+fn chunked_body_is_read_once_at_end_of_stream() {
+    let plugin = Plugin::configured(THREE);
+    let headers = post("orders.default");
+    let mut ctx = plugin.stream(&headers, b"hello world");
+    ctx.on_http_request_headers(headers.len(), false);
+    ctx.on_http_request_body(5, false);
+    ctx.on_http_request_body(11, false);
+    assert!(plugin.state().dispatched.is_empty());
+    ctx.on_http_request_body(11, true);
+    let state = plugin.state();
+    assert_eq!(state.body_reads, 1);
+    assert_eq!(state.dispatched.len(), 3);
+    assert_eq!(state.dispatched[2].body, b"hello world");
+}
+
+#[test]
+fn trailers_end_the_request() {
+    let plugin = Plugin::configured(THREE);
+    let headers = post("orders.default");
+    let mut ctx = plugin.stream(&headers, b"data");
+    ctx.on_http_request_headers(headers.len(), false);
+    ctx.on_http_request_body(4, false);
+    assert_eq!(ctx.on_http_request_trailers(1), Action::Pause);
+    assert_eq!(plugin.state().dispatched.len(), 3);
+    assert_eq!(plugin.state().dispatched[0].body, b"data");
+}
+
+#[test]
+fn request_without_body_fans_out_from_the_headers() {
+    let plugin = Plugin::configured(THREE);
+    let _ctx = send(&plugin, &post("orders.default"), b"");
+    let state = plugin.state();
+    assert_eq!(state.dispatched.len(), 3);
+    assert!(state.dispatched[0].body.is_empty());
+    assert_eq!(state.body_reads, 0);
+}
+
+#[test]
+fn non_utf8_forwarded_header_is_400() {
+    let plugin = Plugin::configured(THREE);
+    let mut ctx = plugin.stream(&post("orders.default"), b"");
+    plugin
+        .host
+        .0
+        .borrow_mut()
+        .request_headers
+        .push(("ce-source".into(), vec![0xc3, 0x28]));
+    ctx.on_http_request_headers(4, true);
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 400);
+    assert!(report(&answer)["error"]
+        .as_str()
+        .unwrap()
+        .contains("ce-source"));
+}
+
+// Rule 6: answered once; late, duplicate and unknown callbacks are ignored.
+#[test]
+fn late_duplicate_and_unknown_callbacks_change_nothing() {
+    let plugin = Plugin::configured(THREE);
+    let mut ctx = send(&plugin, &post("orders.default"), b"{}");
+    plugin.answer_call(ctx.as_mut(), 99, Some(500), "stranger");
+    plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
+    plugin.answer_call(ctx.as_mut(), 1, Some(500), "duplicate");
+    plugin.answer_call(ctx.as_mut(), 2, Some(200), "");
+    assert!(plugin.answers().is_empty());
+    plugin.answer_call(ctx.as_mut(), 3, Some(200), "");
+    assert_eq!(plugin.only_answer(), Answer::accepted());
+    plugin.answer_call(ctx.as_mut(), 3, Some(500), "late");
+    plugin.answer_call(ctx.as_mut(), 2, None, "");
+    assert_eq!(plugin.answers().len(), 1);
+    assert_eq!(ctx.on_http_request_body(10, true), Action::Pause);
+    assert_eq!(plugin.answers().len(), 1);
+}
+
+// Rule 6: a client that goes away leaves other streams alone.
+#[test]
+fn a_stream_that_ends_early_does_not_disturb_another() {
+    let plugin = Plugin::configured(r#"{"subscribers": [{"cluster": "a"}]}"#);
+    let mut first = send(&plugin, &post("x"), b"1");
+    let mut second = send(&plugin, &post("x"), b"2");
+    assert!(first.on_done());
+    drop(first);
+    plugin.answer_call(second.as_mut(), 2, Some(200), "");
+    assert_eq!(plugin.only_answer(), Answer::accepted());
+}
+
+#[test]
+fn streams_keep_the_config_they_started_with() {
+    let (mut plugin, ok) = Plugin::configure(r#"{"subscribers": [{"cluster": "old"}]}"#);
+    assert!(ok);
+    let mut before = plugin.stream(&post("x"), b"");
+    // A new configuration arrives (as an xDS update would deliver it).
+    plugin.host.0.borrow_mut().config = Some(br#"{"subscribers": [{"cluster": "new"}]}"#.to_vec());
+    assert!(plugin.root.on_configure(0));
+    before.on_http_request_headers(3, true);
+    let _after = send(&plugin, &post("x"), b"");
+    let clusters: Vec<String> = plugin
+        .state()
+        .dispatched
+        .iter()
+        .map(|c| c.cluster.clone())
+        .collect();
+    assert_eq!(clusters, ["old", "new"]);
+}
+
+#[test]
+fn an_invalid_update_is_refused_and_the_old_config_serves() {
+    let (mut plugin, ok) = Plugin::configure(r#"{"subscribers": [{"cluster": "old"}]}"#);
+    assert!(ok);
+    plugin.host.0.borrow_mut().config = Some(br#"{"subscribers": [{"cluster": ""}]}"#.to_vec());
+    assert!(!plugin.root.on_configure(0));
+    let _ctx = send(&plugin, &post("x"), b"");
+    assert_eq!(plugin.state().dispatched[0].cluster, "old");
+}
+
+// Every config rejection of the contract makes on_configure refuse.
+#[test]
+fn config_rejections_are_refused_by_on_configure() {
+    let cases = [
+        "",
+        "{}",
+        r#"{"subscribers": [{"cluster": "a"}], "unknown": true}"#,
+        r#"{"subscribers": [{"cluster": 5}]}"#,
+        r#"{"subscribers": [{"cluster": ""}]}"#,
+        r#"{"subscribers": [{"cluster": "a", "path": "x"}]}"#,
+        r#"{"subscribers": [{"cluster": "a", "timeout_ms": 0}]}"#,
+        r#"{"timeout_ms": 0, "subscribers": []}"#,
+        r#"{"channels": [{"hosts": ["a"]}, {"hosts": ["a"]}]}"#,
+        r#"{"channels": [], "subscribers": []}"#,
+    ];
+    for json in cases {
+        let (_plugin, ok) = Plugin::configure(json);
+        assert!(!ok, "accepted: {json:?}");
+    }
+    let (_plugin, ok) = Plugin::configure(THREE);
+    assert!(ok);
+}
+
+#[test]
+fn a_stream_without_configuration_answers_500() {
+    let (plugin, ok) = Plugin::configure("{}");
+    assert!(!ok);
+    let _ctx = send(&plugin, &post("x"), b"");
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 500);
+    assert!(plugin.state().dispatched.is_empty());
+}

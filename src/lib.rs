@@ -1,0 +1,25 @@
+//! `fanout`: a proxy-wasm HTTP filter for Envoy that delivers one incoming event to every
+//! subscriber of a channel and answers 202 when all of them took it, 500 with a report when
+//! any did not.
+//!
+//! The fan-out logic is plain Rust with no proxy-wasm in it, tested natively and inside
+//! wasm32: [`config`] (the JSON contract), [`routing`] (channel by host), [`headers`] (what is
+//! forwarded), [`request`] (admission), [`fanout`] (one request's calls and verdict) and
+//! [`answer`]. The `filter` module is the thin proxy-wasm layer on top.
+
+pub mod answer;
+pub mod config;
+pub mod fanout;
+pub mod headers;
+pub mod request;
+pub mod routing;
+
+#[cfg(feature = "filter")]
+pub mod filter;
+
+#[cfg(feature = "filter")]
+proxy_wasm::main! {{
+    // Until on_vm_start reads Envoy's own level for wasm.
+    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
+    proxy_wasm::set_root_context(|_| Box::new(filter::FanoutRoot::new(filter::ProxyHost)));
+}}
