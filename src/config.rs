@@ -76,6 +76,7 @@ struct RawConfig {
     forward_headers: Option<Vec<String>>,
     channels: Option<Vec<RawChannel>>,
     subscribers: Option<Vec<RawSubscriber>>,
+    metrics: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -109,6 +110,8 @@ pub struct Config {
     pub forward: HeaderSelector,
     pub channels: Vec<Channel>,
     pub router: Router,
+    /// Whether to count requests and calls in Envoy's stats (default true).
+    pub metrics: bool,
 }
 
 /// A set of subscribers reached through the hosts that name the channel.
@@ -266,6 +269,7 @@ impl RawConfig {
             forward,
             channels,
             router,
+            metrics: self.metrics.unwrap_or(true),
         })
     }
 }

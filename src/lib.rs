@@ -4,13 +4,14 @@
 //!
 //! The fan-out logic is plain Rust with no proxy-wasm in it, tested natively and inside
 //! wasm32: [`config`] (the JSON contract), [`routing`] (channel by host), [`headers`] (what is
-//! forwarded), [`request`] (admission), [`fanout`] (one request's calls and verdict) and
-//! [`answer`]. The `filter` module is the thin proxy-wasm layer on top.
+//! forwarded), [`request`] (admission), [`fanout`] (one request's calls and verdict),
+//! [`answer`] and [`metrics`]. The `filter` module is the thin proxy-wasm layer on top.
 
 pub mod answer;
 pub mod config;
 pub mod fanout;
 pub mod headers;
+pub mod metrics;
 pub mod request;
 pub mod routing;
 

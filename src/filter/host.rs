@@ -8,9 +8,10 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, MapType};
+use proxy_wasm::types::{BufferType, MapType, MetricType};
 
 use crate::answer::Answer;
+use crate::metrics::Kind;
 
 pub trait Host {
     /// Makes the `log` crate follow Envoy's log level for wasm.
@@ -35,6 +36,12 @@ pub trait Host {
     fn respond(&self, answer: &Answer);
     /// Milliseconds on the host's clock.
     fn now_ms(&self) -> u64;
+    /// Defines (or finds, by name) a metric; `None` if Envoy refused.
+    fn define_metric(&self, kind: Kind, name: &str) -> Option<u32>;
+    fn increment_metric(&self, id: u32, delta: i64);
+    fn record_metric(&self, id: u32, value: u64);
+    /// Sets the root context's timer.
+    fn set_tick_period(&self, period: Duration);
 }
 
 #[derive(Clone, Copy, Default)]
@@ -110,5 +117,26 @@ impl Host for ProxyHost {
             .ok()
             .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_millis() as u64)
+    }
+
+    fn define_metric(&self, kind: Kind, name: &str) -> Option<u32> {
+        let kind = match kind {
+            Kind::Counter => MetricType::Counter,
+            Kind::Gauge => MetricType::Gauge,
+            Kind::Histogram => MetricType::Histogram,
+        };
+        hostcalls::define_metric(kind, name).ok()
+    }
+
+    fn increment_metric(&self, id: u32, delta: i64) {
+        let _ = hostcalls::increment_metric(id, delta);
+    }
+
+    fn record_metric(&self, id: u32, value: u64) {
+        let _ = hostcalls::record_metric(id, value);
+    }
+
+    fn set_tick_period(&self, period: Duration) {
+        let _ = hostcalls::set_tick_period(period);
     }
 }

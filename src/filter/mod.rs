@@ -11,30 +11,43 @@
 //! answers once and ignores what comes after.
 
 pub mod host;
+mod telemetry;
 #[cfg(test)]
 mod tests;
 
+use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::Duration;
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
 
 use crate::answer::Answer;
 use crate::config::Config;
-use crate::fanout::{classify, is_success, FanOut, BODY_PEEK_BYTES};
+use crate::fanout::{classify, is_success, Failure, FanOut, BODY_PEEK_BYTES};
 use crate::request::{admit, too_large, Admitted};
 pub use host::{Host, ProxyHost};
+use telemetry::Telemetry;
+
+/// How often the root context hands the counts to Envoy's stats.
+const METRICS_FLUSH: Duration = Duration::from_secs(1);
 
 /// The plugin: holds the configuration, parsed once per `on_configure`, shared (`Rc`) with
 /// every stream created after it. A stream keeps the configuration it started with.
 pub struct FanoutRoot<H> {
     host: H,
     config: Option<Rc<Config>>,
+    /// This worker's counts, shared with its streams; flushed to Envoy on each tick.
+    telemetry: Rc<RefCell<Telemetry>>,
 }
 
 impl<H: Host + Clone + 'static> FanoutRoot<H> {
     pub fn new(host: H) -> Self {
-        FanoutRoot { host, config: None }
+        FanoutRoot {
+            host,
+            config: None,
+            telemetry: Rc::default(),
+        }
     }
 }
 
@@ -65,6 +78,17 @@ impl<H: Host + Clone + 'static> RootContext for FanoutRoot<H> {
                     config.channels.len(),
                     subscribers
                 );
+                if config.metrics {
+                    let mut telemetry = self.telemetry.borrow_mut();
+                    telemetry.tally.register_requests();
+                    for subscriber in config.channels.iter().flat_map(|c| &c.subscribers) {
+                        telemetry.tally.register_subscriber(&subscriber.cluster);
+                    }
+                    telemetry.define_all(&self.host);
+                    self.host.set_tick_period(METRICS_FLUSH);
+                } else {
+                    self.host.set_tick_period(Duration::ZERO);
+                }
                 self.config = Some(Rc::new(config));
                 true
             }
@@ -75,12 +99,20 @@ impl<H: Host + Clone + 'static> RootContext for FanoutRoot<H> {
         }
     }
 
+    fn on_tick(&mut self) {
+        self.telemetry.borrow_mut().flush(&self.host);
+    }
+
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        let metrics = self.config.as_ref().is_some_and(|c| c.metrics);
         Some(Box::new(FanoutStream {
             id: context_id,
             host: self.host.clone(),
             config: self.config.clone(),
+            telemetry: metrics.then(|| self.telemetry.clone()),
             stage: Stage::Headers,
+            started_ms: 0,
+            in_flight: false,
         }))
     }
 
@@ -106,16 +138,47 @@ pub struct FanoutStream<H> {
     id: u32,
     host: H,
     config: Option<Rc<Config>>,
+    /// `None` when the configuration turns metrics off.
+    telemetry: Option<Rc<RefCell<Telemetry>>>,
     stage: Stage,
+    /// When the request's headers arrived, on the host's clock.
+    started_ms: u64,
+    /// A fan-out started and has not ended: counted in the in-flight gauge.
+    in_flight: bool,
 }
 
 impl<H: Host> FanoutStream<H> {
+    /// Counts something, and flushes at once if a histogram buffer is full.
+    fn count(&self, record: impl FnOnce(&mut crate::metrics::Tally)) {
+        if let Some(telemetry) = &self.telemetry {
+            let mut telemetry = telemetry.borrow_mut();
+            record(&mut telemetry.tally);
+            if telemetry.tally.wants_flush() {
+                telemetry.flush(&self.host);
+            }
+        }
+    }
+
     fn answer(&mut self, answer: Answer) {
         if matches!(self.stage, Stage::Answered) {
             return;
         }
         self.host.respond(&answer);
         self.stage = Stage::Answered;
+        if self.telemetry.is_some() {
+            let duration = self.in_flight.then(|| self.elapsed_ms());
+            self.in_flight = false;
+            self.count(|tally| {
+                tally.answered(answer.status);
+                if duration.is_some() {
+                    tally.fanout_ended(duration);
+                }
+            });
+        }
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        self.host.now_ms().saturating_sub(self.started_ms)
     }
 
     /// Reject with a log line a user can act on.
@@ -135,11 +198,9 @@ impl<H: Host> FanoutStream<H> {
             self.reject(Answer::rejected(500, "fanout: channel index out of range"));
             return;
         };
-        let mut fanout = FanOut::new(
-            admitted.channel,
-            channel.subscribers.len(),
-            self.host.now_ms(),
-        );
+        let mut fanout = FanOut::new(admitted.channel, channel.subscribers.len(), self.started_ms);
+        self.in_flight = true;
+        self.count(|tally| tally.fanout_started());
         let mut headers: Vec<(&str, &str)> = Vec::new();
         for (index, subscriber) in channel.subscribers.iter().enumerate() {
             headers.clear();
@@ -156,6 +217,7 @@ impl<H: Host> FanoutStream<H> {
                 body,
                 subscriber.timeout,
             );
+            self.count(|tally| tally.call_started(&subscriber.cluster));
             match call {
                 Ok(token) => fanout.dispatched(index, token),
                 Err(detail) => {
@@ -165,6 +227,10 @@ impl<H: Host> FanoutStream<H> {
                         channel.name,
                         subscriber.cluster
                     );
+                    let failure = Err(Failure::DispatchError {
+                        detail: detail.clone(),
+                    });
+                    self.count(|tally| tally.call_ended(&subscriber.cluster, &failure, None));
                     fanout.dispatch_failed(index, detail, self.host.now_ms());
                 }
             }
@@ -227,18 +293,27 @@ impl<H: Host> Context for FanoutStream<H> {
                 classify(status, &body)
             }
         };
-        let now = if result.is_err() {
+        let now = if result.is_err() || self.telemetry.is_some() {
             self.host.now_ms()
         } else {
             0
         };
         let failure = result.as_ref().err().cloned();
-        let Some(index) = fanout.completed(token_id, result, now) else {
+        let Some(index) = fanout.completed(token_id, result.clone(), now) else {
             log::debug!("[#{}] answer to unknown call {token_id}", self.id);
             return;
         };
+        let done = fanout.is_done();
+        let channel_index = fanout.channel();
+        if let Some(subscriber) = config
+            .channel(channel_index)
+            .and_then(|c| c.subscribers.get(index))
+        {
+            let duration = now.saturating_sub(self.started_ms);
+            self.count(|tally| tally.call_ended(&subscriber.cluster, &result, Some(duration)));
+        }
         if let Some(failure) = failure {
-            if let Some(channel) = config.channel(fanout.channel()) {
+            if let Some(channel) = config.channel(channel_index) {
                 let cluster = channel
                     .subscribers
                     .get(index)
@@ -250,7 +325,7 @@ impl<H: Host> Context for FanoutStream<H> {
                 );
             }
         }
-        if fanout.is_done() {
+        if done {
             if let Stage::FanningOut(done) = std::mem::replace(&mut self.stage, Stage::Headers) {
                 self.finish(&config, &done);
             }
@@ -265,12 +340,18 @@ impl<H: Host> Context for FanoutStream<H> {
                 fanout.open()
             );
         }
+        if self.in_flight {
+            self.in_flight = false;
+            self.count(|tally| tally.fanout_ended(None));
+        }
         true
     }
 }
 
 impl<H: Host> HttpContext for FanoutStream<H> {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.started_ms = self.host.now_ms();
+        self.count(|tally| tally.received());
         let Some(config) = self.config.clone() else {
             self.reject(Answer::rejected(
                 500,

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::{FanoutRoot, Host};
 use crate::answer::Answer;
+use crate::metrics::Kind;
 
 /// The host functions the SDK imports from Envoy. The glue reaches the host only through
 /// [`Host`], so none of these may ever run in a test; they exist so that the test binary
@@ -89,6 +90,28 @@ struct State {
     call_body_reads: usize,
     answers: Vec<Answer>,
     now_ms: u64,
+    /// Metrics by name: kind, and the counter/gauge value or histogram samples.
+    metrics: Vec<(String, Kind, i64, Vec<u64>)>,
+    tick_period: Option<Duration>,
+}
+
+impl State {
+    fn metric(&self, name: &str) -> Option<&(String, Kind, i64, Vec<u64>)> {
+        self.metrics.iter().find(|m| m.0 == name)
+    }
+
+    fn value(&self, name: &str) -> i64 {
+        self.metric(name)
+            .unwrap_or_else(|| panic!("metric {name} not defined"))
+            .2
+    }
+
+    fn samples(&self, name: &str) -> Vec<u64> {
+        self.metric(name)
+            .unwrap_or_else(|| panic!("metric {name} not defined"))
+            .3
+            .clone()
+    }
 }
 
 #[derive(Clone, Default)]
@@ -155,6 +178,34 @@ impl Host for FakeHost {
 
     fn now_ms(&self) -> u64 {
         self.0.borrow().now_ms
+    }
+
+    fn define_metric(&self, kind: Kind, name: &str) -> Option<u32> {
+        let mut state = self.0.borrow_mut();
+        // Envoy keeps one stat per name: defining it again finds the same one.
+        if let Some(i) = state.metrics.iter().position(|m| m.0 == name) {
+            return Some(i as u32);
+        }
+        state.metrics.push((name.to_string(), kind, 0, Vec::new()));
+        Some(state.metrics.len() as u32 - 1)
+    }
+
+    fn increment_metric(&self, id: u32, delta: i64) {
+        let mut state = self.0.borrow_mut();
+        let metric = &mut state.metrics[id as usize];
+        assert_ne!(metric.1, Kind::Histogram, "increment of a histogram");
+        metric.2 += delta;
+    }
+
+    fn record_metric(&self, id: u32, value: u64) {
+        let mut state = self.0.borrow_mut();
+        let metric = &mut state.metrics[id as usize];
+        assert_eq!(metric.1, Kind::Histogram, "record of a non-histogram");
+        metric.3.push(value);
+    }
+
+    fn set_tick_period(&self, period: Duration) {
+        self.0.borrow_mut().tick_period = Some(period);
     }
 }
 
@@ -635,4 +686,99 @@ fn a_stream_without_configuration_answers_500() {
     let answer = plugin.only_answer();
     assert_eq!(answer.status, 500);
     assert!(plugin.state().dispatched.is_empty());
+}
+
+// Metrics: counted in memory, handed to Envoy on the root's tick.
+#[test]
+fn metrics_are_defined_at_configure_and_flushed_on_tick() {
+    let mut plugin = Plugin::configured(THREE);
+    {
+        let state = plugin.state();
+        assert_eq!(state.tick_period, Some(Duration::from_secs(1)));
+        for name in [
+            "fanout.requests.received",
+            "fanout.requests.accepted",
+            "fanout.requests.failed",
+            "fanout.subscriber.billing.calls",
+            "fanout.subscriber.shipping.delivered",
+            "fanout.subscriber.analytics.failed.timeout",
+            "fanout.in_flight",
+        ] {
+            assert_eq!(state.value(name), 0, "{name}");
+        }
+        assert!(state.samples("fanout.duration_ms").is_empty());
+    }
+
+    // One fan-out: billing 200 after 5 ms, shipping 500 after 7 ms, analytics times out.
+    plugin.host.0.borrow_mut().now_ms = 1000;
+    let mut ctx = send(&plugin, &post("orders.default"), b"{}");
+    plugin.root.on_tick();
+    assert_eq!(plugin.state().value("fanout.in_flight"), 1);
+    assert_eq!(plugin.state().value("fanout.subscriber.billing.calls"), 1);
+    plugin.host.0.borrow_mut().now_ms = 1005;
+    plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
+    plugin.host.0.borrow_mut().now_ms = 1007;
+    plugin.answer_call(ctx.as_mut(), 2, Some(500), "");
+    plugin.host.0.borrow_mut().now_ms = 1010;
+    plugin.answer_call(ctx.as_mut(), 3, Some(504), "upstream request timeout");
+    // A rejection and a success with no subscribers.
+    let _r = send(&plugin, &post("nobody"), b"{}");
+    let _e = send(&plugin, &post("empty.default"), b"");
+    plugin.root.on_tick();
+
+    let state = plugin.state();
+    let expected = [
+        ("fanout.requests.received", 3),
+        ("fanout.requests.accepted", 1),
+        ("fanout.requests.failed", 1),
+        ("fanout.requests.rejected.404", 1),
+        ("fanout.subscriber.billing.calls", 1),
+        ("fanout.subscriber.billing.delivered", 1),
+        ("fanout.subscriber.shipping.failed.status_5xx", 1),
+        ("fanout.subscriber.analytics.failed.timeout", 1),
+        ("fanout.subscriber.analytics.delivered", 0),
+        ("fanout.in_flight", 0),
+    ];
+    for (name, value) in expected {
+        assert_eq!(state.value(name), value, "{name}");
+    }
+    assert_eq!(state.samples("fanout.call_duration_ms"), vec![5, 7, 10]);
+    assert_eq!(state.samples("fanout.duration_ms"), vec![10, 0]);
+}
+
+#[test]
+fn a_client_that_goes_away_leaves_the_in_flight_gauge() {
+    let mut plugin = Plugin::configured(THREE);
+    let mut ctx = send(&plugin, &post("orders.default"), b"{}");
+    plugin.root.on_tick();
+    assert_eq!(plugin.state().value("fanout.in_flight"), 1);
+    assert!(ctx.on_done());
+    plugin.root.on_tick();
+    assert_eq!(plugin.state().value("fanout.in_flight"), 0);
+    assert!(plugin.state().samples("fanout.duration_ms").is_empty());
+}
+
+#[test]
+fn metrics_off_defines_and_counts_nothing() {
+    let mut plugin = Plugin::configured(r#"{"metrics": false, "subscribers": [{"cluster": "a"}]}"#);
+    let mut ctx = send(&plugin, &post("x"), b"e");
+    plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
+    plugin.root.on_tick();
+    let state = plugin.state();
+    assert!(state.metrics.is_empty(), "{:?}", state.metrics);
+    assert_eq!(state.tick_period, Some(Duration::ZERO));
+    assert_eq!(state.answers.len(), 1);
+}
+
+#[test]
+fn odd_cluster_names_make_one_stat_segment() {
+    let plugin = Plugin::configured(
+        r#"{"subscribers": [{"cluster": "outbound|80||billing.default.svc.cluster.local"}]}"#,
+    );
+    assert_eq!(
+        plugin
+            .state()
+            .value("fanout.subscriber.outbound_80__billing_default_svc_cluster_local.calls"),
+        0
+    );
 }

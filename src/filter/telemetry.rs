@@ -1,0 +1,65 @@
+//! Hands the counts of [`crate::metrics::Tally`] to Envoy's stats: defines each metric once,
+//! then on every root-context tick adds what was counted since the last one.
+
+use std::collections::HashMap;
+
+use super::Host;
+use crate::metrics::{self, Kind, Tally};
+
+#[derive(Default)]
+pub struct Telemetry {
+    pub tally: Tally,
+    /// Envoy metric ids by name.
+    ids: HashMap<String, u32>,
+}
+
+impl Telemetry {
+    fn id<H: Host>(&mut self, host: &H, kind: Kind, name: &str) -> Option<u32> {
+        if let Some(&id) = self.ids.get(name) {
+            return Some(id);
+        }
+        let id = host.define_metric(kind, name)?;
+        self.ids.insert(name.to_string(), id);
+        Some(id)
+    }
+
+    /// Defines every metric known so far, so that they show (at zero) before anything
+    /// happens.
+    pub fn define_all<H: Host>(&mut self, host: &H) {
+        let names: Vec<String> = self.tally.counter_names().to_vec();
+        for name in names {
+            self.id(host, Kind::Counter, &name);
+        }
+        self.id(host, Kind::Gauge, metrics::IN_FLIGHT);
+        self.id(host, Kind::Histogram, metrics::FANOUT_DURATION);
+        self.id(host, Kind::Histogram, metrics::CALL_DURATION);
+    }
+
+    /// Adds what was counted since the last flush to Envoy's stats.
+    pub fn flush<H: Host>(&mut self, host: &H) {
+        let flush = self.tally.flush();
+        for (name, n) in flush.counters {
+            if let Some(id) = self.id(host, Kind::Counter, &name) {
+                host.increment_metric(id, i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
+        if flush.in_flight_delta != 0 {
+            if let Some(id) = self.id(host, Kind::Gauge, metrics::IN_FLIGHT) {
+                host.increment_metric(id, flush.in_flight_delta);
+            }
+        }
+        for (name, samples) in [
+            (metrics::FANOUT_DURATION, flush.fanout_ms),
+            (metrics::CALL_DURATION, flush.call_ms),
+        ] {
+            if samples.is_empty() {
+                continue;
+            }
+            if let Some(id) = self.id(host, Kind::Histogram, name) {
+                for value in samples {
+                    host.record_metric(id, value);
+                }
+            }
+        }
+    }
+}

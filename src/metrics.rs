@@ -1,0 +1,360 @@
+//! What `fanout` counts, and the names it reports them under in Envoy's stats.
+//!
+//! Counting happens in plain memory: streams add to one [`Tally`] per worker (shared with the
+//! root context), and the root context hands the totals to Envoy on a timer. A request costs
+//! no host call for its counters; only the durations need the host's clock. Envoy keeps stats
+//! by name for the whole process, so the workers' tallies add up there.
+//!
+//! Names (Envoy shows them with its `wasmcustom.` prefix in `/stats`):
+//!
+//! | name | kind |
+//! |---|---|
+//! | `fanout.requests.received` | counter |
+//! | `fanout.requests.accepted` (202) / `fanout.requests.failed` (500 report) | counter |
+//! | `fanout.requests.rejected.<status>` (400, 404, 405, 413, ...) | counter |
+//! | `fanout.in_flight` | gauge |
+//! | `fanout.duration_ms`: request start to answer | histogram |
+//! | `fanout.call_duration_ms`: one subscriber call | histogram |
+//! | `fanout.subscriber.<cluster>.calls` / `.delivered` | counter |
+//! | `fanout.subscriber.<cluster>.failed.<kind>` (`status_4xx`, `status_5xx`, `status_other`, `timeout`, `reset`, `no_response`, `dispatch_error`) | counter |
+//!
+//! `<cluster>` is the cluster name with every character other than letters, digits, `_` and
+//! `-` replaced by `_`: Envoy splits stat names on `.`, and an Istio cluster name such as
+//! `outbound|80||billing.default.svc.cluster.local` would otherwise become many segments.
+
+use std::collections::HashMap;
+
+use crate::fanout::Failure;
+
+/// Samples per histogram at which the root context flushes at once instead of at its next
+/// tick (see [`Tally::wants_flush`]).
+pub const HISTOGRAM_BUFFER: usize = 4096;
+
+/// The kinds of metric Envoy offers a filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Why a subscriber call failed, as a stat name segment.
+pub fn failure_kind(failure: &Failure) -> &'static str {
+    FAILURE_KINDS[failure_index(failure)]
+}
+
+fn failure_index(failure: &Failure) -> usize {
+    match failure {
+        Failure::Status { status, .. } => match status {
+            400..=499 => 0,
+            500..=599 => 1,
+            _ => 2,
+        },
+        Failure::Timeout => 3,
+        Failure::Reset { .. } => 4,
+        Failure::NoResponse => 5,
+        Failure::DispatchError { .. } => 6,
+    }
+}
+
+/// A cluster name made safe as one stat name segment.
+pub fn stat_segment(cluster: &str) -> String {
+    let segment: String = cluster
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if segment.is_empty() {
+        "_".to_string()
+    } else {
+        segment
+    }
+}
+
+/// Counts of one worker since the last flush. Counters are numbered as they are first used,
+/// so counting is an index into a vector; names are made once per counter.
+#[derive(Debug, Default)]
+pub struct Tally {
+    names: Vec<String>,
+    counts: Vec<u64>,
+    by_name: HashMap<String, usize>,
+    subscribers: HashMap<String, SubscriberCounters>,
+    in_flight_delta: i64,
+    fanout_ms: Vec<u64>,
+    call_ms: Vec<u64>,
+}
+
+/// Counter numbers of one subscriber cluster.
+#[derive(Debug, Clone, Copy)]
+struct SubscriberCounters {
+    calls: usize,
+    delivered: usize,
+    /// In the order of [`FAILURE_KINDS`].
+    failed: [usize; FAILURE_KINDS.len()],
+}
+
+const FAILURE_KINDS: [&str; 7] = [
+    "status_4xx",
+    "status_5xx",
+    "status_other",
+    "timeout",
+    "reset",
+    "no_response",
+    "dispatch_error",
+];
+
+/// What a flush hands to Envoy.
+#[derive(Debug, Default, PartialEq)]
+pub struct Flush {
+    /// Counter name and how much to add.
+    pub counters: Vec<(String, u64)>,
+    /// Change of the in-flight gauge (each worker adds its own change).
+    pub in_flight_delta: i64,
+    pub fanout_ms: Vec<u64>,
+    pub call_ms: Vec<u64>,
+}
+
+pub const IN_FLIGHT: &str = "fanout.in_flight";
+pub const FANOUT_DURATION: &str = "fanout.duration_ms";
+pub const CALL_DURATION: &str = "fanout.call_duration_ms";
+const RECEIVED: &str = "fanout.requests.received";
+const ACCEPTED: &str = "fanout.requests.accepted";
+const FAILED: &str = "fanout.requests.failed";
+
+impl Tally {
+    fn counter(&mut self, name: &str) -> usize {
+        if let Some(&id) = self.by_name.get(name) {
+            return id;
+        }
+        let id = self.names.len();
+        self.names.push(name.to_string());
+        self.counts.push(0);
+        self.by_name.insert(name.to_string(), id);
+        id
+    }
+
+    fn bump(&mut self, id: usize) {
+        if let Some(count) = self.counts.get_mut(id) {
+            *count += 1;
+        }
+    }
+
+    fn subscriber(&mut self, cluster: &str) -> SubscriberCounters {
+        if let Some(&ids) = self.subscribers.get(cluster) {
+            return ids;
+        }
+        let prefix = format!("fanout.subscriber.{}", stat_segment(cluster));
+        let ids = SubscriberCounters {
+            calls: self.counter(&format!("{prefix}.calls")),
+            delivered: self.counter(&format!("{prefix}.delivered")),
+            failed: FAILURE_KINDS.map(|kind| self.counter(&format!("{prefix}.failed.{kind}"))),
+        };
+        self.subscribers.insert(cluster.to_string(), ids);
+        ids
+    }
+
+    /// Makes the request counters exist (at zero) before the first request.
+    pub fn register_requests(&mut self) {
+        for name in [RECEIVED, ACCEPTED, FAILED] {
+            self.counter(name);
+        }
+    }
+
+    pub fn received(&mut self) {
+        let id = self.counter(RECEIVED);
+        self.bump(id);
+    }
+
+    /// A request was answered: 202, the 500 report, or a rejection.
+    pub fn answered(&mut self, status: u32) {
+        let id = match status {
+            202 => self.counter(ACCEPTED),
+            500 => self.counter(FAILED),
+            other => self.counter(&format!("fanout.requests.rejected.{other}")),
+        };
+        self.bump(id);
+    }
+
+    pub fn fanout_started(&mut self) {
+        self.in_flight_delta += 1;
+    }
+
+    /// A fan-out ended: answered (with its duration), or its client went away.
+    pub fn fanout_ended(&mut self, duration_ms: Option<u64>) {
+        self.in_flight_delta -= 1;
+        if let Some(ms) = duration_ms {
+            push_bounded(&mut self.fanout_ms, ms);
+        }
+    }
+
+    /// Makes the counters of a cluster exist (at zero) before its first call.
+    pub fn register_subscriber(&mut self, cluster: &str) {
+        self.subscriber(cluster);
+    }
+
+    /// Every counter name known so far.
+    pub fn counter_names(&self) -> &[String] {
+        &self.names
+    }
+
+    pub fn call_started(&mut self, cluster: &str) {
+        let ids = self.subscriber(cluster);
+        self.bump(ids.calls);
+    }
+
+    pub fn call_ended(
+        &mut self,
+        cluster: &str,
+        result: &Result<(), Failure>,
+        duration_ms: Option<u64>,
+    ) {
+        let ids = self.subscriber(cluster);
+        let id = match result {
+            Ok(()) => ids.delivered,
+            Err(failure) => ids.failed[failure_index(failure)],
+        };
+        self.bump(id);
+        if let Some(ms) = duration_ms {
+            push_bounded(&mut self.call_ms, ms);
+        }
+    }
+
+    /// Whether a histogram buffer is full enough that it should be flushed now rather than
+    /// at the next tick.
+    pub fn wants_flush(&self) -> bool {
+        self.fanout_ms.len() >= HISTOGRAM_BUFFER || self.call_ms.len() >= HISTOGRAM_BUFFER
+    }
+
+    /// Takes everything counted since the last flush.
+    pub fn flush(&mut self) -> Flush {
+        let mut counters: Vec<(String, u64)> = self
+            .names
+            .iter()
+            .zip(self.counts.iter_mut())
+            .filter(|(_, n)| **n > 0)
+            .map(|(name, n)| (name.clone(), std::mem::take(n)))
+            .collect();
+        counters.sort_unstable();
+        Flush {
+            counters,
+            in_flight_delta: std::mem::take(&mut self.in_flight_delta),
+            fanout_ms: std::mem::take(&mut self.fanout_ms),
+            call_ms: std::mem::take(&mut self.call_ms),
+        }
+    }
+}
+
+/// Keeps a histogram buffer bounded even if flushes stop (they should not: the root context
+/// flushes on every tick and whenever [`Tally::wants_flush`]).
+fn push_bounded(buffer: &mut Vec<u64>, value: u64) {
+    if buffer.len() < 4 * HISTOGRAM_BUFFER {
+        buffer.push(value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn stat_segments_are_one_readable_segment() {
+        assert_eq!(stat_segment("billing"), "billing");
+        assert_eq!(stat_segment("my-cluster_2"), "my-cluster_2");
+        assert_eq!(
+            stat_segment("outbound|80||billing.default.svc.cluster.local"),
+            "outbound_80__billing_default_svc_cluster_local"
+        );
+        assert_eq!(stat_segment("a b:c"), "a_b_c");
+        assert_eq!(stat_segment("ünï"), "_n_");
+        assert_eq!(stat_segment(""), "_");
+    }
+
+    #[test]
+    fn failure_kinds() {
+        let status = |s| Failure::Status {
+            status: s,
+            detail: String::new(),
+        };
+        assert_eq!(failure_kind(&status(404)), "status_4xx");
+        assert_eq!(failure_kind(&status(503)), "status_5xx");
+        assert_eq!(failure_kind(&status(302)), "status_other");
+        assert_eq!(failure_kind(&Failure::Timeout), "timeout");
+        assert_eq!(
+            failure_kind(&Failure::Reset {
+                detail: String::new()
+            }),
+            "reset"
+        );
+        assert_eq!(failure_kind(&Failure::NoResponse), "no_response");
+        assert_eq!(
+            failure_kind(&Failure::DispatchError {
+                detail: String::new()
+            }),
+            "dispatch_error"
+        );
+    }
+
+    #[test]
+    fn a_flush_takes_the_counts_since_the_last_one() {
+        let mut tally = Tally::default();
+        tally.received();
+        tally.received();
+        tally.fanout_started();
+        tally.call_started("billing.default");
+        tally.call_started("shipping");
+        tally.call_ended("billing.default", &Ok(()), Some(3));
+        tally.call_ended("shipping", &Err(Failure::Timeout), Some(250));
+        tally.answered(500);
+        tally.fanout_ended(Some(251));
+        tally.answered(404);
+        let flush = tally.flush();
+        let expected: Vec<(String, u64)> = [
+            ("fanout.requests.failed", 1),
+            ("fanout.requests.received", 2),
+            ("fanout.requests.rejected.404", 1),
+            ("fanout.subscriber.billing_default.calls", 1),
+            ("fanout.subscriber.billing_default.delivered", 1),
+            ("fanout.subscriber.shipping.calls", 1),
+            ("fanout.subscriber.shipping.failed.timeout", 1),
+        ]
+        .iter()
+        .map(|(n, c)| (n.to_string(), *c))
+        .collect();
+        assert_eq!(flush.counters, expected);
+        assert_eq!(flush.in_flight_delta, 0);
+        assert_eq!(flush.fanout_ms, vec![251]);
+        assert_eq!(flush.call_ms, vec![3, 250]);
+
+        assert_eq!(tally.flush(), Flush::default());
+        tally.fanout_started();
+        tally.received();
+        let flush = tally.flush();
+        assert_eq!(flush.in_flight_delta, 1);
+        assert_eq!(
+            flush.counters,
+            vec![("fanout.requests.received".to_string(), 1)]
+        );
+    }
+
+    #[test]
+    fn histogram_buffers_ask_for_a_flush_and_stay_bounded() {
+        let mut tally = Tally::default();
+        for i in 0..HISTOGRAM_BUFFER as u64 - 1 {
+            tally.fanout_ended(Some(i));
+        }
+        assert!(!tally.wants_flush());
+        tally.fanout_ended(Some(1));
+        assert!(tally.wants_flush());
+        for _ in 0..10 * HISTOGRAM_BUFFER {
+            tally.fanout_ended(Some(1));
+        }
+        assert_eq!(tally.flush().fanout_ms.len(), 4 * HISTOGRAM_BUFFER);
+    }
+}
