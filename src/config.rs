@@ -77,6 +77,8 @@ struct RawConfig {
     channels: Option<Vec<RawChannel>>,
     subscribers: Option<Vec<RawSubscriber>>,
     metrics: Option<bool>,
+    #[serde(default)]
+    body_wait: BodyWait,
 }
 
 #[derive(Debug, Deserialize)]
@@ -99,6 +101,19 @@ struct RawSubscriber {
     headers: BTreeMap<String, String>,
 }
 
+/// How the filter waits for the request body.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BodyWait {
+    /// Pause in the headers callback. Needs `allow_on_headers_stop_iteration: true` in the
+    /// plugin configuration on Envoy >= 1.35 (and works there only).
+    #[default]
+    Pause,
+    /// Let the headers continue and hold the body. Needs an Envoy `buffer` filter after this
+    /// one, or the router acts on the headers before the body is complete.
+    Continue,
+}
+
 /// A validated configuration.
 #[derive(Debug)]
 pub struct Config {
@@ -112,6 +127,7 @@ pub struct Config {
     pub router: Router,
     /// Whether to count requests and calls in Envoy's stats (default true).
     pub metrics: bool,
+    pub body_wait: BodyWait,
 }
 
 /// A set of subscribers reached through the hosts that name the channel.
@@ -270,6 +286,7 @@ impl RawConfig {
             channels,
             router,
             metrics: self.metrics.unwrap_or(true),
+            body_wait: self.body_wait,
         })
     }
 }
@@ -583,6 +600,19 @@ mod tests {
                 .unwrap();
         let headers = &config.channels[0].subscribers[0].call_headers;
         assert_eq!(headers[3], ("x-tenant".to_string(), "Acme".to_string()));
+    }
+
+    #[test]
+    fn body_wait_is_pause_unless_set() {
+        let config = parse(r#"{"subscribers": []}"#).unwrap();
+        assert_eq!(config.body_wait, BodyWait::Pause);
+        let config = parse(r#"{"body_wait": "continue", "subscribers": []}"#).unwrap();
+        assert_eq!(config.body_wait, BodyWait::Continue);
+        let message = error(r#"{"body_wait": "wait", "subscribers": []}"#);
+        assert!(
+            message.contains("body_wait: unknown variant `wait`, expected `pause` or `continue`"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! | `fanout.requests.received` | counter |
 //! | `fanout.requests.accepted` (202) / `fanout.requests.failed` (500 report) | counter |
 //! | `fanout.requests.rejected.<status>` (400, 404, 405, 413, ...) | counter |
+//! | `fanout.requests.reached_router`: a request the filter did not hold (a misconfiguration) | counter |
 //! | `fanout.in_flight` | gauge |
 //! | `fanout.duration_ms`: request start to answer | histogram |
 //! | `fanout.call_duration_ms`: one subscriber call | histogram |
@@ -125,6 +126,7 @@ pub const CALL_DURATION: &str = "fanout.call_duration_ms";
 const RECEIVED: &str = "fanout.requests.received";
 const ACCEPTED: &str = "fanout.requests.accepted";
 const FAILED: &str = "fanout.requests.failed";
+const REACHED_ROUTER: &str = "fanout.requests.reached_router";
 
 impl Tally {
     fn counter(&mut self, name: &str) -> usize {
@@ -160,7 +162,7 @@ impl Tally {
 
     /// Makes the request counters exist (at zero) before the first request.
     pub fn register_requests(&mut self) {
-        for name in [RECEIVED, ACCEPTED, FAILED] {
+        for name in [RECEIVED, ACCEPTED, FAILED, REACHED_ROUTER] {
             self.counter(name);
         }
     }
@@ -177,6 +179,12 @@ impl Tally {
             500 => self.counter(FAILED),
             other => self.counter(&format!("fanout.requests.rejected.{other}")),
         };
+        self.bump(id);
+    }
+
+    /// A request reached the router behind the filter (see `body_wait`).
+    pub fn reached_router(&mut self) {
+        let id = self.counter(REACHED_ROUTER);
         self.bump(id);
     }
 

@@ -23,7 +23,7 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
 
 use crate::answer::Answer;
-use crate::config::Config;
+use crate::config::{BodyWait, Config};
 use crate::fanout::{classify, is_success, Failure, FanOut, BODY_PEEK_BYTES};
 use crate::request::{admit, too_large, Admitted};
 pub use host::{Host, ProxyHost};
@@ -367,12 +367,53 @@ impl<H: Host> HttpContext for FanoutStream<H> {
                 self.stage = Stage::Body {
                     admitted,
                     received: 0,
+                };
+                if config.body_wait == BodyWait::Continue {
+                    // The headers go on to the buffer filter that must follow this one; it
+                    // keeps them from the router until the body is complete, while the body
+                    // still reaches this filter first and is held here.
+                    return Action::Continue;
                 }
             }
         }
-        // Paused either way: nothing goes on to the router. With
-        // `allow_on_headers_stop_iteration`, Envoy still delivers the body.
+        // Nothing goes on to the router. With `allow_on_headers_stop_iteration`, Envoy still
+        // delivers the body.
         Action::Pause
+    }
+
+    /// The filter answers every request itself, so a response coming back through it before
+    /// that answer was made elsewhere: by the router, when `body_wait: continue` is used
+    /// without a buffer filter after this one (the router acted on the headers alone), or by
+    /// Envoy itself (a stream timeout). Either way the sender got another answer: do not fan
+    /// out after it, and say why.
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        match self.stage {
+            Stage::Answered => {}
+            Stage::Body { .. }
+                if self.config.as_ref().map(|c| c.body_wait) == Some(BodyWait::Continue) =>
+            {
+                log::error!(
+                    "[#{}] the request reached the router before fanout answered it: with \
+                     \"body_wait\": \"continue\" an Envoy buffer filter must follow fanout; \
+                     this request was not fanned out",
+                    self.id
+                );
+                self.count(|tally| tally.reached_router());
+                self.stage = Stage::Answered;
+            }
+            _ => {
+                log::info!(
+                    "[#{}] Envoy answered the request before fanout did (e.g. a stream timeout)",
+                    self.id
+                );
+                if self.in_flight {
+                    self.in_flight = false;
+                    self.count(|tally| tally.fanout_ended(None));
+                }
+                self.stage = Stage::Answered;
+            }
+        }
+        Action::Continue
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {

@@ -782,3 +782,59 @@ fn odd_cluster_names_make_one_stat_segment() {
         0
     );
 }
+
+// body_wait: continue lets the headers on (to a buffer filter) and still fans out the body.
+#[test]
+fn continue_mode_lets_headers_on_and_fans_out_at_end_of_stream() {
+    let plugin =
+        Plugin::configured(r#"{"body_wait": "continue", "subscribers": [{"cluster": "a"}]}"#);
+    let headers = post("x");
+    let mut ctx = plugin.stream(&headers, b"event");
+    assert_eq!(
+        ctx.on_http_request_headers(headers.len(), false),
+        Action::Continue
+    );
+    assert_eq!(ctx.on_http_request_body(5, false), Action::Pause);
+    assert_eq!(ctx.on_http_request_body(5, true), Action::Pause);
+    assert_eq!(plugin.state().dispatched[0].body, b"event");
+    plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
+    assert_eq!(plugin.only_answer(), Answer::accepted());
+    // Our own local reply passes through the response path: nothing to flag.
+    assert_eq!(ctx.on_http_response_headers(0, true), Action::Continue);
+}
+
+#[test]
+fn continue_mode_still_pauses_rejections_and_bodyless_requests() {
+    let plugin =
+        Plugin::configured(r#"{"body_wait": "continue", "subscribers": [{"cluster": "a"}]}"#);
+    let get = [(":method", "GET"), (":authority", "x")];
+    let mut ctx = plugin.stream(&get, b"");
+    assert_eq!(ctx.on_http_request_headers(2, false), Action::Pause);
+    assert_eq!(plugin.only_answer().status, 405);
+    let headers = post("x");
+    let mut ctx = plugin.stream(&headers, b"");
+    assert_eq!(
+        ctx.on_http_request_headers(headers.len(), true),
+        Action::Pause
+    );
+    assert_eq!(plugin.state().dispatched.len(), 1);
+}
+
+#[test]
+fn a_response_before_our_answer_means_the_router_was_reached() {
+    let mut plugin =
+        Plugin::configured(r#"{"body_wait": "continue", "subscribers": [{"cluster": "a"}]}"#);
+    let headers = post("x");
+    let mut ctx = plugin.stream(&headers, b"event");
+    assert_eq!(
+        ctx.on_http_request_headers(headers.len(), false),
+        Action::Continue
+    );
+    // No buffer filter: the route answers before the body is in.
+    assert_eq!(ctx.on_http_response_headers(2, false), Action::Continue);
+    assert_eq!(ctx.on_http_request_body(5, true), Action::Pause);
+    assert!(plugin.state().dispatched.is_empty(), "fanned out anyway");
+    assert!(plugin.answers().is_empty());
+    plugin.root.on_tick();
+    assert_eq!(plugin.state().value("fanout.requests.reached_router"), 1);
+}
