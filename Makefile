@@ -59,7 +59,7 @@ lint: targets
 
 # The pure core and the proxy-wasm glue (driven through a fake host), natively.
 test-unit:
-	$(CARGO) test --lib
+	$(CARGO) test --lib --example subscriber
 
 # The same core tests inside wasm32, under Node, with wasm-bindgen-test.
 test-wasm: targets $(WASM_BINDGEN_RUNNER)

