@@ -14,6 +14,7 @@ use std::fmt;
 use std::time::Duration;
 
 use serde::Deserialize;
+use serde_json::error::Category;
 
 use crate::headers::{self, HeaderSelector};
 use crate::routing::Router;
@@ -169,7 +170,14 @@ impl Config {
         let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
-            ConfigError::new(path, without_position(&inner))
+            match inner.classify() {
+                // Not JSON at all: the position is what helps, and there is no field.
+                Category::Syntax | Category::Eof | Category::Io => ConfigError::new(
+                    "",
+                    format!("the plugin configuration is not valid JSON: {inner}"),
+                ),
+                Category::Data => ConfigError::new(path, without_position(&inner)),
+            }
         })?;
         raw.validate()
     }
@@ -481,8 +489,14 @@ mod tests {
             ("{}", "no channels"),
             ("[]", "must be a JSON object"),
             ("not json", "must be a JSON object"),
-            ("{not json", "key must be a string"),
-            (r#"{"subscribers": [{"cluster": "a"}]"#, "EOF while parsing"),
+            (
+                "{not json",
+                "the plugin configuration is not valid JSON: key must be a string at line 1 column 2",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a"}]"#,
+                "not valid JSON: EOF while parsing an object at line 1",
+            ),
             (
                 r#"{"subscribers": [{"cluster": "a"}], "bogus": 1}"#,
                 "unknown field `bogus`",
@@ -587,9 +601,10 @@ mod tests {
                 "config {json:?}\n  gave: {message}\n  want: ...{expected}..."
             );
             assert!(
-                !message.contains(" at line "),
+                !message.contains(" at line ") || message.contains("not valid JSON"),
                 "position leaked into {message}"
             );
+            assert!(!message.starts_with('?'), "{message}");
         }
     }
 

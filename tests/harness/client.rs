@@ -1,0 +1,136 @@
+//! The downstream client: reqwest (blocking), HTTP/1.1 or h2c (prior knowledge).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use reqwest::blocking::{Body, RequestBuilder};
+use reqwest::header::HeaderMap;
+use reqwest::Version;
+use serde_json::Value;
+
+use super::envoy::TRIPWIRE_BODY;
+
+/// A reqwest client that never uses a proxy from the environment.
+#[derive(Clone, Debug)]
+pub struct Client {
+    pub http: reqwest::blocking::Client,
+}
+
+impl Client {
+    /// HTTP/1.1.
+    pub fn http1() -> Client {
+        Client::build(reqwest::blocking::Client::builder().http1_only())
+    }
+
+    /// HTTP/2 over cleartext, with prior knowledge.
+    pub fn h2c() -> Client {
+        Client::build(reqwest::blocking::Client::builder().http2_prior_knowledge())
+    }
+
+    /// HTTP/1.1, with `host` resolved to `addr` (so URLs can carry a real host name).
+    pub fn http1_resolving(host: &str, addr: SocketAddr) -> Client {
+        Client::build(
+            reqwest::blocking::Client::builder()
+                .http1_only()
+                .resolve(host, addr),
+        )
+    }
+
+    /// h2c, with `host` resolved to `addr`.
+    pub fn h2c_resolving(host: &str, addr: SocketAddr) -> Client {
+        Client::build(
+            reqwest::blocking::Client::builder()
+                .http2_prior_knowledge()
+                .resolve(host, addr),
+        )
+    }
+
+    fn build(builder: reqwest::blocking::ClientBuilder) -> Client {
+        let http = builder
+            .no_proxy()
+            .timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(256)
+            .build()
+            .expect("build the HTTP client");
+        Client { http }
+    }
+
+    pub fn post(&self, url: &str) -> RequestBuilder {
+        self.http.post(url)
+    }
+
+    pub fn get(&self, url: &str) -> RequestBuilder {
+        self.http.get(url)
+    }
+}
+
+/// An upload body without a length: sent with `transfer-encoding: chunked` over HTTP/1.1.
+pub fn chunked_body(bytes: Vec<u8>) -> Body {
+    Body::new(std::io::Cursor::new(bytes))
+}
+
+/// A response, fully read.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+    /// From sending the request to having read the whole response.
+    pub elapsed: Duration,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The body as JSON; panics, showing the body, if it is not.
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "the {} answer's body is not JSON ({e}): {:?}",
+                self.status,
+                self.text()
+            )
+        })
+    }
+
+    /// Panics if the request got past the filter to the router's tripwire route.
+    pub fn assert_not_tripwire(&self) {
+        assert!(
+            !self.text().contains(TRIPWIRE_BODY),
+            "the request got past the filter to the router: {} {:?}",
+            self.status,
+            self.text()
+        );
+    }
+}
+
+/// Send a request and read the whole answer. Panics on a transport error.
+pub fn send(request: RequestBuilder) -> Reply {
+    let start = Instant::now();
+    let response = request
+        .send()
+        .unwrap_or_else(|e| panic!("request failed: {e} ({e:?})"));
+    let status = response.status().as_u16();
+    let version = response.version();
+    let headers = response.headers().clone();
+    let body = response
+        .bytes()
+        .unwrap_or_else(|e| panic!("reading the {status} answer failed: {e}"))
+        .to_vec();
+    Reply {
+        status,
+        version,
+        headers,
+        body,
+        elapsed: start.elapsed(),
+    }
+}

@@ -1,0 +1,595 @@
+//! The Envoy guard: a generated config in a temp dir, Envoy in its own process group, ready
+//! when its admin says so, stopped (the whole group) on drop.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+use super::manifest_dir;
+
+/// Body of the route behind the filter. The filter answers every request itself, so seeing
+/// this body means a request got past the filter to the router.
+pub const TRIPWIRE_BODY: &str =
+    "fanout did not answer this request; the request reached the router";
+
+/// How long Envoy may take to become ready (or, for a refused config, to exit). Generous:
+/// tests run in parallel on small machines and V8 compiles the module per worker.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The Envoy binary: `$ENVOY_BIN`, else `.tools/envoy-1.40.0` (what `make envoy` installs).
+pub fn envoy_bin() -> PathBuf {
+    let path = env_path("ENVOY_BIN").unwrap_or_else(|| manifest_dir().join(".tools/envoy-1.40.0"));
+    if !is_executable(&path) {
+        panic!(
+            "the Envoy binary is missing: {} is not an executable file (set by ENVOY_BIN, \
+             default .tools/envoy-1.40.0). Install it with `make envoy`, or run the end-to-end \
+             tests with `make test-e2e`, which installs Envoy and builds the filter first.",
+            path.display()
+        );
+    }
+    path
+}
+
+/// The filter: `$FANOUT_WASM`, else `target/wasm32-wasip1/release/fanout.wasm` (what
+/// `make build` produces).
+pub fn wasm_path() -> PathBuf {
+    let path = env_path("FANOUT_WASM")
+        .unwrap_or_else(|| manifest_dir().join("target/wasm32-wasip1/release/fanout.wasm"));
+    if !path.is_file() {
+        panic!(
+            "the filter is missing: {} does not exist (set by FANOUT_WASM, default \
+             target/wasm32-wasip1/release/fanout.wasm). Build it with `make build`, or run the \
+             end-to-end tests with `make test-e2e`, which builds the filter and installs Envoy \
+             first.",
+            path.display()
+        );
+    }
+    warn_if_stale(&path);
+    path
+}
+
+fn env_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// `cargo test` alone does not rebuild the wasm: say so when src/ is newer than it.
+fn warn_if_stale(wasm: &Path) {
+    let Ok(built) = fs::metadata(wasm).and_then(|m| m.modified()) else {
+        return;
+    };
+    let newest_src = newest_mtime(&manifest_dir().join("src"));
+    if newest_src.is_some_and(|src| src > built) {
+        eprintln!(
+            "warning: {} is older than src/; these tests run the old filter. `make test-e2e` \
+             rebuilds it.",
+            wasm.display()
+        );
+    }
+}
+
+fn newest_mtime(dir: &Path) -> Option<SystemTime> {
+    fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let meta = e.metadata().ok()?;
+            if meta.is_dir() {
+                newest_mtime(&e.path())
+            } else {
+                meta.modified().ok()
+            }
+        })
+        .max()
+}
+
+/// A unique, self-removing temp dir (kept, and its path printed, when the test fails).
+struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    fn new() -> TempDir {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let path = std::env::temp_dir().join(format!(
+            "fanout-e2e-{}-{}-{nanos}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir_all(&path).expect("create the temp dir for Envoy");
+        TempDir { path }
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() || std::env::var_os("FANOUT_E2E_KEEP").is_some() {
+            eprintln!("kept Envoy's config and logs in {}", self.path.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// What Envoy runs: the fanout filter (or none, to test the harness with a plain proxy), the
+/// subscriber clusters, and the route behind the filter.
+#[derive(Clone, Debug, Default)]
+pub struct EnvoyBuilder {
+    /// The plugin configuration, passed verbatim as a StringValue. None: no wasm filter.
+    plugin_config: Option<String>,
+    clusters: Vec<(String, u16)>,
+    /// Route everything to this cluster instead of the tripwire (harness self-tests only).
+    proxy_to: Option<String>,
+    log_level: Option<String>,
+    /// The listener's `per_connection_buffer_limit_bytes` (Envoy's default: 1 MiB). A paused
+    /// request body beyond it gets Envoy's own 413, whatever the filter's `max_body_bytes`.
+    buffer_limit: Option<u64>,
+}
+
+impl EnvoyBuilder {
+    /// The fanout filter with this plugin configuration (JSON).
+    pub fn fanout(mut self, config: &Value) -> Self {
+        self.plugin_config = Some(config.to_string());
+        self
+    }
+
+    /// The fanout filter with this plugin configuration, verbatim (for broken configs).
+    pub fn fanout_raw(mut self, config: &str) -> Self {
+        self.plugin_config = Some(config.to_owned());
+        self
+    }
+
+    /// A STATIC cluster `name` with one endpoint, 127.0.0.1:`port`. A cluster the filter
+    /// names but nobody declares is simply unknown to Envoy.
+    pub fn cluster(mut self, name: &str, port: u16) -> Self {
+        self.clusters.push((name.to_owned(), port));
+        self
+    }
+
+    /// No filter: route every request to `cluster` (to test the harness itself).
+    pub fn plain_proxy_to(mut self, cluster: &str) -> Self {
+        self.plugin_config = None;
+        self.proxy_to = Some(cluster.to_owned());
+        self
+    }
+
+    /// The listener's `per_connection_buffer_limit_bytes`.
+    pub fn buffer_limit(mut self, bytes: u64) -> Self {
+        self.buffer_limit = Some(bytes);
+        self
+    }
+
+    /// Envoy's log level (default `info`, or `$FANOUT_E2E_ENVOY_LOG_LEVEL`).
+    pub fn log_level(mut self, level: &str) -> Self {
+        self.log_level = Some(level.to_owned());
+        self
+    }
+
+    /// The Envoy bootstrap, as JSON (which is YAML).
+    pub fn bootstrap(&self) -> Value {
+        let route = match &self.proxy_to {
+            Some(cluster) => json!({ "match": { "prefix": "/" }, "route": { "cluster": cluster } }),
+            None => json!({
+                "match": { "prefix": "/" },
+                "direct_response": { "status": 500, "body": { "inline_string": TRIPWIRE_BODY } }
+            }),
+        };
+        let mut http_filters = Vec::new();
+        if let Some(config) = &self.plugin_config {
+            http_filters.push(json!({
+                "name": "envoy.filters.http.wasm",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                    "config": {
+                        "name": "fanout",
+                        "root_id": "fanout",
+                        "allow_on_headers_stop_iteration": true,
+                        "configuration": {
+                            "@type": "type.googleapis.com/google.protobuf.StringValue",
+                            "value": config
+                        },
+                        "vm_config": {
+                            "vm_id": "fanout",
+                            "runtime": "envoy.wasm.runtime.v8",
+                            "code": { "local": { "filename": wasm_path() } }
+                        }
+                    }
+                }
+            }));
+        }
+        http_filters.push(json!({
+            "name": "envoy.filters.http.router",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+            }
+        }));
+        let clusters: Vec<Value> = self
+            .clusters
+            .iter()
+            .map(|(name, port)| {
+                json!({
+                    "name": name,
+                    "type": "STATIC",
+                    "connect_timeout": "1s",
+                    "load_assignment": {
+                        "cluster_name": name,
+                        "endpoints": [{ "lb_endpoints": [{ "endpoint": {
+                            "address": loopback(*port)
+                        } }] }]
+                    }
+                })
+            })
+            .collect();
+        let mut bootstrap = json!({
+            "admin": { "address": loopback(0) },
+            "static_resources": {
+                "listeners": [{
+                    "name": "ingress",
+                    "address": loopback(0),
+                    "filter_chains": [{ "filters": [{
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                            "stat_prefix": "ingress",
+                            "codec_type": "AUTO",
+                            "route_config": {
+                                "name": "local",
+                                "virtual_hosts": [{
+                                    "name": "all",
+                                    "domains": ["*"],
+                                    "routes": [route]
+                                }]
+                            },
+                            "http_filters": http_filters
+                        }
+                    }] }]
+                }],
+                "clusters": clusters
+            }
+        });
+        if let Some(bytes) = self.buffer_limit {
+            bootstrap["static_resources"]["listeners"][0]["per_connection_buffer_limit_bytes"] =
+                json!(bytes);
+        }
+        bootstrap
+    }
+
+    /// Start Envoy and wait until it serves. Panics (with Envoy's log) if it does not.
+    pub fn start(self) -> Envoy {
+        let mut envoy = self.spawn();
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) = envoy.try_wait() {
+                panic!(
+                    "Envoy exited ({status}) instead of starting. Its log:\n{}",
+                    envoy.log()
+                );
+            }
+            if let Some(admin) = envoy.admin_from_file() {
+                if http_get(admin, "/ready").is_some_and(|(code, _)| code == 200) {
+                    let listener = listener_address(admin).unwrap_or_else(|| {
+                        panic!(
+                            "Envoy is ready but lists no listener. Its log:\n{}",
+                            envoy.log()
+                        )
+                    });
+                    envoy.admin = Some(admin);
+                    envoy.listener = Some(listener);
+                    return envoy;
+                }
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "Envoy did not become ready within {START_TIMEOUT:?}. Its log:\n{}",
+                    envoy.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Start Envoy with a config it must refuse: wait for it to exit and return its exit
+    /// status and log. Panics if it becomes ready instead, or does not exit in time.
+    pub fn start_expecting_failure(self) -> (ExitStatus, String) {
+        let mut envoy = self.spawn();
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) = envoy.try_wait() {
+                return (status, envoy.log());
+            }
+            if let Some(admin) = envoy.admin_from_file() {
+                if http_get(admin, "/ready").is_some_and(|(code, _)| code == 200) {
+                    panic!(
+                        "Envoy accepted a config it should have refused and is serving. Its \
+                         log:\n{}",
+                        envoy.log()
+                    );
+                }
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "Envoy neither refused the config nor became ready within \
+                     {START_TIMEOUT:?}. Its log:\n{}",
+                    envoy.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn spawn(self) -> Envoy {
+        // Both panic with a how-to when missing: check them before making anything.
+        let bin = envoy_bin();
+        let bootstrap = serde_json::to_string_pretty(&self.bootstrap()).expect("serialize");
+        let dir = TempDir::new();
+        let config_path = dir.path.join("envoy.yaml");
+        fs::write(&config_path, bootstrap).expect("write the Envoy config");
+        let log_level = self
+            .log_level
+            .clone()
+            .or_else(|| std::env::var("FANOUT_E2E_ENVOY_LOG_LEVEL").ok())
+            .unwrap_or_else(|| "info".to_owned());
+        let stdout = fs::File::create(dir.path.join("stdout.log")).expect("create stdout.log");
+        let stderr = fs::File::create(dir.path.join("stderr.log")).expect("create stderr.log");
+        let mut command = Command::new(&bin);
+        command
+            .arg("--config-path")
+            .arg(&config_path)
+            .args(["--concurrency", "2", "--use-dynamic-base-id"])
+            .arg("--admin-address-path")
+            .arg(dir.path.join("admin.address"))
+            .arg("--log-path")
+            .arg(dir.path.join("envoy.log"))
+            .args(["--log-level", &log_level])
+            // The log file is flushed every 10 s by default; tests read it.
+            .args(["--file-flush-interval-msec", "20"])
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            // Its own process group, so that drop can stop Envoy and anything it started.
+            .process_group(0);
+        // If this test process dies without running drop (killed, or Ctrl-C, which does
+        // not reach Envoy's own process group), the kernel kills Envoy.
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start Envoy ({}): {e}", bin.display()));
+        Envoy {
+            child: Some(child),
+            dir,
+            admin: None,
+            listener: None,
+        }
+    }
+}
+
+fn loopback(port: u16) -> Value {
+    json!({ "socket_address": { "address": "127.0.0.1", "port_value": port } })
+}
+
+/// A running Envoy. Dropping it stops Envoy's whole process group.
+pub struct Envoy {
+    child: Option<Child>,
+    dir: TempDir,
+    admin: Option<SocketAddr>,
+    listener: Option<SocketAddr>,
+}
+
+impl Envoy {
+    pub fn builder() -> EnvoyBuilder {
+        EnvoyBuilder::default()
+    }
+
+    /// The listener (HTTP/1.1 and h2c).
+    pub fn addr(&self) -> SocketAddr {
+        self.listener.expect("Envoy is started")
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr().port()
+    }
+
+    /// `http://127.0.0.1:<listener port><path>`
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr())
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin.expect("Envoy is started")
+    }
+
+    pub fn admin_port(&self) -> u16 {
+        self.admin_addr().port()
+    }
+
+    /// GET a path of the admin interface: (status, body).
+    pub fn admin_get(&self, path: &str) -> (u16, String) {
+        http_get(self.admin_addr(), path)
+            .unwrap_or_else(|| panic!("Envoy's admin did not answer GET {path}"))
+    }
+
+    /// Envoy's pid, which is also its process group id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir.path
+    }
+
+    /// Everything Envoy logged so far (its log file, then stderr and stdout).
+    pub fn log(&self) -> String {
+        ["envoy.log", "stderr.log", "stdout.log"]
+            .iter()
+            .filter_map(|f| fs::read(self.dir.path.join(f)).ok())
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Wait (bounded) until the log contains `needle`; the log is written asynchronously.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.log().contains(needle) {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// True while Envoy runs.
+    pub fn try_wait_alive(&mut self) -> bool {
+        self.try_wait().is_none()
+    }
+
+    /// None while Envoy runs.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    fn admin_from_file(&self) -> Option<SocketAddr> {
+        fs::read_to_string(self.dir.path.join("admin.address"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Stop Envoy's process group: SIGTERM, then SIGKILL after a grace period. Returns
+    /// Envoy's exit status.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        let pgid = child.id() as libc::pid_t;
+        // SAFETY: signalling a process group we created; no memory is involved.
+        unsafe {
+            libc::kill(-pgid, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break Some(status),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                _ => {
+                    // SAFETY: as above.
+                    unsafe {
+                        libc::kill(-pgid, libc::SIGKILL);
+                    }
+                    break child.wait().ok();
+                }
+            }
+        };
+        // Anything else left in the group (Envoy starts no children, but be sure).
+        // SAFETY: as above; ESRCH when the group is empty is fine.
+        unsafe {
+            libc::kill(-pgid, libc::SIGKILL);
+        }
+        status
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        if std::thread::panicking() && self.child.is_some() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!(
+                "--- last lines of Envoy's log ({}) ---\n{}\n--- end of Envoy's log ---",
+                self.dir.path.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        self.stop();
+    }
+}
+
+/// A minimal HTTP/1.1 GET, one per connection (for the admin interface): (status, body). None if it fails.
+fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).ok()?;
+    let response = String::from_utf8_lossy(&response);
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    Some((
+        code,
+        if chunked {
+            dechunk(body)?
+        } else {
+            body.to_owned()
+        },
+    ))
+}
+
+fn dechunk(mut body: &str) -> Option<String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(out);
+        }
+        out.push_str(rest.get(..size)?);
+        body = rest.get(size..)?.strip_prefix("\r\n")?;
+    }
+}
+
+/// The address the listener bound (its port was 0 in the config).
+fn listener_address(admin: SocketAddr) -> Option<SocketAddr> {
+    let (code, body) = http_get(admin, "/listeners?format=json")?;
+    if code != 200 {
+        return None;
+    }
+    let v: Value = serde_json::from_str(&body).ok()?;
+    let sa = v["listener_statuses"]
+        .as_array()?
+        .iter()
+        .find(|l| l["name"] == "ingress")?
+        .get("local_address")?
+        .get("socket_address")?
+        .clone();
+    let ip = sa["address"].as_str()?;
+    let port = sa["port_value"].as_u64()?;
+    format!("{ip}:{port}").parse().ok()
+}
