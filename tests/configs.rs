@@ -22,6 +22,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 fn root() -> PathBuf {
@@ -196,16 +197,23 @@ fn every_bootstrap_under_envoy_validates() {
             .unwrap()
             .to_string_lossy()
             .into_owned();
-        let doc = yaml_to_json(&read(&rel), &rel);
-        if doc.get("kind").is_some() {
-            // A Kubernetes resource, not an Envoy bootstrap.
-            assert_eq!(
-                doc["kind"],
-                json!("EnvoyFilter"),
-                "{rel}: unknown kind of file; teach tests/configs.rs to check it"
-            );
+        let text = read(&rel);
+        let kinds: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
+            .filter_map(|doc| serde_yaml_ng::Value::deserialize(doc).ok())
+            .filter_map(|doc| serde_json::to_value(doc).ok())
+            .filter_map(|doc| doc.get("kind").cloned())
+            .collect();
+        if !kinds.is_empty() {
+            // Kubernetes resources, not an Envoy bootstrap: their own tests check them.
+            for kind in kinds {
+                assert!(
+                    kind == json!("EnvoyFilter") || kind == json!("WasmPlugin"),
+                    "{rel}: unknown kind {kind}; teach tests/configs.rs to check it"
+                );
+            }
             continue;
         }
+        let doc = yaml_to_json(&text, &rel);
         assert!(
             doc.get("static_resources").is_some() || doc.get("dynamic_resources").is_some(),
             "{rel}: neither an Envoy bootstrap nor a known resource"
@@ -213,10 +221,9 @@ fn every_bootstrap_under_envoy_validates() {
         validate_bootstrap_file(&rel);
         checked.push(rel);
     }
-    assert!(
-        checked.contains(&"envoy/envoy.yaml".to_string()),
-        "{checked:?}"
-    );
+    for expected in ["envoy/envoy.yaml", "envoy/envoy-buffered.yaml"] {
+        assert!(checked.contains(&expected.to_string()), "{checked:?}");
+    }
 }
 
 #[test]
@@ -377,6 +384,16 @@ fn istio_envoyfilter_sets_the_flag_and_validates() {
     let mut filter = filter.clone();
     filter["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] =
         json!(fanout_wasm().to_str().unwrap());
+    validate_inbound_chain(vec![filter], &plugin, rel);
+}
+
+/// Validates an inbound HTTP chain (the given filters, then the router) in a minimal
+/// bootstrap that declares every subscriber cluster of `plugin`, with the built filter.
+fn validate_inbound_chain(mut http_filters: Vec<Value>, plugin: &Value, rel: &str) {
+    http_filters.push(json!({
+        "name": "envoy.filters.http.router",
+        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" }
+    }));
     let mut clusters = Vec::new();
     let channels = plugin["channels"].as_array().cloned().unwrap_or_default();
     let shorthand = json!([{ "subscribers": plugin["subscribers"].clone() }]);
@@ -391,10 +408,7 @@ fn istio_envoyfilter_sets_the_flag_and_validates() {
             }));
         }
     }
-    assert!(
-        !clusters.is_empty(),
-        "the EnvoyFilter configures no subscriber"
-    );
+    assert!(!clusters.is_empty(), "{rel} configures no subscriber");
     let bootstrap = json!({
         "static_resources": {
             "listeners": [{
@@ -408,10 +422,7 @@ fn istio_envoyfilter_sets_the_flag_and_validates() {
                         "route_config": { "virtual_hosts": [{ "name": "inbound", "domains": ["*"],
                             "routes": [{ "match": { "prefix": "/" },
                                 "direct_response": { "status": 500 } }] }] },
-                        "http_filters": [filter, {
-                            "name": "envoy.filters.http.router",
-                            "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" }
-                        }]
+                        "http_filters": http_filters
                     }
                 }] }]
             }],
@@ -510,4 +521,66 @@ fn demo_oneshot_answers_202_and_reaches_every_subscriber() {
             "port {port} is still in use after the demo ended"
         );
     }
+}
+
+/// The WasmPlugin example: fanout in `body_wait: continue` mode (WasmPlugin cannot set the
+/// stop-iteration flag) plus an EnvoyFilter that puts the buffer filter before the router.
+/// The chain they make (fanout, buffer, router) must validate with the built filter.
+#[test]
+fn istio_wasmplugin_uses_continue_mode_with_a_buffer_filter_and_validates() {
+    let rel = "envoy/istio-wasmplugin.yaml";
+    let text = read(rel);
+    let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| {
+            let value = serde_yaml_ng::Value::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{rel} is not valid YAML: {e}"));
+            serde_json::to_value(value).unwrap()
+        })
+        .collect();
+    let plugin_doc = docs
+        .iter()
+        .find(|d| d["kind"] == json!("WasmPlugin"))
+        .expect("a WasmPlugin");
+    let buffer_doc = docs
+        .iter()
+        .find(|d| d["kind"] == json!("EnvoyFilter"))
+        .expect("an EnvoyFilter for the buffer filter");
+    assert_eq!(plugin_doc["spec"]["phase"], json!("UNSPECIFIED_PHASE"));
+    let plugin = plugin_doc["spec"]["pluginConfig"].clone();
+    assert_eq!(
+        plugin["body_wait"],
+        json!("continue"),
+        "{rel}: a WasmPlugin cannot set allow_on_headers_stop_iteration"
+    );
+    let patch = &buffer_doc["spec"]["configPatches"][0];
+    assert_eq!(patch["match"]["context"], json!("SIDECAR_INBOUND"));
+    assert_eq!(
+        patch["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"],
+        json!("envoy.filters.http.router")
+    );
+    assert_eq!(patch["patch"]["operation"], json!("INSERT_BEFORE"));
+    let buffer = patch["patch"]["value"].clone();
+    assert_eq!(buffer["name"], json!("envoy.filters.http.buffer"));
+
+    // What Istio generates from the WasmPlugin: the wasm filter with the pluginConfig as JSON,
+    // the root id from pluginName, and no stop-iteration flag.
+    let wasm = json!({
+        "name": "default.fanout",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": "default.fanout",
+                "root_id": plugin_doc["spec"]["pluginName"],
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": plugin.to_string()
+                },
+                "vm_config": {
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": { "local": { "filename": fanout_wasm().to_str().unwrap() } }
+                }
+            }
+        }
+    });
+    validate_inbound_chain(vec![wasm, buffer], &plugin, rel);
 }

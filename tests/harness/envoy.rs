@@ -128,6 +128,36 @@ impl Drop for TempDir {
     }
 }
 
+/// How the filter waits for the request body in these tests: `pause` (the default; the
+/// plugin config sets `allow_on_headers_stop_iteration`) or `continue` (the filter is
+/// configured with `"body_wait": "continue"`, the flag is left out, and a buffer filter follows
+/// the filter), chosen by `$FANOUT_E2E_BODY_WAIT` so the whole suite runs in either mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyWait {
+    Pause,
+    Continue,
+}
+
+pub fn body_wait() -> BodyWait {
+    match std::env::var("FANOUT_E2E_BODY_WAIT").as_deref() {
+        Err(_) | Ok("") | Ok("pause") => BodyWait::Pause,
+        Ok("continue") => BodyWait::Continue,
+        Ok(other) => panic!("FANOUT_E2E_BODY_WAIT must be `pause` or `continue`, not {other:?}"),
+    }
+}
+
+/// The plugin configuration with `"body_wait": "continue"` added, when it is a JSON object
+/// without one; anything else (a broken config a test wants refused) is left as it is.
+fn with_body_wait_continue(config: &str) -> String {
+    match serde_json::from_str::<Value>(config) {
+        Ok(Value::Object(mut fields)) if !fields.contains_key("body_wait") => {
+            fields.insert("body_wait".to_owned(), json!("continue"));
+            Value::Object(fields).to_string()
+        }
+        _ => config.to_owned(),
+    }
+}
+
 /// What Envoy runs: the fanout filter (or none, to test the harness with a plain proxy), the
 /// subscriber clusters, and the route behind the filter.
 #[derive(Clone, Debug, Default)]
@@ -141,6 +171,11 @@ pub struct EnvoyBuilder {
     /// The listener's `per_connection_buffer_limit_bytes` (Envoy's default: 1 MiB). A paused
     /// request body beyond it gets Envoy's own 413, whatever the filter's `max_body_bytes`.
     buffer_limit: Option<u64>,
+    /// In `continue` mode, leave out the buffer filter (the misconfiguration the tripwire and
+    /// the filter's own check exist for).
+    without_buffer_filter: bool,
+    /// Extra top-level bootstrap fields (e.g. `stats_config`).
+    bootstrap_fields: Vec<(String, Value)>,
 }
 
 impl EnvoyBuilder {
@@ -170,6 +205,25 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Keep the filter, but route what reaches the router to `cluster` instead of the
+    /// tripwire.
+    pub fn route_to(mut self, cluster: &str) -> Self {
+        self.proxy_to = Some(cluster.to_owned());
+        self
+    }
+
+    /// A top-level field of the bootstrap, e.g. `stats_config` or `stats_flush_interval`.
+    pub fn bootstrap_field(mut self, name: &str, value: Value) -> Self {
+        self.bootstrap_fields.push((name.to_owned(), value));
+        self
+    }
+
+    /// In `continue` mode, no buffer filter after fanout.
+    pub fn without_buffer_filter(mut self) -> Self {
+        self.without_buffer_filter = true;
+        self
+    }
+
     /// The listener's `per_connection_buffer_limit_bytes`.
     pub fn buffer_limit(mut self, bytes: u64) -> Self {
         self.buffer_limit = Some(bytes);
@@ -193,26 +247,50 @@ impl EnvoyBuilder {
         };
         let mut http_filters = Vec::new();
         if let Some(config) = &self.plugin_config {
+            let configured_continue = serde_json::from_str::<Value>(config)
+                .ok()
+                .is_some_and(|c| c.get("body_wait").and_then(Value::as_str) == Some("continue"));
+            let continue_mode = body_wait() == BodyWait::Continue || configured_continue;
+            let config = if continue_mode {
+                with_body_wait_continue(config)
+            } else {
+                config.clone()
+            };
+            let mut wasm = json!({
+                "name": "fanout",
+                "root_id": "fanout",
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": config
+                },
+                "vm_config": {
+                    "vm_id": "fanout",
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": { "local": { "filename": wasm_path() } }
+                }
+            });
+            if !continue_mode {
+                wasm["allow_on_headers_stop_iteration"] = json!(true);
+            }
             http_filters.push(json!({
                 "name": "envoy.filters.http.wasm",
                 "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-                    "config": {
-                        "name": "fanout",
-                        "root_id": "fanout",
-                        "allow_on_headers_stop_iteration": true,
-                        "configuration": {
-                            "@type": "type.googleapis.com/google.protobuf.StringValue",
-                            "value": config
-                        },
-                        "vm_config": {
-                            "vm_id": "fanout",
-                            "runtime": "envoy.wasm.runtime.v8",
-                            "code": { "local": { "filename": wasm_path() } }
-                        }
-                    }
+                    "config": wasm
                 }
             }));
+            if continue_mode && !self.without_buffer_filter {
+                // Holds the headers away from the router until the body is complete; the
+                // body reaches fanout first, which keeps it. Its own limit is set high so
+                // that the listener's buffer limit and max_body_bytes are what a test meets.
+                http_filters.push(json!({
+                    "name": "envoy.filters.http.buffer",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+                        "max_request_bytes": 64 * 1024 * 1024
+                    }
+                }));
+            }
         }
         http_filters.push(json!({
             "name": "envoy.filters.http.router",
@@ -264,6 +342,9 @@ impl EnvoyBuilder {
                 "clusters": clusters
             }
         });
+        for (name, value) in &self.bootstrap_fields {
+            bootstrap[name.as_str()] = value.clone();
+        }
         if let Some(bytes) = self.buffer_limit {
             bootstrap["static_resources"]["listeners"][0]["per_connection_buffer_limit_bytes"] =
                 json!(bytes);

@@ -12,7 +12,7 @@ mod envoy;
 mod subscriber;
 
 pub use client::{chunked_body, send, Client, Reply};
-pub use envoy::{envoy_bin, wasm_path, Envoy, EnvoyBuilder, TRIPWIRE_BODY};
+pub use envoy::{body_wait, envoy_bin, wasm_path, BodyWait, Envoy, EnvoyBuilder, TRIPWIRE_BODY};
 pub use subscriber::{Behavior, Recorded, Subscriber};
 
 use std::path::PathBuf;

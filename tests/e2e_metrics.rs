@@ -1,0 +1,165 @@
+//! Observability in the real Envoy: after a known sequence of requests, fanout's counters in
+//! `/stats/prometheus` (with the Prometheus labels of the shipped `stats_config`) are exactly
+//! what happened, the histograms have one sample per fan-out and per call, and Envoy's log
+//! has a line for the failing subscriber.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod harness;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use harness::{manifest_dir, send, Behavior, Client, Envoy, Subscriber};
+use serde_json::{json, Value};
+
+/// The `stats_config` of the shipped demo configuration, so the labels tested are the ones
+/// users get.
+fn shipped_stats_config() -> Value {
+    let text = std::fs::read_to_string(manifest_dir().join("envoy/envoy.yaml")).unwrap();
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
+    let doc = serde_json::to_value(doc).unwrap();
+    let stats = doc["stats_config"].clone();
+    assert!(
+        stats["stats_tags"].is_array(),
+        "envoy/envoy.yaml has no stats_tags"
+    );
+    stats
+}
+
+/// `name{labels} value` lines of fanout's metrics, keyed by `name{labels}`. Histograms
+/// contribute their `_count` lines.
+fn scrape(envoy: &Envoy) -> BTreeMap<String, f64> {
+    let (status, text) = envoy.admin_get("/stats/prometheus");
+    assert_eq!(status, 200);
+    text.lines()
+        .filter(|line| line.starts_with("fanout_"))
+        .filter_map(|line| {
+            let (key, value) = line.rsplit_once(' ')?;
+            Some((key.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn prometheus_counts_equal_what_happened() {
+    let steady = Subscriber::ok("steady");
+    let flaky = Subscriber::ok("flaky");
+    let config = json!({
+        "max_body_bytes": 1000,
+        "channels": [{ "name": "default/orders", "hosts": ["orders.default"], "subscribers": [
+            { "cluster": "steady" }, { "cluster": "flaky" }
+        ] }]
+    });
+    let envoy = Envoy::builder()
+        .fanout(&config)
+        .cluster("steady", steady.port())
+        .cluster("flaky", flaky.port())
+        .bootstrap_field("stats_config", shipped_stats_config())
+        // Histograms reach /stats/prometheus at Envoy's stats flush (5 s by default).
+        .bootstrap_field("stats_flush_interval", json!("0.2s"))
+        .start();
+    let orders = Client::http1_resolving("orders.default", envoy.addr());
+    let url = format!("http://orders.default:{}/", envoy.port());
+
+    for _ in 0..3 {
+        assert_eq!(send(orders.post(&url).body("{}")).status, 202);
+    }
+    flaky.set_behavior(Behavior::Status(503));
+    let failed = send(orders.post(&url).body("{}"));
+    assert_eq!(failed.status, 500);
+    let report = failed.json();
+    assert_eq!(report["failed"][0]["cluster"], "flaky");
+    assert_eq!(report["failed"][0]["outcome"], "status");
+    assert_eq!(report["failed"][0]["status"], 503);
+    // A host with no channel, and a body over max_body_bytes.
+    assert_eq!(
+        send(Client::http1().post(&envoy.url("/")).body("{}")).status,
+        404
+    );
+    assert_eq!(send(orders.post(&url).body(vec![b'x'; 2000])).status, 413);
+
+    let expected: BTreeMap<&str, f64> = [
+        ("fanout_requests_received{}", 6.0),
+        ("fanout_requests_accepted{}", 3.0),
+        ("fanout_requests_failed{}", 1.0),
+        ("fanout_requests_rejected{fanout_status=\"404\"}", 1.0),
+        ("fanout_requests_rejected{fanout_status=\"413\"}", 1.0),
+        ("fanout_requests_reached_router{}", 0.0),
+        ("fanout_in_flight{}", 0.0),
+        ("fanout_subscriber_calls{fanout_cluster=\"steady\"}", 4.0),
+        (
+            "fanout_subscriber_delivered{fanout_cluster=\"steady\"}",
+            4.0,
+        ),
+        ("fanout_subscriber_calls{fanout_cluster=\"flaky\"}", 4.0),
+        ("fanout_subscriber_delivered{fanout_cluster=\"flaky\"}", 3.0),
+        (
+            "fanout_subscriber_failed{fanout_cluster=\"flaky\",fanout_reason=\"status_5xx\"}",
+            1.0,
+        ),
+        (
+            "fanout_subscriber_failed{fanout_cluster=\"flaky\",fanout_reason=\"timeout\"}",
+            0.0,
+        ),
+        (
+            "fanout_subscriber_failed{fanout_cluster=\"steady\",fanout_reason=\"status_5xx\"}",
+            0.0,
+        ),
+        // One sample per fan-out (the 404 and the 413 never fanned out) and per call.
+        ("fanout_duration_ms_count{}", 4.0),
+        ("fanout_call_duration_ms_count{}", 8.0),
+    ]
+    .into_iter()
+    .collect();
+
+    // The filter hands its counts to Envoy once a second; wait for them, bounded.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut scraped = scrape(&envoy);
+    while expected.iter().any(|(k, v)| scraped.get(*k) != Some(v)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        scraped = scrape(&envoy);
+    }
+    for (name, value) in &expected {
+        assert_eq!(
+            scraped.get(*name),
+            Some(value),
+            "{name} in /stats/prometheus; fanout's lines:\n{scraped:#?}"
+        );
+    }
+
+    // One warning for the failing subscriber, naming it and why.
+    assert!(
+        envoy.wait_for_log(
+            "channel default/orders: subscriber flaky failed: status 503",
+            Duration::from_secs(5)
+        ),
+        "{}",
+        envoy.log()
+    );
+    // Nothing above debug for the successful requests.
+    let steady_lines = envoy
+        .log()
+        .lines()
+        .filter(|l| l.contains("[wasm]") && l.contains("steady"))
+        .count();
+    assert_eq!(steady_lines, 0, "{}", envoy.log());
+}
+
+#[test]
+fn metrics_off_defines_no_fanout_stats() {
+    let sub = Subscriber::ok("sub");
+    let envoy = Envoy::builder()
+        .fanout(&json!({ "metrics": false, "subscribers": [{ "cluster": "sub" }] }))
+        .cluster("sub", sub.port())
+        .start();
+    assert_eq!(
+        send(Client::http1().post(&envoy.url("/")).body("{}")).status,
+        202
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let (_, stats) = envoy.admin_get("/stats");
+    assert!(
+        !stats.contains("wasmcustom.fanout"),
+        "metrics are off but fanout stats exist:\n{stats}"
+    );
+}
