@@ -1,0 +1,23 @@
+-- wrk script for `make bench`: POSTs one binary-mode CloudEvent whose body is the file named
+-- by $BENCH_BODY (1 KiB or 64 KiB of JSON), and prints the run's figures as one JSON line
+-- (latencies in microseconds) for bench/run.py.
+wrk.method = "POST"
+local file = assert(io.open(assert(os.getenv("BENCH_BODY"), "BENCH_BODY not set"), "rb"))
+wrk.body = file:read("*a")
+file:close()
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["ce-specversion"] = "1.0"
+wrk.headers["ce-type"] = "dev.fanout.bench"
+wrk.headers["ce-source"] = "/bench/wrk"
+wrk.headers["ce-id"] = "bench-event"
+
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'BENCH_JSON {"requests": %d, "duration_us": %d, "p50_us": %d, "p90_us": %d, ' ..
+    '"p99_us": %d, "mean_us": %.1f, "max_us": %d, "err_connect": %d, "err_read": %d, ' ..
+    '"err_write": %d, "err_status": %d, "err_timeout": %d}\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(90),
+    latency:percentile(99), latency.mean, latency.max, e.connect, e.read, e.write, e.status,
+    e.timeout))
+end

@@ -1,0 +1,358 @@
+"""Turns bench/run.py's measurements into derived figures, a markdown report and an SVG
+chart (written by hand: no plotting library needed)."""
+
+import math
+
+NS = [1, 4, 16, 64]
+
+
+def _get(rows, key, field):
+    row = (rows or {}).get(key)
+    return None if row is None else row.get(field)
+
+
+def _ratio(a, b):
+    return None if a is None or b in (None, 0) else a / b
+
+
+def derive(results):
+    tp = results.get("throughput") or {}
+    lat = results.get("latency") or {}
+    d = {"per_n": {}, "per_extra_subscriber": {}, "targets": []}
+    for n in NS:
+        f, m = f"fanout/{n}", f"mirror/{n}"
+        d["per_n"][n] = {
+            "rps_fanout_over_mirror": _ratio(_get(tp, f, "rps"), _get(tp, m, "rps")),
+            "rps_fanout_over_proxy": _ratio(_get(tp, f, "rps"), _get(tp, "proxy/1", "rps")),
+            "rps_fanout_over_lua": _ratio(_get(tp, f, "rps"), _get(tp, f"lua/{n}", "rps")),
+            "p99_fanout_over_mirror": _ratio(_get(tp, f, "p99_ms"), _get(tp, m, "p99_ms")),
+            "cpu_fanout_over_mirror": _ratio(_get(tp, f, "cpu_us_per_req"),
+                                             _get(tp, m, "cpu_us_per_req")),
+        }
+    for n in NS[1:]:
+        row = {}
+        for kind in ("fanout", "mirror", "lua"):
+            hi, lo = _get(tp, f"{kind}/{n}", "cpu_us_per_req"), _get(tp, f"{kind}/1", "cpu_us_per_req")
+            row[kind] = None if hi is None or lo is None else (hi - lo) / (n - 1)
+        row["fanout_over_mirror"] = _ratio(row["fanout"], row["mirror"])
+        d["per_extra_subscriber"][n] = row
+    fixed = _get(tp, "fanout/0", "cpu_us_per_req")
+    noop = _get(tp, "noop/0", "cpu_us_per_req")
+    d["fixed"] = {"fanout0": fixed, "fanout0_nometrics": _get(tp, "fanout-nometrics/0", "cpu_us_per_req"),
+                  "noop": noop, "baseline": _get(tp, "baseline/0", "cpu_us_per_req"),
+                  "fanout0_over_noop": _ratio(fixed, noop)}
+    slowest = _get(lat, "proxy/1", "p50_ms")
+    d["latency_64_excess_ms"] = (None if _get(lat, "fanout/64", "p50_ms") is None or slowest is None
+                                 else _get(lat, "fanout/64", "p50_ms") - slowest)
+
+    def target(name, value, limit, ok, fmt="{:.2f}"):
+        d["targets"].append({"target": name, "limit": limit,
+                             "value": None if value is None else fmt.format(value),
+                             "met": None if value is None else bool(ok(value))})
+
+    for n in NS[1:]:
+        target(f"Envoy CPU per extra subscriber, fanout / mirror shadow, N={n}",
+               d["per_extra_subscriber"][n]["fanout_over_mirror"], "<= 1.10x", lambda v: v <= 1.10)
+    target("fixed cost: fanout with 0 subscribers / do-nothing wasm filter (CPU per request)",
+           d["fixed"]["fanout0_over_noop"], "<= 1.10x", lambda v: v <= 1.10)
+    for n, limit in ((4, 0.90), (16, 0.95), (64, 0.95)):
+        target(f"throughput fanout / mirror, N={n}", d["per_n"][n]["rps_fanout_over_mirror"],
+               f">= {limit:.2f}x", lambda v, limit=limit: v >= limit)
+    target("throughput fanout / proxy, N=1 (reported with the host's floor)",
+           d["per_n"][1]["rps_fanout_over_proxy"], "report", lambda v: True)
+    for n in NS[1:]:
+        target(f"p99 fanout / mirror, N={n}", d["per_n"][n]["p99_fanout_over_mirror"], "<= 1.10x",
+               lambda v: v <= 1.10)
+    target("20 ms subscribers: fanout p50 at N=64 minus one-subscriber proxy p50 (ms)",
+           d["latency_64_excess_ms"], "<= 2 ms", lambda v: v <= 2.0, "{:.2f} ms")
+    size = (results.get("wasm") or {}).get("fanout_bytes")
+    target("fanout.wasm size", None if size is None else size / 1024, "<= 150 KiB",
+           lambda v: v <= 150, "{:.1f} KiB")
+    hc = results.get("hostcalls")
+    if hc:
+        fit = _hostcall_fit(hc, False)
+        d["hostcalls_fit"] = {"metrics_on": _hostcall_fit(hc, True), "metrics_off": fit}
+    return d
+
+
+def _hostcall_fit(hc, metrics):
+    rows = {r["subscribers"]: r["per_request"] for r in hc if r["metrics"] == metrics}
+    if 0 not in rows or 64 not in rows:
+        return None
+    return {"per_request": rows[0], "per_subscriber": (rows[64] - rows[0]) / 64}
+
+
+# ---------------------------------------------------------------------------------------------
+
+def _f(v, fmt="{:.0f}"):
+    return "–" if v is None else fmt.format(v)
+
+
+def markdown(results, chart="chart.svg"):
+    m = results["machine"]
+    tp = results.get("throughput") or {}
+    lat = results.get("latency") or {}
+    d = results.get("derived") or derive(results)
+    out = []
+    w = out.append
+    w(f"# fanout benchmark, {m['date'][:10]} ({m['mode']} run)\n")
+    w(f"Machine: {m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB, Linux {m['kernel']} "
+      f"(load average at start {', '.join(f'{x:.1f}' for x in m['load_avg_at_start'])}). "
+      f"Envoy {m['envoy']}; {m['wrk']}; {m['rustc']}; fanout {m['commit']}.\n")
+    w(f"Each system is one Envoy with `--concurrency 1`; load: `wrk -t1 -c{m['connections']}`, "
+      f"a 1 KiB binary-mode CloudEvent (64 KiB where marked), {m['duration_s']} s per "
+      f"measurement, {m['rounds']} interleaved round(s) (every configuration once per round), "
+      f"medians shown. Subscribers: one Envoy answering 200 after reading the body (buffer "
+      f"filter + `direct_response`), one HTTP/1.1 cluster per subscriber. Latency percentiles "
+      f"are wrk's over the whole run; requests/s, CPU (the system Envoy's user+system time, "
+      f"from /proc/<pid>/stat, per request it completed) and subscriber counters over the "
+      f"steady part of each run (20 % to 90 % of it). All on loopback; the machine was shared, so "
+      f"compare ratios within this run. Reproduce: `make bench` (`make bench QUICK=1` for a "
+      f"short run). Total time {m.get('elapsed_s', '?')} s.\n")
+    if chart:
+        w(f"![throughput and p99 against N]({chart})\n")
+
+    w("## fanout against Envoy's mirroring, a plain proxy and a Lua fan-out\n")
+    w("| N | fanout rq/s | mirror rq/s | proxy rq/s | Lua rq/s | fanout/mirror | fanout/proxy "
+      "| fanout p50 / p99 ms | mirror p50 / p99 ms | Lua p50 / p99 ms |")
+    w("|---|---|---|---|---|---|---|---|---|---|")
+    for n in NS:
+        f, mi, lu = f"fanout/{n}", f"mirror/{n}", f"lua/{n}"
+        pn = d["per_n"].get(n) or d["per_n"].get(str(n)) or {}
+        w(f"| {n} | {_f(_get(tp, f, 'rps'))} | {_f(_get(tp, mi, 'rps'))} | "
+          f"{_f(_get(tp, 'proxy/1', 'rps'))} | {_f(_get(tp, lu, 'rps'))} | "
+          f"{_f(pn.get('rps_fanout_over_mirror'), '{:.2f}x')} | "
+          f"{_f(pn.get('rps_fanout_over_proxy'), '{:.2f}x')} | "
+          f"{_f(_get(tp, f, 'p50_ms'), '{:.2f}')} / {_f(_get(tp, f, 'p99_ms'), '{:.2f}')} | "
+          f"{_f(_get(tp, mi, 'p50_ms'), '{:.2f}')} / {_f(_get(tp, mi, 'p99_ms'), '{:.2f}')} | "
+          f"{_f(_get(tp, lu, 'p50_ms'), '{:.2f}')} / {_f(_get(tp, lu, 'p99_ms'), '{:.2f}')} |")
+    w("\nThe proxy column is one request to one cluster, whatever N (the floor at N = 1). "
+      "Mirroring answers as soon as cluster 0 answers and does not wait for the shadows: it is "
+      "the ceiling, not an equivalent. Lua calls the subscribers one after the other.\n")
+
+    w("## Envoy CPU per request (us) and peak RSS\n")
+    w("| N | fanout | mirror | Lua | fanout/mirror | per extra subscriber: fanout | mirror | Lua "
+      "| fanout/mirror | peak RSS MB fanout / mirror / Lua |")
+    w("|---|---|---|---|---|---|---|---|---|---|")
+    for n in NS:
+        pn = d["per_n"].get(n) or d["per_n"].get(str(n)) or {}
+        pe = d["per_extra_subscriber"].get(n) or d["per_extra_subscriber"].get(str(n)) or {}
+        w(f"| {n} | {_f(_get(tp, f'fanout/{n}', 'cpu_us_per_req'))} | "
+          f"{_f(_get(tp, f'mirror/{n}', 'cpu_us_per_req'))} | "
+          f"{_f(_get(tp, f'lua/{n}', 'cpu_us_per_req'))} | "
+          f"{_f(pn.get('cpu_fanout_over_mirror'), '{:.2f}x')} | "
+          f"{_f(pe.get('fanout'), '{:.1f}')} | {_f(pe.get('mirror'), '{:.1f}')} | "
+          f"{_f(pe.get('lua'), '{:.1f}')} | {_f(pe.get('fanout_over_mirror'), '{:.2f}x')} | "
+          f"{_f(_get(tp, f'fanout/{n}', 'peak_rss_mb'))} / "
+          f"{_f(_get(tp, f'mirror/{n}', 'peak_rss_mb'))} / "
+          f"{_f(_get(tp, f'lua/{n}', 'peak_rss_mb'))} |")
+    w("\nPer extra subscriber = (CPU at N - CPU at N=1) / (N - 1).\n")
+
+    w("## Floors, metrics, large bodies\n")
+    w("| configuration | rq/s | p50 / p99 ms | CPU us/rq | peak RSS MB |")
+    w("|---|---|---|---|---|")
+    labels = [
+        ("baseline/0", "buffer filter + `direct_response` 202, no wasm"),
+        ("noop/0", "do-nothing wasm filter + buffer + `direct_response` 202"),
+        ("fanout/0", "fanout, 0 subscribers (local 202), metrics on"),
+        ("fanout-nometrics/0", "fanout, 0 subscribers, metrics off"),
+        ("proxy/1", "plain proxy to one cluster"),
+        ("fanout/4", "fanout N=4, metrics on"),
+        ("fanout-nometrics/4", "fanout N=4, metrics off"),
+        ("fanout/16", "fanout N=16, metrics on"),
+        ("fanout-nometrics/16", "fanout N=16, metrics off"),
+        ("fanout-64k/4", "fanout N=4, 64 KiB body"),
+        ("mirror-64k/4", "mirror N=4, 64 KiB body"),
+        ("proxy-64k/1", "plain proxy, 64 KiB body"),
+    ]
+    for key, label in labels:
+        if key in tp:
+            w(f"| {label} | {_f(_get(tp, key, 'rps'))} | {_f(_get(tp, key, 'p50_ms'), '{:.2f}')} / "
+              f"{_f(_get(tp, key, 'p99_ms'), '{:.2f}')} | {_f(_get(tp, key, 'cpu_us_per_req'))} | "
+              f"{_f(_get(tp, key, 'peak_rss_mb'))} |")
+    w("")
+
+    if lat:
+        w(f"## Latency with slow subscribers ({m['slow_ms']} ms each, one connection)\n")
+        w("| N | fanout p50 / p99 ms | mirror p50 / p99 ms | Lua (sequential) p50 / p99 ms |")
+        w("|---|---|---|---|")
+        ns = sorted({r["n"] for k, r in lat.items() if k != "proxy/1"})
+        for n in ns:
+            cells = []
+            for kind in ("fanout", "mirror", "lua"):
+                k = f"{kind}/{n}"
+                cells.append(f"{_f(_get(lat, k, 'p50_ms'), '{:.1f}')} / "
+                             f"{_f(_get(lat, k, 'p99_ms'), '{:.1f}')}")
+            w(f"| {n} | " + " | ".join(cells) + " |")
+        w(f"\nOne slow subscriber behind a plain proxy: p50 {_f(_get(lat, 'proxy/1', 'p50_ms'), '{:.2f}')} ms"
+          f" (the reference for \"the slowest subscriber\").\n")
+
+    mem = results.get("memory")
+    if mem:
+        w("## Memory per in-flight request\n")
+        w("| N = 4, requests held open by subscribers | in flight | idle RSS MB | RSS MB with them | kB per request |")
+        w("|---|---|---|---|---|")
+        for key, r in mem.items():
+            w(f"| {key.split('/')[0]} | {r['inflight']} ({r['held_calls']} calls held) | "
+              f"{r['idle_rss_mb']:.1f} | {r['loaded_rss_mb']:.1f} | {r['kb_per_inflight']:.1f} |")
+        w("\nWith HTTP/1.1 subscriber clusters every in-flight call holds its own upstream "
+          "connection; most of the figure is Envoy's per-stream and per-connection state.\n")
+
+    w("## Connection reuse at the subscriber\n")
+    w("| configuration | subscriber requests | new subscriber connections | requests per new connection | subscriber requests per request |")
+    w("|---|---|---|---|---|")
+    for key in [f"fanout/{n}" for n in NS] + [f"mirror/{n}" for n in NS] + \
+            [f"lua/{n}" for n in NS] + ["proxy/1"]:
+        if key in tp:
+            rq, cx = _get(tp, key, "sub_rq_total"), _get(tp, key, "sub_cx_total")
+            per = f"{rq / cx:.0f}" if cx else "all reused"
+            w(f"| {key} | {rq} | {cx} | {per} | {_f(_get(tp, key, 'sub_rq_per_req'), '{:.2f}')} |")
+    sub = (results.get("subscriber") or {}).get("counters") or {}
+    totals = []
+    for lst in ("fast", "slow", "hold"):
+        rq = sub.get(f"http.sub_{lst}.downstream_rq_total")
+        cx = sub.get(f"http.sub_{lst}.downstream_cx_total")
+        if rq:
+            totals.append(f"`sub_{lst}` {rq} requests on {cx} connections")
+    w("\nCounted by the subscriber Envoy (`http.sub_fast.downstream_cx_total` and "
+      "`downstream_rq_total`) over the steady part of each measured run. Whole run, warm-ups and sanity checks included: " +
+      ("; ".join(totals) or "–") + ".\n")
+
+    wasm = results.get("wasm") or {}
+    hc = results.get("hostcalls")
+    w("## Size and host calls\n")
+    w(f"`fanout.wasm`: {wasm.get('fanout_bytes', 0)} bytes ({wasm.get('fanout_bytes', 0) / 1024:.1f} KiB); "
+      f"the do-nothing filter built the same way: {wasm.get('noop_bytes', 0) / 1024:.1f} KiB.\n")
+    if hc:
+        w("Host calls for one request answered 202 (1 KiB body, every subscriber 200), counted by "
+          "`bench/hostcalls` through the filter's `Host` trait, plus the SDK's "
+          "`set_effective_context` before each call answer; metric flushes amortised:\n")
+        w("| subscribers | metrics on | metrics off |")
+        w("|---|---|---|")
+        by = {(r["subscribers"], r["metrics"]): r for r in hc}
+        for n in (0, 1, 4, 16, 64):
+            w(f"| {n} | {_f(by.get((n, True), {}).get('per_request'), '{:.1f}')} | "
+              f"{_f(by.get((n, False), {}).get('per_request'), '{:.1f}')} |")
+        fit = d.get("hostcalls_fit") or {}
+        on, off = fit.get("metrics_on"), fit.get("metrics_off")
+        if on and off:
+            w(f"\nLinear in N: {off['per_request']:.0f} + {off['per_subscriber']:.2f}·N host calls "
+              f"with metrics off, {on['per_request']:.0f} + {on['per_subscriber']:.2f}·N with "
+              f"metrics on; nothing depends on the number of channels (the channel is picked "
+              f"by host from a map built at configure time).")
+            r64 = by.get((64, False), {}).get("by_call", {})
+            w("Per subscriber: " + ", ".join(
+                f"`{k}` {v / 64:.0f}" for k, v in r64.items() if v >= 64) + ".\n")
+
+    prof = results.get("profile")
+    if prof:
+        w("## Where the CPU goes (perf, `-e cpu-clock -g`, N = 16 under load)\n")
+        w("| DSO | " + " | ".join(prof) + " |")
+        w("|---|" + "---|" * len(prof))
+        names = []
+        for v in prof.values():
+            for dso, _ in v["dso"][:6]:
+                if dso not in names:
+                    names.append(dso)
+        for dso in names:
+            cells = []
+            for v in prof.values():
+                pct = dict(v["dso"]).get(dso)
+                cells.append(_f(pct, "{:.1f} %"))
+            w(f"| {dso} | " + " | ".join(cells) + " |")
+        w("\nThe Envoy binary is stripped; JIT-compiled wasm shows as `[JIT] tid <n>` "
+          "(V8's code space), the kernel as `[kernel.kallsyms]`.\n")
+
+    w("## Targets\n")
+    w("| target | limit | this run | met |")
+    w("|---|---|---|---|")
+    for t in d["targets"]:
+        met = "–" if t["met"] is None else ("yes" if t["met"] else "**no**")
+        w(f"| {t['target']} | {t['limit']} | {_f(t['value'], '{}')} | {met} |")
+    bad = [k for k, r in tp.items() if r.get("non_2xx") or r.get("errors")]
+    bad += [f"latency {k}" for k, r in lat.items() if r.get("non_2xx") or r.get("errors")]
+    w("\n" + ("Every measured request was answered 2xx, with no socket errors."
+              if not bad else "Non-2xx answers or socket errors in: " + ", ".join(bad) + "."))
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+
+COLORS = {"fanout": "#1f77b4", "mirror": "#ff7f0e", "proxy": "#7f7f7f", "lua": "#2ca02c"}
+LABELS = {"fanout": "fanout (wasm)", "mirror": "Envoy mirroring (ceiling)",
+          "proxy": "plain proxy, 1 cluster", "lua": "Lua httpCall (sequential)"}
+
+
+def _nice_max(v):
+    if v <= 0:
+        return 1
+    e = 10 ** math.floor(math.log10(v))
+    for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
+        if m * e >= v:
+            return m * e
+    return 10 * e
+
+
+def svg(results):
+    tp = results.get("throughput") or {}
+    W, H = 960, 420
+    panels = [("requests/s (higher is better)", "rps", 70), ("p99 latency, ms (lower is better)", "p99_ms", 550)]
+    pw, ph, top = 360, 280, 50
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+             f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">',
+             f'<rect width="{W}" height="{H}" fill="white"/>',
+             f'<text x="{W / 2}" y="22" text-anchor="middle" font-size="15">fanout vs Envoy '
+             f'mirroring vs plain proxy, against N subscribers (Envoy --concurrency 1, '
+             f'wrk -c{results["machine"]["connections"]}, 1 KiB)</text>']
+
+    def xpos(x0, i):
+        return x0 + 30 + i * (pw - 60) / (len(NS) - 1)
+
+    for title, field, x0 in panels:
+        series = {}
+        for kind in ("fanout", "mirror", "lua", "proxy"):
+            pts = []
+            for i, n in enumerate(NS):
+                key = "proxy/1" if kind == "proxy" else f"{kind}/{n}"
+                v = _get(tp, key, field)
+                if v is not None:
+                    pts.append((i, v))
+            series[kind] = pts
+        vmax = _nice_max(max([v for pts in series.values() for _, v in pts] or [1]))
+        y = lambda v: top + ph - v / vmax * ph  # noqa: E731
+        parts.append(f'<text x="{x0 + pw / 2}" y="{top - 12}" text-anchor="middle" '
+                     f'font-weight="bold">{title}</text>')
+        parts.append(f'<rect x="{x0}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
+        for k in range(6):
+            v = vmax * k / 5
+            parts.append(f'<line x1="{x0}" x2="{x0 + pw}" y1="{y(v):.1f}" y2="{y(v):.1f}" '
+                         f'stroke="#eee"/>')
+            label = f"{v:.0f}" if vmax >= 10 else f"{v:.1f}"
+            parts.append(f'<text x="{x0 - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{label}</text>')
+        for i, n in enumerate(NS):
+            parts.append(f'<text x="{xpos(x0, i):.1f}" y="{top + ph + 18}" '
+                         f'text-anchor="middle">{n}</text>')
+        parts.append(f'<text x="{x0 + pw / 2}" y="{top + ph + 36}" text-anchor="middle">'
+                     f'N subscribers (log scale)</text>')
+        for kind, pts in series.items():
+            if not pts:
+                continue
+            c = COLORS[kind]
+            dash = ' stroke-dasharray="6,4"' if kind == "proxy" else ""
+            if kind == "proxy":
+                pts = [(i, pts[0][1]) for i in range(len(NS))]
+            path = " ".join(f"{'M' if j == 0 else 'L'}{xpos(x0, i):.1f},{y(v):.1f}"
+                            for j, (i, v) in enumerate(pts))
+            parts.append(f'<path d="{path}" fill="none" stroke="{c}" stroke-width="2"{dash}/>')
+            for i, v in pts:
+                parts.append(f'<circle cx="{xpos(x0, i):.1f}" cy="{y(v):.1f}" r="3.5" fill="{c}"/>')
+    lx = 120
+    for kind in ("fanout", "mirror", "proxy", "lua"):
+        c = COLORS[kind]
+        dash = ' stroke-dasharray="6,4"' if kind == "proxy" else ""
+        parts.append(f'<line x1="{lx}" x2="{lx + 26}" y1="{H - 22}" y2="{H - 22}" stroke="{c}" '
+                     f'stroke-width="2"{dash}/>')
+        parts.append(f'<text x="{lx + 32}" y="{H - 18}">{LABELS[kind]}</text>')
+        lx += 200
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,706 @@
+#!/usr/bin/env python3
+"""`make bench`: what fanout costs, against Envoy's own mirroring, a plain proxy, a Lua
+fan-out and a do-nothing wasm filter, measured in one run on loopback.
+
+    make bench            # the full run (~15 min), results under bench/results/<date>/
+    make bench QUICK=1    # a short run for development (< 2 min), results under bench/tmp/
+
+Everything runs on 127.0.0.1: one subscriber Envoy (reads the body, answers 200, keeps the
+connection), one Envoy per system under test (`--concurrency 1`), and wrk as the load
+generator (`wrk -t1 -c32`, a 1 KiB binary-mode CloudEvent). Measurements are interleaved: each
+round runs every configuration once, in the same order, and the report gives the median over
+the rounds. Envoy CPU per request is the system Envoy's utime+stime delta (/proc/<pid>/stat)
+over the requests wrk completed. Every process runs in its own process group and is killed
+on exit, whatever the exit.
+"""
+
+import argparse
+import atexit
+import datetime
+import http.client
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path.insert(0, BENCH)
+import envoy_configs as cfg  # noqa: E402
+import report  # noqa: E402
+
+ENVOY_VERSION = os.environ.get("ENVOY_VERSION", "1.40.0")
+ENVOY = os.environ.get("ENVOY_BIN") or os.path.join(ROOT, ".tools", f"envoy-{ENVOY_VERSION}")
+FANOUT_WASM = os.path.join(ROOT, "target", "wasm32-wasip1", "release", "fanout.wasm")
+BENCH_TARGET = os.path.join(BENCH, "tmp", "target")
+NOOP_WASM = os.path.join(BENCH_TARGET, "wasm32-wasip1", "release", "noop_filter.wasm")
+HOSTCALLS_BIN = os.path.join(BENCH_TARGET, "release", "fanout-hostcalls")
+WRK_SCRIPT = os.path.join(BENCH, "cloudevent.lua")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+NS = [1, 4, 16, 64]
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes: each in its own process group, all killed at exit.
+
+PROCS = []
+
+
+def spawn(cmd, logfile, env=None):
+    out = open(logfile, "wb")
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, env=env)
+    out.close()
+    PROCS.append(proc)
+    return proc
+
+
+def stop(proc, grace=3.0):
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    if proc in PROCS:
+        PROCS.remove(proc)
+
+
+def stop_all():
+    for proc in list(PROCS):
+        stop(proc)
+
+
+def on_signal(signum, _frame):
+    stop_all()
+    sys.exit(128 + signum)
+
+
+def run_fg(cmd, timeout, env=None):
+    """A foreground command, in its own process group, killed if it overruns."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+    PROCS.append(proc)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop(proc, 0.5)
+        raise
+    finally:
+        if proc in PROCS:
+            PROCS.remove(proc)
+    return proc.returncode, out.decode(errors="replace")
+
+
+# ---------------------------------------------------------------------------------------------
+# Ports and Envoys.
+
+class Ports:
+    def __init__(self, base):
+        self.next = base
+
+    def take(self):
+        while True:
+            port = self.next
+            self.next += 1
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                    return port
+                except OSError:
+                    continue
+
+
+class Envoy:
+    def __init__(self, name, config, admin_port, port, workdir, concurrency=1):
+        self.name, self.config, self.admin_port, self.port = name, config, admin_port, port
+        self.workdir, self.concurrency = workdir, concurrency
+        self.proc = None
+
+    def start(self):
+        path = os.path.join(self.workdir, f"{self.name}.yaml")
+        with open(path, "w") as f:
+            json.dump(self.config, f, indent=1)
+        cmd = [ENVOY, "-c", path, "--concurrency", str(self.concurrency),
+               "--disable-hot-restart", "-l", "warning"]
+        self.proc = spawn(cmd, os.path.join(self.workdir, f"{self.name}.log"))
+        return self
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def admin(self, path, timeout=5.0):
+        conn = http.client.HTTPConnection("127.0.0.1", self.admin_port, timeout=timeout)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read().decode(errors="replace")
+        finally:
+            conn.close()
+
+    def wait_ready(self, deadline):
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"envoy {self.name} exited ({self.proc.returncode}); see "
+                                   f"{self.workdir}/{self.name}.log")
+            try:
+                status, body = self.admin("/ready", 1.0)
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"envoy {self.name} not ready; see {self.workdir}/{self.name}.log")
+
+    def cpu_s(self):
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+    def status_kb(self, key):
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+        return 0
+
+    def counters(self, regex):
+        _, body = self.admin(f"/stats?filter={regex}")
+        out = {}
+        for line in body.splitlines():
+            name, _, value = line.partition(": ")
+            if value.strip().isdigit():
+                out[name.strip()] = int(value)
+        return out
+
+
+def post(port, body, timeout=30.0):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", "/", body=body, headers={
+            "content-type": "application/json", "ce-specversion": "1.0",
+            "ce-type": "dev.fanout.bench", "ce-source": "/bench", "ce-id": "sanity"})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Setup.
+
+def sh(cmd, **kw):
+    log("$ " + " ".join(cmd))
+    subprocess.run(cmd, check=True, **kw)
+
+
+def ensure_wrk():
+    wrk = os.environ.get("WRK") or shutil.which("wrk")
+    if wrk:
+        return wrk
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        if subprocess.run(["apt-get", "install", "-y", "-q", "wrk"], env=env).returncode != 0:
+            sh(["apt-get", "update", "-q"], env=env)
+            sh(["apt-get", "install", "-y", "-q", "wrk"], env=env)
+        wrk = shutil.which("wrk")
+    if not wrk:
+        sys.exit("bench: wrk is needed: `apt-get install wrk` (Debian/Ubuntu), or set WRK=/path")
+    return wrk
+
+
+def build(skip_build):
+    if not skip_build or not (os.path.exists(FANOUT_WASM) and os.path.exists(ENVOY)):
+        sh(["make", "-C", ROOT, "--no-print-directory", "build", "envoy"])
+    for crate in ("noop-filter", "hostcalls"):
+        manifest = os.path.join(BENCH, crate, "Cargo.toml")
+        args = ["cargo", "build", "--quiet", "--release", "--manifest-path", manifest,
+                "--target-dir", BENCH_TARGET]
+        if crate == "noop-filter":
+            args += ["--target", "wasm32-wasip1"]
+            sh(args, cwd=os.path.join(BENCH, crate))
+        else:
+            # The host-call counter drives fanout's own contexts through its Host trait: if
+            # that API moved, report without host-call counts rather than not at all.
+            try:
+                sh(args, cwd=os.path.join(BENCH, crate))
+            except subprocess.CalledProcessError:
+                log("warning: bench/hostcalls does not build against this fanout; "
+                    "host calls are not counted")
+                if os.path.exists(HOSTCALLS_BIN):
+                    os.remove(HOSTCALLS_BIN)
+
+
+def machine_info(wrk):
+    info = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem_kb = int(f.readline().split()[1])
+    info.update(cpu=cpu, cores=os.cpu_count(), mem_gib=round(mem_kb / 2**20, 1),
+                kernel=platform.release(), python=platform.python_version())
+    info["load_avg_at_start"] = os.getloadavg()
+
+    def first_line(cmd):
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            return (out.stdout or out.stderr).strip().splitlines()[0]
+        except (OSError, IndexError):
+            return "?"
+    envoy = first_line([ENVOY, "--version"])
+    m = re.search(r"/(\d+\.\d+\.\d+)/", envoy)
+    info["envoy"] = m.group(1) if m else envoy
+    info["wrk"] = "wrk " + first_line([wrk, "--version"]).split()[1]
+    info["rustc"] = first_line(["rustc", "--version"])
+    commit = first_line(["git", "rev-parse", "--short", "HEAD"])
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "Cargo.toml",
+                            "Cargo.lock"], capture_output=True, text=True, cwd=ROOT).stdout
+    info["commit"] = commit + ("+dirty" if dirty.strip() else "")
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# One measurement: wrk against one system, with CPU and subscriber counters around it.
+
+SUB_RE = r"^http\.sub_(fast|slow)\.downstream_(cx|rq)_total$"
+
+
+class Bench:
+    def __init__(self, args, wrk, workdir):
+        self.args, self.wrk, self.workdir = args, wrk, workdir
+        self.sub = None
+
+    def wrk_start(self, port, conns, duration, body_path):
+        env = dict(os.environ, BENCH_BODY=body_path)
+        cmd = [self.wrk, "-t1", f"-c{conns}", f"-d{duration}s", "--timeout", "10s",
+               "-s", WRK_SCRIPT, f"http://127.0.0.1:{port}/"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        PROCS.append(proc)
+        return proc
+
+    def wrk_finish(self, proc, duration):
+        try:
+            out, _ = proc.communicate(timeout=duration + 30)
+        finally:
+            stop(proc, 0.5)
+        out = out.decode(errors="replace")
+        m = re.search(r"^BENCH_JSON (\{.*\})$", out, re.M)
+        if proc.returncode != 0 or not m:
+            raise RuntimeError(f"wrk failed ({proc.returncode}): {out[-2000:]}")
+        return json.loads(m.group(1))
+
+    def drain(self, timeout=15.0):
+        """Waits until the subscriber has no request in flight (mirroring leaves shadows
+        behind after wrk stops), so that one measurement's work does not leak into the next."""
+        deadline = time.monotonic() + timeout
+        active = {}
+        while time.monotonic() < deadline:
+            active = self.sub.counters(r"^http\.sub_(fast|slow)\.downstream_rq_active$")
+            if sum(active.values()) == 0:
+                return
+            time.sleep(0.05)
+        log(f"warning: the subscriber still has requests in flight after {timeout:.0f} s: "
+            f"{active}")
+
+    def snapshot(self, envoy):
+        """CPU seconds of the system and of the subscriber, requests the system completed,
+        subscriber requests and connections, at one instant."""
+        sut = envoy.counters(r"^http\.bench\.downstream_rq_completed$")
+        sub = self.sub.counters(SUB_RE)
+        return {"t": time.monotonic(), "cpu": envoy.cpu_s(), "sub_cpu": self.sub.cpu_s(),
+                "rq": sut.get("http.bench.downstream_rq_completed", 0),
+                "sub_rq": sum(v for k, v in sub.items() if k.endswith("rq_total")),
+                "sub_cx": sum(v for k, v in sub.items() if k.endswith("cx_total"))}
+
+    def measure(self, envoy, conns, duration, body_path):
+        """wrk for `duration` seconds; latency percentiles over the whole run, the rest
+        (throughput, CPU per request, subscriber counters) over its steady middle, from
+        20 % to 90 % of the run, so that neither the first requests nor the ones cut off
+        when wrk stops distort them."""
+        self.drain()
+        begin = time.monotonic()
+        proc = self.wrk_start(envoy.port, conns, duration, body_path)
+        time.sleep(max(0.0, begin + 0.2 * duration - time.monotonic()))
+        a = self.snapshot(envoy)
+        time.sleep(max(0.0, begin + 0.9 * duration - time.monotonic()))
+        b = self.snapshot(envoy)
+        w = self.wrk_finish(proc, duration)
+        dt = b["t"] - a["t"]
+        n = b["rq"] - a["rq"]
+        nn = max(n, 1)
+        return {
+            "rps": n / dt,
+            "requests": w["requests"], "window_requests": n,
+            "p50_ms": w["p50_us"] / 1000, "p90_ms": w["p90_us"] / 1000,
+            "p99_ms": w["p99_us"] / 1000, "mean_ms": w["mean_us"] / 1000,
+            "wrk_rps": w["requests"] / (w["duration_us"] / 1e6),
+            "errors": w["err_connect"] + w["err_read"] + w["err_write"] + w["err_timeout"],
+            "non_2xx": w["err_status"],
+            "cpu_us_per_req": (b["cpu"] - a["cpu"]) * 1e6 / nn,
+            "envoy_cpu_util": (b["cpu"] - a["cpu"]) / dt,
+            "sub_cpu_util": (b["sub_cpu"] - a["sub_cpu"]) / dt,
+            "sub_rq_per_req": (b["sub_rq"] - a["sub_rq"]) / nn,
+            "sub_rq_total": b["sub_rq"] - a["sub_rq"], "sub_cx_total": b["sub_cx"] - a["sub_cx"],
+        }
+
+
+def median_row(samples):
+    keys = samples[0].keys()
+    row = {k: statistics.median(s[k] for s in samples) for k in keys}
+    for k in ("requests", "window_requests", "errors", "non_2xx", "sub_rq_total",
+              "sub_cx_total"):
+        row[k] = sum(s[k] for s in samples)
+    row["rounds"] = len(samples)
+    row["rps_min"] = min(s["rps"] for s in samples)
+    row["rps_max"] = max(s["rps"] for s in samples)
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# The phases.
+
+def start_systems(specs, ports, sub_port, workdir, timeout=120):
+    """specs: list of (key, kind, n, extra) -> started, ready Envoys by key."""
+    envoys = {}
+    for key, kind, n, extra in specs:
+        port, admin = ports.take(), ports.take()
+        conf = cfg.system(kind, n, port, admin, sub_port, FANOUT_WASM, NOOP_WASM, **extra)
+        envoys[key] = Envoy(key.replace("/", "_"), conf, admin, port, workdir).start()
+    deadline = time.monotonic() + timeout
+    for e in envoys.values():
+        e.wait_ready(deadline)
+    return envoys
+
+
+EXPECT = {"fanout": 202, "lua": 202, "baseline": 202, "noop": 202, "mirror": 200, "proxy": 200}
+
+
+def sanity(envoys, specs, body):
+    for key, kind, n, extra in specs:
+        status, text = post(envoys[key].port, body)
+        if status != EXPECT[kind]:
+            raise RuntimeError(f"{key}: expected {EXPECT[kind]}, got {status}: {text[:300]!r}")
+
+
+def throughput_phase(bench, ports, bodies, sub_port):
+    a = bench.args
+    specs = []
+    for n in NS:
+        specs += [(f"fanout/{n}", "fanout", n, {}), (f"mirror/{n}", "mirror", n, {}),
+                  (f"lua/{n}", "lua", n, {})]
+        if n == 1:
+            specs.append(("proxy/1", "proxy", 1, {}))
+    specs += [("baseline/0", "baseline", 0, {}), ("noop/0", "noop", 0, {}),
+              ("fanout/0", "fanout", 0, {}),
+              ("fanout-nometrics/0", "fanout", 0, {"metrics": False}),
+              ("fanout-nometrics/4", "fanout", 4, {"metrics": False}),
+              ("fanout-nometrics/16", "fanout", 16, {"metrics": False}),
+              ("fanout-64k/4", "fanout", 4, {}), ("mirror-64k/4", "mirror", 4, {}),
+              ("proxy-64k/1", "proxy", 1, {})]
+    log(f"throughput: starting {len(specs)} Envoys")
+    envoys = start_systems(specs, ports, sub_port, bench.workdir)
+    sanity(envoys, specs, open(bodies["1k"], "rb").read())
+    body_of = {key: bodies["64k" if "64k" in key else "1k"] for key, *_ in specs}
+    if a.warmup:
+        log(f"throughput: warming up ({a.warmup}s each)")
+        for key, *_ in specs:
+            bench.measure(envoys[key], a.connections, a.warmup, body_of[key])
+    samples = {key: [] for key, *_ in specs}
+    for r in range(a.rounds):
+        log(f"throughput: round {r + 1}/{a.rounds} ({len(specs)} configurations x {a.duration}s)")
+        for key, *_ in specs:
+            m = bench.measure(envoys[key], a.connections, a.duration, body_of[key])
+            samples[key].append(m)
+            print(f"    {key:22s} {m['rps']:8.0f} rq/s  p50 {m['p50_ms']:7.2f} ms  p99 "
+                  f"{m['p99_ms']:7.2f} ms  cpu {m['cpu_us_per_req']:7.1f} us/rq  "
+                  f"env {m['envoy_cpu_util']:.2f} sub {m['sub_cpu_util']:.2f}  "
+                  f"sub rq/rq {m['sub_rq_per_req']:.2f}"
+                  + (f"  NON-2xx {m['non_2xx']}" if m["non_2xx"] else "")
+                  + (f"  ERRORS {m['errors']}" if m["errors"] else ""), flush=True)
+    rows = {}
+    for key, kind, n, extra in specs:
+        row = median_row(samples[key])
+        row.update(kind=kind, n=n, peak_rss_mb=envoys[key].status_kb("VmHWM") / 1024,
+                   body=("64k" if "64k" in key else "1k"), metrics=extra.get("metrics", True))
+        rows[key] = row
+    for e in envoys.values():
+        stop(e.proc)
+    return rows
+
+
+def latency_phase(bench, ports, bodies, slow_port):
+    a = bench.args
+    specs = [("proxy/1", "proxy", 1, {})]
+    for n in a.latency_ns:
+        specs += [(f"fanout/{n}", "fanout", n, {}), (f"mirror/{n}", "mirror", n, {}),
+                  (f"lua/{n}", "lua", n, {})]
+    log(f"latency (subscribers answer after {a.slow_ms} ms, 1 connection): "
+        f"starting {len(specs)} Envoys")
+    envoys = start_systems(specs, ports, slow_port, bench.workdir + "/latency")
+    sanity(envoys, specs, open(bodies["1k"], "rb").read())
+    samples = {key: [] for key, *_ in specs}
+    for r in range(a.latency_rounds):
+        log(f"latency: round {r + 1}/{a.latency_rounds}")
+        for key, *_ in specs:
+            m = bench.measure(envoys[key], 1, a.latency_duration, bodies["1k"])
+            samples[key].append(m)
+            print(f"    {key:12s} {m['requests']:6d} rq  p50 {m['p50_ms']:8.2f} ms  p99 "
+                  f"{m['p99_ms']:8.2f} ms" + (f"  NON-2xx {m['non_2xx']}" if m["non_2xx"] else ""),
+                  flush=True)
+    rows = {}
+    for key, kind, n, _ in specs:
+        row = median_row(samples[key])
+        row.update(kind=kind, n=n)
+        rows[key] = row
+    for e in envoys.values():
+        stop(e.proc)
+    return rows
+
+
+def rss_kb(envoy):
+    return envoy.status_kb("VmRSS")
+
+
+def memory_phase(bench, ports, bodies, hold_port):
+    """RSS of a system Envoy with K requests held open by subscribers that answer after
+    hold_ms, minus its RSS before; per in-flight request."""
+    a = bench.args
+    body = open(bodies["1k"], "rb").read()
+    request = (b"POST / HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+               b"ce-specversion: 1.0\r\nce-type: dev.fanout.bench\r\nce-source: /bench\r\n"
+               b"ce-id: held\r\ncontent-length: %d\r\n\r\n" % len(body)) + body
+    n, k = 4, a.inflight
+    rows = {}
+    os.makedirs(bench.workdir + "/memory", exist_ok=True)
+    for key, kind in ((f"fanout/{n}", "fanout"), (f"mirror/{n}", "mirror")):
+        envoys = start_systems([(key, kind, n, {})], ports, hold_port, bench.workdir + "/memory")
+        e = envoys[key]
+        # Warm the connection pools a little (these requests wait hold_ms too).
+        time.sleep(1.0)
+        idle = rss_kb(e)
+        socks = []
+        try:
+            for _ in range(k):
+                s = socket.create_connection(("127.0.0.1", e.port), timeout=30)
+                s.sendall(request)
+                socks.append(s)
+            # Wait until the subscriber holds every call (or half the hold time has passed).
+            target = k * n
+            deadline = time.monotonic() + a.hold_ms / 2000
+            held = 0
+            while time.monotonic() < deadline:
+                held = bench.sub.counters(r"^http\.sub_hold\.downstream_rq_active$").get(
+                    "http.sub_hold.downstream_rq_active", 0)
+                if held >= target:
+                    break
+                time.sleep(0.1)
+            loaded = rss_kb(e)
+            answers = {}
+            for s in socks:
+                s.settimeout(a.hold_ms / 1000 + 30)
+                data = b""
+                while b"\r\n" not in data:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                status = data.split(b" ", 2)[1].decode() if data.startswith(b"HTTP/") else "?"
+                answers[status] = answers.get(status, 0) + 1
+        finally:
+            for s in socks:
+                s.close()
+        rows[key] = {"kind": kind, "n": n, "inflight": k, "held_calls": held,
+                     "idle_rss_mb": idle / 1024, "loaded_rss_mb": loaded / 1024,
+                     "kb_per_inflight": (loaded - idle) / k, "answers": answers}
+        log(f"memory {key}: idle {idle / 1024:.1f} MB, {k} in flight {loaded / 1024:.1f} MB "
+            f"({held} calls held) -> {(loaded - idle) / k:.1f} kB per request; answers {answers}")
+        stop(e.proc)
+    return rows
+
+
+def profile_phase(bench, ports, bodies, sub_port):
+    """perf record -e cpu-clock -g on fanout and mirror at N=16, attributed by DSO."""
+    a = bench.args
+    perf = shutil.which("perf")
+    if not perf:
+        log("profile: perf not found (apt-get install linux-perf); skipped")
+        return None
+    specs = [("fanout/16", "fanout", 16, {}), ("mirror/16", "mirror", 16, {})]
+    envoys = start_systems(specs, ports, sub_port, bench.workdir + "/profile")
+    out = {}
+    for key, *_ in specs:
+        e = envoys[key]
+        bench.measure(e, a.connections, 1, bodies["1k"])
+        data = os.path.join(bench.workdir, "profile", key.replace("/", "_") + ".perf.data")
+        rec = spawn([perf, "record", "-q", "-e", "cpu-clock", "-g", "-p", str(e.pid), "-o", data,
+                     "--", "sleep", str(a.profile_s)], data + ".log")
+        time.sleep(0.3)
+        bench.measure(e, a.connections, a.profile_s, bodies["1k"])
+        rec.wait(a.profile_s + 30)
+        PROCS.remove(rec)
+        rc, text = run_fg([perf, "report", "-i", data, "--no-children", "--sort", "dso",
+                           "--stdio", "-g", "none"], timeout=300)
+        dsos = []
+        for line in text.splitlines():
+            m = re.match(r"\s+([\d.]+)%\s+(.+?)\s*$", line)
+            if m:
+                dsos.append((m.group(2), float(m.group(1))))
+        rc, text = run_fg([perf, "report", "-i", data, "--no-children", "--sort", "dso,sym",
+                           "--stdio", "-g", "none"], timeout=300)
+        syms = []
+        for line in text.splitlines():
+            m = re.match(r"\s+([\d.]+)%\s+(\S+)\s+\[.\]\s+(.+?)\s*$", line)
+            if m and len(syms) < 15:
+                syms.append((m.group(2), m.group(3)[:80], float(m.group(1))))
+        out[key] = {"dso": dsos[:10], "top_symbols": syms}
+        log(f"profile {key}: " + ", ".join(f"{d} {p:.1f}%" for d, p in dsos[:5]))
+    for e in envoys.values():
+        stop(e.proc)
+    return out
+
+
+def hostcalls():
+    try:
+        rc, out = run_fg([HOSTCALLS_BIN], timeout=120)
+        return json.loads(out) if rc == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def make_bodies(workdir):
+    def event(size):
+        head = '{"specversion":"1.0","type":"dev.fanout.bench","source":"/bench","id":"1",' \
+               '"data":{"order":42,"pad":"'
+        tail = '"}}'
+        return (head + "x" * (size - len(head) - len(tail)) + tail).encode()
+    bodies = {}
+    for name, size in (("1k", 1024), ("64k", 64 * 1024)):
+        path = os.path.join(workdir, f"body-{name}.json")
+        with open(path, "wb") as f:
+            f.write(event(size))
+        bodies[name] = path
+    return bodies
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", default=os.environ.get("QUICK") == "1")
+    p.add_argument("--skip-build", action="store_true", help="use the built wasm and Envoy")
+    p.add_argument("--out", help="results directory (default: bench/results/<date>, or "
+                   "bench/tmp/quick with --quick)")
+    p.add_argument("--port-base", type=int, default=int(os.environ.get("BENCH_PORT_BASE", 21000)))
+    p.add_argument("--only", choices=["throughput", "latency", "memory", "profile"],
+                   action="append", help="run only these phases (repeatable)")
+    args = p.parse_args()
+    quick = args.quick
+    args.connections = 32
+    args.rounds = 1 if quick else 5
+    args.duration = 2 if quick else 5
+    args.warmup = 0 if quick else 1
+    args.slow_ms = 20
+    args.latency_ns = [4, 64] if quick else NS
+    args.latency_rounds = 1 if quick else 3
+    args.latency_duration = 2 if quick else 4
+    args.inflight = 200 if quick else 1000
+    args.hold_ms = 4000 if quick else 8000
+    args.profile_s = 5
+    phases = args.only or (["throughput", "latency", "memory"] + ([] if quick else ["profile"]))
+
+    atexit.register(stop_all)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+    started = time.monotonic()
+    wrk = ensure_wrk()
+    build(args.skip_build)
+    workdir = os.path.join(BENCH, "tmp", "run")
+    shutil.rmtree(workdir, ignore_errors=True)
+    for d in ("", "latency", "memory", "profile"):
+        os.makedirs(os.path.join(workdir, d), exist_ok=True)
+    info = machine_info(wrk)
+    info.update(mode="quick" if quick else "full", connections=args.connections,
+                rounds=args.rounds, duration_s=args.duration, concurrency=1,
+                latency_rounds=args.latency_rounds, latency_duration_s=args.latency_duration,
+                slow_ms=args.slow_ms)
+    bodies = make_bodies(workdir)
+    results = {"machine": info, "wasm": {
+        "fanout_bytes": os.path.getsize(FANOUT_WASM), "noop_bytes": os.path.getsize(NOOP_WASM)}}
+    results["hostcalls"] = hostcalls()
+
+    try:
+        ports = Ports(args.port_base)
+        sub_admin, fast, slow, hold = ports.take(), ports.take(), ports.take(), ports.take()
+        sub = Envoy("subscriber", cfg.subscriber(sub_admin, fast, slow, hold, args.slow_ms,
+                                                 args.hold_ms),
+                    sub_admin, fast, workdir).start()
+        sub.wait_ready(time.monotonic() + 60)
+        bench = Bench(args, wrk, workdir)
+        bench.sub = sub
+        if "throughput" in phases:
+            results["throughput"] = throughput_phase(bench, ports, bodies, fast)
+        if "latency" in phases:
+            results["latency"] = latency_phase(bench, ports, bodies, slow)
+        if "memory" in phases:
+            results["memory"] = memory_phase(bench, ports, bodies, hold)
+        if "profile" in phases:
+            results["profile"] = profile_phase(bench, ports, bodies, fast)
+        results["subscriber"] = {
+            "peak_rss_mb": sub.status_kb("VmHWM") / 1024,
+            "counters": sub.counters(r"^http\.sub_[a-z]+\.downstream_(cx|rq)_total$")}
+    finally:
+        stop_all()
+    info["elapsed_s"] = round(time.monotonic() - started)
+
+    if args.out:
+        out = args.out
+    elif quick:
+        out = os.path.join(BENCH, "tmp", "quick")
+    else:
+        out = os.path.join(BENCH, "results", datetime.date.today().isoformat())
+    os.makedirs(out, exist_ok=True)
+    results["derived"] = report.derive(results)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, sort_keys=True)
+    with open(os.path.join(out, "chart.svg"), "w") as f:
+        f.write(report.svg(results))
+    md = report.markdown(results, chart="chart.svg")
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(md)
+    if not quick and not args.out and not args.only:
+        rel = os.path.relpath(out, os.path.join(BENCH, "results"))
+        with open(os.path.join(BENCH, "results", "latest.md"), "w") as f:
+            f.write(report.markdown(results, chart=f"{rel}/chart.svg"))
+    print(md)
+    log(f"done in {info['elapsed_s']} s: {out}/results.md, results.json, chart.svg")
+
+
+if __name__ == "__main__":
+    main()
