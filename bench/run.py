@@ -14,6 +14,8 @@ over the requests wrk completed. Every process runs in its own process group and
 on exit, whatever the exit.
 """
 
+import sys
+sys.dont_write_bytecode = True  # no __pycache__ in bench/
 import argparse
 import atexit
 import datetime
