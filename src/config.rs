@@ -16,6 +16,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::error::Category;
 
+use crate::delivery::{
+    BackoffPolicy, RetryPolicy, DEFAULT_BACKOFF_DELAY_MS, DEFAULT_BACKOFF_MAX_MS, MAX_RETRY,
+};
 use crate::headers::{self, HeaderSelector};
 use crate::routing::Router;
 
@@ -80,6 +83,11 @@ struct RawConfig {
     metrics: Option<bool>,
     #[serde(default)]
     body_wait: BodyWait,
+    delivery: Option<RawDelivery>,
+    reply: Option<RawTarget>,
+    #[serde(default)]
+    mode: Mode,
+    max_in_flight: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -100,7 +108,82 @@ struct RawSubscriber {
     timeout_ms: Option<u32>,
     #[serde(default)]
     headers: BTreeMap<String, String>,
+    delivery: Option<RawDelivery>,
+    reply: Option<RawTarget>,
 }
+
+/// Where a dead letter or a reply goes: a call target like a subscriber.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTarget {
+    cluster: String,
+    authority: Option<String>,
+    path: Option<String>,
+    timeout_ms: Option<u32>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+}
+
+/// Retries and dead letters. A subscriber's own fields win over the top-level ones.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDelivery {
+    retry: Option<u32>,
+    backoff_policy: Option<BackoffPolicy>,
+    backoff_delay_ms: Option<u32>,
+    backoff_max_ms: Option<u32>,
+    dead_letter: Option<RawTarget>,
+}
+
+impl RawDelivery {
+    /// This subscriber's fields, falling back to the top level's.
+    fn or(self, default: &RawDelivery) -> RawDelivery {
+        RawDelivery {
+            retry: self.retry.or(default.retry),
+            backoff_policy: self.backoff_policy.or(default.backoff_policy),
+            backoff_delay_ms: self.backoff_delay_ms.or(default.backoff_delay_ms),
+            backoff_max_ms: self.backoff_max_ms.or(default.backoff_max_ms),
+            dead_letter: self.dead_letter.or_else(|| default.dead_letter.clone()),
+        }
+    }
+
+    fn policy(&self, at: &str) -> Result<RetryPolicy, ConfigError> {
+        let retry = self.retry.unwrap_or(0);
+        if retry > MAX_RETRY {
+            return Err(ConfigError::new(
+                format!("{at}.retry"),
+                format!("at most {MAX_RETRY} retries, got {retry}"),
+            ));
+        }
+        Ok(RetryPolicy {
+            retry,
+            policy: self.backoff_policy.unwrap_or_default(),
+            delay_ms: self
+                .backoff_delay_ms
+                .map_or(DEFAULT_BACKOFF_DELAY_MS, u64::from),
+            max_ms: self
+                .backoff_max_ms
+                .map_or(DEFAULT_BACKOFF_MAX_MS, u64::from),
+        })
+    }
+}
+
+/// Whether the 202/500 answer waits for the deliveries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Answer when every subscriber has taken the event or failed for good.
+    #[default]
+    Sync,
+    /// Answer 202 once the event is complete and valid; deliver in the background.
+    Async,
+}
+
+/// Events an async worker holds at once when `max_in_flight` is not set.
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = 1000;
+/// Above this worst-case time a sync fan-out would outlast Envoy's default stream idle timeout
+/// (5 minutes), which answers the sender 408 instead: configure() warns.
+pub const SYNC_DEADLINE_WARNING_MS: u64 = 300_000;
 
 /// How the filter waits for the request body.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -129,6 +212,13 @@ pub struct Config {
     /// Whether to count requests and calls in Envoy's stats (default true).
     pub metrics: bool,
     pub body_wait: BodyWait,
+    pub mode: Mode,
+    /// Async mode: events one worker holds at once; past it a request gets 503.
+    pub max_in_flight: usize,
+    /// Some subscriber retries, dead-letters or replies: the root context's timer is needed.
+    pub needs_timer: bool,
+    /// Things that are valid but probably not what the user wants, for configure() to log.
+    pub warnings: Vec<String>,
 }
 
 /// A set of subscribers reached through the hosts that name the channel.
@@ -138,7 +228,8 @@ pub struct Channel {
     pub subscribers: Vec<Subscriber>,
 }
 
-/// One delivery target: an Envoy cluster, and the request line it expects.
+/// One delivery target: an Envoy cluster, the request line it expects, and what to do when
+/// it fails or answers with an event.
 #[derive(Debug)]
 pub struct Subscriber {
     pub cluster: String,
@@ -148,6 +239,42 @@ pub struct Subscriber {
     /// `:method`, `:path`, `:authority` and the subscriber's own headers: the part of every
     /// call's header list that does not depend on the request.
     pub call_headers: Vec<(String, String)>,
+    pub retry: RetryPolicy,
+    /// Where the event goes when this subscriber has failed for good.
+    pub dead_letter: Option<Target>,
+    /// Where this subscriber's answer goes when it answers 2xx with a body.
+    pub reply: Option<Target>,
+}
+
+/// A dead-letter or reply target.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub cluster: String,
+    pub authority: String,
+    pub path: String,
+    pub timeout: Duration,
+    pub call_headers: Vec<(String, String)>,
+}
+
+impl Subscriber {
+    /// Whether this subscriber needs more than one call per event at times: retries, a dead
+    /// letter or a reply.
+    pub fn has_follow_ups(&self) -> bool {
+        self.retry.retry > 0 || self.dead_letter.is_some() || self.reply.is_some()
+    }
+
+    /// The longest this subscriber's delivery can take (every attempt timing out, every wait
+    /// at its longest, then the dead letter, or a reply).
+    pub fn worst_case_ms(&self) -> u64 {
+        let call = |timeout: Duration| self.retry.worst_case_ms(timeout.as_millis() as u64);
+        let event = call(self.timeout);
+        let after = match (&self.dead_letter, &self.reply) {
+            (Some(dlq), Some(reply)) => call(dlq.timeout).max(call(reply.timeout)),
+            (Some(t), None) | (None, Some(t)) => call(t.timeout),
+            (None, None) => 0,
+        };
+        event.saturating_add(after)
+    }
 }
 
 impl Config {
@@ -243,6 +370,30 @@ impl RawConfig {
             }
         };
 
+        let defaults = Defaults {
+            delivery: self.delivery.unwrap_or_default(),
+            reply: self.reply,
+        };
+        // The top-level ones are checked once, by name, even when every subscriber has its own.
+        defaults.delivery.policy("delivery")?;
+        if let Some(dlq) = &defaults.delivery.dead_letter {
+            dlq.clone()
+                .validate("delivery.dead_letter", default_timeout)?;
+        }
+        if let Some(reply) = &defaults.reply {
+            reply.clone().validate("reply", default_timeout)?;
+        }
+        let max_in_flight = match self.max_in_flight {
+            Some(0) => {
+                return Err(ConfigError::new(
+                    "max_in_flight",
+                    "must be at least 1 (events one worker holds at once in async mode)",
+                ))
+            }
+            Some(n) => n as usize,
+            None => DEFAULT_MAX_IN_FLIGHT as usize,
+        };
+
         let mut router = Router::default();
         let mut channels = Vec::with_capacity(raw_channels.len());
         for (c, raw) in raw_channels.into_iter().enumerate() {
@@ -281,10 +432,37 @@ impl RawConfig {
             }
             let mut subscribers = Vec::with_capacity(raw.subscribers.len());
             for (s, sub) in raw.subscribers.into_iter().enumerate() {
-                subscribers.push(sub.validate(&format!("{at}subscribers[{s}]"), default_timeout)?);
+                subscribers.push(sub.validate(
+                    &format!("{at}subscribers[{s}]"),
+                    default_timeout,
+                    &defaults,
+                )?);
             }
             channels.push(Channel { name, subscribers });
         }
+
+        let mut warnings = Vec::new();
+        if self.mode == Mode::Sync {
+            for channel in &channels {
+                for sub in &channel.subscribers {
+                    let worst = sub.worst_case_ms();
+                    if worst > SYNC_DEADLINE_WARNING_MS {
+                        warnings.push(format!(
+                            "channel {}: subscriber {} may take up to {worst} ms to deliver in \
+                             sync mode, longer than Envoy's default stream idle timeout \
+                             ({SYNC_DEADLINE_WARNING_MS} ms); raise that timeout or lower \
+                             timeouts and retries",
+                            channel.name, sub.cluster
+                        ));
+                    }
+                }
+            }
+        }
+        let needs_timer = self.mode == Mode::Async
+            || channels
+                .iter()
+                .flat_map(|c| &c.subscribers)
+                .any(Subscriber::has_follow_ups);
 
         Ok(Config {
             allow: methods.join(", "),
@@ -295,12 +473,16 @@ impl RawConfig {
             router,
             metrics: self.metrics.unwrap_or(true),
             body_wait: self.body_wait,
+            mode: self.mode,
+            max_in_flight,
+            needs_timer,
+            warnings,
         })
     }
 }
 
-impl RawSubscriber {
-    fn validate(self, at: &str, default_timeout: Duration) -> Result<Subscriber, ConfigError> {
+impl RawTarget {
+    fn validate(self, at: &str, default_timeout: Duration) -> Result<Target, ConfigError> {
         let field = |name: &str| format!("{at}.{name}");
         if self.cluster.trim().is_empty() {
             return Err(ConfigError::new(field("cluster"), "must not be empty"));
@@ -347,12 +529,65 @@ impl RawSubscriber {
             call_headers.push((name, value));
         }
 
-        Ok(Subscriber {
+        Ok(Target {
             cluster: self.cluster,
             authority,
             path,
             timeout,
             call_headers,
+        })
+    }
+}
+
+/// The top-level defaults a subscriber falls back to.
+struct Defaults {
+    delivery: RawDelivery,
+    reply: Option<RawTarget>,
+}
+
+impl RawSubscriber {
+    fn validate(
+        self,
+        at: &str,
+        default_timeout: Duration,
+        defaults: &Defaults,
+    ) -> Result<Subscriber, ConfigError> {
+        let target = RawTarget {
+            cluster: self.cluster,
+            authority: self.authority,
+            path: self.path,
+            timeout_ms: self.timeout_ms,
+            headers: self.headers,
+        }
+        .validate(at, default_timeout)?;
+        // Errors name the subscriber's own field when it has one, else the top-level one.
+        let delivery_at = if self.delivery.is_some() {
+            format!("{at}.delivery")
+        } else {
+            "delivery".to_string()
+        };
+        let delivery = self.delivery.unwrap_or_default().or(&defaults.delivery);
+        let retry = delivery.policy(&delivery_at)?;
+        let dead_letter = match delivery.dead_letter {
+            Some(dlq) => {
+                Some(dlq.validate(&format!("{delivery_at}.dead_letter"), default_timeout)?)
+            }
+            None => None,
+        };
+        let reply = match (self.reply, &defaults.reply) {
+            (Some(reply), _) => Some(reply.validate(&format!("{at}.reply"), default_timeout)?),
+            (None, Some(reply)) => Some(reply.clone().validate("reply", default_timeout)?),
+            (None, None) => None,
+        };
+        Ok(Subscriber {
+            cluster: target.cluster,
+            authority: target.authority,
+            path: target.path,
+            timeout: target.timeout,
+            call_headers: target.call_headers,
+            retry,
+            dead_letter,
+            reply,
         })
     }
 }
@@ -615,6 +850,126 @@ mod tests {
                 .unwrap();
         let headers = &config.channels[0].subscribers[0].call_headers;
         assert_eq!(headers[3], ("x-tenant".to_string(), "Acme".to_string()));
+    }
+
+    #[test]
+    fn delivery_defaults_and_subscriber_overrides() {
+        let config = parse(
+            r#"{
+              "delivery": { "retry": 3, "backoff_policy": "linear", "backoff_delay_ms": 50,
+                            "dead_letter": { "cluster": "dlq", "authority": "dlq.local" } },
+              "reply": { "cluster": "replies" },
+              "subscribers": [
+                { "cluster": "a" },
+                { "cluster": "b", "delivery": { "retry": 1 } },
+                { "cluster": "c", "reply": { "cluster": "own", "path": "/r" } }
+              ]
+            }"#,
+        )
+        .unwrap();
+        let subs = &config.channels[0].subscribers;
+        assert_eq!(subs[0].retry.retry, 3);
+        assert_eq!(subs[0].retry.policy, BackoffPolicy::Linear);
+        assert_eq!(subs[0].retry.delay_ms, 50);
+        assert_eq!(subs[0].retry.max_ms, DEFAULT_BACKOFF_MAX_MS);
+        let dlq = subs[0].dead_letter.as_ref().unwrap();
+        assert_eq!(
+            (dlq.cluster.as_str(), dlq.authority.as_str()),
+            ("dlq", "dlq.local")
+        );
+        assert_eq!(subs[0].reply.as_ref().unwrap().cluster, "replies");
+        // b overrides retry only: the rest comes from the top level.
+        assert_eq!(subs[1].retry.retry, 1);
+        assert_eq!(subs[1].retry.policy, BackoffPolicy::Linear);
+        assert_eq!(subs[1].dead_letter.as_ref().unwrap().cluster, "dlq");
+        assert_eq!(subs[2].reply.as_ref().unwrap().path, "/r");
+        assert!(config.needs_timer);
+        assert_eq!(config.mode, Mode::Sync);
+    }
+
+    #[test]
+    fn plain_config_needs_no_timer_and_async_does() {
+        assert!(
+            !parse(r#"{"subscribers": [{"cluster": "a"}]}"#)
+                .unwrap()
+                .needs_timer
+        );
+        let config = parse(r#"{"mode": "async", "subscribers": [{"cluster": "a"}]}"#).unwrap();
+        assert!(config.needs_timer);
+        assert_eq!(config.mode, Mode::Async);
+        assert_eq!(config.max_in_flight, DEFAULT_MAX_IN_FLIGHT as usize);
+    }
+
+    #[test]
+    fn delivery_rejections_name_the_field() {
+        let cases: &[(&str, &str)] = &[
+            (
+                r#"{"delivery": {"retry": 101}, "subscribers": []}"#,
+                "delivery.retry: at most 100 retries",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a", "delivery": {"retry": 1000}}]}"#,
+                "subscribers[0].delivery.retry: at most 100 retries",
+            ),
+            (
+                r#"{"delivery": {"backoff_policy": "random"}, "subscribers": []}"#,
+                "delivery.backoff_policy: unknown variant `random`, expected `linear` or `exponential`",
+            ),
+            (
+                r#"{"delivery": {"dead_letter": {"cluster": ""}}, "subscribers": []}"#,
+                "delivery.dead_letter.cluster: must not be empty",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a", "delivery": {"dead_letter": {"cluster": "d", "path": "x"}}}]}"#,
+                "subscribers[0].delivery.dead_letter.path: must start with",
+            ),
+            (
+                r#"{"reply": {"cluster": "r", "timeout_ms": 0}, "subscribers": []}"#,
+                "reply.timeout_ms: must be at least 1",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a", "reply": {"path": "/"}}]}"#,
+                "subscribers[0].reply: missing field `cluster`",
+            ),
+            (
+                r#"{"delivery": {"retries": 3}, "subscribers": []}"#,
+                "delivery.retries: unknown field `retries`",
+            ),
+            (
+                r#"{"mode": "later", "subscribers": []}"#,
+                "mode: unknown variant `later`, expected `sync` or `async`",
+            ),
+            (
+                r#"{"mode": "async", "max_in_flight": 0, "subscribers": []}"#,
+                "max_in_flight: must be at least 1",
+            ),
+        ];
+        for (json, expected) in cases {
+            let message = error(json);
+            assert!(
+                message.contains(expected),
+                "config {json}\n  gave: {message}\n  want: ...{expected}..."
+            );
+        }
+    }
+
+    #[test]
+    fn a_sync_delivery_longer_than_envoys_idle_timeout_is_warned_about() {
+        let config = parse(
+            r#"{"delivery": {"retry": 10}, "subscribers": [{"cluster": "slow", "timeout_ms": 60000}]}"#,
+        )
+        .unwrap();
+        assert_eq!(config.warnings.len(), 1);
+        assert!(
+            config.warnings[0].contains("subscriber slow may take up to"),
+            "{:?}",
+            config.warnings
+        );
+        let config = parse(
+            r#"{"mode": "async", "delivery": {"retry": 10}, "subscribers": [{"cluster": "slow", "timeout_ms": 60000}]}"#,
+        )
+        .unwrap();
+        assert!(config.warnings.is_empty());
     }
 
     #[test]

@@ -11,8 +11,10 @@ use serde::Serialize;
 
 use crate::answer::{sanitize, Answer, FAILED_HEADER};
 use crate::config::Channel;
+use crate::delivery::is_retryable;
 
-/// How much of a failed subscriber's answer the report quotes.
+/// How much of a failed subscriber's answer the report quotes (a dead letter carries up to
+/// [`BODY_PEEK_BYTES`]).
 pub const DETAIL_BYTES: usize = 256;
 /// How much of a failed subscriber's answer is read to classify it.
 pub const BODY_PEEK_BYTES: usize = 1024;
@@ -69,11 +71,11 @@ pub fn classify(status: Option<u16>, body_head: &[u8]) -> Result<(), Failure> {
         Some(200..=299) => Ok(()),
         Some(504) if body_head == ENVOY_TIMEOUT_BODY => Err(Failure::Timeout),
         Some(503) if body_head.starts_with(ENVOY_RESET_PREFIX) => Err(Failure::Reset {
-            detail: sanitize(body_head, DETAIL_BYTES),
+            detail: sanitize(body_head, BODY_PEEK_BYTES),
         }),
         Some(status) => Err(Failure::Status {
             status,
-            detail: sanitize(body_head, DETAIL_BYTES),
+            detail: sanitize(body_head, BODY_PEEK_BYTES),
         }),
     }
 }
@@ -83,47 +85,148 @@ pub fn is_success(status: u16) -> bool {
     (200..300).contains(&status)
 }
 
+/// Which call of a subscriber's delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leg {
+    /// The event, to the subscriber.
+    Event,
+    /// The subscriber's answer, to its reply target.
+    Reply,
+    /// The event, to the dead-letter target, after the subscriber failed for good.
+    DeadLetter,
+}
+
+impl Leg {
+    pub fn name(self) -> &'static str {
+        match self {
+            Leg::Event => "event",
+            Leg::Reply => "reply",
+            Leg::DeadLetter => "dead_letter",
+        }
+    }
+}
+
+/// A call the glue should make now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Send {
+    pub index: usize,
+    pub leg: Leg,
+}
+
+/// A subscriber's 2xx answer that is itself an event, to pass on to its reply target.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplyEvent {
+    /// `content-type` and `ce-*` of the answer.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// How a call ended, as the glue saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallEnd {
+    pub result: Result<(), Failure>,
+    /// The answer's `retry-after`, in seconds.
+    pub retry_after_secs: Option<u64>,
+    /// A 2xx answer with a body, when the subscriber has a reply target.
+    pub reply: Option<ReplyEvent>,
+}
+
+impl CallEnd {
+    pub fn ok() -> CallEnd {
+        CallEnd {
+            result: Ok(()),
+            retry_after_secs: None,
+            reply: None,
+        }
+    }
+
+    pub fn failed(failure: Failure) -> CallEnd {
+        CallEnd {
+            result: Err(failure),
+            retry_after_secs: None,
+            reply: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum CallState {
-    /// Not dispatched yet.
-    Idle,
+    /// To be sent now.
+    Ready,
+    /// Handed to the glue by [`FanOut::take_ready`]; it reports `dispatched` or
+    /// `dispatch_failed`.
+    Sending,
     Pending {
         token: u32,
     },
+    /// Waiting to be retried.
+    Waiting {
+        until_ms: u64,
+    },
+    /// Its filter does not want the event: never called.
+    Skipped,
     Delivered,
+    /// Failed for good, but the dead-letter target took the event.
+    DeadLettered,
     Failed {
-        failure: Failure,
         elapsed_ms: u64,
     },
 }
 
 #[derive(Debug, Clone)]
 struct Call {
+    leg: Leg,
     state: CallState,
-    attempts: u32,
+    /// Attempts of the current leg.
+    leg_attempts: u32,
+    /// Attempts of the event leg (what the report calls attempts).
+    event_attempts: u32,
+    /// Last failure of the event leg.
+    event_failure: Option<Failure>,
+    /// Last failure of the reply or dead-letter leg.
+    leg_failure: Option<Failure>,
+    reply: Option<ReplyEvent>,
 }
 
-/// One request's fan-out.
+impl Call {
+    fn ended(&self) -> bool {
+        matches!(
+            self.state,
+            CallState::Skipped
+                | CallState::Delivered
+                | CallState::DeadLettered
+                | CallState::Failed { .. }
+        )
+    }
+}
+
+/// One event's delivery to every subscriber of its channel.
 #[derive(Debug)]
 pub struct FanOut {
     channel: usize,
     started_ms: u64,
     calls: Vec<Call>,
-    /// Calls not yet ended (idle or pending).
+    /// Subscribers whose delivery has not ended.
     open: usize,
 }
 
 impl FanOut {
-    /// A fan-out of `subscribers` calls for the channel at index `channel`, started at
-    /// `now_ms` (any clock; only differences are reported).
+    /// A fan-out to the `subscribers` subscribers of the channel at index `channel`, started
+    /// at `now_ms` (any clock; only differences are reported). Every subscriber is ready to
+    /// be sent the event.
     pub fn new(channel: usize, subscribers: usize, now_ms: u64) -> FanOut {
         FanOut {
             channel,
             started_ms: now_ms,
             calls: vec![
                 Call {
-                    state: CallState::Idle,
-                    attempts: 0,
+                    leg: Leg::Event,
+                    state: CallState::Ready,
+                    leg_attempts: 0,
+                    event_attempts: 0,
+                    event_failure: None,
+                    leg_failure: None,
+                    reply: None,
                 };
                 subscribers
             ],
@@ -135,122 +238,345 @@ impl FanOut {
         self.channel
     }
 
+    /// Subscriber `index` does not want the event: it is not called, and it is done.
+    pub fn skip(&mut self, index: usize) {
+        if let Some(call) = self.calls.get_mut(index) {
+            if call.state == CallState::Ready && call.leg == Leg::Event && call.leg_attempts == 0 {
+                call.state = CallState::Skipped;
+                self.open -= 1;
+            }
+        }
+    }
+
+    /// Number of subscribers skipped by their filter.
+    pub fn skipped(&self) -> usize {
+        self.count(|state| *state == CallState::Skipped)
+    }
+
+    fn count(&self, which: impl Fn(&CallState) -> bool) -> usize {
+        self.calls.iter().filter(|call| which(&call.state)).count()
+    }
+
+    /// The calls to make now: every subscriber ready to be sent something, and every retry
+    /// whose wait is over at `now_ms`. The glue reports each back with
+    /// [`FanOut::dispatched`] or [`FanOut::dispatch_failed`].
+    pub fn take_ready(&mut self, now_ms: u64) -> Vec<Send> {
+        let mut sends = Vec::new();
+        for (index, call) in self.calls.iter_mut().enumerate() {
+            let due = match call.state {
+                CallState::Ready => true,
+                CallState::Waiting { until_ms } => until_ms <= now_ms,
+                _ => false,
+            };
+            if due {
+                call.state = CallState::Sending;
+                sends.push(Send {
+                    index,
+                    leg: call.leg,
+                });
+            }
+        }
+        sends
+    }
+
+    /// When the next retry is due, if one is waiting.
+    pub fn next_wakeup(&self) -> Option<u64> {
+        self.calls
+            .iter()
+            .filter_map(|call| match call.state {
+                CallState::Waiting { until_ms } => Some(until_ms),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Whether a call is ready to be sent at once (after a leg changed).
+    pub fn has_ready(&self) -> bool {
+        self.calls.iter().any(|call| call.state == CallState::Ready)
+    }
+
     /// The call to subscriber `index` is under way with `token`.
     pub fn dispatched(&mut self, index: usize, token: u32) {
         if let Some(call) = self.calls.get_mut(index) {
-            if call.state == CallState::Idle {
+            if call.state == CallState::Sending {
                 call.state = CallState::Pending { token };
-                call.attempts += 1;
+                call.leg_attempts += 1;
+                if call.leg == Leg::Event {
+                    call.event_attempts += 1;
+                }
             }
         }
     }
 
-    /// Envoy refused the call to subscriber `index`: no callback will come for it.
-    pub fn dispatch_failed(&mut self, index: usize, detail: String, now_ms: u64) {
-        if let Some(call) = self.calls.get_mut(index) {
-            if call.state == CallState::Idle {
-                call.attempts += 1;
-                self.end(index, Err(Failure::DispatchError { detail }), now_ms);
-            }
+    /// Envoy refused the call to subscriber `index`: no callback will come for it. It may
+    /// still be retried (a cluster can appear later).
+    pub fn dispatch_failed(
+        &mut self,
+        index: usize,
+        detail: String,
+        now_ms: u64,
+        channel: &Channel,
+    ) {
+        let Some(call) = self.calls.get_mut(index) else {
+            return;
+        };
+        if call.state != CallState::Sending {
+            return;
         }
+        call.leg_attempts += 1;
+        if call.leg == Leg::Event {
+            call.event_attempts += 1;
+        }
+        self.fail(
+            index,
+            Failure::DispatchError { detail },
+            None,
+            now_ms,
+            channel,
+        );
     }
 
-    /// The call with `token` ended with `result`. Returns the subscriber's index, or `None`
-    /// (and changes nothing) for a token this fan-out is not waiting for.
+    /// Which subscriber and leg a token belongs to, if it is pending.
+    pub fn leg_of(&self, token: u32) -> Option<(usize, Leg)> {
+        self.calls
+            .iter()
+            .position(|call| call.state == CallState::Pending { token })
+            .and_then(|index| self.calls.get(index).map(|call| (index, call.leg)))
+    }
+
+    /// The call with `token` ended. Returns the subscriber's index, or `None` (and changes
+    /// nothing) for a token this fan-out is not waiting for, so that late and duplicate
+    /// callbacks cannot change an answer.
     pub fn completed(
         &mut self,
         token: u32,
-        result: Result<(), Failure>,
+        end: CallEnd,
         now_ms: u64,
+        channel: &Channel,
     ) -> Option<usize> {
-        let index = self
-            .calls
-            .iter()
-            .position(|call| call.state == CallState::Pending { token })?;
-        self.end(index, result, now_ms);
+        let (index, leg) = self.leg_of(token)?;
+        match end.result {
+            Ok(()) => self.succeed(index, leg, end.reply, channel),
+            Err(failure) => self.fail(index, failure, end.retry_after_secs, now_ms, channel),
+        }
         Some(index)
     }
 
-    fn end(&mut self, index: usize, result: Result<(), Failure>, now_ms: u64) {
-        if let Some(call) = self.calls.get_mut(index) {
-            call.state = match result {
-                Ok(()) => CallState::Delivered,
-                Err(failure) => CallState::Failed {
-                    failure,
-                    elapsed_ms: now_ms.saturating_sub(self.started_ms),
-                },
-            };
+    fn succeed(&mut self, index: usize, leg: Leg, reply: Option<ReplyEvent>, channel: &Channel) {
+        let wants_reply = channel
+            .subscribers
+            .get(index)
+            .is_some_and(|sub| sub.reply.is_some());
+        let Some(call) = self.calls.get_mut(index) else {
+            return;
+        };
+        call.state = match leg {
+            Leg::Event => match reply {
+                // An empty 2xx means done: nothing to pass on.
+                Some(reply) if wants_reply && !reply.body.is_empty() => {
+                    call.leg = Leg::Reply;
+                    call.leg_attempts = 0;
+                    call.reply = Some(reply);
+                    CallState::Ready
+                }
+                _ => CallState::Delivered,
+            },
+            Leg::Reply => CallState::Delivered,
+            Leg::DeadLetter => CallState::DeadLettered,
+        };
+        if call.ended() {
             self.open -= 1;
         }
     }
 
-    /// Every call has ended.
+    fn fail(
+        &mut self,
+        index: usize,
+        failure: Failure,
+        retry_after_secs: Option<u64>,
+        now_ms: u64,
+        channel: &Channel,
+    ) {
+        let Some(sub) = channel.subscribers.get(index) else {
+            return;
+        };
+        let Some(call) = self.calls.get_mut(index) else {
+            return;
+        };
+        let retryable = is_retryable(&failure);
+        if call.leg == Leg::Event {
+            call.event_failure = Some(failure);
+        } else {
+            call.leg_failure = Some(failure);
+        }
+        if retryable && call.leg_attempts <= sub.retry.retry {
+            let delay = sub.retry.delay_before(call.leg_attempts, retry_after_secs);
+            call.state = CallState::Waiting {
+                until_ms: now_ms.saturating_add(delay),
+            };
+            return;
+        }
+        if call.leg == Leg::Event && sub.dead_letter.is_some() {
+            call.leg = Leg::DeadLetter;
+            call.leg_attempts = 0;
+            call.state = CallState::Ready;
+            return;
+        }
+        call.state = CallState::Failed {
+            elapsed_ms: now_ms.saturating_sub(self.started_ms),
+        };
+        self.open -= 1;
+    }
+
+    /// Every subscriber's delivery has ended.
     pub fn is_done(&self) -> bool {
         self.open == 0
     }
 
-    /// Number of calls still pending.
+    /// Subscribers whose delivery has not ended.
     pub fn open(&self) -> usize {
         self.open
     }
 
-    /// The failed calls, by subscriber index.
+    /// Attempts so far to deliver the event itself to subscriber `index`.
+    pub fn event_attempts(&self, index: usize) -> u32 {
+        self.calls.get(index).map_or(0, |call| call.event_attempts)
+    }
+
+    /// Whether subscriber `index` has failed for good.
+    pub fn is_failed(&self, index: usize) -> bool {
+        self.calls
+            .get(index)
+            .is_some_and(|call| matches!(call.state, CallState::Failed { .. }))
+    }
+
+    /// Retries waiting for their time: how many.
+    pub fn waiting(&self) -> usize {
+        self.count(|state| matches!(state, CallState::Waiting { .. }))
+    }
+
+    /// The subscribers that failed for good, with their last failure.
     pub fn failures(&self) -> impl Iterator<Item = (usize, &Failure)> {
         self.calls
             .iter()
             .enumerate()
             .filter_map(|(i, call)| match &call.state {
-                CallState::Failed { failure, .. } => Some((i, failure)),
+                CallState::Failed { .. } => call
+                    .leg_failure
+                    .as_ref()
+                    .or(call.event_failure.as_ref())
+                    .map(|f| (i, f)),
                 _ => None,
             })
     }
 
-    /// The answer for the sender: 202 when every subscriber took the event, else the 500
-    /// report. Meaningful once [`FanOut::is_done`].
+    /// The answer a reply leg passes on.
+    pub fn reply_event(&self, index: usize) -> Option<&ReplyEvent> {
+        self.calls.get(index).and_then(|call| call.reply.as_ref())
+    }
+
+    /// Headers a dead letter carries about the failure, safe as header values.
+    pub fn dead_letter_headers(&self, index: usize, channel: &Channel) -> Vec<(String, String)> {
+        let mut headers = Vec::new();
+        let (Some(call), Some(sub)) = (self.calls.get(index), channel.subscribers.get(index))
+        else {
+            return headers;
+        };
+        headers.push((
+            DEAD_LETTER_CLUSTER.to_string(),
+            sanitize(sub.cluster.as_bytes(), 256),
+        ));
+        if let Some(failure) = &call.event_failure {
+            headers.push((DEAD_LETTER_OUTCOME.to_string(), failure.kind().to_string()));
+            let (status, detail) = match failure {
+                Failure::Status { status, detail } => (Some(*status), detail.as_str()),
+                Failure::Reset { detail } | Failure::DispatchError { detail } => {
+                    (None, detail.as_str())
+                }
+                Failure::Timeout | Failure::NoResponse => (None, ""),
+            };
+            if let Some(status) = status {
+                headers.push((DEAD_LETTER_STATUS.to_string(), status.to_string()));
+            }
+            headers.push((
+                DEAD_LETTER_BODY.to_string(),
+                sanitize(detail.as_bytes(), BODY_PEEK_BYTES),
+            ));
+        }
+        headers.push((
+            DEAD_LETTER_ATTEMPTS.to_string(),
+            call.event_attempts.to_string(),
+        ));
+        headers
+    }
+
+    /// The answer for the sender: 202 when every subscriber that wanted the event took it
+    /// (directly or through its dead-letter target; also when every one was skipped), else
+    /// the 500 report. Meaningful once [`FanOut::is_done`].
     pub fn verdict(&self, channel: &Channel) -> Answer {
+        let clusters = |which: &dyn Fn(&CallState) -> bool| -> Vec<&str> {
+            self.calls
+                .iter()
+                .zip(&channel.subscribers)
+                .filter(|(call, _)| which(&call.state))
+                .map(|(_, sub)| sub.cluster.as_str())
+                .collect()
+        };
+        let dead_lettered = clusters(&|s| *s == CallState::DeadLettered);
         let failed: Vec<FailedSubscriber<'_>> = self
             .calls
             .iter()
             .zip(&channel.subscribers)
             .filter_map(|(call, sub)| match &call.state {
-                CallState::Failed {
-                    failure,
-                    elapsed_ms,
-                } => Some(FailedSubscriber::new(
-                    sub,
-                    failure,
-                    call.attempts,
-                    *elapsed_ms,
-                )),
+                CallState::Failed { elapsed_ms } => {
+                    Some(FailedSubscriber::new(sub, call, *elapsed_ms))
+                }
                 _ => None,
             })
             .collect();
-        if failed.is_empty() {
-            return Answer::accepted();
-        }
-        let delivered = self
-            .calls
-            .iter()
-            .filter(|call| call.state == CallState::Delivered)
-            .count();
-        let count = failed.len();
-        let report = Report {
-            channel: &channel.name,
-            subscribers: self.calls.len(),
-            delivered,
-            failed,
+        let answer = if failed.is_empty() {
+            Answer::accepted()
+        } else {
+            let count = failed.len();
+            let report = Report {
+                channel: &channel.name,
+                subscribers: self.calls.len(),
+                delivered: self.count(|s| *s == CallState::Delivered),
+                failed,
+                dead_lettered: dead_lettered.clone(),
+                skipped: clusters(&|s| *s == CallState::Skipped),
+            };
+            Answer::json(500, &report).with_header(FAILED_HEADER, count.to_string())
         };
-        Answer::json(500, &report).with_header(FAILED_HEADER, count.to_string())
+        if dead_lettered.is_empty() {
+            answer
+        } else {
+            answer.with_header(DEAD_LETTERED_HEADER, dead_lettered.len().to_string())
+        }
     }
 }
 
+/// Headers on a dead letter: which subscriber failed, how, and the start of its answer.
+pub const DEAD_LETTER_CLUSTER: &str = "x-fanout-failed-cluster";
+pub const DEAD_LETTER_OUTCOME: &str = "x-fanout-failed-outcome";
+pub const DEAD_LETTER_STATUS: &str = "x-fanout-failed-status";
+pub const DEAD_LETTER_BODY: &str = "x-fanout-failed-body";
+pub const DEAD_LETTER_ATTEMPTS: &str = "x-fanout-failed-attempts";
+/// Header on an answer when some subscribers' events went to their dead-letter target.
+pub const DEAD_LETTERED_HEADER: &str = "x-fanout-dead-lettered";
+
 /// The body of a 500: which subscribers did not take the event, and why.
+/// `subscribers` = `delivered` + `failed` + `dead_lettered` + `skipped`.
 #[derive(Serialize)]
 struct Report<'a> {
     channel: &'a str,
     subscribers: usize,
     delivered: usize,
     failed: Vec<FailedSubscriber<'a>>,
+    /// Failed, but their dead-letter target took the event: they count as delivered.
+    dead_lettered: Vec<&'a str>,
+    /// Their filter did not want the event: not called.
+    skipped: Vec<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -258,43 +584,84 @@ struct FailedSubscriber<'a> {
     cluster: &'a str,
     authority: &'a str,
     path: &'a str,
+    /// The call that failed last: `event`, `reply` or `dead_letter`.
+    leg: &'static str,
     outcome: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     status: Option<u16>,
     detail: String,
+    /// Attempts to deliver the event itself.
     attempts: u32,
     elapsed_ms: u64,
+    /// How the event leg failed, when the dead-letter target then failed too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    event: Option<FailureReport>,
+}
+
+#[derive(Serialize)]
+struct FailureReport {
+    outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<u16>,
+    detail: String,
+}
+
+impl FailureReport {
+    fn new(failure: &Failure, timeout: std::time::Duration) -> Self {
+        let (status, detail) = match failure {
+            Failure::Status { status, detail } => {
+                (Some(*status), sanitize(detail.as_bytes(), DETAIL_BYTES))
+            }
+            Failure::Timeout => (
+                None,
+                format!("no answer within the timeout of {} ms", timeout.as_millis()),
+            ),
+            Failure::Reset { detail } => (None, sanitize(detail.as_bytes(), DETAIL_BYTES)),
+            Failure::NoResponse => (None, "the call ended without an answer".to_string()),
+            Failure::DispatchError { detail } => (None, detail.clone()),
+        };
+        FailureReport {
+            outcome: failure.kind(),
+            status,
+            detail,
+        }
+    }
 }
 
 impl<'a> FailedSubscriber<'a> {
-    fn new(
-        sub: &'a crate::config::Subscriber,
-        failure: &Failure,
-        attempts: u32,
-        elapsed_ms: u64,
-    ) -> Self {
-        let (status, detail) = match failure {
-            Failure::Status { status, detail } => (Some(*status), detail.clone()),
-            Failure::Timeout => (
-                None,
-                format!(
-                    "no answer within the timeout of {} ms",
-                    sub.timeout.as_millis()
-                ),
-            ),
-            Failure::Reset { detail } => (None, detail.clone()),
-            Failure::NoResponse => (None, "the call ended without an answer".to_string()),
-            Failure::DispatchError { detail } => (None, detail.clone()),
+    fn new(sub: &'a crate::config::Subscriber, call: &Call, elapsed_ms: u64) -> Self {
+        let leg_timeout = |leg: Leg| match leg {
+            Leg::Event => sub.timeout,
+            Leg::Reply => sub.reply.as_ref().map_or(sub.timeout, |t| t.timeout),
+            Leg::DeadLetter => sub.dead_letter.as_ref().map_or(sub.timeout, |t| t.timeout),
+        };
+        let last = match call.leg {
+            Leg::Event => call.event_failure.as_ref(),
+            _ => call.leg_failure.as_ref(),
+        };
+        let report = last.map(|f| FailureReport::new(f, leg_timeout(call.leg)));
+        let event = match call.leg {
+            Leg::DeadLetter => call
+                .event_failure
+                .as_ref()
+                .map(|f| FailureReport::new(f, sub.timeout)),
+            _ => None,
+        };
+        let (outcome, status, detail) = match report {
+            Some(r) => (r.outcome, r.status, r.detail),
+            None => ("no_response", None, String::new()),
         };
         FailedSubscriber {
             cluster: &sub.cluster,
             authority: &sub.authority,
             path: &sub.path,
-            outcome: failure.kind(),
+            leg: call.leg.name(),
+            outcome,
             status,
             detail,
-            attempts,
+            attempts: call.event_attempts,
             elapsed_ms,
+            event,
         }
     }
 }
@@ -306,17 +673,40 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn channel(n: usize) -> Channel {
-        let subs: Vec<String> = (0..n)
-            .map(|i| format!(r#"{{"cluster": "c{i}", "path": "/p{i}", "timeout_ms": 250}}"#))
-            .collect();
-        let json = format!(r#"{{"subscribers": [{}]}}"#, subs.join(","));
+    fn channel_from(json: &str) -> Channel {
         let mut config = Config::from_json(json.as_bytes()).unwrap();
         config.channels.remove(0)
     }
 
+    fn channel(n: usize) -> Channel {
+        let subs: Vec<String> = (0..n)
+            .map(|i| format!(r#"{{"cluster": "c{i}", "path": "/p{i}", "timeout_ms": 250}}"#))
+            .collect();
+        channel_from(&format!(r#"{{"subscribers": [{}]}}"#, subs.join(",")))
+    }
+
     fn report(answer: &Answer) -> serde_json::Value {
         serde_json::from_slice(&answer.body).unwrap()
+    }
+
+    fn status(s: u16) -> CallEnd {
+        CallEnd::failed(Failure::Status {
+            status: s,
+            detail: format!("answered {s}"),
+        })
+    }
+
+    /// Sends everything ready, giving tokens from `next`; returns the sends.
+    fn send_all(f: &mut FanOut, now: u64, next: &mut u32) -> Vec<(Send, u32)> {
+        let sends = f.take_ready(now);
+        sends
+            .into_iter()
+            .map(|send| {
+                *next += 1;
+                f.dispatched(send.index, *next);
+                (send, *next)
+            })
+            .collect()
     }
 
     #[test]
@@ -354,17 +744,32 @@ mod tests {
     }
 
     #[test]
+    fn every_subscriber_is_sent_the_event_once() {
+        let mut f = FanOut::new(0, 3, 0);
+        let sends = f.take_ready(0);
+        assert_eq!(
+            sends,
+            (0..3)
+                .map(|index| Send {
+                    index,
+                    leg: Leg::Event
+                })
+                .collect::<Vec<_>>()
+        );
+        assert!(f.take_ready(0).is_empty(), "sent twice");
+    }
+
+    #[test]
     fn all_delivered_is_202() {
         let ch = channel(3);
         let mut f = FanOut::new(0, 3, 1000);
-        for i in 0..3 {
-            f.dispatched(i, 10 + i as u32);
-        }
+        let mut next = 9;
+        send_all(&mut f, 1000, &mut next);
         assert!(!f.is_done());
-        assert!(f.completed(11, Ok(()), 1001).is_some());
-        assert!(f.completed(10, Ok(()), 1002).is_some());
+        assert_eq!(f.completed(11, CallEnd::ok(), 1001, &ch), Some(1));
+        assert_eq!(f.completed(10, CallEnd::ok(), 1002, &ch), Some(0));
         assert_eq!(f.open(), 1);
-        assert!(f.completed(12, Ok(()), 1003).is_some());
+        assert_eq!(f.completed(12, CallEnd::ok(), 1003, &ch), Some(2));
         assert!(f.is_done());
         assert_eq!(f.verdict(&ch), Answer::accepted());
     }
@@ -380,50 +785,61 @@ mod tests {
     fn one_failure_makes_a_500_report_naming_it() {
         let ch = channel(3);
         let mut f = FanOut::new(0, 3, 1000);
-        f.dispatched(0, 1);
-        f.dispatched(1, 2);
-        f.dispatch_failed(2, "unknown cluster".into(), 1000);
-        f.completed(1, Ok(()), 1005);
-        f.completed(
-            2,
-            Err(Failure::Status {
-                status: 500,
-                detail: "boom".into(),
-            }),
-            1042,
-        );
+        let mut next = 0;
+        send_all(&mut f, 1000, &mut next);
+        f.completed(2, CallEnd::ok(), 1005, &ch);
+        f.completed(3, status(500), 1042, &ch);
+        f.completed(1, CallEnd::ok(), 1043, &ch);
         assert!(f.is_done());
         let answer = f.verdict(&ch);
         assert_eq!(answer.status, 500);
-        assert!(answer.headers.contains(&(FAILED_HEADER, "2".to_string())));
+        assert!(answer.headers.contains(&(FAILED_HEADER, "1".to_string())));
         assert!(answer
             .headers
             .contains(&("content-type", "application/json".to_string())));
         let doc = report(&answer);
         assert_eq!(doc["channel"], "default");
         assert_eq!(doc["subscribers"], 3);
-        assert_eq!(doc["delivered"], 1);
+        assert_eq!(doc["delivered"], 2);
         let failed = doc["failed"].as_array().unwrap();
-        assert_eq!(failed.len(), 2);
-        assert_eq!(failed[0]["cluster"], "c1");
-        assert_eq!(failed[0]["path"], "/p1");
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0]["cluster"], "c2");
+        assert_eq!(failed[0]["path"], "/p2");
+        assert_eq!(failed[0]["leg"], "event");
         assert_eq!(failed[0]["outcome"], "status");
         assert_eq!(failed[0]["status"], 500);
-        assert_eq!(failed[0]["detail"], "boom");
+        assert_eq!(failed[0]["detail"], "answered 500");
         assert_eq!(failed[0]["attempts"], 1);
         assert_eq!(failed[0]["elapsed_ms"], 42);
-        assert_eq!(failed[1]["cluster"], "c2");
-        assert_eq!(failed[1]["outcome"], "dispatch_error");
-        assert_eq!(failed[1]["detail"], "unknown cluster");
-        assert!(failed[1].get("status").is_none());
+        assert_eq!(doc["skipped"], serde_json::json!([]));
+        assert_eq!(doc["dead_lettered"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn a_refused_call_fails_at_once() {
+        let ch = channel(2);
+        let mut f = FanOut::new(0, 2, 0);
+        let sends = f.take_ready(0);
+        assert_eq!(sends.len(), 2);
+        f.dispatched(0, 1);
+        f.dispatch_failed(1, "unknown cluster".into(), 3, &ch);
+        assert_eq!(f.open(), 1);
+        f.completed(1, CallEnd::ok(), 4, &ch);
+        let doc = report(&f.verdict(&ch));
+        assert_eq!(doc["failed"][0]["cluster"], "c1");
+        assert_eq!(doc["failed"][0]["outcome"], "dispatch_error");
+        assert_eq!(doc["failed"][0]["detail"], "unknown cluster");
+        assert_eq!(doc["failed"][0]["attempts"], 1);
+        assert!(doc["failed"][0].get("status").is_none());
     }
 
     #[test]
     fn timeout_report_says_the_timeout() {
         let ch = channel(1);
         let mut f = FanOut::new(0, 1, 0);
-        f.dispatched(0, 7);
-        f.completed(7, Err(Failure::Timeout), 251);
+        let mut next = 0;
+        send_all(&mut f, 0, &mut next);
+        f.completed(1, CallEnd::failed(Failure::Timeout), 251, &ch);
         let doc = report(&f.verdict(&ch));
         assert_eq!(doc["failed"][0]["outcome"], "timeout");
         assert_eq!(
@@ -433,46 +849,280 @@ mod tests {
     }
 
     #[test]
-    fn every_call_refused_at_dispatch_is_done_at_once() {
-        let mut f = FanOut::new(0, 2, 0);
-        f.dispatch_failed(0, "x".into(), 0);
-        assert!(!f.is_done());
-        f.dispatch_failed(1, "y".into(), 0);
-        assert!(f.is_done());
-        assert_eq!(f.verdict(&channel(2)).status, 500);
-    }
-
-    #[test]
     fn late_unknown_and_duplicate_tokens_are_ignored() {
         let ch = channel(2);
         let mut f = FanOut::new(0, 2, 0);
-        f.dispatched(0, 1);
-        f.dispatched(1, 2);
-        assert!(f.completed(99, Ok(()), 0).is_none(), "unknown token");
-        assert!(f.completed(1, Err(Failure::NoResponse), 0).is_some());
-        assert!(f.completed(1, Ok(()), 0).is_none(), "duplicate token");
-        assert_eq!(f.open(), 1);
-        assert!(f.completed(2, Ok(()), 0).is_some());
-        assert!(
-            f.completed(2, Err(Failure::NoResponse), 0).is_none(),
-            "late token"
+        let mut next = 0;
+        send_all(&mut f, 0, &mut next);
+        assert_eq!(
+            f.completed(99, CallEnd::ok(), 0, &ch),
+            None,
+            "unknown token"
         );
+        assert_eq!(
+            f.completed(1, CallEnd::failed(Failure::NoResponse), 0, &ch),
+            Some(0)
+        );
+        assert_eq!(
+            f.completed(1, CallEnd::ok(), 0, &ch),
+            None,
+            "duplicate token"
+        );
+        assert_eq!(f.open(), 1);
+        assert_eq!(f.completed(2, CallEnd::ok(), 0, &ch), Some(1));
+        assert_eq!(f.completed(2, status(500), 0, &ch), None, "late token");
         assert_eq!(f.failures().count(), 1);
         assert_eq!(f.verdict(&ch).status, 500);
     }
 
     #[test]
     fn a_call_is_dispatched_or_refused_once() {
+        let ch = channel(1);
         let mut f = FanOut::new(0, 1, 0);
+        f.take_ready(0);
         f.dispatched(0, 1);
-        f.dispatch_failed(0, "late".into(), 0);
+        f.dispatch_failed(0, "late".into(), 0, &ch);
         f.dispatched(0, 2);
-        assert!(f.completed(2, Ok(()), 0).is_none());
-        assert!(f.completed(1, Ok(()), 0).is_some());
+        assert_eq!(f.completed(2, CallEnd::ok(), 0, &ch), None);
+        assert_eq!(f.completed(1, CallEnd::ok(), 0, &ch), Some(0));
         assert!(f.is_done());
         // out-of-range indexes change nothing
         f.dispatched(5, 3);
-        f.dispatch_failed(5, "x".into(), 0);
+        f.dispatch_failed(5, "x".into(), 0, &ch);
         assert!(f.is_done());
+    }
+
+    #[test]
+    fn skipped_subscribers_are_done_and_not_failures() {
+        let ch = channel(3);
+        let mut f = FanOut::new(0, 3, 0);
+        f.skip(0);
+        f.skip(2);
+        assert_eq!(
+            f.take_ready(0),
+            vec![Send {
+                index: 1,
+                leg: Leg::Event
+            }]
+        );
+        f.dispatched(1, 1);
+        assert_eq!(f.open(), 1);
+        assert_eq!(f.skipped(), 2);
+        assert!(f.completed(1, CallEnd::ok(), 0, &ch).is_some());
+        assert!(f.is_done());
+        assert_eq!(f.verdict(&ch), Answer::accepted());
+    }
+
+    #[test]
+    fn all_skipped_is_done_at_once_and_202() {
+        let ch = channel(2);
+        let mut f = FanOut::new(0, 2, 0);
+        f.skip(0);
+        f.skip(1);
+        assert!(f.is_done());
+        assert_eq!(f.verdict(&ch), Answer::accepted());
+    }
+
+    const RETRYING: &str = r#"{"delivery": {"retry": 2, "backoff_policy": "linear",
+        "backoff_delay_ms": 100, "backoff_max_ms": 1000},
+        "subscribers": [{"cluster": "a"}]}"#;
+
+    #[test]
+    fn a_retryable_failure_waits_its_backoff_then_is_sent_again() {
+        let ch = channel_from(RETRYING);
+        let mut f = FanOut::new(0, 1, 0);
+        let mut next = 0;
+        send_all(&mut f, 0, &mut next);
+        f.completed(1, status(503), 10, &ch);
+        assert!(!f.is_done());
+        assert_eq!(f.next_wakeup(), Some(110), "linear: 100 ms before retry 1");
+        assert!(f.take_ready(109).is_empty());
+        assert_eq!(send_all(&mut f, 110, &mut next).len(), 1);
+        f.completed(2, CallEnd::failed(Failure::Timeout), 300, &ch);
+        assert_eq!(f.next_wakeup(), Some(500), "linear: 200 ms before retry 2");
+        send_all(&mut f, 500, &mut next);
+        f.completed(3, CallEnd::ok(), 510, &ch);
+        assert!(f.is_done());
+        assert_eq!(f.event_attempts(0), 3);
+        assert_eq!(f.verdict(&ch), Answer::accepted());
+    }
+
+    #[test]
+    fn retries_run_out_and_the_report_counts_the_attempts() {
+        let ch = channel_from(RETRYING);
+        let mut f = FanOut::new(0, 1, 0);
+        let mut next = 0;
+        for now in [0, 1000, 2000] {
+            send_all(&mut f, now, &mut next);
+            f.completed(next, status(500), now + 1, &ch);
+        }
+        assert!(f.is_done());
+        let doc = report(&f.verdict(&ch));
+        assert_eq!(doc["failed"][0]["attempts"], 3);
+        assert_eq!(doc["failed"][0]["status"], 500);
+        assert_eq!(doc["failed"][0]["elapsed_ms"], 2001);
+    }
+
+    #[test]
+    fn a_400_is_never_retried() {
+        let ch = channel_from(RETRYING);
+        let mut f = FanOut::new(0, 1, 0);
+        let mut next = 0;
+        send_all(&mut f, 0, &mut next);
+        f.completed(1, status(400), 5, &ch);
+        assert!(f.is_done());
+        assert_eq!(f.event_attempts(0), 1);
+        assert_eq!(f.verdict(&ch).status, 500);
+    }
+
+    #[test]
+    fn retry_after_sets_the_wait_capped_by_the_maximum() {
+        let ch = channel_from(RETRYING);
+        let mut f = FanOut::new(0, 1, 0);
+        let mut next = 0;
+        send_all(&mut f, 0, &mut next);
+        let mut end = status(429);
+        end.retry_after_secs = Some(30);
+        f.completed(1, end, 0, &ch);
+        assert_eq!(f.next_wakeup(), Some(1000), "30 s capped at backoff_max_ms");
+    }
+
+    #[test]
+    fn a_refused_call_is_retried_too() {
+        let ch = channel_from(RETRYING);
+        let mut f = FanOut::new(0, 1, 0);
+        f.take_ready(0);
+        f.dispatch_failed(0, "no such cluster".into(), 0, &ch);
+        assert!(!f.is_done());
+        assert_eq!(f.next_wakeup(), Some(100));
+    }
+
+    const DEAD_LETTER: &str = r#"{"delivery": {"retry": 1, "backoff_delay_ms": 10,
+        "dead_letter": {"cluster": "dlq", "path": "/dead"}},
+        "subscribers": [{"cluster": "a"}, {"cluster": "b"}]}"#;
+
+    #[test]
+    fn failed_for_good_goes_to_the_dead_letter_and_counts_as_delivered() {
+        let ch = channel_from(DEAD_LETTER);
+        let mut f = FanOut::new(0, 2, 0);
+        let mut next = 0;
+        send_all(&mut f, 0, &mut next); // a: 1, b: 2
+        f.completed(2, CallEnd::ok(), 1, &ch);
+        f.completed(1, status(503), 1, &ch);
+        send_all(&mut f, 100, &mut next); // a retry: 3
+        let mut end = status(502);
+        if let Err(Failure::Status { detail, .. }) = &mut end.result {
+            *detail = "bad\r\ngateway".to_string();
+        }
+        f.completed(3, end, 101, &ch);
+        // Now the dead letter is ready at once.
+        assert!(f.has_ready());
+        let sends = send_all(&mut f, 101, &mut next); // dlq: 4
+        assert_eq!(
+            sends[0].0,
+            Send {
+                index: 0,
+                leg: Leg::DeadLetter
+            }
+        );
+        let headers = f.dead_letter_headers(0, &ch);
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(header(DEAD_LETTER_CLUSTER), Some("a"));
+        assert_eq!(header(DEAD_LETTER_OUTCOME), Some("status"));
+        assert_eq!(header(DEAD_LETTER_STATUS), Some("502"));
+        assert_eq!(header(DEAD_LETTER_BODY), Some("bad  gateway"));
+        assert_eq!(header(DEAD_LETTER_ATTEMPTS), Some("2"));
+        f.completed(4, CallEnd::ok(), 102, &ch);
+        assert!(f.is_done());
+        let answer = f.verdict(&ch);
+        assert_eq!(answer.status, 202);
+        assert!(answer
+            .headers
+            .contains(&(DEAD_LETTERED_HEADER, "1".to_string())));
+    }
+
+    #[test]
+    fn a_failing_dead_letter_is_a_failure_reporting_both() {
+        let ch = channel_from(DEAD_LETTER);
+        let mut f = FanOut::new(0, 2, 0);
+        let mut next = 0;
+        send_all(&mut f, 0, &mut next);
+        f.completed(2, CallEnd::ok(), 1, &ch);
+        f.completed(1, status(400), 1, &ch); // not retryable: straight to the dead letter
+        send_all(&mut f, 1, &mut next); // dlq: 3
+        f.completed(3, status(500), 2, &ch);
+        send_all(&mut f, 100, &mut next); // dlq retry: 4
+        f.completed(4, CallEnd::failed(Failure::NoResponse), 101, &ch);
+        assert!(f.is_done());
+        let doc = report(&f.verdict(&ch));
+        let failed = &doc["failed"][0];
+        assert_eq!(failed["cluster"], "a");
+        assert_eq!(failed["leg"], "dead_letter");
+        assert_eq!(failed["outcome"], "no_response");
+        assert_eq!(failed["attempts"], 1);
+        assert_eq!(failed["event"]["outcome"], "status");
+        assert_eq!(failed["event"]["status"], 400);
+    }
+
+    const REPLY: &str = r#"{"subscribers": [{"cluster": "a", "reply": {"cluster": "r"}}]}"#;
+
+    #[test]
+    fn a_2xx_with_a_body_is_passed_to_the_reply_target() {
+        let ch = channel_from(REPLY);
+        let mut f = FanOut::new(0, 1, 0);
+        let mut next = 0;
+        send_all(&mut f, 0, &mut next);
+        let reply = ReplyEvent {
+            headers: vec![("ce-type".into(), "reply".into())],
+            body: b"answer".to_vec(),
+        };
+        let mut end = CallEnd::ok();
+        end.reply = Some(reply.clone());
+        f.completed(1, end, 1, &ch);
+        assert!(!f.is_done());
+        let sends = send_all(&mut f, 1, &mut next);
+        assert_eq!(
+            sends[0].0,
+            Send {
+                index: 0,
+                leg: Leg::Reply
+            }
+        );
+        assert_eq!(f.reply_event(0), Some(&reply));
+        f.completed(2, CallEnd::ok(), 2, &ch);
+        assert!(f.is_done());
+        assert_eq!(f.verdict(&ch), Answer::accepted());
+    }
+
+    #[test]
+    fn an_empty_2xx_needs_no_reply_and_a_failed_reply_is_a_failed_delivery() {
+        let ch = channel_from(REPLY);
+        let mut f = FanOut::new(0, 1, 0);
+        let mut next = 0;
+        send_all(&mut f, 0, &mut next);
+        let mut end = CallEnd::ok();
+        end.reply = Some(ReplyEvent::default());
+        f.completed(1, end, 1, &ch);
+        assert!(f.is_done(), "an empty answer means done");
+
+        let mut f = FanOut::new(0, 1, 0);
+        send_all(&mut f, 0, &mut next);
+        let mut end = CallEnd::ok();
+        end.reply = Some(ReplyEvent {
+            headers: Vec::new(),
+            body: b"x".to_vec(),
+        });
+        f.completed(next, end, 1, &ch);
+        send_all(&mut f, 1, &mut next);
+        f.completed(next, status(503), 2, &ch);
+        assert!(f.is_done());
+        let doc = report(&f.verdict(&ch));
+        assert_eq!(doc["failed"][0]["leg"], "reply");
+        assert_eq!(doc["failed"][0]["status"], 503);
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod answer;
 pub mod config;
+pub mod delivery;
 pub mod fanout;
 pub mod headers;
 pub mod metrics;
@@ -22,5 +23,5 @@ pub mod filter;
 proxy_wasm::main! {{
     // Until on_vm_start reads Envoy's own level for wasm.
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
-    proxy_wasm::set_root_context(|_| Box::new(filter::FanoutRoot::new(filter::ProxyHost)));
+    proxy_wasm::set_root_context(|id| Box::new(filter::FanoutRoot::new(id, filter::ProxyHost)));
 }}

@@ -13,10 +13,11 @@
 //! | `fanout.requests.accepted` (202) / `fanout.requests.failed` (500 report) | counter |
 //! | `fanout.requests.rejected.<status>` (400, 404, 405, 413, ...) | counter |
 //! | `fanout.requests.reached_router`: a request the filter did not hold (a misconfiguration) | counter |
+//! | `fanout.requests.undelivered`: async events a subscriber never took, after their 202 | counter |
 //! | `fanout.in_flight` | gauge |
 //! | `fanout.duration_ms`: request start to answer | histogram |
 //! | `fanout.call_duration_ms`: one subscriber call | histogram |
-//! | `fanout.subscriber.<cluster>.calls` / `.delivered` | counter |
+//! | `fanout.subscriber.<cluster>.calls` / `.delivered` / `.retries` / `.dead_lettered` | counter |
 //! | `fanout.subscriber.<cluster>.failed.<kind>` (`status_4xx`, `status_5xx`, `status_other`, `timeout`, `reset`, `no_response`, `dispatch_error`) | counter |
 //!
 //! `<cluster>` is the cluster name with every character other than letters, digits, `_` and
@@ -95,6 +96,8 @@ pub struct Tally {
 struct SubscriberCounters {
     calls: usize,
     delivered: usize,
+    retries: usize,
+    dead_lettered: usize,
     /// In the order of [`FAILURE_KINDS`].
     failed: [usize; FAILURE_KINDS.len()],
 }
@@ -127,6 +130,7 @@ const RECEIVED: &str = "fanout.requests.received";
 const ACCEPTED: &str = "fanout.requests.accepted";
 const FAILED: &str = "fanout.requests.failed";
 const REACHED_ROUTER: &str = "fanout.requests.reached_router";
+const UNDELIVERED: &str = "fanout.requests.undelivered";
 
 impl Tally {
     fn counter(&mut self, name: &str) -> usize {
@@ -154,6 +158,8 @@ impl Tally {
         let ids = SubscriberCounters {
             calls: self.counter(&format!("{prefix}.calls")),
             delivered: self.counter(&format!("{prefix}.delivered")),
+            retries: self.counter(&format!("{prefix}.retries")),
+            dead_lettered: self.counter(&format!("{prefix}.dead_lettered")),
             failed: FAILURE_KINDS.map(|kind| self.counter(&format!("{prefix}.failed.{kind}"))),
         };
         self.subscribers.insert(cluster.to_string(), ids);
@@ -162,7 +168,7 @@ impl Tally {
 
     /// Makes the request counters exist (at zero) before the first request.
     pub fn register_requests(&mut self) {
-        for name in [RECEIVED, ACCEPTED, FAILED, REACHED_ROUTER] {
+        for name in [RECEIVED, ACCEPTED, FAILED, REACHED_ROUTER, UNDELIVERED] {
             self.counter(name);
         }
     }
@@ -208,6 +214,24 @@ impl Tally {
     /// Every counter name known so far.
     pub fn counter_names(&self) -> &[String] {
         &self.names
+    }
+
+    /// A retry of the event to `cluster` was sent.
+    pub fn retried(&mut self, cluster: &str) {
+        let ids = self.subscriber(cluster);
+        self.bump(ids.retries);
+    }
+
+    /// `cluster` failed for good, and its dead-letter target took the event.
+    pub fn dead_lettered(&mut self, cluster: &str) {
+        let ids = self.subscriber(cluster);
+        self.bump(ids.dead_lettered);
+    }
+
+    /// An async fan-out ended with a subscriber that failed for good, after its 202.
+    pub fn undelivered(&mut self) {
+        let id = self.counter(UNDELIVERED);
+        self.bump(id);
     }
 
     pub fn call_started(&mut self, cluster: &str) {

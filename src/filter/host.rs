@@ -32,6 +32,12 @@ pub trait Host {
     fn call_status(&self) -> Option<u16>;
     /// Up to `max` bytes of that answer's body.
     fn call_body(&self, max: usize) -> Vec<u8>;
+    /// One header of that answer.
+    fn call_header(&self, name: &str) -> Option<String>;
+    /// All headers of that answer.
+    fn call_headers(&self) -> Vec<(String, Vec<u8>)>;
+    /// Makes `context_id` the context the next host calls act for; false if it is gone.
+    fn set_effective_context(&self, context_id: u32) -> bool;
     /// Answers the current stream locally.
     fn respond(&self, answer: &Answer);
     /// Milliseconds on the host's clock.
@@ -101,6 +107,21 @@ impl Host for ProxyHost {
             .ok()
             .flatten()
             .unwrap_or_default()
+    }
+
+    fn call_header(&self, name: &str) -> Option<String> {
+        let value = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, name)
+            .ok()
+            .flatten()?;
+        String::from_utf8(value).ok()
+    }
+
+    fn call_headers(&self) -> Vec<(String, Vec<u8>)> {
+        hostcalls::get_map_bytes(MapType::HttpCallResponseHeaders).unwrap_or_default()
+    }
+
+    fn set_effective_context(&self, context_id: u32) -> bool {
+        hostcalls::set_effective_context(context_id).is_ok()
     }
 
     fn respond(&self, answer: &Answer) {

@@ -4,12 +4,16 @@
 //! Each callback gathers what Envoy offers, hands it to the pure core (admission, the
 //! fan-out state, the verdict) and performs what the core decides through a [`Host`].
 //!
+//! Calls and their answers belong to the [`engine::Engine`], shared by the root context and
+//! the streams; see there for who sends what.
+//!
 //! How Envoy behaves here (see the project's Envoy notes): the body reaches a filter that
 //! paused in the headers callback only with `allow_on_headers_stop_iteration: true`; a call to
 //! a cluster Envoy does not know fails at dispatch and gets no callback; a local reply is
 //! applied after the callback returns, and a second one would hang the client, so a stream
 //! answers once and ignores what comes after.
 
+mod engine;
 pub mod host;
 mod telemetry;
 #[cfg(test)]
@@ -23,35 +27,106 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
 
 use crate::answer::Answer;
-use crate::config::{BodyWait, Config};
-use crate::fanout::{classify, is_success, Failure, FanOut, BODY_PEEK_BYTES};
+use crate::config::{BodyWait, Config, Mode};
+use crate::fanout::FanOut;
 use crate::request::{admit, too_large, Admitted};
+use engine::{Engine, Finished, Job};
 pub use host::{Host, ProxyHost};
 use telemetry::Telemetry;
 
 /// How often the root context hands the counts to Envoy's stats.
 const METRICS_FLUSH: Duration = Duration::from_secs(1);
+/// The root context's timer while deliveries may need it (retries, async): the resolution of
+/// backoff delays, and the most an async event waits before its calls go out.
+const DELIVERY_TICK: Duration = Duration::from_millis(10);
 
 /// The plugin: holds the configuration, parsed once per `on_configure`, shared (`Rc`) with
 /// every stream created after it. A stream keeps the configuration it started with.
 pub struct FanoutRoot<H> {
+    id: u32,
     host: H,
     config: Option<Rc<Config>>,
-    /// This worker's counts, shared with its streams; flushed to Envoy on each tick.
+    /// This worker's counts, shared with its streams; flushed to Envoy on the timer.
     telemetry: Rc<RefCell<Telemetry>>,
+    engine: Rc<RefCell<Engine>>,
+    tick: Duration,
+    last_flush_ms: u64,
 }
 
 impl<H: Host + Clone + 'static> FanoutRoot<H> {
-    pub fn new(host: H) -> Self {
+    pub fn new(id: u32, host: H) -> Self {
+        let telemetry: Rc<RefCell<Telemetry>> = Rc::default();
         FanoutRoot {
+            id,
             host,
             config: None,
-            telemetry: Rc::default(),
+            engine: Rc::new(RefCell::new(Engine::new(telemetry.clone()))),
+            telemetry,
+            tick: Duration::ZERO,
+            last_flush_ms: 0,
+        }
+    }
+
+    /// The timer the current configuration and the deliveries in flight need.
+    fn retune_timer(&mut self) {
+        let config = self.config.as_deref();
+        let busy = self
+            .engine
+            .try_borrow()
+            .is_ok_and(|engine| engine.has_timed_work());
+        let wanted = if busy || config.is_some_and(|c| c.needs_timer) {
+            DELIVERY_TICK
+        } else if config.is_some_and(|c| c.metrics) {
+            METRICS_FLUSH
+        } else {
+            Duration::ZERO
+        };
+        if wanted != self.tick {
+            self.host.set_tick_period(wanted);
+            self.tick = wanted;
+        }
+    }
+
+    /// Answers the streams whose fan-outs ended during a root callback.
+    fn deliver(&self, finished: Vec<Finished>) {
+        for done in finished {
+            if let Some(stream) = done.answer_to {
+                answer_stream(&self.host, stream, self.id, &done.answer);
+            }
         }
     }
 }
 
-impl<H: Host + Clone + 'static> Context for FanoutRoot<H> {}
+/// Answers `stream` from another context: Envoy applies host calls to the effective context.
+/// A stream that is gone (its client left) cannot be answered, and that is all.
+fn answer_stream<H: Host>(host: &H, stream: u32, current: u32, answer: &Answer) {
+    if host.set_effective_context(stream) {
+        host.respond(answer);
+    } else {
+        log::debug!(
+            "[#{stream}] the client left before its answer ({})",
+            answer.status
+        );
+    }
+    host.set_effective_context(current);
+}
+
+impl<H: Host + Clone + 'static> Context for FanoutRoot<H> {
+    /// Answers to the calls the root made (retries, async deliveries).
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        let finished =
+            self.engine
+                .borrow_mut()
+                .on_response(&self.host, token_id, num_headers, body_size);
+        self.deliver(finished.into_iter().collect());
+    }
+}
 
 impl<H: Host + Clone + 'static> RootContext for FanoutRoot<H> {
     fn on_vm_start(&mut self, _vm_configuration_size: usize) -> bool {
@@ -72,6 +147,9 @@ impl<H: Host + Clone + 'static> RootContext for FanoutRoot<H> {
                          subscriber"
                     );
                 }
+                for warning in &config.warnings {
+                    log::warn!("{warning}");
+                }
                 let subscribers: usize = config.channels.iter().map(|c| c.subscribers.len()).sum();
                 log::info!(
                     "configured {} channel(s), {} subscriber(s)",
@@ -85,11 +163,9 @@ impl<H: Host + Clone + 'static> RootContext for FanoutRoot<H> {
                         telemetry.tally.register_subscriber(&subscriber.cluster);
                     }
                     telemetry.define_all(&self.host);
-                    self.host.set_tick_period(METRICS_FLUSH);
-                } else {
-                    self.host.set_tick_period(Duration::ZERO);
                 }
                 self.config = Some(Rc::new(config));
+                self.retune_timer();
                 true
             }
             Err(error) => {
@@ -100,7 +176,14 @@ impl<H: Host + Clone + 'static> RootContext for FanoutRoot<H> {
     }
 
     fn on_tick(&mut self) {
-        self.telemetry.borrow_mut().flush(&self.host);
+        let finished = self.engine.borrow_mut().tick(&self.host);
+        self.deliver(finished);
+        let now = self.host.now_ms();
+        if self.tick >= METRICS_FLUSH || now.saturating_sub(self.last_flush_ms) >= 1000 {
+            self.telemetry.borrow_mut().flush(&self.host);
+            self.last_flush_ms = now;
+        }
+        self.retune_timer();
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -110,9 +193,9 @@ impl<H: Host + Clone + 'static> RootContext for FanoutRoot<H> {
             host: self.host.clone(),
             config: self.config.clone(),
             telemetry: metrics.then(|| self.telemetry.clone()),
+            engine: self.engine.clone(),
             stage: Stage::Headers,
             started_ms: 0,
-            in_flight: false,
         }))
     }
 
@@ -127,8 +210,8 @@ enum Stage {
     Headers,
     /// Admitted; buffering the body until end of stream.
     Body { admitted: Admitted, received: usize },
-    /// Calls under way.
-    FanningOut(FanOut),
+    /// A sync fan-out in the engine, answered when it ends.
+    Delivering { job: u64 },
     /// The answer is sent; whatever comes now is ignored.
     Answered,
 }
@@ -140,45 +223,35 @@ pub struct FanoutStream<H> {
     config: Option<Rc<Config>>,
     /// `None` when the configuration turns metrics off.
     telemetry: Option<Rc<RefCell<Telemetry>>>,
+    engine: Rc<RefCell<Engine>>,
     stage: Stage,
     /// When the request's headers arrived, on the host's clock.
     started_ms: u64,
-    /// A fan-out started and has not ended: counted in the in-flight gauge.
-    in_flight: bool,
 }
 
 impl<H: Host> FanoutStream<H> {
     /// Counts something, and flushes at once if a histogram buffer is full.
     fn count(&self, record: impl FnOnce(&mut crate::metrics::Tally)) {
         if let Some(telemetry) = &self.telemetry {
-            let mut telemetry = telemetry.borrow_mut();
-            record(&mut telemetry.tally);
-            if telemetry.tally.wants_flush() {
-                telemetry.flush(&self.host);
+            if let Ok(mut telemetry) = telemetry.try_borrow_mut() {
+                record(&mut telemetry.tally);
+                if telemetry.tally.wants_flush() {
+                    telemetry.flush(&self.host);
+                }
             }
         }
     }
 
-    fn answer(&mut self, answer: Answer) {
+    /// Sends the answer (once), counting it unless the engine did.
+    fn answer(&mut self, answer: Answer, counted: bool) {
         if matches!(self.stage, Stage::Answered) {
             return;
         }
         self.host.respond(&answer);
         self.stage = Stage::Answered;
-        if self.telemetry.is_some() {
-            let duration = self.in_flight.then(|| self.elapsed_ms());
-            self.in_flight = false;
-            self.count(|tally| {
-                tally.answered(answer.status);
-                if duration.is_some() {
-                    tally.fanout_ended(duration);
-                }
-            });
+        if !counted {
+            self.count(|tally| tally.answered(answer.status));
         }
-    }
-
-    fn elapsed_ms(&self) -> u64 {
-        self.host.now_ms().saturating_sub(self.started_ms)
     }
 
     /// Reject with a log line a user can act on.
@@ -189,75 +262,76 @@ impl<H: Host> FanoutStream<H> {
             answer.status,
             String::from_utf8_lossy(&answer.body)
         );
-        self.answer(answer);
+        self.answer(answer, false);
     }
 
-    /// The request is complete: one call per subscriber, all at once.
-    fn fan_out(&mut self, config: &Config, admitted: Admitted, body: &[u8]) {
+    /// The request is complete: hand the event to the engine. Sync: the calls go out now,
+    /// from this stream, and the answer comes when they end. Async: 202 now, the root context
+    /// delivers.
+    fn fan_out(&mut self, config: &Rc<Config>, admitted: Admitted, body: Vec<u8>) {
         let Some(channel) = config.channel(admitted.channel) else {
             self.reject(Answer::rejected(500, "fanout: channel index out of range"));
             return;
         };
-        let mut fanout = FanOut::new(admitted.channel, channel.subscribers.len(), self.started_ms);
-        self.in_flight = true;
-        self.count(|tally| tally.fanout_started());
-        let mut headers: Vec<(&str, &str)> = Vec::new();
-        for (index, subscriber) in channel.subscribers.iter().enumerate() {
-            headers.clear();
-            headers.extend(
-                subscriber
-                    .call_headers
-                    .iter()
-                    .chain(&admitted.forwarded)
-                    .map(|(name, value)| (name.as_str(), value.as_str())),
-            );
-            let call = self.host.dispatch(
-                &subscriber.cluster,
-                std::mem::take(&mut headers),
-                body,
-                subscriber.timeout,
-            );
-            self.count(|tally| tally.call_started(&subscriber.cluster));
-            match call {
-                Ok(token) => fanout.dispatched(index, token),
-                Err(detail) => {
-                    log::warn!(
-                        "[#{}] channel {}: subscriber {} failed: dispatch error: {detail}",
-                        self.id,
-                        channel.name,
-                        subscriber.cluster
+        let job = Job {
+            config: config.clone(),
+            fanout: FanOut::new(admitted.channel, channel.subscribers.len(), self.started_ms),
+            body,
+            forwarded: admitted.forwarded,
+            answer_to: None,
+            log_id: self.id,
+            started_ms: self.started_ms,
+        };
+        match config.mode {
+            Mode::Async => {
+                let in_flight = self.engine.borrow().async_in_flight();
+                if in_flight >= config.max_in_flight {
+                    let message = format!(
+                        "fanout holds {in_flight} events in flight on this worker \
+                         (max_in_flight); try again later"
                     );
-                    let failure = Err(Failure::DispatchError {
-                        detail: detail.clone(),
-                    });
-                    self.count(|tally| tally.call_ended(&subscriber.cluster, &failure, None));
-                    fanout.dispatch_failed(index, detail, self.host.now_ms());
+                    self.reject(
+                        Answer::rejected(503, &message).with_header("retry-after", "1".into()),
+                    );
+                    return;
+                }
+                self.engine.borrow_mut().start(&self.host, job, false);
+                self.answer(Answer::accepted(), false);
+            }
+            Mode::Sync => {
+                let job = Job {
+                    answer_to: Some(self.id),
+                    ..job
+                };
+                let (id, finished) = self.engine.borrow_mut().start(&self.host, job, true);
+                self.stage = Stage::Delivering { job: id };
+                if let Some(finished) = finished {
+                    self.finished(finished);
                 }
             }
         }
-        if fanout.is_done() {
-            self.finish(config, &fanout);
-        } else {
-            self.stage = Stage::FanningOut(fanout);
+    }
+
+    /// A fan-out ended while this stream's callback runs.
+    fn finished(&mut self, finished: Finished) {
+        match finished.answer_to {
+            Some(stream) if stream == self.id => self.answer(finished.answer, true),
+            Some(stream) => answer_stream(&self.host, stream, self.id, &finished.answer),
+            None => {}
         }
     }
 
-    fn finish(&mut self, config: &Config, fanout: &FanOut) {
-        let Some(channel) = config.channel(fanout.channel()) else {
-            return;
-        };
-        let answer = fanout.verdict(channel);
-        if answer.status != 202 {
-            log::info!(
-                "[#{}] channel {}: answered {}: {} of {} subscriber(s) failed",
-                self.id,
-                channel.name,
-                answer.status,
-                fanout.failures().count(),
-                channel.subscribers.len()
-            );
+    fn body_complete(&mut self, config: &Rc<Config>) {
+        if let Stage::Body { admitted, received } =
+            std::mem::replace(&mut self.stage, Stage::Headers)
+        {
+            let body = if received > 0 {
+                self.host.request_body(received)
+            } else {
+                Vec::new()
+            };
+            self.fan_out(config, admitted, body);
         }
-        self.answer(answer);
     }
 }
 
@@ -269,80 +343,26 @@ impl<H: Host> Context for FanoutStream<H> {
         body_size: usize,
         _num_trailers: usize,
     ) {
-        let Some(config) = self.config.clone() else {
-            return;
-        };
-        let Stage::FanningOut(fanout) = &mut self.stage else {
-            log::debug!("[#{}] late answer to call {token_id}", self.id);
-            return;
-        };
-        let status = if num_headers == 0 {
-            None
-        } else {
-            self.host.call_status()
-        };
-        // Read a body only to explain a failure: a success costs no more host calls.
-        let result = match status {
-            Some(status) if is_success(status) => Ok(()),
-            _ => {
-                let body = if body_size > 0 {
-                    self.host.call_body(body_size.min(BODY_PEEK_BYTES))
-                } else {
-                    Vec::new()
-                };
-                classify(status, &body)
-            }
-        };
-        let now = if result.is_err() || self.telemetry.is_some() {
-            self.host.now_ms()
-        } else {
-            0
-        };
-        let failure = result.as_ref().err().cloned();
-        let Some(index) = fanout.completed(token_id, result.clone(), now) else {
-            log::debug!("[#{}] answer to unknown call {token_id}", self.id);
-            return;
-        };
-        let done = fanout.is_done();
-        let channel_index = fanout.channel();
-        if let Some(subscriber) = config
-            .channel(channel_index)
-            .and_then(|c| c.subscribers.get(index))
-        {
-            let duration = now.saturating_sub(self.started_ms);
-            self.count(|tally| tally.call_ended(&subscriber.cluster, &result, Some(duration)));
-        }
-        if let Some(failure) = failure {
-            if let Some(channel) = config.channel(channel_index) {
-                let cluster = channel
-                    .subscribers
-                    .get(index)
-                    .map_or("?", |s| s.cluster.as_str());
-                log::warn!(
-                    "[#{}] channel {}: subscriber {cluster} failed: {failure}",
-                    self.id,
-                    channel.name
-                );
-            }
-        }
-        if done {
-            if let Stage::FanningOut(done) = std::mem::replace(&mut self.stage, Stage::Headers) {
-                self.finish(&config, &done);
-            }
+        let finished =
+            self.engine
+                .borrow_mut()
+                .on_response(&self.host, token_id, num_headers, body_size);
+        if let Some(finished) = finished {
+            self.finished(finished);
         }
     }
 
     fn on_done(&mut self) -> bool {
-        if let Stage::FanningOut(fanout) = &self.stage {
-            log::info!(
-                "[#{}] the client went away with {} call(s) pending; Envoy cancels them",
-                self.id,
-                fanout.open()
-            );
-        }
-        if self.in_flight {
-            self.in_flight = false;
-            self.count(|tally| tally.fanout_ended(None));
+        if let Stage::Delivering { job } = self.stage {
+            let mut engine = self.engine.borrow_mut();
+            if engine.contains(job) {
+                log::info!(
+                    "[#{}] the client went away before the fan-out ended; its calls are \
+                     cancelled",
+                    self.id
+                );
+                engine.abandon(job);
+            }
         }
         true
     }
@@ -362,7 +382,7 @@ impl<H: Host> HttpContext for FanoutStream<H> {
         match admit(&config, self.host.request_headers()) {
             Err(answer) => self.reject(answer),
             // A request without a body: its headers are all there is.
-            Ok(admitted) if end_of_stream => self.fan_out(&config, admitted, &[]),
+            Ok(admitted) if end_of_stream => self.fan_out(&config, admitted, Vec::new()),
             Ok(admitted) => {
                 self.stage = Stage::Body {
                     admitted,
@@ -379,41 +399,6 @@ impl<H: Host> HttpContext for FanoutStream<H> {
         // Nothing goes on to the router. With `allow_on_headers_stop_iteration`, Envoy still
         // delivers the body.
         Action::Pause
-    }
-
-    /// The filter answers every request itself, so a response coming back through it before
-    /// that answer was made elsewhere: by the router, when `body_wait: continue` is used
-    /// without a buffer filter after this one (the router acted on the headers alone), or by
-    /// Envoy itself (a stream timeout). Either way the sender got another answer: do not fan
-    /// out after it, and say why.
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        match self.stage {
-            Stage::Answered => {}
-            Stage::Body { .. }
-                if self.config.as_ref().map(|c| c.body_wait) == Some(BodyWait::Continue) =>
-            {
-                log::error!(
-                    "[#{}] the request reached the router before fanout answered it: with \
-                     \"body_wait\": \"continue\" an Envoy buffer filter must follow fanout; \
-                     this request was not fanned out",
-                    self.id
-                );
-                self.count(|tally| tally.reached_router());
-                self.stage = Stage::Answered;
-            }
-            _ => {
-                log::info!(
-                    "[#{}] Envoy answered the request before fanout did (e.g. a stream timeout)",
-                    self.id
-                );
-                if self.in_flight {
-                    self.in_flight = false;
-                    self.count(|tally| tally.fanout_ended(None));
-                }
-                self.stage = Stage::Answered;
-            }
-        }
-        Action::Continue
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
@@ -444,19 +429,49 @@ impl<H: Host> HttpContext for FanoutStream<H> {
         }
         Action::Pause
     }
-}
 
-impl<H: Host> FanoutStream<H> {
-    fn body_complete(&mut self, config: &Config) {
-        if let Stage::Body { admitted, received } =
-            std::mem::replace(&mut self.stage, Stage::Headers)
-        {
-            let body = if received > 0 {
-                self.host.request_body(received)
-            } else {
-                Vec::new()
-            };
-            self.fan_out(config, admitted, &body);
+    /// The filter answers every request itself, so a response coming back through it before
+    /// that answer was made elsewhere: by the router, when `body_wait: continue` is used
+    /// without a buffer filter after this one (the router acted on the headers alone), or by
+    /// Envoy itself (a stream timeout). Either way the sender got another answer: do not fan
+    /// out after it, and say why.
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        match self.stage {
+            Stage::Answered => {}
+            // The root context answered for this stream: the fan-out is over.
+            Stage::Delivering { job }
+                if self
+                    .engine
+                    .try_borrow()
+                    .is_ok_and(|engine| !engine.contains(job)) =>
+            {
+                self.stage = Stage::Answered;
+            }
+            Stage::Body { .. }
+                if self.config.as_ref().map(|c| c.body_wait) == Some(BodyWait::Continue) =>
+            {
+                log::error!(
+                    "[#{}] the request reached the router before fanout answered it: with \
+                     \"body_wait\": \"continue\" an Envoy buffer filter must follow fanout; \
+                     this request was not fanned out",
+                    self.id
+                );
+                self.count(|tally| tally.reached_router());
+                self.stage = Stage::Answered;
+            }
+            _ => {
+                log::info!(
+                    "[#{}] Envoy answered the request before fanout did (e.g. a stream timeout)",
+                    self.id
+                );
+                if let Stage::Delivering { job } = self.stage {
+                    if let Ok(mut engine) = self.engine.try_borrow_mut() {
+                        engine.abandon(job);
+                    }
+                }
+                self.stage = Stage::Answered;
+            }
         }
+        Action::Continue
     }
 }

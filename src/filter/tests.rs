@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::rc::Rc;
 use std::time::Duration;
 
-use proxy_wasm::traits::{HttpContext, RootContext};
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::Action;
 use serde_json::Value;
 
@@ -70,6 +70,8 @@ unreachable_host_functions! {
 #[derive(Debug, Clone, PartialEq)]
 struct Dispatched {
     token: u32,
+    /// The context the call was made for (Envoy cancels a stream's calls when it ends).
+    context: u32,
     cluster: String,
     headers: Vec<(String, String)>,
     body: Vec<u8>,
@@ -87,6 +89,14 @@ struct State {
     dispatched: Vec<Dispatched>,
     /// The answer to the call being delivered: `:status` and body.
     call_response: (Option<u16>, Vec<u8>),
+    call_response_headers: Vec<(String, Vec<u8>)>,
+    /// The context Envoy applies host calls to (the one whose callback runs, or the one set
+    /// with set_effective_context).
+    effective: u32,
+    /// Streams whose client went away: set_effective_context fails for them.
+    gone: HashSet<u32>,
+    /// Answers by the stream they went to.
+    answered_streams: Vec<u32>,
     call_body_reads: usize,
     answers: Vec<Answer>,
     now_ms: u64,
@@ -148,8 +158,10 @@ impl Host for FakeHost {
         }
         state.next_token += 1;
         let token = state.next_token;
+        let context = state.effective;
         state.dispatched.push(Dispatched {
             token,
+            context,
             cluster: cluster.to_string(),
             headers: headers
                 .iter()
@@ -172,8 +184,33 @@ impl Host for FakeHost {
         body[..max.min(body.len())].to_vec()
     }
 
+    fn call_header(&self, name: &str) -> Option<String> {
+        let state = self.0.borrow();
+        state
+            .call_response_headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| String::from_utf8(v.clone()).ok())
+    }
+
+    fn call_headers(&self) -> Vec<(String, Vec<u8>)> {
+        self.0.borrow().call_response_headers.clone()
+    }
+
+    fn set_effective_context(&self, context_id: u32) -> bool {
+        let mut state = self.0.borrow_mut();
+        if state.gone.contains(&context_id) {
+            return false;
+        }
+        state.effective = context_id;
+        true
+    }
+
     fn respond(&self, answer: &Answer) {
-        self.0.borrow_mut().answers.push(answer.clone());
+        let mut state = self.0.borrow_mut();
+        let stream = state.effective;
+        state.answers.push(answer.clone());
+        state.answered_streams.push(stream);
     }
 
     fn now_ms(&self) -> u64 {
@@ -209,6 +246,9 @@ impl Host for FakeHost {
     }
 }
 
+const ROOT: u32 = 1;
+const STREAM: u32 = 2;
+
 /// A configured plugin and a way to open streams on it.
 struct Plugin {
     host: FakeHost,
@@ -239,7 +279,7 @@ impl Plugin {
     fn configure(json: &str) -> (Plugin, bool) {
         let host = FakeHost::default();
         host.0.borrow_mut().config = Some(json.as_bytes().to_vec());
-        let mut root = FanoutRoot::new(host.clone());
+        let mut root = FanoutRoot::new(ROOT, host.clone());
         assert!(root.on_vm_start(0));
         let ok = root.on_configure(json.len());
         (Plugin { host, root }, ok)
@@ -252,8 +292,9 @@ impl Plugin {
             .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
             .collect();
         state.request_body = body.to_vec();
+        state.effective = STREAM;
         drop(state);
-        self.root.create_http_context(1).unwrap()
+        self.root.create_http_context(STREAM).unwrap()
     }
 
     fn state(&self) -> std::cell::Ref<'_, State> {
@@ -262,7 +303,11 @@ impl Plugin {
 
     /// Delivers the answer to call `token`, as Envoy would.
     fn answer_call(&self, ctx: &mut dyn HttpContext, token: u32, status: Option<u16>, body: &str) {
-        self.host.0.borrow_mut().call_response = (status, body.as_bytes().to_vec());
+        let mut state = self.host.0.borrow_mut();
+        state.call_response = (status, body.as_bytes().to_vec());
+        state.call_response_headers = Vec::new();
+        state.effective = STREAM;
+        drop(state);
         let num_headers = usize::from(status.is_some());
         ctx.on_http_call_response(token, num_headers, body.len(), 0);
     }
@@ -766,7 +811,7 @@ fn metrics_off_defines_and_counts_nothing() {
     plugin.root.on_tick();
     let state = plugin.state();
     assert!(state.metrics.is_empty(), "{:?}", state.metrics);
-    assert_eq!(state.tick_period, Some(Duration::ZERO));
+    assert_eq!(state.tick_period.unwrap_or_default(), Duration::ZERO);
     assert_eq!(state.answers.len(), 1);
 }
 
@@ -837,4 +882,290 @@ fn a_response_before_our_answer_means_the_router_was_reached() {
     assert!(plugin.answers().is_empty());
     plugin.root.on_tick();
     assert_eq!(plugin.state().value("fanout.requests.reached_router"), 1);
+}
+
+// Delivery: retries, dead letters, replies, async.
+
+impl Plugin {
+    /// The root's timer fires at `now_ms`.
+    fn tick_at(&mut self, now_ms: u64) {
+        let mut state = self.host.0.borrow_mut();
+        state.now_ms = now_ms;
+        state.effective = ROOT;
+        drop(state);
+        self.root.on_tick();
+    }
+
+    /// Delivers the answer to a call the root made.
+    fn answer_root_call(
+        &mut self,
+        token: u32,
+        status: Option<u16>,
+        body: &str,
+        headers: &[(&str, &str)],
+    ) {
+        let mut state = self.host.0.borrow_mut();
+        state.call_response = (status, body.as_bytes().to_vec());
+        state.call_response_headers = headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect();
+        state.effective = ROOT;
+        drop(state);
+        let num_headers = usize::from(status.is_some()) + headers.len();
+        self.root
+            .on_http_call_response(token, num_headers, body.len(), 0);
+    }
+
+    fn last_call(&self) -> Dispatched {
+        self.state().dispatched.last().cloned().unwrap()
+    }
+}
+
+const RETRY_TWICE: &str = r#"{"delivery": {"retry": 2, "backoff_policy": "linear",
+    "backoff_delay_ms": 100}, "subscribers": [{"cluster": "a"}, {"cluster": "b"}]}"#;
+
+#[test]
+fn a_sync_retry_goes_out_from_the_root_after_its_backoff_and_the_root_answers_the_stream() {
+    let mut plugin = Plugin::configured(RETRY_TWICE);
+    assert_eq!(plugin.state().tick_period, Some(Duration::from_millis(10)));
+    let mut ctx = send(&plugin, &post("x"), b"event");
+    // First attempts from the stream.
+    assert!(plugin
+        .state()
+        .dispatched
+        .iter()
+        .all(|c| c.context == STREAM));
+    plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
+    plugin.host.0.borrow_mut().now_ms = 5;
+    plugin.answer_call(ctx.as_mut(), 2, Some(503), "busy");
+    assert!(plugin.answers().is_empty());
+    plugin.tick_at(104);
+    assert_eq!(
+        plugin.state().dispatched.len(),
+        2,
+        "retried before its backoff"
+    );
+    plugin.tick_at(105);
+    let retry = plugin.last_call();
+    assert_eq!((retry.cluster.as_str(), retry.context), ("b", ROOT));
+    assert_eq!(retry.body, b"event");
+    plugin.answer_root_call(retry.token, Some(200), "", &[]);
+    assert_eq!(plugin.only_answer(), Answer::accepted());
+    assert_eq!(plugin.state().answered_streams, vec![STREAM]);
+    // The root put its own context back for whatever it does next.
+    assert_eq!(plugin.state().effective, ROOT);
+    // Our own answer passing through the stream is not mistaken for somebody else's.
+    assert_eq!(ctx.on_http_response_headers(1, true), Action::Continue);
+    plugin.tick_at(1000);
+    assert_eq!(plugin.state().value("fanout.subscriber.b.retries"), 1);
+    assert_eq!(plugin.state().value("fanout.requests.accepted"), 1);
+}
+
+#[test]
+fn the_sender_leaving_during_a_retry_wait_drops_the_fan_out() {
+    let mut plugin = Plugin::configured(RETRY_TWICE);
+    let mut ctx = send(&plugin, &post("x"), b"event");
+    plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
+    plugin.answer_call(ctx.as_mut(), 2, Some(503), "");
+    assert!(ctx.on_done());
+    plugin.host.0.borrow_mut().gone.insert(STREAM);
+    plugin.tick_at(10_000);
+    assert_eq!(
+        plugin.state().dispatched.len(),
+        2,
+        "retried for a sender that left"
+    );
+    assert!(plugin.answers().is_empty());
+}
+
+#[test]
+fn retries_run_out_into_a_500_with_the_attempts() {
+    let mut plugin = Plugin::configured(RETRY_TWICE);
+    let mut ctx = send(&plugin, &post("x"), b"event");
+    plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
+    plugin.answer_call(ctx.as_mut(), 2, Some(500), "");
+    plugin.tick_at(100);
+    plugin.answer_root_call(plugin.last_call().token, None, "", &[]);
+    plugin.tick_at(300);
+    plugin.answer_root_call(plugin.last_call().token, Some(502), "still down", &[]);
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 500);
+    let failed = &report(&answer)["failed"][0];
+    assert_eq!(failed["cluster"], "b");
+    assert_eq!(failed["attempts"], 3);
+    assert_eq!(failed["status"], 502);
+}
+
+#[test]
+fn a_400_is_not_retried() {
+    let mut plugin = Plugin::configured(RETRY_TWICE);
+    let mut ctx = send(&plugin, &post("x"), b"event");
+    plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
+    plugin.answer_call(ctx.as_mut(), 2, Some(400), "bad event");
+    assert_eq!(plugin.only_answer().status, 500);
+    plugin.tick_at(10_000);
+    assert_eq!(plugin.state().dispatched.len(), 2);
+}
+
+#[test]
+fn retry_after_is_read_and_honoured() {
+    let mut plugin = Plugin::configured(
+        r#"{"delivery": {"retry": 1, "backoff_delay_ms": 1, "backoff_max_ms": 60000},
+            "subscribers": [{"cluster": "a"}]}"#,
+    );
+    let mut ctx = send(&plugin, &post("x"), b"event");
+    {
+        let mut state = plugin.host.0.borrow_mut();
+        state.call_response = (Some(429), Vec::new());
+        state.call_response_headers = vec![("retry-after".into(), b"2".to_vec())];
+    }
+    ctx.on_http_call_response(1, 2, 0, 0);
+    plugin.tick_at(1999);
+    assert_eq!(plugin.state().dispatched.len(), 1);
+    plugin.tick_at(2000);
+    assert_eq!(plugin.state().dispatched.len(), 2);
+}
+
+const WITH_DEAD_LETTER: &str = r#"{"delivery": {"dead_letter": {"cluster": "dlq",
+    "authority": "dlq.local", "path": "/dead"}}, "subscribers": [{"cluster": "a"}]}"#;
+
+#[test]
+fn a_failed_subscriber_is_dead_lettered_with_the_failure_headers() {
+    let plugin = Plugin::configured(WITH_DEAD_LETTER);
+    let mut headers = post("x");
+    headers.push(("ce-id", "7"));
+    let mut ctx = send(&plugin, &headers, b"event");
+    plugin.answer_call(ctx.as_mut(), 1, Some(500), "db\ndown");
+    // The dead letter goes out at once, from the stream.
+    let dlq = plugin.last_call();
+    assert_eq!(dlq.cluster, "dlq");
+    assert_eq!(dlq.body, b"event");
+    let header = |name: &str| {
+        dlq.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(header(":path").as_deref(), Some("/dead"));
+    assert_eq!(header(":authority").as_deref(), Some("dlq.local"));
+    assert_eq!(header("ce-id").as_deref(), Some("7"));
+    assert_eq!(header("x-fanout-failed-cluster").as_deref(), Some("a"));
+    assert_eq!(header("x-fanout-failed-status").as_deref(), Some("500"));
+    assert_eq!(header("x-fanout-failed-body").as_deref(), Some("db down"));
+    plugin.answer_call(ctx.as_mut(), dlq.token, Some(202), "");
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 202);
+    assert!(answer
+        .headers
+        .contains(&("x-fanout-dead-lettered", "1".to_string())));
+}
+
+#[test]
+fn a_failing_dead_letter_is_a_500() {
+    let plugin = Plugin::configured(WITH_DEAD_LETTER);
+    let mut ctx = send(&plugin, &post("x"), b"event");
+    plugin.answer_call(ctx.as_mut(), 1, Some(500), "");
+    plugin.answer_call(ctx.as_mut(), 2, Some(503), "");
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 500);
+    assert_eq!(report(&answer)["failed"][0]["leg"], "dead_letter");
+}
+
+#[test]
+fn a_reply_is_forwarded_with_its_content_type_and_ce_headers() {
+    let plugin = Plugin::configured(
+        r#"{"subscribers": [{"cluster": "a", "reply": {"cluster": "replies", "path": "/in"}}]}"#,
+    );
+    let mut ctx = send(&plugin, &post("x"), b"event");
+    {
+        let mut state = plugin.host.0.borrow_mut();
+        state.call_response = (Some(200), b"{\"answer\": 1}".to_vec());
+        state.call_response_headers = vec![
+            (":status".into(), b"200".to_vec()),
+            ("content-type".into(), b"application/json".to_vec()),
+            ("ce-type".into(), b"com.example.reply".to_vec()),
+            ("set-cookie".into(), b"secret".to_vec()),
+        ];
+    }
+    ctx.on_http_call_response(1, 4, 13, 0);
+    let reply = plugin.last_call();
+    assert_eq!(reply.cluster, "replies");
+    assert_eq!(reply.body, b"{\"answer\": 1}");
+    assert!(reply
+        .headers
+        .contains(&("content-type".to_string(), "application/json".to_string())));
+    assert!(reply
+        .headers
+        .contains(&("ce-type".to_string(), "com.example.reply".to_string())));
+    assert!(!reply.headers.iter().any(|(n, _)| n == "set-cookie"));
+    assert!(
+        plugin.answers().is_empty(),
+        "answered before the reply was delivered"
+    );
+    plugin.answer_call(ctx.as_mut(), reply.token, Some(500), "");
+    assert_eq!(
+        plugin.only_answer().status,
+        500,
+        "a failed reply is a failed delivery"
+    );
+}
+
+const ASYNC: &str = r#"{"mode": "async", "max_in_flight": 2,
+    "subscribers": [{"cluster": "a"}, {"cluster": "b"}]}"#;
+
+#[test]
+fn async_answers_202_at_once_and_the_root_delivers_after_the_sender_left() {
+    let mut plugin = Plugin::configured(ASYNC);
+    let ctx = send(&plugin, &post("x"), b"event");
+    assert_eq!(plugin.only_answer(), Answer::accepted());
+    assert!(plugin.state().dispatched.is_empty(), "sent from the stream");
+    drop(ctx);
+    plugin.host.0.borrow_mut().gone.insert(STREAM);
+    plugin.tick_at(1);
+    let calls = plugin.state().dispatched.clone();
+    assert_eq!(calls.len(), 2);
+    assert!(calls
+        .iter()
+        .all(|c| c.context == ROOT && c.body == b"event"));
+    plugin.answer_root_call(calls[0].token, Some(200), "", &[]);
+    plugin.answer_root_call(calls[1].token, Some(200), "", &[]);
+    assert_eq!(plugin.answers().len(), 1, "nothing more to answer");
+    plugin.tick_at(2000);
+    assert_eq!(plugin.state().value("fanout.in_flight"), 0);
+}
+
+#[test]
+fn async_past_max_in_flight_is_503_not_dropped() {
+    let mut plugin = Plugin::configured(ASYNC);
+    let _a = send(&plugin, &post("x"), b"1");
+    let _b = send(&plugin, &post("x"), b"2");
+    let _c = send(&plugin, &post("x"), b"3");
+    let answers = plugin.answers();
+    assert_eq!(
+        answers.iter().map(|a| a.status).collect::<Vec<_>>(),
+        vec![202, 202, 503]
+    );
+    assert!(answers[2]
+        .headers
+        .contains(&("retry-after", "1".to_string())));
+    // Once one is delivered there is room again.
+    plugin.tick_at(1);
+    let calls: Vec<Dispatched> = plugin.state().dispatched.clone();
+    for call in calls.into_iter().take(2) {
+        plugin.answer_root_call(call.token, Some(200), "", &[]);
+    }
+    let _d = send(&plugin, &post("x"), b"4");
+    assert_eq!(plugin.answers().last().unwrap().status, 202);
+}
+
+#[test]
+fn an_async_failure_after_the_202_is_counted() {
+    let mut plugin = Plugin::configured(r#"{"mode": "async", "subscribers": [{"cluster": "a"}]}"#);
+    let _ctx = send(&plugin, &post("x"), b"event");
+    plugin.tick_at(1);
+    plugin.answer_root_call(plugin.last_call().token, Some(500), "", &[]);
+    plugin.tick_at(2000);
+    assert_eq!(plugin.state().value("fanout.requests.undelivered"), 1);
+    assert_eq!(plugin.state().value("fanout.requests.accepted"), 1);
 }

@@ -1,0 +1,212 @@
+//! Delivery policy: which failures are worth another attempt, and how long to wait before it.
+//!
+//! Retry on what a later attempt may fix: no answer, a reset, a timeout, a call Envoy refused
+//! (a cluster that is not there yet), 5xx, 404, 408, 409 and 429. Never on other 4xx (the
+//! event itself is wrong for that subscriber) nor on 2xx/3xx. This is Knative's selective
+//! retry, plus the dispatch error Knative has no equivalent of.
+//!
+//! Nothing here knows about timers or proxy-wasm: the fan-out state asks for a delay, the glue
+//! keeps it with the root context's timer.
+
+use serde::Deserialize;
+
+use crate::fanout::Failure;
+
+/// How the delay grows with each retry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackoffPolicy {
+    /// `delay * k` before retry k.
+    Linear,
+    /// `delay * 2^k` before retry k.
+    #[default]
+    Exponential,
+}
+
+/// Retries and their spacing for one subscriber (or its dead-letter and reply calls).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts after the first.
+    pub retry: u32,
+    pub policy: BackoffPolicy,
+    pub delay_ms: u64,
+    pub max_ms: u64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            retry: 0,
+            policy: BackoffPolicy::Exponential,
+            delay_ms: DEFAULT_BACKOFF_DELAY_MS,
+            max_ms: DEFAULT_BACKOFF_MAX_MS,
+        }
+    }
+}
+
+pub const DEFAULT_BACKOFF_DELAY_MS: u64 = 100;
+pub const DEFAULT_BACKOFF_MAX_MS: u64 = 5_000;
+/// The most retries a configuration may ask for.
+pub const MAX_RETRY: u32 = 100;
+
+/// Whether a failed call may succeed if tried again.
+pub fn is_retryable(failure: &Failure) -> bool {
+    match failure {
+        Failure::NoResponse
+        | Failure::Reset { .. }
+        | Failure::Timeout
+        | Failure::DispatchError { .. } => true,
+        Failure::Status { status, .. } => {
+            matches!(status, 500..=599 | 404 | 408 | 409 | 429)
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before retry `k` (1 for the first retry), honouring the subscriber's
+    /// `retry-after` (in seconds) when it gave one; never longer than `max_ms`.
+    pub fn delay_before(&self, k: u32, retry_after_secs: Option<u64>) -> u64 {
+        let computed = match self.policy {
+            BackoffPolicy::Linear => self.delay_ms.saturating_mul(u64::from(k)),
+            BackoffPolicy::Exponential => {
+                let factor = 1u64.checked_shl(k).unwrap_or(u64::MAX);
+                self.delay_ms.saturating_mul(factor)
+            }
+        };
+        let wanted = match retry_after_secs {
+            Some(secs) => secs.saturating_mul(1000),
+            None => computed,
+        };
+        wanted.min(self.max_ms)
+    }
+
+    /// The longest all attempts of one call can take: every attempt times out and every wait
+    /// is the longest it can be.
+    pub fn worst_case_ms(&self, timeout_ms: u64) -> u64 {
+        let attempts = u64::from(self.retry) + 1;
+        let waits: u64 = (1..=self.retry).map(|k| self.delay_before(k, None)).sum();
+        attempts.saturating_mul(timeout_ms).saturating_add(waits)
+    }
+}
+
+/// `retry-after` as a number of seconds. The HTTP-date form is not used by the event senders
+/// we know and is ignored (the computed backoff applies).
+pub fn parse_retry_after(value: &str) -> Option<u64> {
+    value.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn status(s: u16) -> Failure {
+        Failure::Status {
+            status: s,
+            detail: String::new(),
+        }
+    }
+
+    #[test]
+    fn retry_decision_table() {
+        let retry = [
+            Failure::NoResponse,
+            Failure::Timeout,
+            Failure::Reset {
+                detail: String::new(),
+            },
+            Failure::DispatchError {
+                detail: String::new(),
+            },
+            status(500),
+            status(502),
+            status(503),
+            status(504),
+            status(599),
+            status(404),
+            status(408),
+            status(409),
+            status(429),
+        ];
+        for failure in &retry {
+            assert!(is_retryable(failure), "{failure:?} should be retried");
+        }
+        let never = [
+            status(400),
+            status(401),
+            status(403),
+            status(405),
+            status(410),
+            status(413),
+            status(415),
+            status(422),
+            status(300),
+            status(302),
+            status(600),
+        ];
+        for failure in &never {
+            assert!(!is_retryable(failure), "{failure:?} must not be retried");
+        }
+    }
+
+    #[test]
+    fn schedule_table() {
+        let exp = RetryPolicy {
+            retry: 5,
+            policy: BackoffPolicy::Exponential,
+            delay_ms: 100,
+            max_ms: 1000,
+        };
+        let lin = RetryPolicy {
+            policy: BackoffPolicy::Linear,
+            ..exp
+        };
+        let cases = [
+            (exp, 1, None, 200),
+            (exp, 2, None, 400),
+            (exp, 3, None, 800),
+            (exp, 4, None, 1000),
+            (exp, 60, None, 1000),
+            (exp, 200, None, 1000),
+            (lin, 1, None, 100),
+            (lin, 2, None, 200),
+            (lin, 9, None, 900),
+            (lin, 11, None, 1000),
+            // retry-after wins, capped too
+            (exp, 1, Some(0), 0),
+            (lin, 1, Some(0), 0),
+            (exp, 3, Some(1), 1000),
+            (exp, 1, Some(30), 1000),
+            (exp, 1, Some(u64::MAX), 1000),
+        ];
+        for (policy, k, after, want) in cases {
+            assert_eq!(
+                policy.delay_before(k, after),
+                want,
+                "{policy:?} k={k} after={after:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn worst_case_adds_every_timeout_and_wait() {
+        let policy = RetryPolicy {
+            retry: 3,
+            policy: BackoffPolicy::Linear,
+            delay_ms: 100,
+            max_ms: 5000,
+        };
+        assert_eq!(policy.worst_case_ms(1000), 4 * 1000 + 100 + 200 + 300);
+        assert_eq!(RetryPolicy::default().worst_case_ms(60_000), 60_000);
+    }
+
+    #[test]
+    fn retry_after_seconds() {
+        assert_eq!(parse_retry_after("3"), Some(3));
+        assert_eq!(parse_retry_after(" 10 "), Some(10));
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+        assert_eq!(parse_retry_after("-1"), None);
+        assert_eq!(parse_retry_after(""), None);
+    }
+}

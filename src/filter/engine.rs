@@ -1,0 +1,426 @@
+//! Deliveries in flight on one worker: every fan-out's [`FanOut`] state, the calls it has
+//! under way, and the work the root context's timer must do (retries after their backoff,
+//! async deliveries that outlive their request).
+//!
+//! Who makes a call decides who hears back, and how long the call may live: Envoy cancels a
+//! stream's calls when the stream ends, while calls made from the root context live as long as
+//! the plugin. So a sync fan-out sends its first attempts from its stream (no timer delay),
+//! and everything sent from the timer (retries, async deliveries) belongs to the root. Either
+//! context hands the answers to this engine, which owns the state; the engine never answers a
+//! sender itself but returns the answer to the glue, so no `RefCell` is borrowed while Envoy
+//! runs the local reply.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use super::telemetry::Telemetry;
+use super::Host;
+use crate::answer::Answer;
+use crate::config::{Channel, Config, Mode};
+use crate::delivery::parse_retry_after;
+use crate::fanout::{
+    classify, is_success, CallEnd, Failure, FanOut, Leg, ReplyEvent, BODY_PEEK_BYTES,
+};
+
+/// One event being delivered.
+pub struct Job {
+    pub config: Rc<Config>,
+    pub fanout: FanOut,
+    pub body: Vec<u8>,
+    pub forwarded: Vec<(String, String)>,
+    /// The stream waiting for the answer (sync mode); `None` once async or abandoned.
+    pub answer_to: Option<u32>,
+    /// Context id for log lines.
+    pub log_id: u32,
+    pub started_ms: u64,
+}
+
+/// A fan-out that ended: the answer for its sender, if one is waiting.
+pub struct Finished {
+    pub answer_to: Option<u32>,
+    pub answer: Answer,
+}
+
+pub struct Engine {
+    jobs: HashMap<u64, Job>,
+    /// Pending call token -> job.
+    tokens: HashMap<u32, u64>,
+    next_job: u64,
+    telemetry: Rc<RefCell<Telemetry>>,
+}
+
+impl Engine {
+    pub fn new(telemetry: Rc<RefCell<Telemetry>>) -> Self {
+        Engine {
+            jobs: HashMap::new(),
+            tokens: HashMap::new(),
+            next_job: 1,
+            telemetry,
+        }
+    }
+
+    /// Async fan-outs still delivering (what `max_in_flight` bounds).
+    pub fn async_in_flight(&self) -> usize {
+        self.jobs
+            .values()
+            .filter(|job| job.config.mode == Mode::Async)
+            .count()
+    }
+
+    pub fn contains(&self, job: u64) -> bool {
+        self.jobs.contains_key(&job)
+    }
+
+    /// Takes a new fan-out. With `send_now` its first calls go out at once, from the calling
+    /// context; otherwise at the root context's next tick.
+    pub fn start<H: Host>(
+        &mut self,
+        host: &H,
+        job: Job,
+        send_now: bool,
+    ) -> (u64, Option<Finished>) {
+        let id = self.next_job;
+        self.next_job += 1;
+        self.count(&job.config, |tally| tally.fanout_started());
+        self.jobs.insert(id, job);
+        let finished = if send_now { self.pump(host, id) } else { None };
+        (id, finished)
+    }
+
+    /// The sender went away: a sync fan-out is dropped (its stream's calls are cancelled by
+    /// Envoy; answers to the root's calls for it are ignored from now on).
+    pub fn abandon(&mut self, id: u64) {
+        if let Some(job) = self.jobs.get(&id) {
+            if job.config.mode == Mode::Async {
+                return;
+            }
+        }
+        if let Some(job) = self.jobs.remove(&id) {
+            self.tokens.retain(|_, j| *j != id);
+            self.count(&job.config, |tally| tally.fanout_ended(None));
+        }
+    }
+
+    /// Whether the root context's timer has work: calls to send or retries waiting.
+    pub fn has_timed_work(&self) -> bool {
+        self.jobs
+            .values()
+            .any(|job| job.fanout.has_ready() || job.fanout.waiting() > 0)
+    }
+
+    /// The root context's timer: sends what is due in every fan-out.
+    pub fn tick<H: Host>(&mut self, host: &H) -> Vec<Finished> {
+        let now = host.now_ms();
+        let due: Vec<u64> = self
+            .jobs
+            .iter()
+            .filter(|(_, job)| {
+                job.fanout.has_ready() || job.fanout.next_wakeup().is_some_and(|t| t <= now)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        due.into_iter()
+            .filter_map(|id| self.pump(host, id))
+            .collect()
+    }
+
+    /// Sends every call of job `id` that is due, until none is (a refused call may turn into
+    /// a dead letter at once); returns the answer if the fan-out ended.
+    fn pump<H: Host>(&mut self, host: &H, id: u64) -> Option<Finished> {
+        let now = host.now_ms();
+        loop {
+            let job = self.jobs.get_mut(&id)?;
+            let sends = job.fanout.take_ready(now);
+            if sends.is_empty() {
+                break;
+            }
+            let config = job.config.clone();
+            let channel = config.channel(job.fanout.channel())?;
+            let telemetry = self.telemetry.clone();
+            for send in sends {
+                let job = self.jobs.get_mut(&id)?;
+                let call = CallPlan::new(job, channel, send.index, send.leg)?;
+                let result = host.dispatch(call.cluster, call.headers(), call.body, call.timeout);
+                let cluster = call.cluster.to_string();
+                drop(call);
+                let retry = send.leg == Leg::Event && job_attempts(job, send.index) > 0;
+                match result {
+                    Ok(token) => {
+                        job.fanout.dispatched(send.index, token);
+                        self.tokens.insert(token, id);
+                    }
+                    Err(detail) => {
+                        let failure = Failure::DispatchError {
+                            detail: detail.clone(),
+                        };
+                        job.fanout.dispatch_failed(send.index, detail, now, channel);
+                        log_failure(job, channel, send.index, send.leg, &failure);
+                        let failed = Err(failure);
+                        count(&telemetry, &config, |tally| {
+                            tally.call_ended(&cluster, &failed, None)
+                        });
+                    }
+                }
+                let sub_cluster = channel
+                    .subscribers
+                    .get(send.index)
+                    .map(|s| s.cluster.clone())
+                    .unwrap_or_default();
+                count(&telemetry, &config, |tally| {
+                    tally.call_started(&cluster);
+                    if retry {
+                        tally.retried(&sub_cluster);
+                    }
+                });
+            }
+        }
+        self.finish_if_done(host, id)
+    }
+
+    /// The answer to call `token` is being delivered (to whichever context made the call).
+    pub fn on_response<H: Host>(
+        &mut self,
+        host: &H,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+    ) -> Option<Finished> {
+        let id = self.tokens.remove(&token)?;
+        let job = self.jobs.get_mut(&id)?;
+        let config = job.config.clone();
+        let channel = config.channel(job.fanout.channel())?;
+        let (index, leg) = job.fanout.leg_of(token)?;
+        let sub = channel.subscribers.get(index)?;
+        let status = if num_headers == 0 {
+            None
+        } else {
+            host.call_status()
+        };
+        let end = match status {
+            Some(status) if is_success(status) => {
+                // Read an answer's body only to pass it on: a plain success costs no more host
+                // calls.
+                let reply = if leg == Leg::Event && sub.reply.is_some() && body_size > 0 {
+                    let limit = usize::try_from(config.max_body_bytes).unwrap_or(usize::MAX);
+                    Some(ReplyEvent {
+                        headers: reply_headers(host.call_headers()),
+                        body: host.call_body(body_size.min(limit)),
+                    })
+                } else {
+                    None
+                };
+                CallEnd {
+                    result: Ok(()),
+                    retry_after_secs: None,
+                    reply,
+                }
+            }
+            _ => {
+                let body = if body_size > 0 {
+                    host.call_body(body_size.min(BODY_PEEK_BYTES))
+                } else {
+                    Vec::new()
+                };
+                let retry_after_secs = if sub.retry.retry > 0 {
+                    host.call_header("retry-after")
+                        .and_then(|v| parse_retry_after(&v))
+                } else {
+                    None
+                };
+                CallEnd {
+                    result: classify(status, &body),
+                    retry_after_secs,
+                    reply: None,
+                }
+            }
+        };
+        let now = host.now_ms();
+        let cluster = match leg {
+            Leg::Event => sub.cluster.as_str(),
+            Leg::Reply => sub.reply.as_ref().map_or("", |t| t.cluster.as_str()),
+            Leg::DeadLetter => sub.dead_letter.as_ref().map_or("", |t| t.cluster.as_str()),
+        }
+        .to_string();
+        let result = end.result.clone();
+        job.fanout.completed(token, end, now, channel)?;
+        if let Err(failure) = &result {
+            log_failure(job, channel, index, leg, failure);
+        }
+        let duration = now.saturating_sub(job.started_ms);
+        let dead_lettered = leg == Leg::DeadLetter && result.is_ok();
+        count(&self.telemetry, &config, |tally| {
+            tally.call_ended(&cluster, &result, Some(duration));
+            if dead_lettered {
+                tally.dead_lettered(&sub.cluster);
+            }
+        });
+        // A leg that just changed (reply, dead letter) goes out at once.
+        self.pump(host, id)
+    }
+
+    fn finish_if_done<H: Host>(&mut self, host: &H, id: u64) -> Option<Finished> {
+        if !self.jobs.get(&id)?.fanout.is_done() {
+            return None;
+        }
+        let job = self.jobs.remove(&id)?;
+        let channel = job.config.channel(job.fanout.channel())?;
+        let answer = job.fanout.verdict(channel);
+        let duration = host.now_ms().saturating_sub(job.started_ms);
+        match job.config.mode {
+            Mode::Sync => {
+                if answer.status != 202 {
+                    log::info!(
+                        "[#{}] channel {}: answered {}: {} of {} subscriber(s) failed",
+                        job.log_id,
+                        channel.name,
+                        answer.status,
+                        job.fanout.failures().count(),
+                        channel.subscribers.len()
+                    );
+                }
+                let status = answer.status;
+                self.count(&job.config, |tally| {
+                    tally.answered(status);
+                    tally.fanout_ended(Some(duration));
+                });
+            }
+            Mode::Async => {
+                if answer.status != 202 {
+                    // The sender already has its 202: this is the only trace of the loss.
+                    log::warn!(
+                        "[#{}] channel {}: async delivery failed for good after the 202: {}",
+                        job.log_id,
+                        channel.name,
+                        String::from_utf8_lossy(&answer.body)
+                    );
+                }
+                let undelivered = answer.status != 202;
+                self.count(&job.config, |tally| {
+                    if undelivered {
+                        tally.undelivered();
+                    }
+                    tally.fanout_ended(Some(duration));
+                });
+            }
+        }
+        Some(Finished {
+            answer_to: job.answer_to,
+            answer,
+        })
+    }
+
+    fn count(&self, config: &Config, record: impl FnOnce(&mut crate::metrics::Tally)) {
+        count(&self.telemetry, config, record);
+    }
+}
+
+/// Counts, unless metrics are off. A busy telemetry cell (never expected: nothing re-enters
+/// while it is borrowed) loses the count rather than panicking.
+fn count(
+    telemetry: &Rc<RefCell<Telemetry>>,
+    config: &Config,
+    record: impl FnOnce(&mut crate::metrics::Tally),
+) {
+    if config.metrics {
+        if let Ok(mut telemetry) = telemetry.try_borrow_mut() {
+            record(&mut telemetry.tally);
+        }
+    }
+}
+
+fn job_attempts(job: &Job, index: usize) -> u32 {
+    job.fanout.event_attempts(index)
+}
+
+fn log_failure(job: &Job, channel: &Channel, index: usize, leg: Leg, failure: &Failure) {
+    let cluster = channel
+        .subscribers
+        .get(index)
+        .map_or("?", |s| s.cluster.as_str());
+    let what = match leg {
+        Leg::Event => String::new(),
+        other => format!(" ({})", other.name()),
+    };
+    if job.fanout.is_failed(index) {
+        log::warn!(
+            "[#{}] channel {}: subscriber {cluster} failed{what}: {failure}",
+            job.log_id,
+            channel.name
+        );
+    } else {
+        log::debug!(
+            "[#{}] channel {}: subscriber {cluster}{what}: {failure}; trying again",
+            job.log_id,
+            channel.name
+        );
+    }
+}
+
+/// The headers of a subscriber's answer that travel with it as a reply event.
+fn reply_headers(headers: Vec<(String, Vec<u8>)>) -> Vec<(String, String)> {
+    headers
+        .into_iter()
+        .filter(|(name, _)| name == "content-type" || name.starts_with("ce-"))
+        .filter_map(|(name, value)| String::from_utf8(value).ok().map(|v| (name, v)))
+        .filter(|(_, value)| crate::headers::is_valid_value(value))
+        .collect()
+}
+
+/// One call, as it is handed to Envoy.
+struct CallPlan<'a> {
+    cluster: &'a str,
+    timeout: std::time::Duration,
+    base: &'a [(String, String)],
+    extra: Vec<(String, String)>,
+    forwarded: &'a [(String, String)],
+    body: &'a [u8],
+}
+
+impl<'a> CallPlan<'a> {
+    fn new(job: &'a Job, channel: &'a Channel, index: usize, leg: Leg) -> Option<CallPlan<'a>> {
+        let sub = channel.subscribers.get(index)?;
+        Some(match leg {
+            Leg::Event => CallPlan {
+                cluster: &sub.cluster,
+                timeout: sub.timeout,
+                base: &sub.call_headers,
+                extra: Vec::new(),
+                forwarded: &job.forwarded,
+                body: &job.body,
+            },
+            Leg::DeadLetter => {
+                let target = sub.dead_letter.as_ref()?;
+                CallPlan {
+                    cluster: &target.cluster,
+                    timeout: target.timeout,
+                    base: &target.call_headers,
+                    extra: job.fanout.dead_letter_headers(index, channel),
+                    forwarded: &job.forwarded,
+                    body: &job.body,
+                }
+            }
+            Leg::Reply => {
+                let target = sub.reply.as_ref()?;
+                let reply = job.fanout.reply_event(index)?;
+                CallPlan {
+                    cluster: &target.cluster,
+                    timeout: target.timeout,
+                    base: &target.call_headers,
+                    extra: Vec::new(),
+                    forwarded: &reply.headers,
+                    body: &reply.body,
+                }
+            }
+        })
+    }
+
+    fn headers(&self) -> Vec<(&str, &str)> {
+        self.base
+            .iter()
+            .chain(&self.extra)
+            .chain(self.forwarded)
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect()
+    }
+}
