@@ -21,6 +21,29 @@ pub enum Behavior {
     Delay(Duration, u16),
     /// Read the request, then reset the connection (RST, via SO_LINGER 0).
     Reset,
+    /// Answer with this status, these extra headers and this body.
+    Respond {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: String,
+    },
+    /// The n-th request (counting from 0, over the subscriber's life) gets the n-th
+    /// behaviour; the last one repeats.
+    Sequence(Vec<Behavior>),
+}
+
+impl Behavior {
+    /// The behaviour for the request with this index.
+    fn for_request(self, index: usize) -> Behavior {
+        match self {
+            Behavior::Sequence(steps) => steps
+                .get(index)
+                .or(steps.last())
+                .cloned()
+                .map_or(Behavior::Status(200), |step| step.for_request(index)),
+            other => other,
+        }
+    }
 }
 
 /// One request as the subscriber received it.
@@ -239,13 +262,25 @@ fn serve(stream: TcpStream, id: u64, shared: &Shared) {
         let keep_alive = !request
             .header("connection")
             .is_some_and(|v| v.eq_ignore_ascii_case("close"));
-        {
-            lock(&shared.requests).push(request);
+        let index = {
+            let mut requests = lock(&shared.requests);
+            requests.push(request);
             shared.received.notify_all();
-        }
-        let behavior = lock(&shared.behavior).clone();
+            requests.len() - 1
+        };
+        let behavior = lock(&shared.behavior).clone().for_request(index);
+        let mut custom: Option<(Vec<(String, String)>, String)> = None;
         let status = match behavior {
             Behavior::Status(status) => status,
+            Behavior::Sequence(_) => 200,
+            Behavior::Respond {
+                status,
+                headers,
+                body,
+            } => {
+                custom = Some((headers, body));
+                status
+            }
             Behavior::Delay(delay, status) => {
                 if !sleep_unless_stopped(delay, shared) {
                     return;
@@ -261,7 +296,14 @@ fn serve(stream: TcpStream, id: u64, shared: &Shared) {
             }
         };
         // 204 and 304 have no body, not even a content-length.
-        let (body, framing) = if status == 204 || status == 304 {
+        let (body, framing) = if let Some((headers, body)) = custom {
+            let mut framing: String = headers
+                .iter()
+                .map(|(n, v)| format!("{n}: {v}\r\n"))
+                .collect();
+            framing.push_str(&format!("content-length: {}\r\n", body.len()));
+            (body, framing)
+        } else if status == 204 || status == 304 {
             (String::new(), String::new())
         } else {
             let body = format!("subscriber {} answers {status}\n", shared.name);
