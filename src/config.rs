@@ -88,6 +88,19 @@ struct RawConfig {
     #[serde(default)]
     mode: Mode,
     max_in_flight: Option<u32>,
+    #[serde(default)]
+    report: ReportDetail,
+}
+
+/// How much the 500 report says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReportDetail {
+    /// The subscribers that failed (and those dead-lettered or skipped, by name).
+    #[default]
+    Failures,
+    /// Also every subscriber that took the event.
+    Full,
 }
 
 #[derive(Debug, Deserialize)]
@@ -213,6 +226,7 @@ pub struct Config {
     pub metrics: bool,
     pub body_wait: BodyWait,
     pub mode: Mode,
+    pub report: ReportDetail,
     /// Async mode: events one worker holds at once; past it a request gets 503.
     pub max_in_flight: usize,
     /// Some subscriber retries, dead-letters or replies: the root context's timer is needed.
@@ -474,6 +488,7 @@ impl RawConfig {
             metrics: self.metrics.unwrap_or(true),
             body_wait: self.body_wait,
             mode: self.mode,
+            report: self.report,
             max_in_flight,
             needs_timer,
             warnings,
@@ -970,6 +985,16 @@ mod tests {
         )
         .unwrap();
         assert!(config.warnings.is_empty());
+    }
+
+    #[test]
+    fn report_is_failures_unless_full() {
+        let config = parse(r#"{"subscribers": []}"#).unwrap();
+        assert_eq!(config.report, ReportDetail::Failures);
+        let config = parse(r#"{"report": "full", "subscribers": []}"#).unwrap();
+        assert_eq!(config.report, ReportDetail::Full);
+        assert!(error(r#"{"report": "all", "subscribers": []}"#)
+            .contains("report: unknown variant `all`, expected `failures` or `full`"));
     }
 
     #[test]

@@ -204,6 +204,8 @@ impl Call {
 #[derive(Debug)]
 pub struct FanOut {
     channel: usize,
+    /// The 500 report lists the subscribers that took the event too.
+    full_report: bool,
     started_ms: u64,
     calls: Vec<Call>,
     /// Subscribers whose delivery has not ended.
@@ -217,6 +219,7 @@ impl FanOut {
     pub fn new(channel: usize, subscribers: usize, now_ms: u64) -> FanOut {
         FanOut {
             channel,
+            full_report: false,
             started_ms: now_ms,
             calls: vec![
                 Call {
@@ -236,6 +239,13 @@ impl FanOut {
 
     pub fn channel(&self) -> usize {
         self.channel
+    }
+
+    /// Makes the 500 report list every subscriber that took the event as well
+    /// (`"report": "full"`).
+    pub fn with_full_report(mut self, full: bool) -> Self {
+        self.full_report = full;
+        self
     }
 
     /// Subscriber `index` does not want the event: it is not called, and it is done.
@@ -545,6 +555,22 @@ impl FanOut {
                 failed,
                 dead_lettered: dead_lettered.clone(),
                 skipped: clusters(&|s| *s == CallState::Skipped),
+                succeeded: self.full_report.then(|| {
+                    self.calls
+                        .iter()
+                        .zip(&channel.subscribers)
+                        .filter(|(call, _)| {
+                            matches!(call.state, CallState::Delivered | CallState::DeadLettered)
+                        })
+                        .map(|(call, sub)| Succeeded {
+                            cluster: &sub.cluster,
+                            authority: &sub.authority,
+                            path: &sub.path,
+                            dead_lettered: call.state == CallState::DeadLettered,
+                            attempts: call.event_attempts,
+                        })
+                        .collect()
+                }),
             };
             Answer::json(500, &report).with_header(FAILED_HEADER, count.to_string())
         };
@@ -577,6 +603,19 @@ struct Report<'a> {
     dead_lettered: Vec<&'a str>,
     /// Their filter did not want the event: not called.
     skipped: Vec<&'a str>,
+    /// With `"report": "full"`: every subscriber that took the event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    succeeded: Option<Vec<Succeeded<'a>>>,
+}
+
+#[derive(Serialize)]
+struct Succeeded<'a> {
+    cluster: &'a str,
+    authority: &'a str,
+    path: &'a str,
+    /// Taken by its dead-letter target, not by the subscriber.
+    dead_lettered: bool,
+    attempts: u32,
 }
 
 #[derive(Serialize)]
@@ -813,6 +852,28 @@ mod tests {
         assert_eq!(failed[0]["elapsed_ms"], 42);
         assert_eq!(doc["skipped"], serde_json::json!([]));
         assert_eq!(doc["dead_lettered"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn a_full_report_lists_the_subscribers_that_took_the_event() {
+        let ch = channel(2);
+        let mut f = FanOut::new(0, 2, 0).with_full_report(true);
+        let mut next = 0;
+        send_all(&mut f, 0, &mut next);
+        f.completed(1, CallEnd::ok(), 1, &ch);
+        f.completed(2, status(500), 1, &ch);
+        let doc = report(&f.verdict(&ch));
+        assert_eq!(
+            doc["succeeded"],
+            serde_json::json!([{"cluster": "c0", "authority": "c0", "path": "/p0",
+                                "dead_lettered": false, "attempts": 1}])
+        );
+        // Not listed by default.
+        let mut f = FanOut::new(0, 2, 0);
+        send_all(&mut f, 0, &mut next);
+        f.completed(3, CallEnd::ok(), 1, &ch);
+        f.completed(4, status(500), 1, &ch);
+        assert!(report(&f.verdict(&ch)).get("succeeded").is_none());
     }
 
     #[test]

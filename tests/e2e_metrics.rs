@@ -163,3 +163,60 @@ fn metrics_off_defines_no_fanout_stats() {
         "metrics are off but fanout stats exist:\n{stats}"
     );
 }
+
+/// The 500 body is the documented document, field for field (README "What a request gets").
+#[test]
+fn the_failure_report_matches_the_documented_schema() {
+    let good = Subscriber::ok("good");
+    let bad = Subscriber::start("bad", Behavior::Status(503));
+    let envoy = Envoy::builder()
+        .fanout(&json!({
+            "report": "full",
+            "channels": [{ "name": "default/orders", "subscribers": [
+                { "cluster": "good", "path": "/in" },
+                { "cluster": "bad", "authority": "bad.local", "path": "/events" },
+                { "cluster": "missing" }
+            ] }]
+        }))
+        .cluster("good", good.port())
+        .cluster("bad", bad.port())
+        .start();
+    let reply = send(Client::http1().post(&envoy.url("/")).body("{}"));
+    assert_eq!(reply.status, 500);
+    assert_eq!(reply.header("x-fanout-failed").as_deref(), Some("2"));
+    let doc = reply.json();
+    let keys = |v: &Value| -> Vec<String> {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(
+        keys(&doc),
+        ["channel", "dead_lettered", "delivered", "failed", "skipped", "subscribers", "succeeded"]
+    );
+    assert_eq!(doc["channel"], "default/orders");
+    assert_eq!(doc["subscribers"], 3);
+    assert_eq!(doc["delivered"], 1);
+    let bad_entry = &doc["failed"][0];
+    assert_eq!(
+        keys(bad_entry),
+        ["attempts", "authority", "cluster", "detail", "elapsed_ms", "leg", "outcome", "path", "status"]
+    );
+    assert_eq!(bad_entry["cluster"], "bad");
+    assert_eq!(bad_entry["authority"], "bad.local");
+    assert_eq!(bad_entry["path"], "/events");
+    assert_eq!(bad_entry["leg"], "event");
+    assert_eq!(bad_entry["outcome"], "status");
+    assert_eq!(bad_entry["status"], 503);
+    assert_eq!(bad_entry["attempts"], 1);
+    assert!(bad_entry["elapsed_ms"].as_u64().is_some());
+    let missing = &doc["failed"][1];
+    assert_eq!(missing["cluster"], "missing");
+    assert_eq!(missing["outcome"], "dispatch_error");
+    assert!(missing.get("status").is_none());
+    assert_eq!(
+        doc["succeeded"],
+        json!([{ "cluster": "good", "authority": "good", "path": "/in",
+                 "dead_lettered": false, "attempts": 1 }])
+    );
+}

@@ -27,7 +27,7 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
 
 use crate::answer::Answer;
-use crate::config::{BodyWait, Config, Mode};
+use crate::config::{BodyWait, Config, Mode, ReportDetail};
 use crate::fanout::FanOut;
 use crate::request::{admit, too_large, Admitted};
 use engine::{Engine, Finished, Job};
@@ -275,7 +275,8 @@ impl<H: Host> FanoutStream<H> {
         };
         let job = Job {
             config: config.clone(),
-            fanout: FanOut::new(admitted.channel, channel.subscribers.len(), self.started_ms),
+            fanout: FanOut::new(admitted.channel, channel.subscribers.len(), self.started_ms)
+                .with_full_report(config.report == ReportDetail::Full),
             body,
             forwarded: admitted.forwarded,
             answer_to: None,
