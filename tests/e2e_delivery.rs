@@ -185,7 +185,10 @@ fn an_empty_2xx_sends_no_reply() {
         "subscribers": [{ "cluster": "quiet" }]
     });
     let envoy = envoy(&config, &[&quiet, &replies]);
-    assert_eq!(send(Client::http1().post(&envoy.url("/")).body("e")).status, 202);
+    assert_eq!(
+        send(Client::http1().post(&envoy.url("/")).body("e")).status,
+        202
+    );
     stays_at(&replies, 0, Duration::from_millis(200));
 }
 
@@ -202,7 +205,10 @@ fn async_answers_before_a_slow_subscriber_which_still_gets_the_event_after_the_c
         // The client, and its connection, go away here.
     }
     let answered = started.elapsed();
-    assert!(answered < Duration::from_millis(1000), "answered after {answered:?}");
+    assert!(
+        answered < Duration::from_millis(1000),
+        "answered after {answered:?}"
+    );
     assert_eq!(slow.wait_for(1, Duration::from_secs(10)), 1);
     assert_eq!(slow.only_request().body, b"later");
     // The delivery completes: nothing is left in flight.
@@ -219,17 +225,17 @@ fn async_answers_before_a_slow_subscriber_which_still_gets_the_event_after_the_c
 
 #[test]
 fn async_retries_after_the_202() {
-    let flaky = Subscriber::start(
-        "flaky",
-        Behavior::Sequence(vec![status(503), status(200)]),
-    );
+    let flaky = Subscriber::start("flaky", Behavior::Sequence(vec![status(503), status(200)]));
     let config = json!({
         "mode": "async",
         "delivery": { "retry": 2, "backoff_delay_ms": 50 },
         "subscribers": [{ "cluster": "flaky" }]
     });
     let envoy = envoy(&config, &[&flaky]);
-    assert_eq!(send(Client::http1().post(&envoy.url("/")).body("e")).status, 202);
+    assert_eq!(
+        send(Client::http1().post(&envoy.url("/")).body("e")).status,
+        202
+    );
     assert_eq!(flaky.wait_for(2, Duration::from_secs(10)), 2);
     stays_at(&flaky, 2, Duration::from_millis(300));
 }
