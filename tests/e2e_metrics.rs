@@ -192,7 +192,15 @@ fn the_failure_report_matches_the_documented_schema() {
     };
     assert_eq!(
         keys(&doc),
-        ["channel", "dead_lettered", "delivered", "failed", "skipped", "subscribers", "succeeded"]
+        [
+            "channel",
+            "dead_lettered",
+            "delivered",
+            "failed",
+            "skipped",
+            "subscribers",
+            "succeeded"
+        ]
     );
     assert_eq!(doc["channel"], "default/orders");
     assert_eq!(doc["subscribers"], 3);
@@ -200,7 +208,17 @@ fn the_failure_report_matches_the_documented_schema() {
     let bad_entry = &doc["failed"][0];
     assert_eq!(
         keys(bad_entry),
-        ["attempts", "authority", "cluster", "detail", "elapsed_ms", "leg", "outcome", "path", "status"]
+        [
+            "attempts",
+            "authority",
+            "cluster",
+            "detail",
+            "elapsed_ms",
+            "leg",
+            "outcome",
+            "path",
+            "status"
+        ]
     );
     assert_eq!(bad_entry["cluster"], "bad");
     assert_eq!(bad_entry["authority"], "bad.local");
