@@ -45,7 +45,7 @@ def derive(results):
     d["latency_64_excess_ms"] = (None if _get(lat, "fanout/64", "p50_ms") is None or slowest is None
                                  else _get(lat, "fanout/64", "p50_ms") - slowest)
 
-    def target(name, value, limit, ok, fmt="{:.2f}"):
+    def target(name, value, limit, ok, fmt="{:.3f}"):
         d["targets"].append({"target": name, "limit": limit,
                              "value": None if value is None else fmt.format(value),
                              "met": None if value is None else bool(ok(value))})

@@ -19,6 +19,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in bench/
 import argparse
 import atexit
 import datetime
+import hashlib
 import http.client
 import json
 import os
@@ -619,7 +620,18 @@ def main():
     p.add_argument("--port-base", type=int, default=int(os.environ.get("BENCH_PORT_BASE", 21000)))
     p.add_argument("--only", choices=["throughput", "latency", "memory", "profile"],
                    action="append", help="run only these phases (repeatable)")
+    p.add_argument("--report", metavar="DIR", help="only re-render DIR/results.md and "
+                   "chart.svg from DIR/results.json")
     args = p.parse_args()
+    if args.report:
+        with open(os.path.join(args.report, "results.json")) as f:
+            results = json.load(f)
+        results["derived"] = report.derive(results)
+        with open(os.path.join(args.report, "chart.svg"), "w") as f:
+            f.write(report.svg(results))
+        with open(os.path.join(args.report, "results.md"), "w") as f:
+            f.write(report.markdown(results, chart="chart.svg"))
+        return
     quick = args.quick
     args.connections = 32
     args.rounds = 1 if quick else 5
@@ -653,8 +665,11 @@ def main():
                 latency_rounds=args.latency_rounds, latency_duration_s=args.latency_duration,
                 slow_ms=args.slow_ms)
     bodies = make_bodies(workdir)
+    with open(FANOUT_WASM, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
     results = {"machine": info, "wasm": {
-        "fanout_bytes": os.path.getsize(FANOUT_WASM), "noop_bytes": os.path.getsize(NOOP_WASM)}}
+        "fanout_bytes": os.path.getsize(FANOUT_WASM), "noop_bytes": os.path.getsize(NOOP_WASM),
+        "fanout_sha256": digest}}
     results["hostcalls"] = hostcalls()
 
     try:

@@ -98,6 +98,18 @@ impl Host for Counting {
         self.hit("get_buffer(call_response_body)");
         Vec::new()
     }
+    fn call_header(&self, _name: &str) -> Option<String> {
+        self.hit("get_map_value(call_response_headers)");
+        None
+    }
+    fn call_headers(&self) -> Vec<(String, Vec<u8>)> {
+        self.hit("get_map(call_response_headers)");
+        vec![(":status".to_string(), b"200".to_vec())]
+    }
+    fn set_effective_context(&self, _context_id: u32) -> bool {
+        self.hit("set_effective_context");
+        true
+    }
     fn respond(&self, answer: &Answer) {
         assert_eq!(answer.status, 202, "the bench request must be answered 202");
         self.hit("send_http_response");
@@ -135,7 +147,7 @@ fn measure(n: usize, metrics: bool) -> String {
     );
     let host = Counting::default();
     host.0.borrow_mut().config = config.into_bytes();
-    let mut root = FanoutRoot::new(host.clone());
+    let mut root = FanoutRoot::new(1, host.clone());
     assert!(root.on_vm_start(0));
     assert!(root.on_configure(0), "configuration refused");
     host.reset();
