@@ -101,3 +101,18 @@ fmt:
 clean:
 	$(CARGO) clean
 	rm -rf $(TOOLS)
+
+# Live reconfiguration from a ConfigMap (README, envoy/configmap/envoy.yaml): the two files
+# Envoy watches, written from the plain fan-out JSON by envoy/render-ecds.py.
+#   make ecds CONFIG=fanout.json CLUSTERS="billing=billing.default.svc.cluster.local:80 ..."
+# writes $(ECDS_OUT)/fanout.yaml (ECDS: the filter) and $(ECDS_OUT)/clusters.yaml (CDS); put
+# both into the ConfigMap. ECDS_WASM: where fanout.wasm is inside the Envoy container.
+ECDS_OUT ?= target/configmap
+ECDS_WASM ?= /etc/fanout-wasm/fanout.wasm
+.PHONY: ecds
+ecds:
+	@test -n "$(CONFIG)" || { echo 'usage: make ecds CONFIG=fanout.json CLUSTERS="name=host:port ..." [ECDS_OUT=dir] [ECDS_WASM=path]' >&2; exit 2; }
+	@mkdir -p $(ECDS_OUT)
+	$(PYTHON) envoy/render-ecds.py filter $(CONFIG) --wasm $(ECDS_WASM) -o $(ECDS_OUT)/fanout.yaml
+	$(PYTHON) envoy/render-ecds.py clusters $(CLUSTERS) -o $(ECDS_OUT)/clusters.yaml
+	@echo "wrote $(ECDS_OUT)/fanout.yaml and $(ECDS_OUT)/clusters.yaml"

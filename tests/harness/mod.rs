@@ -9,6 +9,7 @@
 
 mod client;
 mod envoy;
+pub mod reload;
 mod subscriber;
 
 pub use client::{chunked_body, send, Client, Reply};

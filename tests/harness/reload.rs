@@ -1,0 +1,553 @@
+//! Live reconfiguration the way a mounted ConfigMap delivers it: Envoy runs the shipped
+//! `envoy/configmap/envoy.yaml` (the filter through ECDS, the clusters through CDS, both from
+//! files in a watched directory), and the test replaces those files the way the kubelet does,
+//! with an atomic flip of the `..data` symlink. The files are written by the shipped
+//! `envoy/render-ecds.py`.
+//!
+//! Waits poll Envoy's admin stats with a deadline; nothing sleeps a fixed time for Envoy.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+use super::{manifest_dir, wasm_path, Client, Envoy};
+
+/// The shipped bootstrap and render script.
+pub const SHIPPED_BOOTSTRAP: &str = "envoy/configmap/envoy.yaml";
+pub const RENDER_SCRIPT: &str = "envoy/render-ecds.py";
+/// Where the shipped bootstrap expects the ConfigMap volume.
+const SHIPPED_VOLUME: &str = "/etc/fanout";
+
+/// The ECDS stats of the filter (`name: fanout` in the bootstrap).
+pub const ECDS: &str = "extension_config_discovery.http_filter.fanout";
+
+/// A directory laid out like a kubelet ConfigMap volume:
+///
+/// ```text
+/// ..2026_11_30_03_20_00.000000001/fanout.yaml
+/// ..data -> ..2026_11_30_03_20_00.000000001
+/// fanout.yaml -> ..data/fanout.yaml
+/// ```
+///
+/// An update writes a fresh timestamped directory, points `..data_tmp` at it, renames
+/// `..data_tmp` over `..data` (the atomic step) and removes the old directory, as the kubelet's
+/// AtomicWriter does. Removed on drop (kept when the test fails or with `FANOUT_E2E_KEEP`).
+pub struct ConfigMapVolume {
+    path: PathBuf,
+    seq: u64,
+}
+
+impl ConfigMapVolume {
+    pub fn new() -> ConfigMapVolume {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let path = std::env::temp_dir().join(format!(
+            "fanout-configmap-{}-{}-{nanos}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir_all(&path).expect("create the ConfigMap volume dir");
+        ConfigMapVolume { path, seq: 0 }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Replace the volume's whole content with `files` (name, content), kubelet-style.
+    pub fn publish(&mut self, files: &[(&str, &str)]) {
+        self.seq += 1;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let stamp = format!("..{}.{:09}_{}", now.as_secs(), now.subsec_nanos(), self.seq);
+        let dir = self.path.join(&stamp);
+        fs::create_dir(&dir).expect("create the timestamped dir");
+        for (name, content) in files {
+            fs::write(dir.join(name), content).expect("write a ConfigMap key");
+        }
+        let data = self.path.join("..data");
+        let old = fs::read_link(&data).ok();
+        let tmp = self.path.join("..data_tmp");
+        let _ = fs::remove_file(&tmp);
+        symlink(&stamp, &tmp).expect("symlink ..data_tmp");
+        fs::rename(&tmp, &data).expect("rename ..data_tmp over ..data");
+        // The user-visible names: created once, they always point through ..data.
+        for (name, _) in files {
+            let link = self.path.join(name);
+            if fs::symlink_metadata(&link).is_err() {
+                symlink(Path::new("..data").join(name), &link).expect("symlink a key");
+            }
+        }
+        if let Some(old) = old {
+            let _ = fs::remove_dir_all(self.path.join(old));
+        }
+    }
+}
+
+impl Default for ConfigMapVolume {
+    fn default() -> Self {
+        ConfigMapVolume::new()
+    }
+}
+
+impl Drop for ConfigMapVolume {
+    fn drop(&mut self) {
+        if std::thread::panicking() || std::env::var_os("FANOUT_E2E_KEEP").is_some() {
+            eprintln!("kept the ConfigMap volume in {}", self.path.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// Runs the render script with `args`, `stdin` on its standard input: (exit code, stdout,
+/// stderr).
+pub fn run_render(args: &[&str], stdin: &str) -> (i32, String, String) {
+    use std::io::Write;
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let mut child = Command::new(&python)
+        .arg(manifest_dir().join(RENDER_SCRIPT))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {python} {RENDER_SCRIPT}: {e}"));
+    let mut input = child.stdin.take().expect("stdin");
+    input
+        .write_all(stdin.as_bytes())
+        .expect("write to the script");
+    drop(input);
+    let out = child.wait_with_output().expect("wait for the script");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The ECDS file for a fan-out config (JSON text, passed as is), pointing at the built filter.
+///
+/// The render script runs once per test process (starting Python costs up to a second on a
+/// loaded machine); its output is the template, and each config goes into the one field that
+/// carries it, with `version_info` made unique for it. `the_render_script_writes_...` checks
+/// that this equals what the script writes for the same config.
+pub fn render_filter(fanout_config: &str) -> String {
+    static TEMPLATE: OnceLock<Value> = OnceLock::new();
+    let template = TEMPLATE.get_or_init(|| {
+        serde_json::from_str(&render_filter_with_script("{}")).expect("the script writes JSON")
+    });
+    let mut document = template.clone();
+    document["resources"][0]["typed_config"]["config"]["configuration"]["value"] =
+        json!(fanout_config.trim());
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(fanout_config.trim(), &mut hasher);
+    document["version_info"] = json!(format!("{:016x}", std::hash::Hasher::finish(&hasher)));
+    serde_json::to_string_pretty(&document).expect("serialize")
+}
+
+/// The ECDS file exactly as `envoy/render-ecds.py filter - --wasm <built filter>` writes it.
+pub fn render_filter_with_script(fanout_config: &str) -> String {
+    let wasm = wasm_path();
+    let wasm = wasm.to_string_lossy();
+    let (code, out, err) = run_render(&["filter", "-", "--wasm", &wasm], fanout_config);
+    assert_eq!(code, 0, "{RENDER_SCRIPT} filter failed: {err}");
+    out
+}
+
+/// The CDS file: one cluster per (name, port) on 127.0.0.1.
+pub fn render_clusters(clusters: &[(&str, u16)]) -> String {
+    let specs: Vec<String> = clusters
+        .iter()
+        .map(|(name, port)| format!("{name}=127.0.0.1:{port}"))
+        .collect();
+    let mut args = vec!["clusters"];
+    args.extend(specs.iter().map(String::as_str));
+    let (code, out, err) = run_render(&args, "");
+    assert_eq!(code, 0, "{RENDER_SCRIPT} clusters failed: {err}");
+    out
+}
+
+/// The shipped bootstrap, as JSON, with the ConfigMap paths moved to `volume`, the listener
+/// and the admin on loopback with ports of the kernel's choosing.
+pub fn shipped_bootstrap(volume: &Path) -> Value {
+    let text = fs::read_to_string(manifest_dir().join(SHIPPED_BOOTSTRAP))
+        .unwrap_or_else(|e| panic!("read {SHIPPED_BOOTSTRAP}: {e}"));
+    let yaml: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{SHIPPED_BOOTSTRAP}: {e}"));
+    let mut bootstrap = serde_json::to_value(yaml).expect("YAML as JSON");
+    move_volume(&mut bootstrap, &volume.to_string_lossy());
+    let loopback = json!({ "socket_address": { "address": "127.0.0.1", "port_value": 0 } });
+    bootstrap["admin"]["address"] = loopback.clone();
+    let listeners = bootstrap["static_resources"]["listeners"]
+        .as_array_mut()
+        .expect("the shipped bootstrap has static listeners");
+    assert_eq!(listeners.len(), 1, "{SHIPPED_BOOTSTRAP}: one listener");
+    assert_eq!(
+        listeners[0]["name"], "ingress",
+        "the harness finds the listener by the name `ingress`"
+    );
+    listeners[0]["address"] = loopback;
+    bootstrap
+}
+
+fn move_volume(v: &mut Value, to: &str) {
+    match v {
+        Value::String(s) => {
+            if s == SHIPPED_VOLUME {
+                *s = to.to_owned();
+            } else if let Some(rest) = s.strip_prefix(&format!("{SHIPPED_VOLUME}/")) {
+                *s = format!("{to}/{rest}");
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|i| move_volume(i, to)),
+        Value::Object(fields) => fields.values_mut().for_each(|f| move_volume(f, to)),
+        _ => {}
+    }
+}
+
+/// Envoy on the shipped ConfigMap bootstrap, with the volume it watches. Envoy is declared
+/// first: it stops before the volume is removed.
+pub struct ReloadEnvoy {
+    pub envoy: Envoy,
+    volume: ConfigMapVolume,
+    filter: String,
+    clusters: String,
+}
+
+/// How Envoy took an update of the filter's file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Update {
+    Accepted,
+    Rejected,
+}
+
+impl ReloadEnvoy {
+    /// Publish the first files, then start Envoy on them.
+    pub fn start(fanout_config: &str, clusters: &[(&str, u16)]) -> ReloadEnvoy {
+        let me = ReloadEnvoy::start_unconfigured(fanout_config, clusters);
+        assert!(
+            me.stat(&format!("{ECDS}.update_success")) >= 1,
+            "Envoy is ready but has not loaded the filter's file"
+        );
+        me
+    }
+
+    /// Like `start`, without requiring that Envoy took the filter's file (for a first file
+    /// Envoy refuses).
+    pub fn start_unconfigured(fanout_config: &str, clusters: &[(&str, u16)]) -> ReloadEnvoy {
+        let mut volume = ConfigMapVolume::new();
+        let filter = render_filter(fanout_config);
+        let clusters = render_clusters(clusters);
+        volume.publish(&[("fanout.yaml", &filter), ("clusters.yaml", &clusters)]);
+        let bootstrap = shipped_bootstrap(volume.path());
+        let mut builder = Envoy::builder();
+        for key in ["node", "admin", "dynamic_resources", "static_resources"] {
+            builder = builder.bootstrap_field(key, bootstrap[key].clone());
+        }
+        ReloadEnvoy {
+            envoy: builder.start(),
+            volume,
+            filter,
+            clusters,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        self.envoy.url(path)
+    }
+
+    pub fn log(&self) -> String {
+        self.envoy.log()
+    }
+
+    /// Flip the volume to the current files (both keys, as one ConfigMap update does).
+    fn flip(&mut self) {
+        let (filter, clusters) = (self.filter.clone(), self.clusters.clone());
+        self.volume
+            .publish(&[("fanout.yaml", &filter), ("clusters.yaml", &clusters)]);
+    }
+
+    /// Replace the fan-out config (a new ECDS file) without waiting for Envoy.
+    pub fn publish_filter(&mut self, fanout_config: &str) {
+        self.filter = render_filter(fanout_config);
+        self.flip();
+    }
+
+    /// Replace the fan-out config and wait (bounded) until Envoy has taken or refused it.
+    pub fn swap_filter(&mut self, fanout_config: &str, timeout: Duration) -> Update {
+        let before = self.ecds_outcomes();
+        self.publish_filter(fanout_config);
+        self.wait_ecds_after(before, timeout)
+    }
+
+    /// Replace the clusters (a new CDS file) and wait (bounded) until Envoy applied it.
+    pub fn swap_clusters(&mut self, clusters: &[(&str, u16)], timeout: Duration) {
+        let before = self.stat("cluster_manager.cds.update_success");
+        self.clusters = render_clusters(clusters);
+        self.flip();
+        self.wait_stat(
+            "cluster_manager.cds.update_success",
+            |v| v > before,
+            timeout,
+        );
+    }
+
+    /// (update_success, update_rejected) of the filter's ECDS subscription.
+    pub fn ecds_outcomes(&self) -> (u64, u64) {
+        let stats = self.stats();
+        (
+            stats
+                .get(&format!("{ECDS}.update_success"))
+                .copied()
+                .unwrap_or(0),
+            stats
+                .get(&format!("{ECDS}.update_rejected"))
+                .copied()
+                .unwrap_or(0),
+        )
+    }
+
+    /// Wait until the ECDS subscription has processed an update after `before`.
+    pub fn wait_ecds_after(&self, before: (u64, u64), timeout: Duration) -> Update {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let now = self.ecds_outcomes();
+            if now.1 > before.1 {
+                return Update::Rejected;
+            }
+            if now.0 > before.0 {
+                return Update::Accepted;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "Envoy did not process the new filter file within {timeout:?} \
+                     ({ECDS}.update_success/update_rejected still {now:?}). Log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Every counter and gauge of Envoy's admin `/stats` (histograms and text readouts left
+    /// out).
+    pub fn stats(&self) -> HashMap<String, u64> {
+        let (code, body) = self.envoy.admin_get("/stats");
+        assert_eq!(code, 200, "GET /stats: {body}");
+        body.lines()
+            .filter_map(|line| {
+                let (name, value) = line.split_once(": ")?;
+                Some((name.to_owned(), value.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// Bytes allocated by Envoy's heap right now (admin `/memory`, tcmalloc's count; the
+    /// `server.memory_allocated` gauge is only refreshed at each stats flush).
+    pub fn memory_allocated(&self) -> u64 {
+        let (code, body) = self.envoy.admin_get("/memory");
+        assert_eq!(code, 200, "GET /memory: {body}");
+        let v: Value = serde_json::from_str(&body).expect("/memory is JSON");
+        v["allocated"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .or_else(|| v["allocated"].as_u64())
+            .unwrap_or_else(|| panic!("/memory without `allocated`: {body}"))
+    }
+
+    /// One counter or gauge; 0 when Envoy does not have it (yet).
+    pub fn stat(&self, name: &str) -> u64 {
+        self.stats().get(name).copied().unwrap_or(0)
+    }
+
+    /// A text readout, e.g. `<ECDS>.version_text` (the `version_info` of the loaded file).
+    pub fn text_stat(&self, name: &str) -> Option<String> {
+        let (_, body) = self.envoy.admin_get("/stats");
+        body.lines().find_map(|line| {
+            let (n, v) = line.split_once(": ")?;
+            (n == name).then(|| v.trim().trim_matches('"').to_owned())
+        })
+    }
+
+    /// Wait (bounded) until `pred` holds for the stat; returns its value then. Panics with
+    /// the log on timeout.
+    pub fn wait_stat(&self, name: &str, pred: impl Fn(u64) -> bool, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let value = self.stat(name);
+            if pred(value) {
+                return value;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "stat {name} is {value} after {timeout:?}, not what the test waits for. \
+                     Log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Calls `probe` until it returns true `n` times in a row; false if that did not happen
+/// within `timeout`. Envoy applies a new filter config on the main thread first and then on
+/// each worker: a few requests may still meet the old one right after the stat moved.
+pub fn until_consecutive(n: usize, timeout: Duration, mut probe: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    let mut streak = 0;
+    while Instant::now() < deadline {
+        if probe() {
+            streak += 1;
+            if streak >= n {
+                return true;
+            }
+        } else {
+            streak = 0;
+        }
+    }
+    false
+}
+
+/// Continuous load: `threads` senders, each with its own keep-alive connection, together
+/// about `rate` requests/s, until stopped, `max_requests` sent or `max_time` passed.
+/// Transport errors are recorded, not raised. Stopped and joined on drop.
+pub struct Load {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    threads: Vec<JoinHandle<Vec<Outcome>>>,
+    started: Instant,
+}
+
+/// One load request: the status, or the transport error (as status 0), and the answer's body.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub status: u16,
+    pub body: String,
+}
+
+/// What the load saw.
+#[derive(Debug)]
+pub struct LoadReport {
+    pub total: usize,
+    pub by_status: BTreeMap<u16, usize>,
+    /// Up to 10 answers that were not 202 (status 0: transport error).
+    pub failures: Vec<Outcome>,
+    pub elapsed: Duration,
+}
+
+impl LoadReport {
+    pub fn rate(&self) -> f64 {
+        self.total as f64 / self.elapsed.as_secs_f64().max(1e-3)
+    }
+}
+
+impl Load {
+    pub fn start(
+        url: &str,
+        threads: usize,
+        rate: f64,
+        max_requests: u64,
+        max_time: Duration,
+    ) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let interval = Duration::from_secs_f64(threads as f64 / rate);
+        let threads = (0..threads)
+            .map(|t| {
+                let (stop, sent, url) = (stop.clone(), sent.clone(), url.to_owned());
+                std::thread::Builder::new()
+                    .name(format!("load-{t}"))
+                    .spawn(move || {
+                        let client = Client::http1();
+                        let mut outcomes = Vec::new();
+                        let mut next = Instant::now();
+                        while !stop.load(Ordering::SeqCst) && started.elapsed() < max_time {
+                            if sent.fetch_add(1, Ordering::SeqCst) >= max_requests {
+                                break;
+                            }
+                            let result = client
+                                .post(&url)
+                                .header("content-type", "application/json")
+                                .body(format!("{{\"load\":{t}}}"))
+                                .send()
+                                .and_then(|r| {
+                                    let status = r.status().as_u16();
+                                    r.text().map(|body| Outcome { status, body })
+                                });
+                            outcomes.push(result.unwrap_or_else(|e| Outcome {
+                                status: 0,
+                                body: format!("{e} ({e:?})"),
+                            }));
+                            // Pacing, not waiting for Envoy: keeps the rate bounded.
+                            next += interval;
+                            let now = Instant::now();
+                            if next > now {
+                                std::thread::sleep(next - now);
+                            } else {
+                                next = now;
+                            }
+                        }
+                        outcomes
+                    })
+                    .expect("spawn a load thread")
+            })
+            .collect();
+        Load {
+            stop,
+            sent,
+            threads,
+            started,
+        }
+    }
+
+    /// How many requests were started so far.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
+    }
+
+    /// Stop, join, and report.
+    pub fn finish(mut self) -> LoadReport {
+        self.stop.store(true, Ordering::SeqCst);
+        let mut report = LoadReport {
+            total: 0,
+            by_status: BTreeMap::new(),
+            failures: Vec::new(),
+            elapsed: Duration::ZERO,
+        };
+        for t in std::mem::take(&mut self.threads) {
+            for o in t.join().unwrap_or_default() {
+                report.total += 1;
+                *report.by_status.entry(o.status).or_default() += 1;
+                if o.status != 202 && report.failures.len() < 10 {
+                    report.failures.push(o);
+                }
+            }
+        }
+        report.elapsed = self.started.elapsed();
+        report
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in std::mem::take(&mut self.threads) {
+            let _ = t.join();
+        }
+    }
+}
