@@ -5,12 +5,16 @@
 //! The fan-out logic is plain Rust with no proxy-wasm in it, tested natively and inside
 //! wasm32: [`config`] (the JSON contract), [`routing`] (channel by host), [`headers`] (what is
 //! forwarded), [`request`] (admission), [`fanout`] (one request's calls and verdict),
-//! [`answer`] and [`metrics`]. The `filter` module is the thin proxy-wasm layer on top.
+//! [`answer`] and [`metrics`]; subscription filters are [`cloudevents`] (an event's
+//! attributes) and [`filters`] (the matcher). The `filter` module is the thin proxy-wasm
+//! layer on top.
 
 pub mod answer;
+pub mod cloudevents;
 pub mod config;
 pub mod delivery;
 pub mod fanout;
+pub mod filters;
 pub mod headers;
 pub mod metrics;
 pub mod request;

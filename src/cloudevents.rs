@@ -1,0 +1,527 @@
+//! The CloudEvents attributes of a request, as far as subscription filters need them.
+//!
+//! Where they come from, after the CloudEvents HTTP protocol binding (v1.0.2):
+//! - **binary mode**: every `ce-<name>` header is the attribute `<name>`, its value
+//!   percent-decoded; `content-type` is the `datacontenttype` attribute. A request is a binary
+//!   CloudEvent when it has a `ce-type` header.
+//! - **structured mode** (`content-type: application/cloudevents+json`): the top-level members
+//!   of the JSON body. Strings are taken as they are, numbers and booleans in their canonical
+//!   text (`7`, `-1`, `1.5`, `true`); `data` and `data_base64` are the payload, not
+//!   attributes, and are skipped without being copied.
+//! - **batched mode** (`application/cloudevents-batch+json`) and other structured formats
+//!   cannot be filtered: [`EventError::Unsupported`].
+//!
+//! The headers decide the mode ([`read_headers`]); the body is parsed only for structured mode
+//! and only when asked ([`Mode::attributes`]), once the body is complete.
+//!
+//! This module does not validate events (required attributes, `specversion`): a missing
+//! attribute simply matches no filter that names it. It knows nothing of proxy-wasm.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::Deserialize;
+
+/// `content-type` of a structured CloudEvent in the JSON event format.
+pub const STRUCTURED_JSON: &str = "application/cloudevents+json";
+/// `content-type` of a JSON batch of CloudEvents.
+pub const BATCH_JSON: &str = "application/cloudevents-batch+json";
+
+/// An event's context attributes, by name. Events have a handful, so a list searched in
+/// order beats a map.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Attributes(Vec<(String, String)>);
+
+impl Attributes {
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Sets an attribute; a later value for the same name replaces the earlier one (as a JSON
+    /// parser keeping the last duplicate member would).
+    pub fn insert(&mut self, name: String, value: String) {
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = value,
+            None => self.0.push((name, value)),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<const N: usize> From<[(&str, &str); N]> for Attributes {
+    fn from(pairs: [(&str, &str); N]) -> Self {
+        let mut attributes = Attributes::default();
+        for (name, value) in pairs {
+            attributes.insert(name.to_string(), value.to_string());
+        }
+        attributes
+    }
+}
+
+/// How a request carries its event, as its headers tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// Neither `ce-type` nor a CloudEvents content type: not a CloudEvent.
+    NotCloudEvent,
+    /// Binary mode: the attributes were in the headers, already decoded.
+    Binary(Attributes),
+    /// Structured JSON: the attributes are in the body.
+    Structured,
+}
+
+/// A request whose attributes cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventError {
+    /// A content type whose events cannot be filtered (batches, non-JSON event formats).
+    Unsupported(String),
+    /// A `ce-*` header or a structured body that is not what the binding says.
+    Malformed(String),
+}
+
+impl fmt::Display for EventError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EventError::Unsupported(message) | EventError::Malformed(message) => {
+                f.write_str(message)
+            }
+        }
+    }
+}
+
+/// The mode of a request, from its headers (lower-case names, as Envoy gives them). Binary
+/// attributes are decoded here; nothing is read for other modes.
+pub fn read_headers(headers: &[(String, Vec<u8>)]) -> Result<Mode, EventError> {
+    let content_type = headers
+        .iter()
+        .find(|(name, _)| name == "content-type")
+        .map(|(_, value)| value.as_slice());
+    if let Some(media_type) = content_type.map(media_type) {
+        if media_type == STRUCTURED_JSON {
+            return Ok(Mode::Structured);
+        }
+        if media_type.starts_with("application/cloudevents-batch") {
+            return Err(EventError::Unsupported(format!(
+                "a batch of CloudEvents ({media_type}) cannot be filtered per subscriber: send \
+                 each event on its own, in binary mode or as {STRUCTURED_JSON}"
+            )));
+        }
+        if media_type.starts_with("application/cloudevents") {
+            return Err(EventError::Unsupported(format!(
+                "the structured event format {media_type} is not supported: send \
+                 {STRUCTURED_JSON} or binary mode (ce-* headers)"
+            )));
+        }
+    }
+    if !headers.iter().any(|(name, _)| name == "ce-type") {
+        return Ok(Mode::NotCloudEvent);
+    }
+    let mut attributes = Attributes::default();
+    for (name, value) in headers {
+        let Some(attribute) = name.strip_prefix("ce-") else {
+            continue;
+        };
+        if attribute.is_empty() {
+            continue;
+        }
+        let decoded = String::from_utf8(percent_decode(value).into_owned()).map_err(|_| {
+            EventError::Malformed(format!(
+                "header {name} is not UTF-8 once percent-decoded, as the CloudEvents HTTP \
+                 binding requires"
+            ))
+        })?;
+        attributes.insert(attribute.to_string(), decoded);
+    }
+    // The binding maps `datacontenttype` to the content-type header in binary mode.
+    if let Some(value) = content_type {
+        if let Ok(value) = std::str::from_utf8(value) {
+            attributes.insert("datacontenttype".to_string(), value.to_string());
+        }
+    }
+    Ok(Mode::Binary(attributes))
+}
+
+impl Mode {
+    /// The event's attributes once the body is complete: `None` for a request that is not a
+    /// CloudEvent. Parses the body in structured mode only.
+    pub fn attributes(self, body: &[u8]) -> Result<Option<Attributes>, EventError> {
+        match self {
+            Mode::NotCloudEvent => Ok(None),
+            Mode::Binary(attributes) => Ok(Some(attributes)),
+            Mode::Structured => parse_structured(body).map(Some),
+        }
+    }
+}
+
+/// The media type of a content-type value: lower case, without parameters.
+fn media_type(value: &[u8]) -> String {
+    let end = value.iter().position(|&b| b == b';').unwrap_or(value.len());
+    String::from_utf8_lossy(&value[..end])
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// `%XX` (either case of hex digit) becomes the byte XX; anything else, including a `%` not
+/// followed by two hex digits, stays as it is.
+pub fn percent_decode(value: &[u8]) -> Cow<'_, [u8]> {
+    if !value.contains(&b'%') {
+        return Cow::Borrowed(value);
+    }
+    let mut out = Vec::with_capacity(value.len());
+    let mut i = 0;
+    while i < value.len() {
+        if value[i] == b'%' && i + 2 < value.len() {
+            if let (Some(hi), Some(lo)) = (hex(value[i + 1]), hex(value[i + 2])) {
+                out.push(hi << 4 | lo);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(value[i]);
+        i += 1;
+    }
+    Cow::Owned(out)
+}
+
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// The attributes of a structured JSON event: its top-level members but the payload.
+pub fn parse_structured(body: &[u8]) -> Result<Attributes, EventError> {
+    serde_json::from_slice::<StructuredEvent>(body)
+        .map(|event| event.0)
+        .map_err(|e| {
+            EventError::Malformed(format!(
+                "the body is not a structured CloudEvent ({STRUCTURED_JSON} must be one JSON \
+                 object): {e}"
+            ))
+        })
+}
+
+struct StructuredEvent(Attributes);
+
+impl<'de> Deserialize<'de> for StructuredEvent {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(EventVisitor)
+    }
+}
+
+struct EventVisitor;
+
+impl<'de> Visitor<'de> for EventVisitor {
+    type Value = StructuredEvent;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<StructuredEvent, A::Error> {
+        let mut attributes = Attributes::default();
+        while let Some(name) = map.next_key::<String>()? {
+            if name == "data" || name == "data_base64" {
+                // Scanned (the body must be valid JSON) but never copied.
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            if let Scalar(Some(value)) = map.next_value::<Scalar>()? {
+                attributes.insert(name, value);
+            }
+        }
+        Ok(StructuredEvent(attributes))
+    }
+}
+
+/// A member's value as attribute text. Attributes are scalars: `null`, objects and arrays
+/// are no attribute value (`None`).
+struct Scalar(Option<String>);
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(ScalarVisitor)
+    }
+}
+
+struct ScalarVisitor;
+
+impl<'de> Visitor<'de> for ScalarVisitor {
+    type Value = Scalar;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
+        Ok(Scalar(Some(v.to_string())))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Scalar, E> {
+        Ok(Scalar(Some(v)))
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Scalar, E> {
+        Ok(Scalar(Some(v.to_string())))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
+        Ok(Scalar(Some(v.to_string())))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
+        Ok(Scalar(Some(v.to_string())))
+    }
+
+    /// Rust's shortest round-trip form: `1.5`, and `1` for `1.0` or `1e0`.
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
+        Ok(Scalar(Some(v.to_string())))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Scalar, E> {
+        Ok(Scalar(None))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scalar, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Scalar(None))
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Scalar(None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn headers(pairs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
+        pairs
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    fn binary(pairs: &[(&str, &str)]) -> Attributes {
+        match read_headers(&headers(pairs)) {
+            Ok(Mode::Binary(attributes)) => attributes,
+            other => panic!("not binary mode: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn binary_mode_takes_every_ce_header() {
+        let a = binary(&[
+            (":method", "POST"),
+            ("ce-specversion", "1.0"),
+            ("ce-type", "com.example.order.created"),
+            ("ce-source", "/orders/eu"),
+            ("ce-id", "42"),
+            ("ce-subject", "invoice.pdf"),
+            ("ce-extension1", "x"),
+            ("x-other", "no"),
+            ("content-type", "application/json; charset=utf-8"),
+        ]);
+        assert_eq!(a.get("type"), Some("com.example.order.created"));
+        assert_eq!(a.get("source"), Some("/orders/eu"));
+        assert_eq!(a.get("id"), Some("42"));
+        assert_eq!(a.get("subject"), Some("invoice.pdf"));
+        assert_eq!(a.get("extension1"), Some("x"));
+        assert_eq!(a.get("specversion"), Some("1.0"));
+        assert_eq!(
+            a.get("datacontenttype"),
+            Some("application/json; charset=utf-8")
+        );
+        assert_eq!(a.get("other"), None);
+        assert_eq!(a.get("method"), None);
+    }
+
+    #[test]
+    fn binary_values_are_percent_decoded() {
+        let a = binary(&[
+            ("ce-type", "order%20created"),
+            ("ce-source", "%2Forders%2fEU"),
+            ("ce-subject", "caf%C3%A9 %E2%82%AC"),
+            // not an escape: stays as it is
+            ("ce-ext1", "100%"),
+            ("ce-ext2", "%zz%4"),
+            ("ce-ext3", "a%%41"),
+            // decoded once only
+            ("ce-ext4", "%2541"),
+        ]);
+        assert_eq!(a.get("type"), Some("order created"));
+        assert_eq!(a.get("source"), Some("/orders/EU"));
+        assert_eq!(a.get("subject"), Some("café €"));
+        assert_eq!(a.get("ext1"), Some("100%"));
+        assert_eq!(a.get("ext2"), Some("%zz%4"));
+        assert_eq!(a.get("ext3"), Some("a%A"));
+        assert_eq!(a.get("ext4"), Some("%41"));
+    }
+
+    #[test]
+    fn percent_decoding_at_the_end_of_a_value() {
+        assert_eq!(percent_decode(b"%41").as_ref(), b"A");
+        assert_eq!(percent_decode(b"x%4").as_ref(), b"x%4");
+        assert_eq!(percent_decode(b"x%").as_ref(), b"x%");
+        assert_eq!(percent_decode(b"%").as_ref(), b"%");
+        assert_eq!(percent_decode(b"").as_ref(), b"");
+        assert!(matches!(percent_decode(b"plain"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn a_percent_escape_that_is_not_utf8_is_malformed() {
+        let err = read_headers(&headers(&[("ce-type", "t"), ("ce-source", "%FF")])).unwrap_err();
+        assert!(
+            matches!(&err, EventError::Malformed(m) if m.contains("ce-source")),
+            "{err}"
+        );
+        let mut raw = headers(&[("ce-type", "t")]);
+        raw.push(("ce-subject".to_string(), vec![0xc3, 0x28]));
+        assert!(matches!(read_headers(&raw), Err(EventError::Malformed(_))));
+    }
+
+    #[test]
+    fn without_ce_type_or_cloudevents_content_type_it_is_not_a_cloudevent() {
+        let cases: &[&[(&str, &str)]] = &[
+            &[],
+            &[("content-type", "application/json")],
+            &[("ce-source", "/x"), ("ce-id", "1")],
+            &[("content-type", "text/plain"), ("ce-specversion", "1.0")],
+        ];
+        for pairs in cases {
+            assert_eq!(
+                read_headers(&headers(pairs)),
+                Ok(Mode::NotCloudEvent),
+                "{pairs:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn content_type_decides_structured_and_batched() {
+        let mode = |ct: &str| read_headers(&headers(&[("content-type", ct), ("ce-type", "t")]));
+        assert_eq!(mode("application/cloudevents+json"), Ok(Mode::Structured));
+        assert_eq!(
+            mode("Application/CloudEvents+JSON; charset=UTF-8"),
+            Ok(Mode::Structured)
+        );
+        let batch = mode("application/cloudevents-batch+json").unwrap_err();
+        assert!(
+            matches!(&batch, EventError::Unsupported(m) if m.contains("batch")),
+            "{batch}"
+        );
+        assert!(matches!(
+            mode("application/cloudevents+avro"),
+            Err(EventError::Unsupported(_))
+        ));
+        // Any other content type with ce-type is binary mode.
+        assert!(matches!(mode("application/json"), Ok(Mode::Binary(_))));
+    }
+
+    #[test]
+    fn structured_members_are_the_attributes_but_data() {
+        let body = br#"{
+            "specversion": "1.0", "type": "com.example.order.created", "source": "/orders",
+            "id": "A234-1234-1234", "time": "2018-04-05T17:31:00Z",
+            "datacontenttype": "application/json",
+            "sequence": 7, "negative": -3, "ratio": 1.5, "whole": 2.0, "big": 1e3,
+            "flag": true, "off": false, "nothing": null,
+            "nested": {"type": "inner"}, "list": ["a", 1],
+            "data": {"type": "not me", "items": [{"deep": {"deeper": [1, 2, {"x": null}]}}]},
+            "data_base64": "aGVsbG8="
+        }"#;
+        let a = parse_structured(body).unwrap();
+        assert_eq!(a.get("type"), Some("com.example.order.created"));
+        assert_eq!(a.get("source"), Some("/orders"));
+        assert_eq!(a.get("time"), Some("2018-04-05T17:31:00Z"));
+        assert_eq!(a.get("sequence"), Some("7"));
+        assert_eq!(a.get("negative"), Some("-3"));
+        assert_eq!(a.get("ratio"), Some("1.5"));
+        assert_eq!(a.get("whole"), Some("2"));
+        assert_eq!(a.get("big"), Some("1000"));
+        assert_eq!(a.get("flag"), Some("true"));
+        assert_eq!(a.get("off"), Some("false"));
+        assert_eq!(a.get("nothing"), None);
+        assert_eq!(a.get("nested"), None);
+        assert_eq!(a.get("list"), None);
+        assert_eq!(a.get("data"), None);
+        assert_eq!(a.get("data_base64"), None);
+        assert_eq!(a.get("items"), None);
+        assert_eq!(a.len(), 13);
+    }
+
+    #[test]
+    fn structured_unicode_and_escapes() {
+        let body = r#"{"type": "ordre.créé", "source": "\u00e9v\u00e9nement/\ud83d\ude00",
+                       "subject": "line\nbreak \"quoted\"", "ünïcödé": "ja 日本",
+                       "data": "データ 🎉"}"#;
+        let a = parse_structured(body.as_bytes()).unwrap();
+        assert_eq!(a.get("type"), Some("ordre.créé"));
+        assert_eq!(a.get("source"), Some("événement/😀"));
+        assert_eq!(a.get("subject"), Some("line\nbreak \"quoted\""));
+        assert_eq!(a.get("ünïcödé"), Some("ja 日本"));
+    }
+
+    #[test]
+    fn a_later_duplicate_member_wins() {
+        let a = parse_structured(br#"{"type": "a", "type": "b"}"#).unwrap();
+        assert_eq!(a.get("type"), Some("b"));
+        assert_eq!(a.len(), 1);
+    }
+
+    #[test]
+    fn malformed_structured_bodies_are_errors() {
+        let cases: &[&[u8]] = &[
+            b"",
+            b"   ",
+            b"not json",
+            b"[]",
+            b"\"type\"",
+            b"{\"type\": \"a\"",
+            b"{\"type\": \"a\"} trailing",
+            b"{\"type\": \"a\", \"data\": {\"x\": }}",
+            b"{\"type\": \"\xff\"}",
+            b"{\"type\": \"a\"}{}",
+        ];
+        for body in cases {
+            let err = parse_structured(body).unwrap_err();
+            assert!(
+                matches!(&err, EventError::Malformed(m) if m.contains("structured CloudEvent")),
+                "{:?}: {err}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+
+    #[test]
+    fn attributes_are_read_from_the_body_only_in_structured_mode() {
+        assert_eq!(Mode::NotCloudEvent.attributes(b"{not json"), Ok(None));
+        let binary = Attributes::from([("type", "t")]);
+        assert_eq!(
+            Mode::Binary(binary.clone()).attributes(b"{not json"),
+            Ok(Some(binary))
+        );
+        assert_eq!(
+            Mode::Structured.attributes(br#"{"type": "t", "data": 1}"#),
+            Ok(Some(Attributes::from([("type", "t")])))
+        );
+        assert!(Mode::Structured.attributes(b"{not json").is_err());
+    }
+}
