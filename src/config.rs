@@ -16,9 +16,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::error::Category;
 
+use crate::cloudevents::Attributes;
 use crate::delivery::{
     BackoffPolicy, RetryPolicy, DEFAULT_BACKOFF_DELAY_MS, DEFAULT_BACKOFF_MAX_MS, MAX_RETRY,
 };
+use crate::filters::{self, Filter};
 use crate::headers::{self, HeaderSelector};
 use crate::routing::Router;
 
@@ -123,6 +125,10 @@ struct RawSubscriber {
     headers: BTreeMap<String, String>,
     delivery: Option<RawDelivery>,
     reply: Option<RawTarget>,
+    /// The filter dialect, compiled by [`filters::compile_list`].
+    filters: Option<Vec<serde_json::Value>>,
+    /// The older `{"attributes": {...}}` form, compiled by [`filters::compile_legacy`].
+    filter: Option<serde_json::Value>,
 }
 
 /// Where a dead letter or a reply goes: a call target like a subscriber.
@@ -240,6 +246,9 @@ pub struct Config {
 pub struct Channel {
     pub name: String,
     pub subscribers: Vec<Subscriber>,
+    /// Some subscriber has a filter: only then are a request's CloudEvents attributes read
+    /// (and a structured body parsed).
+    pub filtered: bool,
 }
 
 /// One delivery target: an Envoy cluster, the request line it expects, and what to do when
@@ -258,6 +267,8 @@ pub struct Subscriber {
     pub dead_letter: Option<Target>,
     /// Where this subscriber's answer goes when it answers 2xx with a body.
     pub reply: Option<Target>,
+    /// Which events it wants; `None`: every request, CloudEvent or not.
+    pub filter: Option<Filter>,
 }
 
 /// A dead-letter or reply target.
@@ -271,6 +282,12 @@ pub struct Target {
 }
 
 impl Subscriber {
+    /// Does it want the event with these attributes (`None`: the request is not a
+    /// CloudEvent, or the channel has no filters and nobody looked)?
+    pub fn accepts(&self, event: Option<&Attributes>) -> bool {
+        filters::accepts(self.filter.as_ref(), event)
+    }
+
     /// Whether this subscriber needs more than one call per event at times: retries, a dead
     /// letter or a reply.
     pub fn has_follow_ups(&self) -> bool {
@@ -452,7 +469,12 @@ impl RawConfig {
                     &defaults,
                 )?);
             }
-            channels.push(Channel { name, subscribers });
+            let filtered = subscribers.iter().any(|s| s.filter.is_some());
+            channels.push(Channel {
+                name,
+                subscribers,
+                filtered,
+            });
         }
 
         let mut warnings = Vec::new();
@@ -567,6 +589,19 @@ impl RawSubscriber {
         default_timeout: Duration,
         defaults: &Defaults,
     ) -> Result<Subscriber, ConfigError> {
+        let filter = match (&self.filters, &self.filter) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    format!("{at}.filter"),
+                    "cannot be used together with `filters`: put its attributes in `filters` \
+                     as `exact` filters",
+                ))
+            }
+            (Some(list), None) => filters::compile_list(list),
+            (None, Some(legacy)) => filters::compile_legacy(legacy),
+            (None, None) => Ok(None),
+        }
+        .map_err(|e| ConfigError::new(format!("{at}.{}", e.path), e.message))?;
         let target = RawTarget {
             cluster: self.cluster,
             authority: self.authority,
@@ -603,6 +638,7 @@ impl RawSubscriber {
             retry,
             dead_letter,
             reply,
+            filter,
         })
     }
 }
@@ -1008,6 +1044,73 @@ mod tests {
             message.contains("body_wait: unknown variant `wait`, expected `pause` or `continue`"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn filters_compile_at_configure_time_and_mark_the_channel() {
+        let config = parse(
+            r#"{"channels": [
+                 {"name": "orders", "hosts": ["orders"], "subscribers": [
+                   {"cluster": "a", "filters": [{"exact": {"type": "created"}}]},
+                   {"cluster": "b", "filter": {"attributes": {"type": "shipped"}}},
+                   {"cluster": "c"},
+                   {"cluster": "d", "filters": []}
+                 ]},
+                 {"name": "plain", "hosts": ["plain"], "subscribers": [{"cluster": "e"}]}
+               ]}"#,
+        )
+        .unwrap();
+        let orders = &config.channels[0];
+        assert!(orders.filtered);
+        assert!(!config.channels[1].filtered);
+        let created = Attributes::from([("type", "created")]);
+        let accepts: Vec<bool> = orders
+            .subscribers
+            .iter()
+            .map(|s| s.accepts(Some(&created)))
+            .collect();
+        assert_eq!(accepts, [true, false, true, true]);
+        let not_an_event: Vec<bool> = orders.subscribers.iter().map(|s| s.accepts(None)).collect();
+        assert_eq!(not_an_event, [false, false, true, true]);
+    }
+
+    #[test]
+    fn filter_rejections_name_the_field() {
+        let cases: &[(&str, &str)] = &[
+            (
+                r#"{"channels": [{"subscribers": [{"cluster": "a"}, {"cluster": "b", "filters": [
+                     {"exact": {"type": "t"}}, {"prefix": {"source": "/"}},
+                     {"exact": {"type": "t", "source": "s"}}]}]}]}"#,
+                "channels[0].subscribers[1].filters[2].exact: must name exactly one attribute",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a", "filters": [{"regex": {"type": "."}}]}]}"#,
+                "subscribers[0].filters[0].regex: unknown operator \"regex\"",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a", "filters": [{"exact": {"": "t"}}]}]}"#,
+                "subscribers[0].filters[0].exact.: the attribute name must not be empty",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a", "filters": {"exact": {"type": "t"}}}]}"#,
+                "subscribers[0].filters: invalid type: map, expected a sequence",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a", "filter": {"attributes": {"": "t"}}}]}"#,
+                "subscribers[0].filter.attributes.: the attribute name must not be empty",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a", "filter": {"attributes": {}}, "filters": []}]}"#,
+                "subscribers[0].filter: cannot be used together with `filters`",
+            ),
+        ];
+        for (json, expected) in cases {
+            let message = error(json);
+            assert!(
+                message.starts_with(expected),
+                "config {json:?}\n  gave: {message}\n  want: {expected}..."
+            );
+        }
     }
 
     #[test]

@@ -2,9 +2,11 @@
 //! headers — or which rejection does it get.
 //!
 //! The checks run in the order a sender can act on them: method (405), host (404), declared
-//! body size (413), then header values (400). Nothing here calls a subscriber.
+//! body size (413), the CloudEvents mode when the channel filters (415, 400), then header
+//! values (400). Nothing here calls a subscriber.
 
 use crate::answer::Answer;
+use crate::cloudevents::{self, Attributes, EventError, Mode};
 use crate::config::Config;
 
 /// A request that passed admission: the body still decides (it may turn out too large).
@@ -13,6 +15,9 @@ pub struct Admitted {
     pub channel: usize,
     /// The request headers chosen by `forward_headers`, in the order they arrived.
     pub forwarded: Vec<(String, String)>,
+    /// How the request carries its CloudEvent, read from the headers (binary attributes
+    /// already decoded) only when a subscriber of the channel has a filter; `None` otherwise.
+    pub event: Option<Mode>,
 }
 
 /// Decides on a request from its headers, as Envoy hands them over (lower-case names,
@@ -50,6 +55,14 @@ pub fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitte
         }
     }
 
+    // Read from the headers Envoy already gave us, before the forwarded ones move: no host call.
+    let filtered = config.channel(channel).is_some_and(|c| c.filtered);
+    let event = if filtered {
+        Some(cloudevents::read_headers(&headers).map_err(|e| event_rejection(&e))?)
+    } else {
+        None
+    };
+
     let mut forwarded = Vec::new();
     for (name, value) in headers {
         if !config.forward.selects(&name) {
@@ -68,7 +81,30 @@ pub fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitte
             }
         }
     }
-    Ok(Admitted { channel, forwarded })
+    Ok(Admitted {
+        channel,
+        forwarded,
+        event,
+    })
+}
+
+/// The attributes the channel's filters are matched against, once the body is complete:
+/// `None` when the channel has no filters or the request is not a CloudEvent. A structured
+/// body is parsed here, and only here.
+pub fn event_attributes(event: Option<Mode>, body: &[u8]) -> Result<Option<Attributes>, Answer> {
+    match event {
+        None => Ok(None),
+        Some(mode) => mode.attributes(body).map_err(|e| event_rejection(&e)),
+    }
+}
+
+/// A batch or another event format cannot be filtered: 415. A malformed event: 400.
+fn event_rejection(error: &EventError) -> Answer {
+    let status = match error {
+        EventError::Unsupported(_) => 415,
+        EventError::Malformed(_) => 400,
+    };
+    Answer::rejected(status, &error.to_string())
 }
 
 /// The 413 for a body over `max_body_bytes`, whether declared or counted.
@@ -200,6 +236,61 @@ mod tests {
                 ("x-request-id".to_string(), "r1".to_string()),
             ]
         );
+    }
+
+    fn filtered_config() -> Config {
+        Config::from_json(
+            br#"{"channels": [
+                   {"name": "filtered", "hosts": ["f"], "subscribers": [
+                     {"cluster": "a", "filters": [{"exact": {"type": "t"}}]}, {"cluster": "b"}]},
+                   {"name": "plain", "hosts": ["p"], "subscribers": [{"cluster": "c"}]}
+                 ]}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_event_mode_is_read_only_when_the_channel_filters() {
+        let config = filtered_config();
+        let request = |host: &str, extra: &[(&str, &str)]| {
+            let mut h = headers(&[(":method", "POST"), (":authority", host)]);
+            h.extend(headers(extra));
+            admit(&config, h)
+        };
+        let binary = request("f", &[("ce-type", "t%21"), ("ce-id", "1")]).unwrap();
+        assert_eq!(
+            binary.event,
+            Some(Mode::Binary(Attributes::from([
+                ("type", "t!"),
+                ("id", "1")
+            ])))
+        );
+        let structured = request("f", &[("content-type", "application/cloudevents+json")]).unwrap();
+        assert_eq!(structured.event, Some(Mode::Structured));
+        assert_eq!(request("f", &[]).unwrap().event, Some(Mode::NotCloudEvent));
+        // A channel without filters never looks: no mode, no 415, no 400.
+        assert_eq!(request("p", &[("ce-type", "t")]).unwrap().event, None);
+        let batch = [("content-type", "application/cloudevents-batch+json")];
+        assert!(request("p", &batch).is_ok());
+        assert!(request("p", &[("ce-type", "t"), ("ce-id", "%ff")]).is_ok());
+
+        let answer = request("f", &batch).unwrap_err();
+        assert_eq!(answer.status, 415);
+        assert!(String::from_utf8(answer.body).unwrap().contains("batch"));
+        let answer = request("f", &[("ce-type", "t"), ("ce-id", "%ff")]).unwrap_err();
+        assert_eq!(answer.status, 400);
+        assert!(String::from_utf8(answer.body).unwrap().contains("ce-id"));
+    }
+
+    #[test]
+    fn event_attributes_parse_a_structured_body_or_answer_400() {
+        assert_eq!(event_attributes(None, b"{not json"), Ok(None));
+        assert_eq!(
+            event_attributes(Some(Mode::Structured), br#"{"type": "t", "data": {}}"#),
+            Ok(Some(Attributes::from([("type", "t")])))
+        );
+        let answer = event_attributes(Some(Mode::Structured), b"{not json").unwrap_err();
+        assert_eq!(answer.status, 400);
     }
 
     #[test]
