@@ -18,6 +18,7 @@
 //! | `fanout.duration_ms`: request start to answer | histogram |
 //! | `fanout.call_duration_ms`: one subscriber call | histogram |
 //! | `fanout.subscriber.<cluster>.calls` / `.delivered` / `.retries` / `.dead_lettered` | counter |
+//! | `fanout.subscriber.<cluster>.skipped`: its filter did not want the event (not called) | counter |
 //! | `fanout.subscriber.<cluster>.failed.<kind>` (`status_4xx`, `status_5xx`, `status_other`, `timeout`, `reset`, `no_response`, `dispatch_error`) | counter |
 //!
 //! `<cluster>` is the cluster name with every character other than letters, digits, `_` and
@@ -98,6 +99,7 @@ struct SubscriberCounters {
     delivered: usize,
     retries: usize,
     dead_lettered: usize,
+    skipped: usize,
     /// In the order of [`FAILURE_KINDS`].
     failed: [usize; FAILURE_KINDS.len()],
 }
@@ -160,6 +162,7 @@ impl Tally {
             delivered: self.counter(&format!("{prefix}.delivered")),
             retries: self.counter(&format!("{prefix}.retries")),
             dead_lettered: self.counter(&format!("{prefix}.dead_lettered")),
+            skipped: self.counter(&format!("{prefix}.skipped")),
             failed: FAILURE_KINDS.map(|kind| self.counter(&format!("{prefix}.failed.{kind}"))),
         };
         self.subscribers.insert(cluster.to_string(), ids);
@@ -237,6 +240,12 @@ impl Tally {
     pub fn call_started(&mut self, cluster: &str) {
         let ids = self.subscriber(cluster);
         self.bump(ids.calls);
+    }
+
+    /// A subscriber's filter did not want the event: no call, no failure.
+    pub fn call_skipped(&mut self, cluster: &str) {
+        let ids = self.subscriber(cluster);
+        self.bump(ids.skipped);
     }
 
     pub fn call_ended(
@@ -343,6 +352,7 @@ mod tests {
         tally.call_started("shipping");
         tally.call_ended("billing.default", &Ok(()), Some(3));
         tally.call_ended("shipping", &Err(Failure::Timeout), Some(250));
+        tally.call_skipped("audit");
         tally.answered(500);
         tally.fanout_ended(Some(251));
         tally.answered(404);
@@ -351,6 +361,7 @@ mod tests {
             ("fanout.requests.failed", 1),
             ("fanout.requests.received", 2),
             ("fanout.requests.rejected.404", 1),
+            ("fanout.subscriber.audit.skipped", 1),
             ("fanout.subscriber.billing_default.calls", 1),
             ("fanout.subscriber.billing_default.delivered", 1),
             ("fanout.subscriber.shipping.calls", 1),

@@ -271,12 +271,13 @@ impl Engine {
             Mode::Sync => {
                 if answer.status != 202 {
                     log::info!(
-                        "[#{}] channel {}: answered {}: {} of {} subscriber(s) failed",
+                        "[#{}] channel {}: answered {}: {} of {} subscriber(s) failed, {} skipped",
                         job.log_id,
                         channel.name,
                         answer.status,
                         job.fanout.failures().count(),
-                        channel.subscribers.len()
+                        channel.subscribers.len(),
+                        job.fanout.skipped()
                     );
                 }
                 let status = answer.status;

@@ -29,7 +29,7 @@ use proxy_wasm::types::{Action, ContextType};
 use crate::answer::Answer;
 use crate::config::{BodyWait, Config, Mode, ReportDetail};
 use crate::fanout::FanOut;
-use crate::request::{admit, too_large, Admitted};
+use crate::request::{admit, event_attributes, too_large, Admitted};
 use engine::{Engine, Finished, Job};
 pub use host::{Host, ProxyHost};
 use telemetry::Telemetry;
@@ -273,10 +273,28 @@ impl<H: Host> FanoutStream<H> {
             self.reject(Answer::rejected(500, "fanout: channel index out of range"));
             return;
         };
+        // Parses a structured body only if the channel has filters; `None` matches only
+        // subscribers without one.
+        let event = match event_attributes(admitted.event, &body) {
+            Ok(event) => event,
+            Err(answer) => {
+                self.reject(answer);
+                return;
+            }
+        };
+        let mut fanout = FanOut::new(admitted.channel, channel.subscribers.len(), self.started_ms)
+            .with_full_report(config.report == ReportDetail::Full);
+        for (index, subscriber) in channel.subscribers.iter().enumerate() {
+            if !subscriber.accepts(event.as_ref()) {
+                fanout.skip(index);
+                self.count(|tally| tally.call_skipped(&subscriber.cluster));
+            }
+        }
+        // Nothing to send (every subscriber skipped): the engine ends the job at once.
+        let nothing_to_send = fanout.is_done();
         let job = Job {
             config: config.clone(),
-            fanout: FanOut::new(admitted.channel, channel.subscribers.len(), self.started_ms)
-                .with_full_report(config.report == ReportDetail::Full),
+            fanout,
             body,
             forwarded: admitted.forwarded,
             answer_to: None,
@@ -296,7 +314,9 @@ impl<H: Host> FanoutStream<H> {
                     );
                     return;
                 }
-                self.engine.borrow_mut().start(&self.host, job, false);
+                self.engine
+                    .borrow_mut()
+                    .start(&self.host, job, nothing_to_send);
                 self.answer(Answer::accepted(), false);
             }
             Mode::Sync => {
