@@ -1074,6 +1074,43 @@ mod tests {
         assert_eq!(not_an_event, [false, false, true, true]);
     }
 
+    /// The example of the README's "Subscription filters" section, as it is printed there.
+    #[test]
+    fn readme_filter_example_is_accepted_and_means_what_it_says() {
+        let readme = include_str!("../README.md");
+        let section = &readme[readme.find("## Subscription filters").unwrap()..];
+        let start = section.find("```json\n").unwrap() + "```json\n".len();
+        let example = &section[start..start + section[start..].find("```").unwrap()];
+        let config = parse(example).unwrap();
+        let channel = &config.channels[0];
+        assert!(channel.filtered);
+        let event = Attributes::from([
+            ("type", "com.example.order.created"),
+            ("source", "/orders/eu"),
+            ("subject", "invoice.pdf"),
+        ]);
+        let wanted: Vec<&str> = channel
+            .subscribers
+            .iter()
+            .filter(|s| s.accepts(Some(&event)))
+            .map(|s| s.cluster.as_str())
+            .collect();
+        assert_eq!(
+            wanted,
+            ["billing", "archive", "shipping", "legacy", "audit"]
+        );
+        let mut test = event.clone();
+        test.insert("env".into(), "test".into());
+        test.insert("type".into(), "com.example.order.cancelled".into());
+        let wanted: Vec<&str> = channel
+            .subscribers
+            .iter()
+            .filter(|s| s.accepts(Some(&test)))
+            .map(|s| s.cluster.as_str())
+            .collect();
+        assert_eq!(wanted, ["shipping", "audit"]);
+    }
+
     #[test]
     fn filter_rejections_name_the_field() {
         let cases: &[(&str, &str)] = &[
