@@ -271,16 +271,15 @@ fn check_attribute_name(name: &str, path: &str) -> Result<(), FilterError> {
 
 fn string_value<'v>(value: &'v Value, path: &str) -> Result<&'v str, FilterError> {
     value.as_str().ok_or_else(|| {
+        // Numbers and booleans are compared in their text form: show the value to write.
+        let example = match value {
+            Value::Number(n) => n.to_string(),
+            Value::Bool(b) => b.to_string(),
+            _ => "value".to_string(),
+        };
         FilterError::new(
             path,
-            format!(
-                "must be a string (attribute values are compared as text, e.g. \"{}\")",
-                match value {
-                    Value::Number(n) => n.to_string(),
-                    Value::Bool(b) => b.to_string(),
-                    _ => "value".to_string(),
-                }
-            ),
+            format!("must be a string (attribute values are compared as text, e.g. \"{example}\")"),
         )
     })
 }
