@@ -107,11 +107,17 @@ pub fn compile_list(filters: &[Value]) -> Result<Option<Filter>, FilterError> {
     for (i, value) in filters.iter().enumerate() {
         compiled.push(compile(value, &format!("filters[{i}]"))?);
     }
-    Ok(match compiled.len() {
+    Ok(all_of(compiled))
+}
+
+/// What a list of filters that must all match compiles to: nothing for an empty list, the
+/// filter itself for one.
+fn all_of(mut filters: Vec<Filter>) -> Option<Filter> {
+    match filters.len() {
         0 => None,
-        1 => compiled.pop(),
-        _ => Some(Filter::All(compiled)),
-    })
+        1 => filters.pop(),
+        _ => Some(Filter::All(filters)),
+    }
 }
 
 /// Compiles the older `filter: {"attributes": {...}}` form. Attributes with an empty value
@@ -152,11 +158,7 @@ pub fn compile_legacy(filter: &Value) -> Result<Option<Filter>, FilterError> {
             });
         }
     }
-    Ok(match exact.len() {
-        0 => None,
-        1 => exact.pop(),
-        _ => Some(Filter::All(exact)),
-    })
+    Ok(all_of(exact))
 }
 
 fn compile(value: &Value, at: &str) -> Result<Filter, FilterError> {
