@@ -2,8 +2,9 @@
 //! attributes (the payload in `data` is scanned, not copied) and matching every subscriber's
 //! filter. Body sizes from 1 KiB to 1 MiB; binary mode (attributes in headers) for comparison.
 //!
-//! `cargo bench --bench filters` (or `make bench`). A plain binary, no harness: each case runs
-//! for about `FANOUT_BENCH_MS` milliseconds (default 300) and prints ns/op and MB/s of body.
+//! `cargo bench --bench filters` (or `make bench-filters`). A plain binary, no harness: each
+//! case runs for about `FANOUT_BENCH_MS` milliseconds (default 300) and prints ns/op and MB/s
+//! of body.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
