@@ -975,6 +975,33 @@ mod tests {
     }
 
     #[test]
+    fn skipped_subscribers_are_never_sent_and_the_report_lists_them_apart_from_failed() {
+        let ch = channel(4);
+        let mut f = FanOut::new(0, 4, 0);
+        f.skip(0);
+        f.skip(3);
+        let mut next = 0;
+        let sent = send_all(&mut f, 0, &mut next);
+        let indexes: Vec<usize> = sent.iter().map(|(send, _)| send.index).collect();
+        assert_eq!(indexes, [1, 2]);
+        // A call under way cannot be skipped any more.
+        f.skip(1);
+        assert_eq!(f.skipped(), 2);
+        f.completed(sent[0].1, CallEnd::ok(), 0, &ch);
+        f.completed(sent[1].1, status(503), 0, &ch);
+        assert!(f.is_done());
+        let answer = f.verdict(&ch);
+        assert_eq!(answer.status, 500);
+        assert!(answer.headers.contains(&(FAILED_HEADER, "1".to_string())));
+        let doc = report(&answer);
+        assert_eq!(doc["subscribers"], 4);
+        assert_eq!(doc["delivered"], 1);
+        assert_eq!(doc["failed"].as_array().unwrap().len(), 1);
+        assert_eq!(doc["failed"][0]["cluster"], "c2");
+        assert_eq!(doc["skipped"], serde_json::json!(["c0", "c3"]));
+    }
+
+    #[test]
     fn all_skipped_is_done_at_once_and_202() {
         let ch = channel(2);
         let mut f = FanOut::new(0, 2, 0);
