@@ -220,3 +220,25 @@ fn the_500_report_and_the_metrics_tell_skipped_from_failed() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+#[test]
+fn async_mode_delivers_only_to_matching_subscribers_after_the_202() {
+    let created = Subscriber::ok("created");
+    let shipped = Subscriber::ok("shipped");
+    let mut config = by_type();
+    config["mode"] = json!("async");
+    let envoy = envoy(&config, &[&created, &shipped]);
+
+    assert_status(
+        &binary_event(&envoy, "com.example.order.refunded", "{}"),
+        202,
+    );
+    assert_status(
+        &binary_event(&envoy, "com.example.order.created", r#"{"n": 1}"#),
+        202,
+    );
+    assert_eq!(created.wait_for(1, Duration::from_secs(10)), 1);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(created.only_request().body, br#"{"n": 1}"#);
+    assert_eq!(shipped.count(), 0, "{:#?}", shipped.requests());
+}
