@@ -351,7 +351,16 @@ impl FanOut {
         self.calls
             .iter()
             .position(|call| call.state == CallState::Pending { token })
-            .and_then(|index| self.calls.get(index).map(|call| (index, call.leg)))
+            .and_then(|index| self.leg_at(index, token).map(|leg| (index, leg)))
+    }
+
+    /// The leg subscriber `index` is waiting on with `token`, if it is: the glue remembers
+    /// which subscriber a token went to, so a large fan-out need not search.
+    pub fn leg_at(&self, index: usize, token: u32) -> Option<Leg> {
+        self.calls
+            .get(index)
+            .filter(|call| call.state == CallState::Pending { token })
+            .map(|call| call.leg)
     }
 
     /// The call with `token` ended. Returns the subscriber's index, or `None` (and changes
@@ -364,7 +373,20 @@ impl FanOut {
         now_ms: u64,
         channel: &Channel,
     ) -> Option<usize> {
-        let (index, leg) = self.leg_of(token)?;
+        let (index, _) = self.leg_of(token)?;
+        self.completed_at(index, token, end, now_ms, channel)
+    }
+
+    /// [`FanOut::completed`] for a token the glue knows belongs to subscriber `index`.
+    pub fn completed_at(
+        &mut self,
+        index: usize,
+        token: u32,
+        end: CallEnd,
+        now_ms: u64,
+        channel: &Channel,
+    ) -> Option<usize> {
+        let leg = self.leg_at(index, token)?;
         match end.result {
             Ok(()) => self.succeed(index, leg, end.reply, channel),
             Err(failure) => self.fail(index, failure, end.retry_after_secs, now_ms, channel),
@@ -436,6 +458,21 @@ impl FanOut {
             elapsed_ms: now_ms.saturating_sub(self.started_ms),
         };
         self.open -= 1;
+    }
+
+    /// Ends every delivery still open as failed with no answer: for a fan-out whose answers
+    /// can no longer come (it outlived every timeout it could have).
+    pub fn give_up(&mut self, now_ms: u64) {
+        let elapsed_ms = now_ms.saturating_sub(self.started_ms);
+        for call in self.calls.iter_mut().filter(|call| !call.ended()) {
+            if call.leg == Leg::Event {
+                call.event_failure = Some(Failure::NoResponse);
+            } else {
+                call.leg_failure = Some(Failure::NoResponse);
+            }
+            call.state = CallState::Failed { elapsed_ms };
+            self.open -= 1;
+        }
     }
 
     /// Every subscriber's delivery has ended.
@@ -874,6 +911,23 @@ mod tests {
         f.completed(3, CallEnd::ok(), 1, &ch);
         f.completed(4, status(500), 1, &ch);
         assert!(report(&f.verdict(&ch)).get("succeeded").is_none());
+    }
+
+    #[test]
+    fn giving_up_fails_what_is_still_open() {
+        let ch = channel(3);
+        let mut f = FanOut::new(0, 3, 0);
+        let mut next = 0;
+        send_all(&mut f, 0, &mut next);
+        f.completed(1, CallEnd::ok(), 1, &ch);
+        f.give_up(500);
+        assert!(f.is_done());
+        let doc = report(&f.verdict(&ch));
+        assert_eq!(doc["delivered"], 1);
+        assert_eq!(doc["failed"][0]["outcome"], "no_response");
+        assert_eq!(doc["failed"][1]["elapsed_ms"], 500);
+        // a late answer changes nothing
+        assert_eq!(f.completed(2, CallEnd::ok(), 600, &ch), None);
     }
 
     #[test]

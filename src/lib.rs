@@ -27,5 +27,7 @@ pub mod filter;
 proxy_wasm::main! {{
     // Until on_vm_start reads Envoy's own level for wasm.
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
-    proxy_wasm::set_root_context(|id| Box::new(filter::FanoutRoot::new(id, filter::ProxyHost)));
+    proxy_wasm::set_root_context(|id| {
+        Box::new(filter::FanoutRoot::with_shared(id, filter::ProxyHost, filter::VmShared::of_this_vm()))
+    });
 }}

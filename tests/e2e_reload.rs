@@ -297,13 +297,10 @@ fn requests_started_before_a_swap_finish_with_their_original_subscribers() {
     assert_eq!(call.body, body, "the body that came after the swap");
 }
 
-/// Known filter bug, kept here to be enabled by the fix: a stream counts into the telemetry of
-/// the plugin instance (root context) it started under, and that root flushes to Envoy only
-/// on its 1 s tick. After a swap the old root is retired without a last flush, so what the
-/// streams spanning the swap counted is lost: `requests.accepted` misses them and the
-/// `in_flight` gauge stays up by one per such stream, for good.
+/// A stream counts into the telemetry it started with; every root context of a VM shares one
+/// tally (and the newest root's timer flushes it), so what streams spanning a swap counted is
+/// not lost: `requests.accepted` includes them and the `in_flight` gauge comes back to 0.
 #[test]
-#[ignore = "filter bug: counts of streams spanning a swap are never flushed (see the doc)"]
 fn metrics_of_requests_that_span_a_swap_are_not_lost() {
     let slow = Subscriber::start("slow", Behavior::Delay(Duration::from_secs(3), 200));
     let other = Subscriber::ok("other");
@@ -488,11 +485,10 @@ fn fifty_quick_swaps_leave_no_more_wasm_vms_and_no_memory_growth() {
     // with its config and contexts (tens of KB): 1.5 MB and more over 50 swaps. Measured on
     // Envoy 1.40, in Envoy's heap: about 1 KB per swap with the filter's metrics off (the
     // wasm host's own bookkeeping per plugin reload; the same swaps of a non-wasm ECDS filter
-    // grow nothing), plus 2-5 KB per swap with metrics on (the default): each new plugin
-    // instance defines its metrics again and Envoy keeps every definition (a filter fix would
-    // define them once per VM). Bounds: 1 MiB with metrics, 256 KiB without.
+    // grow nothing). The filter defines its metrics once per VM (every root context of a VM
+    // shares them), so metrics on adds nothing per swap. Bound: 256 KiB either way.
     let mut first = 5;
-    for (metrics, bound) in [(true, 1024 * 1024), (false, 256 * 1024)] {
+    for (metrics, bound) in [(true, 256 * 1024), (false, 256 * 1024)] {
         let mem_before = envoy.memory_allocated();
         let rss_before = rss_kb(&envoy);
         let start = Instant::now();

@@ -36,6 +36,31 @@ pub struct Job {
     pub started_ms: u64,
 }
 
+/// How long past its worst case (every attempt timing out, every backoff at its longest) a
+/// fan-out is kept before its open calls are given up as lost. Calls end by their timeouts,
+/// so this only matters when Envoy drops a call without an answer, e.g. one made by a root
+/// context that a configuration update retired.
+const LOST_CALL_GRACE_MS: u64 = 30_000;
+
+impl Job {
+    fn deadline_ms(&self) -> u64 {
+        let worst = self
+            .config
+            .channel(self.fanout.channel())
+            .map_or(0, |channel| {
+                channel
+                    .subscribers
+                    .iter()
+                    .map(|sub| sub.worst_case_ms())
+                    .max()
+                    .unwrap_or(0)
+            });
+        self.started_ms
+            .saturating_add(worst)
+            .saturating_add(LOST_CALL_GRACE_MS)
+    }
+}
+
 /// A fan-out that ended: the answer for its sender, if one is waiting.
 pub struct Finished {
     pub answer_to: Option<u32>,
@@ -44,8 +69,8 @@ pub struct Finished {
 
 pub struct Engine {
     jobs: HashMap<u64, Job>,
-    /// Pending call token -> job.
-    tokens: HashMap<u32, u64>,
+    /// Pending call token -> job and subscriber index.
+    tokens: HashMap<u32, (u64, usize)>,
     next_job: u64,
     telemetry: Rc<RefCell<Telemetry>>,
 }
@@ -97,7 +122,7 @@ impl Engine {
             }
         }
         if let Some(job) = self.jobs.remove(&id) {
-            self.tokens.retain(|_, j| *j != id);
+            self.tokens.retain(|_, (j, _)| *j != id);
             self.count(&job.config, |tally| tally.fanout_ended(None));
         }
     }
@@ -109,9 +134,30 @@ impl Engine {
             .any(|job| job.fanout.has_ready() || job.fanout.waiting() > 0)
     }
 
-    /// The root context's timer: sends what is due in every fan-out.
+    /// The root context's timer: sends what is due in every fan-out, and gives up on those
+    /// whose answers can no longer come.
     pub fn tick<H: Host>(&mut self, host: &H) -> Vec<Finished> {
         let now = host.now_ms();
+        let lost: Vec<u64> = self
+            .jobs
+            .iter()
+            .filter(|(_, job)| now > job.deadline_ms())
+            .map(|(id, _)| *id)
+            .collect();
+        let mut finished = Vec::new();
+        for id in lost {
+            if let Some(job) = self.jobs.get_mut(&id) {
+                log::warn!(
+                    "[#{}] {} call(s) never came back, long past their timeouts; counting them \
+                     as failed",
+                    job.log_id,
+                    job.fanout.open()
+                );
+                job.fanout.give_up(now);
+            }
+            self.tokens.retain(|_, (job, _)| *job != id);
+            finished.extend(self.finish_if_done(host, id));
+        }
         let due: Vec<u64> = self
             .jobs
             .iter()
@@ -120,9 +166,8 @@ impl Engine {
             })
             .map(|(id, _)| *id)
             .collect();
-        due.into_iter()
-            .filter_map(|id| self.pump(host, id))
-            .collect()
+        finished.extend(due.into_iter().filter_map(|id| self.pump(host, id)));
+        finished
     }
 
     /// Sends every call of job `id` that is due, until none is (a refused call may turn into
@@ -148,7 +193,7 @@ impl Engine {
                 match result {
                     Ok(token) => {
                         job.fanout.dispatched(send.index, token);
-                        self.tokens.insert(token, id);
+                        self.tokens.insert(token, (id, send.index));
                     }
                     Err(detail) => {
                         let failure = Failure::DispatchError {
@@ -186,11 +231,11 @@ impl Engine {
         num_headers: usize,
         body_size: usize,
     ) -> Option<Finished> {
-        let id = self.tokens.remove(&token)?;
+        let (id, index) = self.tokens.remove(&token)?;
         let job = self.jobs.get_mut(&id)?;
         let config = job.config.clone();
         let channel = config.channel(job.fanout.channel())?;
-        let (index, leg) = job.fanout.leg_of(token)?;
+        let leg = job.fanout.leg_at(index, token)?;
         let sub = channel.subscribers.get(index)?;
         let status = if num_headers == 0 {
             None
@@ -243,7 +288,7 @@ impl Engine {
         }
         .to_string();
         let result = end.result.clone();
-        job.fanout.completed(token, end, now, channel)?;
+        job.fanout.completed_at(index, token, end, now, channel)?;
         if let Err(failure) = &result {
             log_failure(job, channel, index, leg, failure);
         }

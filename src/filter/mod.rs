@@ -53,15 +53,52 @@ pub struct FanoutRoot<H> {
     last_flush_ms: u64,
 }
 
-impl<H: Host + Clone + 'static> FanoutRoot<H> {
-    pub fn new(id: u32, host: H) -> Self {
+/// What every root context of one VM shares. A configuration update (e.g. through ECDS)
+/// starts a new root context in the same VM while the old one's streams and deliveries are
+/// still under way: they must go on counting into the same tally, and the new root's timer
+/// must carry on the old one's retries.
+#[derive(Clone)]
+pub struct VmShared {
+    telemetry: Rc<RefCell<Telemetry>>,
+    engine: Rc<RefCell<Engine>>,
+}
+
+impl Default for VmShared {
+    fn default() -> Self {
         let telemetry: Rc<RefCell<Telemetry>> = Rc::default();
+        VmShared {
+            engine: Rc::new(RefCell::new(Engine::new(telemetry.clone()))),
+            telemetry,
+        }
+    }
+}
+
+thread_local! {
+    /// One per VM: Envoy runs each VM on one thread.
+    static VM_SHARED: VmShared = VmShared::default();
+}
+
+impl VmShared {
+    /// This VM's.
+    pub fn of_this_vm() -> VmShared {
+        VM_SHARED.with(VmShared::clone)
+    }
+}
+
+impl<H: Host + Clone + 'static> FanoutRoot<H> {
+    /// A root context with state of its own (tests).
+    pub fn new(id: u32, host: H) -> Self {
+        FanoutRoot::with_shared(id, host, VmShared::default())
+    }
+
+    /// A root context sharing `shared` with the VM's other root contexts.
+    pub fn with_shared(id: u32, host: H, shared: VmShared) -> Self {
         FanoutRoot {
             id,
             host,
             config: None,
-            engine: Rc::new(RefCell::new(Engine::new(telemetry.clone()))),
-            telemetry,
+            engine: shared.engine,
+            telemetry: shared.telemetry,
             tick: Duration::ZERO,
             last_flush_ms: 0,
         }
@@ -112,6 +149,15 @@ fn answer_stream<H: Host>(host: &H, stream: u32, current: u32, answer: &Answer) 
 }
 
 impl<H: Host + Clone + 'static> Context for FanoutRoot<H> {
+    /// The plugin is being retired (a newer configuration took over, or Envoy stops): hand
+    /// over what was counted since the last tick.
+    fn on_done(&mut self) -> bool {
+        if let Ok(mut telemetry) = self.telemetry.try_borrow_mut() {
+            telemetry.flush(&self.host);
+        }
+        true
+    }
+
     /// Answers to the calls the root made (retries, async deliveries).
     fn on_http_call_response(
         &mut self,

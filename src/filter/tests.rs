@@ -1405,3 +1405,67 @@ fn async_mode_filters_too_and_an_event_nobody_wants_ends_at_once() {
     plugin.tick_at(1001);
     assert_eq!(clusters(&plugin), ["created"]);
 }
+
+#[test]
+fn a_root_call_that_never_comes_back_is_given_up_after_its_worst_case() {
+    let mut plugin = Plugin::configured(
+        r#"{"mode": "async", "timeout_ms": 1000, "subscribers": [{"cluster": "a"}]}"#,
+    );
+    let _ctx = send(&plugin, &post("x"), b"event");
+    plugin.tick_at(1);
+    assert_eq!(plugin.state().dispatched.len(), 1);
+    // Envoy drops the call: no answer ever comes.
+    plugin.tick_at(1000 + 29_000);
+    plugin.tick_at(31_500);
+    plugin.tick_at(33_000);
+    let state = plugin.state();
+    assert_eq!(state.value("fanout.requests.undelivered"), 1);
+    assert_eq!(state.value("fanout.in_flight"), 0);
+}
+
+/// A configuration update starts a new root context in the same VM; a request that started
+/// under the old one is counted, and its deliveries go on.
+#[test]
+fn root_contexts_of_one_vm_share_counts_and_deliveries() {
+    let host = FakeHost::default();
+    let json = br#"{"delivery": {"retry": 1, "backoff_delay_ms": 100},
+                    "subscribers": [{"cluster": "a"}]}"#;
+    host.0.borrow_mut().config = Some(json.to_vec());
+    let shared = super::VmShared::default();
+    let mut old = FanoutRoot::with_shared(ROOT, host.clone(), shared.clone());
+    assert!(old.on_configure(0));
+    host.0.borrow_mut().request_headers = post("x")
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+        .collect();
+    host.0.borrow_mut().effective = STREAM;
+    let mut ctx = old.create_http_context(STREAM).unwrap();
+    ctx.on_http_request_headers(3, true);
+    host.0.borrow_mut().call_response = (Some(503), Vec::new());
+    ctx.on_http_call_response(1, 1, 0, 0);
+
+    // The update: a new root in the same VM; the old one is retired.
+    let mut new = FanoutRoot::with_shared(ROOT + 10, host.clone(), shared);
+    assert!(new.on_configure(0));
+    assert!(old.on_done());
+    drop(old);
+    // exponential by default: 100 ms * 2^1 before retry 1
+    host.0.borrow_mut().now_ms = 200;
+    host.0.borrow_mut().effective = ROOT + 10;
+    new.on_tick();
+    let retry = host.0.borrow().dispatched.last().cloned().unwrap();
+    assert_eq!(
+        retry.token, 2,
+        "the new root's timer sent the old request's retry"
+    );
+    host.0.borrow_mut().call_response = (Some(200), Vec::new());
+    new.on_http_call_response(2, 1, 0, 0);
+    assert_eq!(host.0.borrow().answers, vec![Answer::accepted()]);
+    host.0.borrow_mut().now_ms = 2000;
+    new.on_tick();
+    let state = host.0.borrow();
+    assert_eq!(state.value("fanout.requests.accepted"), 1);
+    assert_eq!(state.value("fanout.requests.received"), 1);
+    assert_eq!(state.value("fanout.in_flight"), 0);
+    assert_eq!(state.value("fanout.subscriber.a.retries"), 1);
+}
