@@ -631,6 +631,11 @@ def main():
             f.write(report.svg(results))
         with open(os.path.join(args.report, "results.md"), "w") as f:
             f.write(report.markdown(results, chart="chart.svg"))
+        results_dir = os.path.join(BENCH, "results")
+        if os.path.dirname(os.path.abspath(args.report)) == results_dir:
+            rel = os.path.relpath(os.path.abspath(args.report), results_dir)
+            with open(os.path.join(results_dir, "latest.md"), "w") as f:
+                f.write(report.markdown(results, chart=f"{rel}/chart.svg"))
         return
     quick = args.quick
     args.connections = 32
