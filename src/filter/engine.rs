@@ -10,7 +10,7 @@
 //! sender itself but returns the answer to the glue, so no `RefCell` is borrowed while Envoy
 //! runs the local reply.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -22,6 +22,31 @@ use crate::delivery::parse_retry_after;
 use crate::fanout::{
     classify, is_success, CallEnd, Failure, FanOut, Leg, ReplyEvent, BODY_PEEK_BYTES,
 };
+
+/// The host's clock, read at most once per callback and only if something needs the time:
+/// a plain success with metrics off costs no clock read (each read is a host call).
+struct Clock<'h, H> {
+    host: &'h H,
+    now: Cell<Option<u64>>,
+}
+
+impl<'h, H: Host> Clock<'h, H> {
+    fn new(host: &'h H) -> Self {
+        Clock {
+            host,
+            now: Cell::new(None),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        if let Some(now) = self.now.get() {
+            return now;
+        }
+        let now = self.host.now_ms();
+        self.now.set(Some(now));
+        now
+    }
+}
 
 /// One event being delivered.
 pub struct Job {
@@ -109,7 +134,11 @@ impl Engine {
         self.next_job += 1;
         self.count(&job.config, |tally| tally.fanout_started());
         self.jobs.insert(id, job);
-        let finished = if send_now { self.pump(host, id) } else { None };
+        let finished = if send_now {
+            self.pump(host, &Clock::new(host), id)
+        } else {
+            None
+        };
         (id, finished)
     }
 
@@ -137,7 +166,8 @@ impl Engine {
     /// The root context's timer: sends what is due in every fan-out, and gives up on those
     /// whose answers can no longer come.
     pub fn tick<H: Host>(&mut self, host: &H) -> Vec<Finished> {
-        let now = host.now_ms();
+        let clock = Clock::new(host);
+        let now = clock.now();
         let lost: Vec<u64> = self
             .jobs
             .iter()
@@ -156,7 +186,7 @@ impl Engine {
                 job.fanout.give_up(now);
             }
             self.tokens.retain(|_, (job, _)| *job != id);
-            finished.extend(self.finish_if_done(host, id));
+            finished.extend(self.finish_if_done(&clock, id));
         }
         let due: Vec<u64> = self
             .jobs
@@ -166,16 +196,21 @@ impl Engine {
             })
             .map(|(id, _)| *id)
             .collect();
-        finished.extend(due.into_iter().filter_map(|id| self.pump(host, id)));
+        finished.extend(due.into_iter().filter_map(|id| self.pump(host, &clock, id)));
         finished
     }
 
     /// Sends every call of job `id` that is due, until none is (a refused call may turn into
     /// a dead letter at once); returns the answer if the fan-out ended.
-    fn pump<H: Host>(&mut self, host: &H, id: u64) -> Option<Finished> {
-        let now = host.now_ms();
+    fn pump<H: Host>(&mut self, host: &H, clock: &Clock<'_, H>, id: u64) -> Option<Finished> {
         loop {
             let job = self.jobs.get_mut(&id)?;
+            // The time matters only to retries waiting for it.
+            let now = if job.fanout.waiting() > 0 {
+                clock.now()
+            } else {
+                0
+            };
             let sends = job.fanout.take_ready(now);
             if sends.is_empty() {
                 break;
@@ -199,7 +234,8 @@ impl Engine {
                         let failure = Failure::DispatchError {
                             detail: detail.clone(),
                         };
-                        job.fanout.dispatch_failed(send.index, detail, now, channel);
+                        job.fanout
+                            .dispatch_failed(send.index, detail, clock.now(), channel);
                         log_failure(job, channel, send.index, send.leg, &failure);
                         let failed = Err(failure);
                         count(&telemetry, &config, |tally| {
@@ -220,7 +256,7 @@ impl Engine {
                 });
             }
         }
-        self.finish_if_done(host, id)
+        self.finish_if_done(clock, id)
     }
 
     /// The answer to call `token` is being delivered (to whichever context made the call).
@@ -280,7 +316,13 @@ impl Engine {
                 }
             }
         };
-        let now = host.now_ms();
+        let clock = Clock::new(host);
+        // The time: for a failure (its wait, its elapsed time) and for the duration metric.
+        let now = if end.result.is_err() || config.metrics {
+            clock.now()
+        } else {
+            0
+        };
         let cluster = match leg {
             Leg::Event => sub.cluster.as_str(),
             Leg::Reply => sub.reply.as_ref().map_or("", |t| t.cluster.as_str()),
@@ -301,17 +343,21 @@ impl Engine {
             }
         });
         // A leg that just changed (reply, dead letter) goes out at once.
-        self.pump(host, id)
+        self.pump(host, &clock, id)
     }
 
-    fn finish_if_done<H: Host>(&mut self, host: &H, id: u64) -> Option<Finished> {
+    fn finish_if_done<H: Host>(&mut self, clock: &Clock<'_, H>, id: u64) -> Option<Finished> {
         if !self.jobs.get(&id)?.fanout.is_done() {
             return None;
         }
         let job = self.jobs.remove(&id)?;
         let channel = job.config.channel(job.fanout.channel())?;
         let answer = job.fanout.verdict(channel);
-        let duration = host.now_ms().saturating_sub(job.started_ms);
+        let duration = if job.config.metrics {
+            clock.now().saturating_sub(job.started_ms)
+        } else {
+            0
+        };
         match job.config.mode {
             Mode::Sync => {
                 if answer.status != 202 {
