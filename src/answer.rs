@@ -10,6 +10,9 @@ pub const JSON: &str = "application/json";
 /// Header on a 500 from `fanout`, with the number of failed subscribers, so that a sender can
 /// tell our answer from one Envoy made up.
 pub const FAILED_HEADER: &str = "x-fanout-failed";
+/// Header on an answer that skipped subscribers because `dedupe` recorded that they already
+/// took the event: how many.
+pub const ALREADY_DELIVERED_HEADER: &str = "x-fanout-already-delivered";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {

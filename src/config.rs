@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::error::Category;
 
 use crate::cloudevents::Attributes;
+use crate::dedupe::{DedupeConfig, MAX_ENTRIES_LIMIT, MAX_TTL_MS};
 use crate::delivery::{
     BackoffPolicy, RetryPolicy, DEFAULT_BACKOFF_DELAY_MS, DEFAULT_BACKOFF_MAX_MS, MAX_RETRY,
 };
@@ -92,6 +93,7 @@ struct RawConfig {
     max_in_flight: Option<u32>,
     #[serde(default)]
     report: ReportDetail,
+    dedupe: Option<RawDedupe>,
 }
 
 /// How much the 500 report says.
@@ -103,6 +105,15 @@ pub enum ReportDetail {
     Failures,
     /// Also every subscriber that took the event.
     Full,
+}
+
+/// `"dedupe": {"key": "ce-id", "ttl_ms": 600000, "max_entries": 100000}`; off when absent.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDedupe {
+    key: Option<String>,
+    ttl_ms: Option<u64>,
+    max_entries: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -239,6 +250,8 @@ pub struct Config {
     pub needs_timer: bool,
     /// Things that are valid but probably not what the user wants, for configure() to log.
     pub warnings: Vec<String>,
+    /// Redelivery without duplicates (`None`: off).
+    pub dedupe: Option<DedupeConfig>,
 }
 
 /// A set of subscribers reached through the hosts that name the channel.
@@ -514,6 +527,46 @@ impl RawConfig {
             max_in_flight,
             needs_timer,
             warnings,
+            dedupe: self.dedupe.map(RawDedupe::validate).transpose()?,
+        })
+    }
+}
+
+/// Defaults of `dedupe`.
+pub const DEFAULT_DEDUPE_KEY: &str = "ce-id";
+pub const DEFAULT_DEDUPE_TTL_MS: u64 = 600_000;
+pub const DEFAULT_DEDUPE_MAX_ENTRIES: u32 = 100_000;
+
+impl RawDedupe {
+    fn validate(self) -> Result<DedupeConfig, ConfigError> {
+        let key = self
+            .key
+            .unwrap_or_else(|| DEFAULT_DEDUPE_KEY.to_string())
+            .to_ascii_lowercase();
+        if key.is_empty() || !key.bytes().all(headers::is_token_byte) {
+            return Err(ConfigError::new(
+                "dedupe.key",
+                format!("\"{key}\" is not a header name, e.g. \"ce-id\""),
+            ));
+        }
+        let ttl_ms = self.ttl_ms.unwrap_or(DEFAULT_DEDUPE_TTL_MS);
+        if !(1..=MAX_TTL_MS).contains(&ttl_ms) {
+            return Err(ConfigError::new(
+                "dedupe.ttl_ms",
+                format!("must be from 1 to {MAX_TTL_MS} (7 days), got {ttl_ms}"),
+            ));
+        }
+        let max_entries = self.max_entries.unwrap_or(DEFAULT_DEDUPE_MAX_ENTRIES);
+        if !(1..=MAX_ENTRIES_LIMIT).contains(&max_entries) {
+            return Err(ConfigError::new(
+                "dedupe.max_entries",
+                format!("must be from 1 to {MAX_ENTRIES_LIMIT}, got {max_entries}"),
+            ));
+        }
+        Ok(DedupeConfig {
+            key,
+            ttl_ms,
+            max_entries,
         })
     }
 }
@@ -1146,6 +1199,64 @@ mod tests {
             assert!(
                 message.starts_with(expected),
                 "config {json:?}\n  gave: {message}\n  want: {expected}..."
+            );
+        }
+    }
+
+    #[test]
+    fn dedupe_is_off_unless_present_and_has_defaults() {
+        assert_eq!(parse(r#"{"subscribers": []}"#).unwrap().dedupe, None);
+        let config = parse(r#"{"dedupe": {}, "subscribers": []}"#).unwrap();
+        assert_eq!(
+            config.dedupe,
+            Some(DedupeConfig {
+                key: "ce-id".into(),
+                ttl_ms: 600_000,
+                max_entries: 100_000
+            })
+        );
+        let config = parse(
+            r#"{"dedupe": {"key": "X-Event-Id", "ttl_ms": 1, "max_entries": 1}, "subscribers": []}"#,
+        )
+        .unwrap();
+        let dedupe = config.dedupe.unwrap();
+        assert_eq!(dedupe.key, "x-event-id");
+        assert_eq!((dedupe.ttl_ms, dedupe.max_entries), (1, 1));
+    }
+
+    #[test]
+    fn dedupe_rejections_name_the_field() {
+        let cases: &[(&str, &str)] = &[
+            (r#"{"key": ""}"#, "dedupe.key: \"\" is not a header name"),
+            (
+                r#"{"key": "ce id"}"#,
+                "dedupe.key: \"ce id\" is not a header name",
+            ),
+            (r#"{"key": ":path"}"#, "dedupe.key:"),
+            (r#"{"ttl_ms": 0}"#, "dedupe.ttl_ms: must be from 1 to"),
+            (
+                r#"{"ttl_ms": 604800001}"#,
+                "dedupe.ttl_ms: must be from 1 to",
+            ),
+            (
+                r#"{"max_entries": 0}"#,
+                "dedupe.max_entries: must be from 1 to 1000000",
+            ),
+            (
+                r#"{"max_entries": 1000001}"#,
+                "dedupe.max_entries: must be from 1",
+            ),
+            (
+                r#"{"max_entries": -1}"#,
+                "dedupe.max_entries: invalid value",
+            ),
+            (r#"{"ttl": 5}"#, "dedupe.ttl: unknown field `ttl`"),
+        ];
+        for (dedupe, expected) in cases {
+            let message = error(&format!(r#"{{"dedupe": {dedupe}, "subscribers": []}}"#));
+            assert!(
+                message.contains(expected),
+                "{dedupe}\n  gave: {message}\n  want: {expected}"
             );
         }
     }

@@ -9,7 +9,7 @@
 
 use serde::Serialize;
 
-use crate::answer::{sanitize, Answer, FAILED_HEADER};
+use crate::answer::{sanitize, Answer, ALREADY_DELIVERED_HEADER, FAILED_HEADER};
 use crate::config::Channel;
 use crate::delivery::is_retryable;
 
@@ -165,6 +165,10 @@ enum CallState {
     },
     /// Its filter does not want the event: never called.
     Skipped,
+    /// `dedupe` recorded that it already took this event: not called again.
+    AlreadyDelivered,
+    /// `dedupe`: another request is delivering this event to it right now: not called.
+    InProgress,
     Delivered,
     /// Failed for good, but the dead-letter target took the event.
     DeadLettered,
@@ -193,6 +197,8 @@ impl Call {
         matches!(
             self.state,
             CallState::Skipped
+                | CallState::AlreadyDelivered
+                | CallState::InProgress
                 | CallState::Delivered
                 | CallState::DeadLettered
                 | CallState::Failed { .. }
@@ -250,17 +256,49 @@ impl FanOut {
 
     /// Subscriber `index` does not want the event: it is not called, and it is done.
     pub fn skip(&mut self, index: usize) {
+        self.end_unsent(index, CallState::Skipped);
+    }
+
+    /// `dedupe` knows subscriber `index` already took this event: it is not called again,
+    /// and it is done (it counts as delivered in the verdict).
+    pub fn already_delivered(&mut self, index: usize) {
+        self.end_unsent(index, CallState::AlreadyDelivered);
+    }
+
+    /// `dedupe` knows another request is delivering this event to subscriber `index` right
+    /// now: it is not called, and the verdict asks the sender to retry (409) unless something
+    /// failed (500).
+    pub fn in_progress_elsewhere(&mut self, index: usize) {
+        self.end_unsent(index, CallState::InProgress);
+    }
+
+    /// Ends a subscriber's delivery that has not started, in `state`.
+    fn end_unsent(&mut self, index: usize, state: CallState) {
         if let Some(call) = self.calls.get_mut(index) {
             if call.state == CallState::Ready && call.leg == Leg::Event && call.leg_attempts == 0 {
-                call.state = CallState::Skipped;
+                call.state = state;
                 self.open -= 1;
             }
         }
     }
 
+    /// Whether subscriber `index` took the event in this fan-out: directly (2xx, and its
+    /// reply passed on if it has a reply target) or through its dead-letter target.
+    pub fn is_delivered(&self, index: usize) -> bool {
+        self.calls.get(index).is_some_and(|call| {
+            matches!(call.state, CallState::Delivered | CallState::DeadLettered)
+        })
+    }
+
     /// Number of subscribers skipped by their filter.
     pub fn skipped(&self) -> usize {
         self.count(|state| *state == CallState::Skipped)
+    }
+
+    /// Number of subscribers `dedupe` did not call because another request is delivering the
+    /// event to them.
+    pub fn in_progress(&self) -> usize {
+        self.count(|state| *state == CallState::InProgress)
     }
 
     fn count(&self, which: impl Fn(&CallState) -> bool) -> usize {
@@ -559,7 +597,10 @@ impl FanOut {
 
     /// The answer for the sender: 202 when every subscriber that wanted the event took it
     /// (directly or through its dead-letter target; also when every one was skipped), else
-    /// the 500 report. Meaningful once [`FanOut::is_done`].
+    /// the 500 report. With `dedupe`, subscribers that already had the event count as having
+    /// taken it (202 with a report naming them), and subscribers another request is
+    /// delivering to make it a 409 (retry) when nothing failed. Meaningful once
+    /// [`FanOut::is_done`].
     pub fn verdict(&self, channel: &Channel) -> Answer {
         let clusters = |which: &dyn Fn(&CallState) -> bool| -> Vec<&str> {
             self.calls
@@ -581,10 +622,20 @@ impl FanOut {
                 _ => None,
             })
             .collect();
-        let answer = if failed.is_empty() {
+        let already_delivered = clusters(&|s| *s == CallState::AlreadyDelivered);
+        let in_progress = clusters(&|s| *s == CallState::InProgress);
+        let answer = if failed.is_empty() && already_delivered.is_empty() && in_progress.is_empty()
+        {
             Answer::accepted()
         } else {
-            let count = failed.len();
+            let (failed_count, already_count) = (failed.len(), already_delivered.len());
+            // A failure outranks a delivery in progress elsewhere: both mean "retry", but a
+            // failure is what a sender's operator needs to see.
+            let status = match (failed_count, in_progress.is_empty()) {
+                (0, true) => 202,
+                (0, false) => 409,
+                _ => 500,
+            };
             let report = Report {
                 channel: &channel.name,
                 subscribers: self.calls.len(),
@@ -592,6 +643,8 @@ impl FanOut {
                 failed,
                 dead_lettered: dead_lettered.clone(),
                 skipped: clusters(&|s| *s == CallState::Skipped),
+                already_delivered,
+                in_progress,
                 succeeded: self.full_report.then(|| {
                     self.calls
                         .iter()
@@ -609,7 +662,17 @@ impl FanOut {
                         .collect()
                 }),
             };
-            Answer::json(500, &report).with_header(FAILED_HEADER, count.to_string())
+            let mut answer = Answer::json(status, &report);
+            if failed_count > 0 {
+                answer = answer.with_header(FAILED_HEADER, failed_count.to_string());
+            }
+            if already_count > 0 {
+                answer = answer.with_header(ALREADY_DELIVERED_HEADER, already_count.to_string());
+            }
+            if status == 409 {
+                answer = answer.with_header("retry-after", "1".to_string());
+            }
+            answer
         };
         if dead_lettered.is_empty() {
             answer
@@ -629,7 +692,8 @@ pub const DEAD_LETTER_ATTEMPTS: &str = "x-fanout-failed-attempts";
 pub const DEAD_LETTERED_HEADER: &str = "x-fanout-dead-lettered";
 
 /// The body of a 500: which subscribers did not take the event, and why.
-/// `subscribers` = `delivered` + `failed` + `dead_lettered` + `skipped`.
+/// `subscribers` = `delivered` + `failed` + `dead_lettered` + `skipped` + `already_delivered`
+/// + `in_progress`. Also the body of a 202 or 409 when `dedupe` did not call some subscribers.
 #[derive(Serialize)]
 struct Report<'a> {
     channel: &'a str,
@@ -640,6 +704,12 @@ struct Report<'a> {
     dead_lettered: Vec<&'a str>,
     /// Their filter did not want the event: not called.
     skipped: Vec<&'a str>,
+    /// `dedupe`: they already took this event (an earlier request delivered it): not called.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    already_delivered: Vec<&'a str>,
+    /// `dedupe`: another request for the same event is delivering it to them right now.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    in_progress: Vec<&'a str>,
     /// With `"report": "full"`: every subscriber that took the event.
     #[serde(skip_serializing_if = "Option::is_none")]
     succeeded: Option<Vec<Succeeded<'a>>>,
@@ -988,6 +1058,62 @@ mod tests {
         assert_eq!(f.completed(2, status(500), 0, &ch), None, "late token");
         assert_eq!(f.failures().count(), 1);
         assert_eq!(f.verdict(&ch).status, 500);
+    }
+
+    #[test]
+    fn dedupe_marks_are_named_in_every_answer_and_kept_apart_from_filter_skips() {
+        let ch = channel(3);
+        // All already delivered: 202 at once, saying so.
+        let mut f = FanOut::new(0, 3, 0);
+        (0..3).for_each(|i| f.already_delivered(i));
+        assert!(f.is_done());
+        assert!(f.take_ready(0).is_empty());
+        let answer = f.verdict(&ch);
+        assert_eq!(answer.status, 202);
+        assert!(answer
+            .headers
+            .contains(&(ALREADY_DELIVERED_HEADER, "3".to_string())));
+        let doc = report(&answer);
+        assert_eq!(
+            doc["already_delivered"],
+            serde_json::json!(["c0", "c1", "c2"])
+        );
+        assert_eq!(doc["delivered"], 0);
+        assert_eq!(doc["skipped"], serde_json::json!([]));
+        assert!(doc.get("in_progress").is_none());
+
+        // One already delivered, one delivered, one failed: 500 naming both.
+        let mut f = FanOut::new(0, 3, 0);
+        f.already_delivered(0);
+        let mut next = 0;
+        assert_eq!(send_all(&mut f, 0, &mut next).len(), 2);
+        f.completed(1, CallEnd::ok(), 0, &ch);
+        f.completed(2, CallEnd::failed(Failure::NoResponse), 0, &ch);
+        assert!(f.is_delivered(1) && !f.is_delivered(0) && !f.is_delivered(2));
+        let answer = f.verdict(&ch);
+        assert_eq!(answer.status, 500);
+        let doc = report(&answer);
+        assert_eq!(doc["already_delivered"], serde_json::json!(["c0"]));
+        assert_eq!(doc["failed"][0]["cluster"], "c2");
+
+        // In progress elsewhere, skipped by a filter, nothing failed: 409, retry.
+        let mut f = FanOut::new(0, 3, 0);
+        f.in_progress_elsewhere(0);
+        f.skip(1);
+        // A subscriber's state is set once: a later mark changes nothing.
+        f.already_delivered(1);
+        let mut next = 0;
+        send_all(&mut f, 0, &mut next);
+        f.completed(1, CallEnd::ok(), 0, &ch);
+        assert!(f.is_done());
+        let answer = f.verdict(&ch);
+        assert_eq!(answer.status, 409);
+        assert!(answer.headers.contains(&("retry-after", "1".to_string())));
+        let doc = report(&answer);
+        assert_eq!(doc["in_progress"], serde_json::json!(["c0"]));
+        assert_eq!(doc["skipped"], serde_json::json!(["c1"]));
+        assert!(doc.get("already_delivered").is_none());
+        assert_eq!(doc["failed"], serde_json::json!([]));
     }
 
     #[test]

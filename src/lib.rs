@@ -6,12 +6,13 @@
 //! wasm32: [`config`] (the JSON contract), [`routing`] (channel by host), [`headers`] (what is
 //! forwarded), [`request`] (admission), [`fanout`] (one request's calls and verdict),
 //! [`answer`] and [`metrics`]; subscription filters are [`cloudevents`] (an event's
-//! attributes) and [`filters`] (the matcher). The `filter` module is the thin proxy-wasm
-//! layer on top.
+//! attributes) and [`filters`] (the matcher); [`dedupe`] is redelivery without duplicates.
+//! The `filter` module is the thin proxy-wasm layer on top.
 
 pub mod answer;
 pub mod cloudevents;
 pub mod config;
+pub mod dedupe;
 pub mod delivery;
 pub mod fanout;
 pub mod filters;

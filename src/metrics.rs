@@ -20,6 +20,11 @@
 //! | `fanout.subscriber.<cluster>.calls` / `.delivered` / `.retries` / `.dead_lettered` | counter |
 //! | `fanout.subscriber.<cluster>.skipped`: its filter did not want the event (not called) | counter |
 //! | `fanout.subscriber.<cluster>.failed.<kind>` (`status_4xx`, `status_5xx`, `status_other`, `timeout`, `reset`, `no_response`, `dispatch_error`) | counter |
+//! | `fanout.dedupe.missing_key`: requests fanned out without dedupe (no usable key) | counter |
+//! | `fanout.dedupe.skipped`: subscribers not called because they already had the event | counter |
+//! | `fanout.dedupe.in_progress`: subscribers not called because another request was calling them | counter |
+//! | `fanout.dedupe.store_errors`: store updates given up under contention | counter |
+//! | `fanout.dedupe.entries`: events in the store (a debug view of its bound) | gauge |
 //!
 //! `<cluster>` is the cluster name with every character other than letters, digits, `_` and
 //! `-` replaced by `_`: Envoy splits stat names on `.`, and an Istio cluster name such as
@@ -90,6 +95,8 @@ pub struct Tally {
     in_flight_delta: i64,
     fanout_ms: Vec<u64>,
     call_ms: Vec<u64>,
+    dedupe: bool,
+    dedupe_entries_delta: i64,
 }
 
 /// Counter numbers of one subscriber cluster.
@@ -123,6 +130,8 @@ pub struct Flush {
     pub in_flight_delta: i64,
     pub fanout_ms: Vec<u64>,
     pub call_ms: Vec<u64>,
+    /// Change of the dedupe entries gauge.
+    pub dedupe_entries_delta: i64,
 }
 
 pub const IN_FLIGHT: &str = "fanout.in_flight";
@@ -133,6 +142,11 @@ const ACCEPTED: &str = "fanout.requests.accepted";
 const FAILED: &str = "fanout.requests.failed";
 const REACHED_ROUTER: &str = "fanout.requests.reached_router";
 const UNDELIVERED: &str = "fanout.requests.undelivered";
+pub const DEDUPE_ENTRIES: &str = "fanout.dedupe.entries";
+const DEDUPE_MISSING_KEY: &str = "fanout.dedupe.missing_key";
+const DEDUPE_SKIPPED: &str = "fanout.dedupe.skipped";
+const DEDUPE_IN_PROGRESS: &str = "fanout.dedupe.in_progress";
+const DEDUPE_STORE_ERRORS: &str = "fanout.dedupe.store_errors";
 
 impl Tally {
     fn counter(&mut self, name: &str) -> usize {
@@ -147,8 +161,12 @@ impl Tally {
     }
 
     fn bump(&mut self, id: usize) {
+        self.add(id, 1);
+    }
+
+    fn add(&mut self, id: usize, n: u64) {
         if let Some(count) = self.counts.get_mut(id) {
-            *count += 1;
+            *count += n;
         }
     }
 
@@ -207,6 +225,50 @@ impl Tally {
         if let Some(ms) = duration_ms {
             push_bounded(&mut self.fanout_ms, ms);
         }
+    }
+
+    /// Makes the dedupe counters and gauge exist (at zero) before the first request.
+    pub fn register_dedupe(&mut self) {
+        self.dedupe = true;
+        for name in [
+            DEDUPE_MISSING_KEY,
+            DEDUPE_SKIPPED,
+            DEDUPE_IN_PROGRESS,
+            DEDUPE_STORE_ERRORS,
+        ] {
+            self.counter(name);
+        }
+    }
+
+    /// Whether [`Tally::register_dedupe`] was called: the entries gauge exists.
+    pub fn has_dedupe(&self) -> bool {
+        self.dedupe
+    }
+
+    /// A request with dedupe on but no usable key: fanned out to everyone.
+    pub fn dedupe_missing_key(&mut self) {
+        let id = self.counter(DEDUPE_MISSING_KEY);
+        self.bump(id);
+    }
+
+    /// Subscribers not called: `already` had the event, `in_progress` were being called.
+    pub fn dedupe_skipped(&mut self, already: usize, in_progress: usize) {
+        for (name, n) in [(DEDUPE_SKIPPED, already), (DEDUPE_IN_PROGRESS, in_progress)] {
+            if n > 0 {
+                let id = self.counter(name);
+                self.add(id, n as u64);
+            }
+        }
+    }
+
+    pub fn dedupe_store_error(&mut self) {
+        let id = self.counter(DEDUPE_STORE_ERRORS);
+        self.bump(id);
+    }
+
+    /// Events added to (or, negative, removed from) the store by one write.
+    pub fn dedupe_entries(&mut self, delta: i64) {
+        self.dedupe_entries_delta += delta;
     }
 
     /// Makes the counters of a cluster exist (at zero) before its first call.
@@ -286,6 +348,7 @@ impl Tally {
             in_flight_delta: std::mem::take(&mut self.in_flight_delta),
             fanout_ms: std::mem::take(&mut self.fanout_ms),
             call_ms: std::mem::take(&mut self.call_ms),
+            dedupe_entries_delta: std::mem::take(&mut self.dedupe_entries_delta),
         }
     }
 }

@@ -8,6 +8,7 @@
 use crate::answer::Answer;
 use crate::cloudevents::{self, Attributes, EventError, Mode};
 use crate::config::Config;
+use crate::dedupe::MAX_KEY_BYTES;
 
 /// A request that passed admission: the body still decides (it may turn out too large).
 #[derive(Debug, PartialEq, Eq)]
@@ -18,6 +19,9 @@ pub struct Admitted {
     /// How the request carries its CloudEvent, read from the headers (binary attributes
     /// already decoded) only when a subscriber of the channel has a filter; `None` otherwise.
     pub event: Option<Mode>,
+    /// The event's identity for `dedupe`: the value of its `key` header, when dedupe is on
+    /// and the request has one that is not empty and at most `MAX_KEY_BYTES` long.
+    pub event_key: Option<Vec<u8>>,
 }
 
 /// Decides on a request from its headers, as Envoy hands them over (lower-case names,
@@ -62,6 +66,11 @@ pub fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitte
     } else {
         None
     };
+    let event_key = config.dedupe.as_ref().and_then(|dedupe| {
+        find(&headers, &dedupe.key)
+            .filter(|key| !key.is_empty() && key.len() <= MAX_KEY_BYTES)
+            .map(<[u8]>::to_vec)
+    });
 
     let mut forwarded = Vec::new();
     for (name, value) in headers {
@@ -85,6 +94,7 @@ pub fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitte
         channel,
         forwarded,
         event,
+        event_key,
     })
 }
 
@@ -291,6 +301,31 @@ mod tests {
         );
         let answer = event_attributes(Some(Mode::Structured), b"{not json").unwrap_err();
         assert_eq!(answer.status, 400);
+    }
+
+    #[test]
+    fn the_dedupe_key_is_taken_only_when_dedupe_is_on() {
+        let h = |key: &str| {
+            headers(&[
+                (":method", "POST"),
+                (":authority", "x"),
+                ("x-event", key),
+                ("ce-id", "c1"),
+            ])
+        };
+        let off = Config::from_json(br#"{"subscribers": []}"#).unwrap();
+        assert_eq!(admit(&off, h("e1")).unwrap().event_key, None);
+        let on =
+            Config::from_json(br#"{"dedupe": {"key": "X-Event"}, "subscribers": []}"#).unwrap();
+        assert_eq!(admit(&on, h("e1")).unwrap().event_key, Some(b"e1".to_vec()));
+        assert_eq!(admit(&on, h("")).unwrap().event_key, None);
+        let long = "k".repeat(MAX_KEY_BYTES + 1);
+        assert_eq!(admit(&on, h(&long)).unwrap().event_key, None);
+        let default_key = Config::from_json(br#"{"dedupe": {}, "subscribers": []}"#).unwrap();
+        assert_eq!(
+            admit(&default_key, h("e1")).unwrap().event_key,
+            Some(b"c1".to_vec())
+        );
     }
 
     #[test]
