@@ -14,6 +14,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use super::redelivery::{self, Redelivery};
 use super::telemetry::Telemetry;
 use super::Host;
 use crate::answer::Answer;
@@ -59,6 +60,8 @@ pub struct Job {
     /// Context id for log lines.
     pub log_id: u32,
     pub started_ms: u64,
+    /// `dedupe`'s claims of this event, settled when the fan-out ends.
+    pub redelivery: Option<Redelivery>,
 }
 
 /// How long past its worst case (every attempt timing out, every backoff at its longest) a
@@ -143,15 +146,17 @@ impl Engine {
     }
 
     /// The sender went away: a sync fan-out is dropped (its stream's calls are cancelled by
-    /// Envoy; answers to the root's calls for it are ignored from now on).
-    pub fn abandon(&mut self, id: u64) {
+    /// Envoy; answers to the root's calls for it are ignored from now on). Its `dedupe`
+    /// claims are settled: what was delivered so far is recorded, the rest released.
+    pub fn abandon<H: Host>(&mut self, host: &H, id: u64) {
         if let Some(job) = self.jobs.get(&id) {
             if job.config.mode == Mode::Async {
                 return;
             }
         }
-        if let Some(job) = self.jobs.remove(&id) {
+        if let Some(mut job) = self.jobs.remove(&id) {
             self.tokens.retain(|_, (j, _)| *j != id);
+            self.settle(&Clock::new(host), &mut job);
             self.count(&job.config, |tally| tally.fanout_ended(None));
         }
     }
@@ -350,7 +355,8 @@ impl Engine {
         if !self.jobs.get(&id)?.fanout.is_done() {
             return None;
         }
-        let job = self.jobs.remove(&id)?;
+        let mut job = self.jobs.remove(&id)?;
+        self.settle(clock, &mut job);
         let channel = job.config.channel(job.fanout.channel())?;
         let answer = job.fanout.verdict(channel);
         let duration = if job.config.metrics {
@@ -378,7 +384,7 @@ impl Engine {
                 });
             }
             Mode::Async => {
-                if answer.status != 202 {
+                if answer.status == 500 {
                     // The sender already has its 202: this is the only trace of the loss.
                     log::warn!(
                         "[#{}] channel {}: async delivery failed for good after the 202: {}",
@@ -387,7 +393,8 @@ impl Engine {
                         String::from_utf8_lossy(&answer.body)
                     );
                 }
-                let undelivered = answer.status != 202;
+                // A 409 (dedupe: another request delivers to some subscribers) is no loss.
+                let undelivered = job.fanout.failures().next().is_some();
                 self.count(&job.config, |tally| {
                     if undelivered {
                         tally.undelivered();
@@ -400,6 +407,22 @@ impl Engine {
             answer_to: job.answer_to,
             answer,
         })
+    }
+
+    /// Records `dedupe`'s outcome of a job that ended (async too: at the end of the background
+    /// delivery, not at its 202).
+    fn settle<H: Host>(&self, clock: &Clock<'_, H>, job: &mut Job) {
+        if let Some(claimed) = job.redelivery.take() {
+            let settled = redelivery::settle(
+                clock.host,
+                clock.now(),
+                &job.config,
+                claimed,
+                &job.fanout,
+                job.log_id,
+            );
+            self.count(&job.config, |tally| settled.record(tally));
+        }
     }
 
     fn count(&self, config: &Config, record: impl FnOnce(&mut crate::metrics::Tally)) {

@@ -11,6 +11,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, MetricType};
 
 use crate::answer::Answer;
+use crate::dedupe::CasMismatch;
 use crate::metrics::Kind;
 
 pub trait Host {
@@ -48,6 +49,13 @@ pub trait Host {
     fn record_metric(&self, id: u32, value: u64);
     /// Sets the root context's timer.
     fn set_tick_period(&self, period: Duration);
+    /// A key of Envoy's shared data (one store per VM id for the whole process, seen by
+    /// every worker): its value and CAS, `(None, None)` if it does not exist.
+    fn get_shared_data(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
+    /// Writes a key of the shared data if its CAS is still `cas` (`None`: unconditionally;
+    /// Envoy also writes a key that does not exist yet whatever `cas` says).
+    fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>)
+        -> Result<(), CasMismatch>;
 }
 
 #[derive(Clone, Copy, Default)]
@@ -159,5 +167,18 @@ impl Host for ProxyHost {
 
     fn set_tick_period(&self, period: Duration) {
         let _ = hostcalls::set_tick_period(period);
+    }
+
+    fn get_shared_data(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        hostcalls::get_shared_data(key).unwrap_or((None, None))
+    }
+
+    fn set_shared_data(
+        &self,
+        key: &str,
+        value: &[u8],
+        cas: Option<u32>,
+    ) -> Result<(), CasMismatch> {
+        hostcalls::set_shared_data(key, Some(value), cas).map_err(|_| CasMismatch)
     }
 }

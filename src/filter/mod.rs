@@ -15,6 +15,7 @@
 
 mod engine;
 pub mod host;
+mod redelivery;
 mod telemetry;
 #[cfg(test)]
 mod tests;
@@ -205,11 +206,15 @@ impl<H: Host + Clone + 'static> RootContext for FanoutRoot<H> {
                 if config.metrics {
                     let mut telemetry = self.telemetry.borrow_mut();
                     telemetry.tally.register_requests();
+                    if config.dedupe.is_some() {
+                        telemetry.tally.register_dedupe();
+                    }
                     for subscriber in config.channels.iter().flat_map(|c| &c.subscribers) {
                         telemetry.tally.register_subscriber(&subscriber.cluster);
                     }
                     telemetry.define_all(&self.host);
                 }
+                redelivery::prepare(&self.host, &config);
                 self.config = Some(Rc::new(config));
                 self.retune_timer();
                 true
@@ -330,13 +335,39 @@ impl<H: Host> FanoutStream<H> {
         };
         let mut fanout = FanOut::new(admitted.channel, channel.subscribers.len(), self.started_ms)
             .with_full_report(config.report == ReportDetail::Full);
+        let mut wanted = Vec::with_capacity(channel.subscribers.len());
         for (index, subscriber) in channel.subscribers.iter().enumerate() {
-            if !subscriber.accepts(event.as_ref()) {
+            if subscriber.accepts(event.as_ref()) {
+                wanted.push(index);
+            } else {
                 fanout.skip(index);
                 self.count(|tally| tally.call_skipped(&subscriber.cluster));
             }
         }
-        // Nothing to send (every subscriber skipped): the engine ends the job at once.
+        // Before anything is claimed: a refused request must leave no claim behind.
+        if config.mode == Mode::Async {
+            let in_flight = self.engine.borrow().async_in_flight();
+            if in_flight >= config.max_in_flight {
+                let message = format!(
+                    "fanout holds {in_flight} events in flight on this worker \
+                     (max_in_flight); try again later"
+                );
+                self.reject(Answer::rejected(503, &message).with_header("retry-after", "1".into()));
+                return;
+            }
+        }
+        // `dedupe`: subscribers that already have the event, or that another request is
+        // delivering it to, are marked in the fan-out and not called; the rest are claimed.
+        let redelivery = self.dedupe_claim(
+            config,
+            admitted.event_key.as_deref(),
+            channel,
+            &wanted,
+            &mut fanout,
+        );
+        let in_progress = fanout.in_progress();
+        // Nothing to send (every subscriber skipped, or already delivered): the engine ends
+        // the job at once.
         let nothing_to_send = fanout.is_done();
         let job = Job {
             config: config.clone(),
@@ -346,24 +377,27 @@ impl<H: Host> FanoutStream<H> {
             answer_to: None,
             log_id: self.id,
             started_ms: self.started_ms,
+            redelivery,
         };
         match config.mode {
             Mode::Async => {
-                let in_flight = self.engine.borrow().async_in_flight();
-                if in_flight >= config.max_in_flight {
-                    let message = format!(
-                        "fanout holds {in_flight} events in flight on this worker \
-                         (max_in_flight); try again later"
-                    );
-                    self.reject(
-                        Answer::rejected(503, &message).with_header("retry-after", "1".into()),
-                    );
-                    return;
-                }
                 self.engine
                     .borrow_mut()
                     .start(&self.host, job, nothing_to_send);
-                self.answer(Answer::accepted(), false);
+                if in_progress > 0 {
+                    // What this request claimed is delivered in the background; the
+                    // subscribers another request is delivering to are that request's. The
+                    // sender retries, and the retry is answered from the records.
+                    let message = format!(
+                        "another request is delivering this event to {in_progress} \
+                         subscriber(s); try again later"
+                    );
+                    self.reject(
+                        Answer::rejected(409, &message).with_header("retry-after", "1".into()),
+                    );
+                } else {
+                    self.answer(Answer::accepted(), false);
+                }
             }
             Mode::Sync => {
                 let job = Job {
@@ -428,7 +462,7 @@ impl<H: Host> Context for FanoutStream<H> {
                      cancelled",
                     self.id
                 );
-                engine.abandon(job);
+                engine.abandon(&self.host, job);
             }
         }
         true
@@ -533,7 +567,7 @@ impl<H: Host> HttpContext for FanoutStream<H> {
                 );
                 if let Stage::Delivering { job } = self.stage {
                     if let Ok(mut engine) = self.engine.try_borrow_mut() {
-                        engine.abandon(job);
+                        engine.abandon(&self.host, job);
                     }
                 }
                 self.stage = Stage::Answered;

@@ -33,6 +33,9 @@ impl Telemetry {
         self.id(host, Kind::Gauge, metrics::IN_FLIGHT);
         self.id(host, Kind::Histogram, metrics::FANOUT_DURATION);
         self.id(host, Kind::Histogram, metrics::CALL_DURATION);
+        if self.tally.has_dedupe() {
+            self.id(host, Kind::Gauge, metrics::DEDUPE_ENTRIES);
+        }
     }
 
     /// Adds what was counted since the last flush to Envoy's stats.
@@ -46,6 +49,11 @@ impl Telemetry {
         if flush.in_flight_delta != 0 {
             if let Some(id) = self.id(host, Kind::Gauge, metrics::IN_FLIGHT) {
                 host.increment_metric(id, flush.in_flight_delta);
+            }
+        }
+        if flush.dedupe_entries_delta != 0 {
+            if let Some(id) = self.id(host, Kind::Gauge, metrics::DEDUPE_ENTRIES) {
+                host.increment_metric(id, flush.dedupe_entries_delta);
             }
         }
         for (name, samples) in [

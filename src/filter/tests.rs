@@ -2,7 +2,7 @@
 //! place of Envoy that records every call and answer.
 
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::{FanoutRoot, Host};
 use crate::answer::Answer;
+use crate::dedupe::{CasMismatch, Shard};
 use crate::metrics::Kind;
 
 /// The host functions the SDK imports from Envoy. The glue reaches the host only through
@@ -103,6 +104,28 @@ struct State {
     /// Metrics by name: kind, and the counter/gauge value or histogram samples.
     metrics: Vec<(String, Kind, i64, Vec<u64>)>,
     tick_period: Option<Duration>,
+    /// Envoy's shared data: one per process, so two fake "workers" may share it.
+    shared: Rc<RefCell<SharedData>>,
+}
+
+/// Envoy's shared data as its C++ implementation behaves: one CAS counter for all keys,
+/// never 0; CAS checked only for a key that exists.
+#[derive(Default)]
+struct SharedData {
+    values: HashMap<String, (Vec<u8>, u32)>,
+    last_cas: u32,
+    gets: usize,
+    sets: usize,
+}
+
+impl SharedData {
+    /// Events recorded in all shards.
+    fn events(&self) -> usize {
+        self.values
+            .values()
+            .map(|(v, _)| Shard::decode(v).unwrap().entries.len())
+            .sum()
+    }
 }
 
 impl State {
@@ -244,6 +267,38 @@ impl Host for FakeHost {
     fn set_tick_period(&self, period: Duration) {
         self.0.borrow_mut().tick_period = Some(period);
     }
+
+    fn get_shared_data(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        let state = self.0.borrow();
+        let mut shared = state.shared.borrow_mut();
+        shared.gets += 1;
+        match shared.values.get(key) {
+            Some((value, cas)) => (Some(value.clone()), Some(*cas)),
+            None => (None, None),
+        }
+    }
+
+    fn set_shared_data(
+        &self,
+        key: &str,
+        value: &[u8],
+        cas: Option<u32>,
+    ) -> Result<(), CasMismatch> {
+        let state = self.0.borrow();
+        let mut shared = state.shared.borrow_mut();
+        shared.sets += 1;
+        if let (Some((_, current)), Some(cas)) = (shared.values.get(key), cas) {
+            if *current != cas {
+                return Err(CasMismatch);
+            }
+        }
+        shared.last_cas = shared.last_cas.wrapping_add(1).max(1);
+        let next = shared.last_cas;
+        shared
+            .values
+            .insert(key.to_string(), (value.to_vec(), next));
+        Ok(())
+    }
 }
 
 const ROOT: u32 = 1;
@@ -277,8 +332,21 @@ impl Plugin {
     }
 
     fn configure(json: &str) -> (Plugin, bool) {
+        Plugin::configure_sharing(json, Rc::default())
+    }
+
+    /// A plugin on another "worker" of the same Envoy: its own VM, the same shared data.
+    fn another_worker(&self, json: &str) -> Plugin {
+        let shared = self.state().shared.clone();
+        let (plugin, ok) = Plugin::configure_sharing(json, shared);
+        assert!(ok);
+        plugin
+    }
+
+    fn configure_sharing(json: &str, shared: Rc<RefCell<SharedData>>) -> (Plugin, bool) {
         let host = FakeHost::default();
         host.0.borrow_mut().config = Some(json.as_bytes().to_vec());
+        host.0.borrow_mut().shared = shared;
         let mut root = FanoutRoot::new(ROOT, host.clone());
         assert!(root.on_vm_start(0));
         let ok = root.on_configure(json.len());
@@ -1468,4 +1536,235 @@ fn root_contexts_of_one_vm_share_counts_and_deliveries() {
     assert_eq!(state.value("fanout.requests.received"), 1);
     assert_eq!(state.value("fanout.in_flight"), 0);
     assert_eq!(state.value("fanout.subscriber.a.retries"), 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// dedupe: redelivery without duplicates.
+
+const DEDUPE: &str = r#"{
+  "dedupe": {"key": "ce-id", "ttl_ms": 1000, "max_entries": 100},
+  "channels": [
+    {"name": "orders", "hosts": ["orders.default"], "subscribers": [
+      {"cluster": "billing"}, {"cluster": "shipping"}, {"cluster": "analytics"}
+    ]}
+  ]
+}"#;
+
+fn event(id: &str) -> Vec<(&str, &str)> {
+    let mut h = post("orders.default");
+    h.push(("ce-id", id));
+    h
+}
+
+impl Plugin {
+    fn dispatched_since(&self, before: usize) -> Vec<(u32, String)> {
+        self.state().dispatched[before..]
+            .iter()
+            .map(|d| (d.token, d.cluster.clone()))
+            .collect()
+    }
+
+    fn last_answer(&self) -> Answer {
+        self.answers().last().cloned().expect("an answer")
+    }
+
+    fn header(answer: &Answer, name: &str) -> Option<String> {
+        answer
+            .headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.clone())
+    }
+}
+
+#[test]
+fn configure_creates_the_shard_keys() {
+    let plugin = Plugin::configured(DEDUPE);
+    let state = plugin.state();
+    let shared = state.shared.borrow();
+    let mut keys: Vec<&String> = shared.values.keys().collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "fanout.dedupe.slot.0",
+            "fanout.dedupe.slot.1",
+            "fanout.dedupe.slot.2",
+            "fanout.dedupe.slot.3"
+        ]
+    );
+    assert!(shared.values.values().all(|(v, _)| v.is_empty()));
+}
+
+#[test]
+fn a_redelivery_calls_only_the_subscriber_that_failed() {
+    let mut plugin = Plugin::configured(DEDUPE);
+    let mut ctx = send(&plugin, &event("e1"), b"{}");
+    plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
+    plugin.answer_call(ctx.as_mut(), 2, Some(503), "down");
+    plugin.answer_call(ctx.as_mut(), 3, Some(200), "");
+    assert_eq!(plugin.last_answer().status, 500);
+    assert!(report(&plugin.last_answer())
+        .get("already_delivered")
+        .is_none());
+
+    // The sender retries: only shipping is called, and the 202 names the others.
+    let mut ctx = send(&plugin, &event("e1"), b"{}");
+    assert_eq!(
+        plugin.dispatched_since(3),
+        [(4, "shipping".to_string())],
+        "only the failed subscriber is called again"
+    );
+    plugin.answer_call(ctx.as_mut(), 4, Some(200), "");
+    let answer = plugin.last_answer();
+    assert_eq!(answer.status, 202);
+    assert_eq!(
+        Plugin::header(&answer, "x-fanout-already-delivered").as_deref(),
+        Some("2")
+    );
+    let doc = report(&answer);
+    assert_eq!(
+        doc["already_delivered"],
+        serde_json::json!(["billing", "analytics"])
+    );
+    assert_eq!(doc["delivered"], 1);
+
+    // Once more: everybody has it, 202 at once, nobody called.
+    let _ctx = send(&plugin, &event("e1"), b"{}");
+    assert_eq!(plugin.state().dispatched.len(), 4);
+    let answer = plugin.last_answer();
+    assert_eq!(answer.status, 202);
+    assert_eq!(
+        Plugin::header(&answer, "x-fanout-already-delivered").as_deref(),
+        Some("3")
+    );
+    plugin.root.on_tick();
+    assert_eq!(plugin.state().value("fanout.dedupe.skipped"), 5);
+    assert_eq!(plugin.state().value("fanout.dedupe.entries"), 1);
+    assert_eq!(plugin.state().value("fanout.requests.accepted"), 2);
+}
+
+#[test]
+fn a_request_without_the_key_fans_out_to_everyone_and_is_counted() {
+    let mut plugin = Plugin::configured(DEDUPE);
+    for _ in 0..2 {
+        let mut ctx = send(&plugin, &post("orders.default"), b"{}");
+        let n = plugin.state().dispatched.len();
+        for token in n as u32 - 2..=n as u32 {
+            plugin.answer_call(ctx.as_mut(), token, Some(200), "");
+        }
+        assert_eq!(plugin.last_answer(), Answer::accepted());
+    }
+    assert_eq!(plugin.state().dispatched.len(), 6);
+    plugin.root.on_tick();
+    assert_eq!(plugin.state().value("fanout.dedupe.missing_key"), 2);
+    assert_eq!(plugin.state().shared.borrow().events(), 0);
+}
+
+// Two workers, the same event at once: the second calls nobody and says "in progress" (409),
+// and after the first has delivered, a retry gets 202 without any call.
+#[test]
+fn the_same_event_on_two_workers_is_delivered_once() {
+    let first = Plugin::configured(DEDUPE);
+    let second = first.another_worker(DEDUPE);
+    let mut a = send(&first, &event("e1"), b"{}");
+    assert_eq!(first.state().dispatched.len(), 3);
+    let _b = send(&second, &event("e1"), b"{}");
+    assert!(second.state().dispatched.is_empty(), "called twice");
+    let answer = second.only_answer();
+    assert_eq!(answer.status, 409);
+    assert_eq!(Plugin::header(&answer, "retry-after").as_deref(), Some("1"));
+    assert_eq!(
+        report(&answer)["in_progress"],
+        serde_json::json!(["billing", "shipping", "analytics"])
+    );
+    for token in 1..=3 {
+        first.answer_call(a.as_mut(), token, Some(200), "");
+    }
+    assert_eq!(first.only_answer(), Answer::accepted());
+    let _c = send(&second, &event("e1"), b"{}");
+    assert!(second.state().dispatched.is_empty());
+    assert_eq!(second.last_answer().status, 202);
+}
+
+// A client that goes away: what was delivered is recorded, the rest is released.
+#[test]
+fn a_client_that_goes_away_releases_its_claims() {
+    let plugin = Plugin::configured(DEDUPE);
+    let mut ctx = send(&plugin, &event("e1"), b"{}");
+    plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
+    assert!(ctx.on_done());
+    let _retry = send(&plugin, &event("e1"), b"{}");
+    assert_eq!(
+        plugin.dispatched_since(3),
+        [(4, "shipping".to_string()), (5, "analytics".to_string())]
+    );
+}
+
+#[test]
+fn records_expire_after_ttl() {
+    let plugin = Plugin::configured(DEDUPE);
+    plugin.host.0.borrow_mut().now_ms = 10_000;
+    let mut ctx = send(&plugin, &event("e1"), b"{}");
+    for token in 1..=3 {
+        plugin.answer_call(ctx.as_mut(), token, Some(200), "");
+    }
+    plugin.host.0.borrow_mut().now_ms = 10_999;
+    let _ctx = send(&plugin, &event("e1"), b"{}");
+    assert_eq!(plugin.state().dispatched.len(), 3, "still remembered");
+    plugin.host.0.borrow_mut().now_ms = 11_000;
+    let _ctx = send(&plugin, &event("e1"), b"{}");
+    assert_eq!(plugin.state().dispatched.len(), 6, "forgotten after ttl_ms");
+}
+
+#[test]
+fn the_store_never_holds_more_than_max_entries() {
+    let mut plugin = Plugin::configured(DEDUPE);
+    for i in 0..1000 {
+        let id = format!("e{i}");
+        let mut ctx = send(&plugin, &event(&id), b"{}");
+        let n = plugin.state().dispatched.len() as u32;
+        for token in n - 2..=n {
+            plugin.answer_call(ctx.as_mut(), token, Some(200), "");
+        }
+        assert!(plugin.state().shared.borrow().events() <= 100);
+    }
+    assert_eq!(plugin.state().shared.borrow().events(), 100);
+    plugin.root.on_tick();
+    assert_eq!(plugin.state().value("fanout.dedupe.entries"), 100);
+    // The oldest were evicted: e0 goes to everyone again; the newest is still known.
+    let before = plugin.state().dispatched.len();
+    let _old = send(&plugin, &event("e0"), b"{}");
+    assert_eq!(plugin.state().dispatched.len(), before + 3);
+    let _new = send(&plugin, &event("e999"), b"{}");
+    assert_eq!(plugin.state().dispatched.len(), before + 3);
+}
+
+// The per-request cost: host calls on the shared data, dedupe off and on.
+#[test]
+fn dedupe_costs_four_shared_data_calls_per_request() {
+    let calls = |plugin: &Plugin| {
+        let state = plugin.state();
+        let shared = state.shared.borrow();
+        shared.gets + shared.sets
+    };
+    let off = Plugin::configured(THREE);
+    let mut ctx = send(&off, &event("e1"), b"{}");
+    for token in 1..=3 {
+        off.answer_call(ctx.as_mut(), token, Some(200), "");
+    }
+    assert_eq!(calls(&off), 0);
+
+    let on = Plugin::configured(DEDUPE);
+    let after_configure = calls(&on);
+    let mut ctx = send(&on, &event("e1"), b"{}");
+    assert_eq!(calls(&on) - after_configure, 2, "claim: get + set");
+    for token in 1..=3 {
+        on.answer_call(ctx.as_mut(), token, Some(200), "");
+    }
+    assert_eq!(calls(&on) - after_configure, 4, "settle: get + set");
+    let _again = send(&on, &event("e1"), b"{}");
+    assert_eq!(calls(&on) - after_configure, 5, "all delivered: one get");
+    let _no_key = send(&on, &post("orders.default"), b"{}");
+    assert_eq!(calls(&on) - after_configure, 5, "no key: nothing");
 }

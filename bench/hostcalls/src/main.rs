@@ -133,6 +133,20 @@ impl Host for Counting {
     fn set_tick_period(&self, _period: Duration) {
         self.hit("set_tick_period");
     }
+    // The bench configurations leave `dedupe` off: no shared data is used.
+    fn get_shared_data(&self, _key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.hit("get_shared_data");
+        (None, None)
+    }
+    fn set_shared_data(
+        &self,
+        _key: &str,
+        _value: &[u8],
+        _cas: Option<u32>,
+    ) -> Result<(), fanout::dedupe::CasMismatch> {
+        self.hit("set_shared_data");
+        Ok(())
+    }
 }
 
 const REQUESTS: u64 = 1000;
