@@ -1768,3 +1768,161 @@ fn dedupe_costs_four_shared_data_calls_per_request() {
     let _no_key = send(&on, &post("orders.default"), b"{}");
     assert_eq!(calls(&on) - after_configure, 5, "no key: nothing");
 }
+
+// dedupe with what came to main since: filters, retries from the root, dead letters, async.
+
+fn shard_marks(plugin: &Plugin) -> usize {
+    let state = plugin.state();
+    let shared = state.shared.borrow();
+    shared
+        .values
+        .values()
+        .flat_map(|(v, _)| Shard::decode(v).unwrap().entries)
+        .map(|e| e.marks.len())
+        .sum()
+}
+
+#[test]
+fn a_subscriber_its_filter_skipped_is_never_claimed_nor_recorded() {
+    let config = FILTERED.replacen('{', r#"{"dedupe": {}, "#, 1);
+    let plugin = Plugin::configured(&config);
+    let created = with(
+        "orders.default",
+        &[
+            ("ce-specversion", "1.0"),
+            ("ce-id", "e1"),
+            ("ce-source", "/s"),
+            ("ce-type", "order.created"),
+        ],
+    );
+    let mut ctx = send(&plugin, &created, b"{}");
+    assert_eq!(clusters(&plugin), ["created", "everything"]);
+    assert_eq!(
+        shard_marks(&plugin),
+        2,
+        "only the called subscribers are claimed"
+    );
+    plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
+    plugin.answer_call(ctx.as_mut(), 2, Some(200), "");
+    assert_eq!(plugin.only_answer(), Answer::accepted());
+    assert_eq!(shard_marks(&plugin), 2);
+
+    // The same id, another type: "shipped" wants it now; it was never recorded, so it is
+    // called; "everything" already has it; "created" is skipped by its filter.
+    let mut shipped = created.clone();
+    shipped.retain(|(n, _)| *n != "ce-type");
+    shipped.push(("ce-type", "order.shipped"));
+    let mut ctx = send(&plugin, &shipped, b"{}");
+    assert_eq!(clusters(&plugin), ["created", "everything", "shipped"]);
+    plugin.answer_call(ctx.as_mut(), 3, Some(200), "");
+    let answer = plugin.last_answer();
+    assert_eq!(answer.status, 202);
+    let doc = report(&answer);
+    assert_eq!(doc["skipped"], serde_json::json!(["created"]));
+    assert_eq!(doc["already_delivered"], serde_json::json!(["everything"]));
+    assert_eq!(doc["delivered"], 1);
+}
+
+#[test]
+fn a_dead_lettered_subscriber_counts_as_delivered() {
+    let config = WITH_DEAD_LETTER.replacen('{', r#"{"dedupe": {}, "#, 1);
+    let plugin = Plugin::configured(&config);
+    let mut headers = post("x");
+    headers.push(("ce-id", "7"));
+    let mut ctx = send(&plugin, &headers, b"event");
+    plugin.answer_call(ctx.as_mut(), 1, Some(400), "no");
+    assert_eq!(plugin.last_call().cluster, "dlq");
+    plugin.answer_call(ctx.as_mut(), 2, Some(200), "");
+    assert_eq!(plugin.only_answer().status, 202);
+    let _again = send(&plugin, &headers, b"event");
+    assert_eq!(plugin.state().dispatched.len(), 2, "called again");
+    let answer = plugin.last_answer();
+    assert_eq!(answer.status, 202);
+    assert_eq!(
+        report(&answer)["already_delivered"],
+        serde_json::json!(["a"])
+    );
+}
+
+#[test]
+fn a_retry_from_the_root_is_recorded_when_the_root_ends_the_fan_out() {
+    let config = RETRY_TWICE.replacen('{', r#"{"dedupe": {}, "#, 1);
+    let mut plugin = Plugin::configured(&config);
+    let mut headers = post("x");
+    headers.push(("ce-id", "r1"));
+    let mut ctx = send(&plugin, &headers, b"event");
+    plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
+    plugin.answer_call(ctx.as_mut(), 2, Some(503), "busy");
+    plugin.tick_at(200);
+    let retry = plugin.last_call();
+    assert_eq!((retry.cluster.as_str(), retry.context), ("b", ROOT));
+    plugin.answer_root_call(retry.token, Some(200), "", &[]);
+    assert_eq!(plugin.only_answer(), Answer::accepted());
+    let _again = send(&plugin, &headers, b"event");
+    assert_eq!(plugin.state().dispatched.len(), 3, "called again");
+    assert_eq!(
+        Plugin::header(&plugin.last_answer(), "x-fanout-already-delivered").as_deref(),
+        Some("2")
+    );
+}
+
+#[test]
+fn a_sync_sender_that_leaves_during_a_retry_wait_releases_the_claim() {
+    let config = RETRY_TWICE.replacen('{', r#"{"dedupe": {}, "#, 1);
+    let mut plugin = Plugin::configured(&config);
+    let mut headers = post("x");
+    headers.push(("ce-id", "r1"));
+    let mut ctx = send(&plugin, &headers, b"event");
+    plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
+    plugin.answer_call(ctx.as_mut(), 2, Some(503), "");
+    assert!(ctx.on_done());
+    plugin.host.0.borrow_mut().gone.insert(STREAM);
+    plugin.tick_at(10_000);
+    // The sender's retry: a is recorded, b's claim was released, so b is called (not 409).
+    plugin.host.0.borrow_mut().gone.clear();
+    let _retry = send(&plugin, &headers, b"event");
+    assert_eq!(plugin.dispatched_since(2), [(3, "b".to_string())]);
+}
+
+#[test]
+fn async_records_at_the_end_of_the_background_delivery() {
+    let config = ASYNC.replacen('{', r#"{"dedupe": {}, "#, 1);
+    let mut plugin = Plugin::configured(&config);
+    let mut headers = post("x");
+    headers.push(("ce-id", "a1"));
+    let _first = send(&plugin, &headers, b"event");
+    assert_eq!(plugin.only_answer(), Answer::accepted());
+    // A redelivery while the first is still being delivered: nobody called, 409.
+    let _second = send(&plugin, &headers, b"event");
+    let answer = plugin.last_answer();
+    assert_eq!(answer.status, 409);
+    assert_eq!(Plugin::header(&answer, "retry-after").as_deref(), Some("1"));
+    plugin.tick_at(1);
+    let calls = plugin.state().dispatched.clone();
+    assert_eq!(calls.len(), 2, "the 409 request called somebody");
+    plugin.answer_root_call(calls[0].token, Some(200), "", &[]);
+    plugin.answer_root_call(calls[1].token, Some(200), "", &[]);
+    // Recorded: a third copy is answered 202 at once and calls nobody, not even later.
+    let _third = send(&plugin, &headers, b"event");
+    assert_eq!(plugin.last_answer(), Answer::accepted());
+    plugin.tick_at(2);
+    assert_eq!(plugin.state().dispatched.len(), 2);
+    plugin.tick_at(2000);
+    assert_eq!(plugin.state().value("fanout.dedupe.skipped"), 2);
+    assert_eq!(plugin.state().value("fanout.dedupe.in_progress"), 2);
+    assert_eq!(plugin.state().value("fanout.requests.undelivered"), 0);
+    assert_eq!(plugin.state().value("fanout.in_flight"), 0);
+}
+
+#[test]
+fn async_past_max_in_flight_claims_nothing() {
+    let config = ASYNC.replacen('{', r#"{"dedupe": {}, "#, 1);
+    let plugin = Plugin::configured(&config);
+    for id in ["1", "2", "3"] {
+        let mut headers = post("x");
+        headers.push(("ce-id", id));
+        let _ctx = send(&plugin, &headers, b"event");
+    }
+    assert_eq!(plugin.last_answer().status, 503);
+    assert_eq!(shard_marks(&plugin), 4, "the refused event left claims");
+}
