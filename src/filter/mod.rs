@@ -381,22 +381,32 @@ impl<H: Host> FanoutStream<H> {
         };
         match config.mode {
             Mode::Async => {
-                self.engine
-                    .borrow_mut()
-                    .start(&self.host, job, nothing_to_send);
-                if in_progress > 0 {
+                let (_, finished) =
+                    self.engine
+                        .borrow_mut()
+                        .start(&self.host, job, nothing_to_send);
+                let answer = match finished {
+                    // Nothing to send: the verdict is already known (202, with the report
+                    // when dedupe found every subscriber had the event; 409 when another
+                    // request is delivering to the rest).
+                    Some(finished) => finished.answer,
                     // What this request claimed is delivered in the background; the
                     // subscribers another request is delivering to are that request's. The
                     // sender retries, and the retry is answered from the records.
-                    let message = format!(
-                        "another request is delivering this event to {in_progress} \
-                         subscriber(s); try again later"
-                    );
-                    self.reject(
-                        Answer::rejected(409, &message).with_header("retry-after", "1".into()),
-                    );
+                    None if in_progress > 0 => Answer::rejected(
+                        409,
+                        &format!(
+                            "another request is delivering this event to {in_progress} \
+                             subscriber(s); try again later"
+                        ),
+                    )
+                    .with_header("retry-after", "1".into()),
+                    None => Answer::accepted(),
+                };
+                if answer.status == 202 {
+                    self.answer(answer, false);
                 } else {
-                    self.answer(Answer::accepted(), false);
+                    self.reject(answer);
                 }
             }
             Mode::Sync => {

@@ -1904,7 +1904,12 @@ fn async_records_at_the_end_of_the_background_delivery() {
     plugin.answer_root_call(calls[1].token, Some(200), "", &[]);
     // Recorded: a third copy is answered 202 at once and calls nobody, not even later.
     let _third = send(&plugin, &headers, b"event");
-    assert_eq!(plugin.last_answer(), Answer::accepted());
+    let answer = plugin.last_answer();
+    assert_eq!(answer.status, 202);
+    assert_eq!(
+        Plugin::header(&answer, "x-fanout-already-delivered").as_deref(),
+        Some("2")
+    );
     plugin.tick_at(2);
     assert_eq!(plugin.state().dispatched.len(), 2);
     plugin.tick_at(2000);
