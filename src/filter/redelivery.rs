@@ -94,7 +94,8 @@ impl<H: Host> FanoutStream<H> {
             return None;
         }
         let all_ids = subscriber_ids(channel);
-        let now = self.host.now_ms();
+        // The request's start, read when its headers came: no clock read of its own.
+        let now = self.started_ms;
         let mut ids = Vec::with_capacity(wanted.len());
         let mut until = Vec::with_capacity(wanted.len());
         for &index in wanted {
