@@ -11,6 +11,18 @@ wrk.headers["ce-type"] = "dev.fanout.bench"
 wrk.headers["ce-source"] = "/bench/wrk"
 wrk.headers["ce-id"] = "bench-event"
 
+-- BENCH_UNIQUE_ID: a new ce-id for every request (for fanout's dedupe, which would otherwise
+-- find every repeat already delivered).
+if os.getenv("BENCH_UNIQUE_ID") then
+  local sent = 0
+  local run = tostring(os.time())
+  request = function()
+    sent = sent + 1
+    wrk.headers["ce-id"] = "bench-" .. run .. "-" .. sent
+    return wrk.format()
+  end
+end
+
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(

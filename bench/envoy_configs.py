@@ -211,24 +211,25 @@ def sub_clusters(n, sub_port):
     return [cluster(f"sub_{i}", sub_port) for i in range(max(n, 1))]
 
 
-def fanout_json(n, metrics=True, timeout_ms=30000):
-    return json.dumps(
-        {
-            "timeout_ms": timeout_ms,
-            "metrics": metrics,
-            "subscribers": [{"cluster": f"sub_{i}"} for i in range(n)],
-        }
-    )
+def fanout_json(n, metrics=True, timeout_ms=30000, dedupe=False):
+    conf = {
+        "timeout_ms": timeout_ms,
+        "metrics": metrics,
+        "subscribers": [{"cluster": f"sub_{i}"} for i in range(n)],
+    }
+    if dedupe:
+        conf["dedupe"] = {"key": "ce-id", "ttl_ms": 600000, "max_entries": 100000}
+    return json.dumps(conf)
 
 
 def system(kind, n, port, admin_port, sub_port, fanout_wasm, noop_wasm, metrics=True,
-           timeout_ms=30000):
+           timeout_ms=30000, dedupe=False):
     """The Envoy configuration of one system under test."""
     name = "bench"
     clusters = sub_clusters(n, sub_port)
     names = [c["name"] for c in clusters]
     if kind == "fanout":
-        conf = fanout_json(n, metrics, timeout_ms)
+        conf = fanout_json(n, metrics, timeout_ms, dedupe)
         filters, routes = [wasm_filter("fanout", fanout_wasm, conf)], TRIPWIRE
     elif kind == "mirror":
         filters, routes = [], to_cluster(names[0], names[1:n])

@@ -300,8 +300,11 @@ class Bench:
         self.args, self.wrk, self.workdir = args, wrk, workdir
         self.sub = None
 
-    def wrk_start(self, port, conns, duration, body_path):
+    def wrk_start(self, port, conns, duration, body_path, unique_ids=False):
         env = dict(os.environ, BENCH_BODY=body_path)
+        if unique_ids:
+            # A new ce-id per request (dedupe would otherwise skip every repeat).
+            env["BENCH_UNIQUE_ID"] = "1"
         cmd = [self.wrk, "-t1", f"-c{conns}", f"-d{duration}s", "--timeout", "10s",
                "-s", WRK_SCRIPT, f"http://127.0.0.1:{port}/"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -343,14 +346,14 @@ class Bench:
                 "sub_rq": sum(v for k, v in sub.items() if k.endswith("rq_total")),
                 "sub_cx": sum(v for k, v in sub.items() if k.endswith("cx_total"))}
 
-    def measure(self, envoy, conns, duration, body_path):
+    def measure(self, envoy, conns, duration, body_path, unique_ids=False):
         """wrk for `duration` seconds; latency percentiles over the whole run, the rest
         (throughput, CPU per request, subscriber counters) over its steady middle, from
         20 % to 90 % of the run, so that neither the first requests nor the ones cut off
         when wrk stops distort them."""
         self.drain()
         begin = time.monotonic()
-        proc = self.wrk_start(envoy.port, conns, duration, body_path)
+        proc = self.wrk_start(envoy.port, conns, duration, body_path, unique_ids)
         time.sleep(max(0.0, begin + 0.2 * duration - time.monotonic()))
         a = self.snapshot(envoy)
         time.sleep(max(0.0, begin + 0.9 * duration - time.monotonic()))
@@ -426,6 +429,7 @@ def throughput_phase(bench, ports, bodies, sub_port):
               ("fanout-nometrics/0", "fanout", 0, {"metrics": False}),
               ("fanout-nometrics/4", "fanout", 4, {"metrics": False}),
               ("fanout-nometrics/16", "fanout", 16, {"metrics": False}),
+              ("fanout-dedupe/4", "fanout", 4, {"dedupe": True}),
               ("fanout-64k/4", "fanout", 4, {}), ("mirror-64k/4", "mirror", 4, {}),
               ("proxy-64k/1", "proxy", 1, {})]
     log(f"throughput: starting {len(specs)} Envoys")
@@ -435,12 +439,14 @@ def throughput_phase(bench, ports, bodies, sub_port):
     if a.warmup:
         log(f"throughput: warming up ({a.warmup}s each)")
         for key, *_ in specs:
-            bench.measure(envoys[key], a.connections, a.warmup, body_of[key])
+            bench.measure(envoys[key], a.connections, a.warmup, body_of[key],
+                          unique_ids=key.startswith("fanout-dedupe"))
     samples = {key: [] for key, *_ in specs}
     for r in range(a.rounds):
         log(f"throughput: round {r + 1}/{a.rounds} ({len(specs)} configurations x {a.duration}s)")
         for key, *_ in specs:
-            m = bench.measure(envoys[key], a.connections, a.duration, body_of[key])
+            m = bench.measure(envoys[key], a.connections, a.duration, body_of[key],
+                              unique_ids=key.startswith("fanout-dedupe"))
             samples[key].append(m)
             print(f"    {key:22s} {m['rps']:8.0f} rq/s  p50 {m['p50_ms']:7.2f} ms  p99 "
                   f"{m['p99_ms']:7.2f} ms  cpu {m['cpu_us_per_req']:7.1f} us/rq  "
