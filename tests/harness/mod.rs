@@ -9,6 +9,7 @@
 
 mod client;
 mod envoy;
+pub mod faults;
 pub mod reload;
 mod subscriber;
 

@@ -1,0 +1,382 @@
+//! Subscribers that misbehave at the transport level, for the fault tests (issue 8): one that
+//! accepts and never answers, one that answers with bytes of the test's choosing (a huge
+//! body, malformed HTTP, a response cut short), and one that can be killed and restarted on
+//! the same port. Plus what the fault tests read about Envoy itself: its RSS and its stats.
+//!
+//! Plain std::net and one thread per connection, like `Subscriber`; dropping a server stops
+//! its threads and closes its connections.
+
+use std::collections::HashMap;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::envoy::Envoy;
+
+/// What a [`FaultServer`] does with each request it has read.
+#[derive(Clone, Debug)]
+pub enum Fault {
+    /// Answer `200` with a small body, keep the connection.
+    Ok,
+    /// Never answer; keep the connection open until the server is dropped.
+    Silent,
+    /// Write these bytes, then close the connection.
+    Raw(Vec<u8>),
+    /// Answer with this status and a body of this many bytes (`x` repeated), keep the
+    /// connection.
+    Sized(u16, usize),
+}
+
+impl Fault {
+    /// A response that is not HTTP at all.
+    pub fn garbage() -> Fault {
+        Fault::Raw(b"HELLO THIS IS NOT HTTP\r\n\r\n".to_vec())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+struct Shared {
+    name: String,
+    fault: Mutex<Fault>,
+    requests: AtomicUsize,
+    stop: AtomicBool,
+    conns: Mutex<HashMap<u64, TcpStream>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    next_conn: AtomicU64,
+}
+
+/// A subscriber on a port of its own that misbehaves as told, and that can be killed (its
+/// port then refuses connections) and restarted on the same port.
+pub struct FaultServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl FaultServer {
+    /// A server on a free port of 127.0.0.1.
+    pub fn start(name: &str, fault: Fault) -> FaultServer {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a fault server port");
+        FaultServer::serve(name, fault, listener, 0)
+    }
+
+    fn serve(name: &str, fault: Fault, listener: TcpListener, requests: usize) -> FaultServer {
+        let addr = listener.local_addr().expect("fault server address");
+        let shared = Arc::new(Shared {
+            name: name.to_owned(),
+            fault: Mutex::new(fault),
+            requests: AtomicUsize::new(requests),
+            stop: AtomicBool::new(false),
+            conns: Mutex::new(HashMap::new()),
+            threads: Mutex::new(Vec::new()),
+            next_conn: AtomicU64::new(0),
+        });
+        let s = Arc::clone(&shared);
+        let acceptor = std::thread::Builder::new()
+            .name(format!("fault-{name}"))
+            .spawn(move || accept_loop(&listener, &s))
+            .expect("spawn the fault server's accept thread");
+        FaultServer {
+            addr,
+            shared,
+            acceptor: Some(acceptor),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// Requests read so far (over every life of the server).
+    pub fn count(&self) -> usize {
+        self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    pub fn set_fault(&self, fault: Fault) {
+        *lock(&self.shared.fault) = fault;
+    }
+
+    /// Kill it: stop listening (the port refuses connections from now on) and close every
+    /// open connection, as a crashed process would. Returns what `restart` needs.
+    pub fn kill(mut self) -> Killed {
+        let killed = Killed {
+            name: self.shared.name.clone(),
+            addr: self.addr,
+            fault: lock(&self.shared.fault).clone(),
+            requests: self.count(),
+        };
+        self.stop();
+        killed
+    }
+
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for conn in lock(&self.shared.conns).values() {
+            let _ = conn.shutdown(Shutdown::Both);
+        }
+        // Wake the accept loop, which then drops the listener.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+        for conn in lock(&self.shared.conns).values() {
+            let _ = conn.shutdown(Shutdown::Both);
+        }
+        let threads = std::mem::take(&mut *lock(&self.shared.threads));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for FaultServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A killed [`FaultServer`]: its port, free again, and its count.
+pub struct Killed {
+    name: String,
+    addr: SocketAddr,
+    fault: Fault,
+    requests: usize,
+}
+
+impl Killed {
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// Start it again on the same port (retrying briefly: the old socket may linger).
+    pub fn restart(self) -> FaultServer {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match TcpListener::bind(self.addr) {
+                Ok(listener) => {
+                    return FaultServer::serve(&self.name, self.fault, listener, self.requests)
+                }
+                Err(e) if Instant::now() > deadline => {
+                    panic!("cannot restart {} on {}: {e}", self.name, self.addr)
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+}
+
+fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
+    for stream in listener.incoming() {
+        if shared.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let Ok(stream) = stream else { continue };
+        let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+        if let Ok(clone) = stream.try_clone() {
+            lock(&shared.conns).insert(id, clone);
+        }
+        let s = Arc::clone(shared);
+        let spawned = std::thread::Builder::new()
+            .name(format!("fault-{}-conn-{id}", shared.name))
+            .spawn(move || {
+                serve(stream, &s);
+                lock(&s.conns).remove(&id);
+            });
+        match spawned {
+            Ok(handle) => lock(&shared.threads).push(handle),
+            Err(_) => {
+                lock(&shared.conns).remove(&id);
+            }
+        }
+    }
+}
+
+fn serve(stream: TcpStream, shared: &Shared) {
+    let Ok(reader) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(reader);
+    let mut writer = stream;
+    loop {
+        match read_request(&mut reader) {
+            Ok(true) => {}
+            Ok(false) | Err(_) => return,
+        }
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        shared.requests.fetch_add(1, Ordering::SeqCst);
+        let fault = lock(&shared.fault).clone();
+        let written = match fault {
+            Fault::Ok => respond(&mut writer, 200, 3),
+            Fault::Sized(status, size) => respond(&mut writer, status, size),
+            Fault::Silent => {
+                // Hold the connection until the server stops (or the peer goes away).
+                while !shared.stop.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                return;
+            }
+            Fault::Raw(bytes) => {
+                let _ = writer.write_all(&bytes).and_then(|()| writer.flush());
+                let _ = writer.shutdown(Shutdown::Both);
+                return;
+            }
+        };
+        if written.is_err() {
+            return;
+        }
+    }
+}
+
+fn respond(writer: &mut TcpStream, status: u16, size: usize) -> io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status} Whatever\r\ncontent-type: text/plain\r\ncontent-length: {size}\r\n\r\n"
+    );
+    writer.write_all(head.as_bytes())?;
+    let chunk = vec![b'x'; 64 * 1024];
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        writer.write_all(&chunk[..n])?;
+        left -= n;
+    }
+    writer.flush()
+}
+
+/// Reads one request (head, then a content-length or chunked body). False at a clean end of
+/// the connection.
+fn read_request(r: &mut impl BufRead) -> io::Result<bool> {
+    let mut head = Vec::new();
+    loop {
+        let mut line = Vec::new();
+        if r.read_until(b'\n', &mut line)? == 0 {
+            return Ok(false);
+        }
+        if (line == b"\r\n" || line == b"\n") && head.is_empty() {
+            continue;
+        }
+        if line == b"\r\n" || line == b"\n" {
+            break;
+        }
+        head.extend_from_slice(&line);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let mut length = 0usize;
+    let mut chunked = false;
+    for line in head.lines() {
+        if let Some(v) = line.strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap_or(0);
+        }
+        if line.starts_with("transfer-encoding:") && line.contains("chunked") {
+            chunked = true;
+        }
+    }
+    if chunked {
+        loop {
+            let mut size = String::new();
+            r.read_line(&mut size)?;
+            let n = usize::from_str_radix(size.trim().split(';').next().unwrap_or("0"), 16)
+                .unwrap_or(0);
+            if n == 0 {
+                // Trailers, up to the empty line.
+                let mut line = String::new();
+                while r.read_line(&mut line)? > 0 && !line.trim().is_empty() {
+                    line.clear();
+                }
+                break;
+            }
+            let mut body = vec![0; n + 2];
+            r.read_exact(&mut body)?;
+        }
+    } else {
+        let mut body = vec![0; length];
+        r.read_exact(&mut body)?;
+    }
+    Ok(true)
+}
+
+/// Envoy's resident set size, in KiB, from /proc.
+pub fn rss_kib(envoy: &Envoy) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", envoy.pid()))
+        .expect("read Envoy's /proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc status")
+}
+
+/// Envoy's stats whose name contains `filter`, as `name -> value` (counters and gauges; a
+/// histogram's line is skipped).
+pub fn stats(envoy: &Envoy, filter: &str) -> HashMap<String, u64> {
+    let (status, body) = envoy.admin_get(&format!("/stats?filter={filter}"));
+    assert_eq!(status, 200, "GET /stats?filter={filter}: {body}");
+    body.lines()
+        .filter_map(|line| {
+            let (name, value) = line.split_once(": ")?;
+            Some((name.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Sends one raw HTTP/1.1 request on a new connection and reads the answer until the server
+/// closes or `timeout` passes: (status line's code or 0, the whole answer as text).
+pub fn raw_request(addr: SocketAddr, request: &[u8], timeout: Duration) -> (u16, String) {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    stream
+        .set_read_timeout(Some(timeout))
+        .expect("set a read timeout");
+    stream.write_all(request).expect("send the raw request");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 8192];
+    let deadline = Instant::now() + timeout;
+    // Read until the answer is complete (its content-length), the peer closes, or time runs out.
+    while Instant::now() < deadline {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                answer.extend_from_slice(&buf[..n]);
+                if response_complete(&answer) {
+                    break;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, text)
+}
+
+fn response_complete(answer: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(answer);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return false;
+    };
+    let length = head.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("content-length")
+            .then(|| value.trim().parse::<usize>().ok())?
+    });
+    match length {
+        Some(n) => body.len() >= n,
+        None => false,
+    }
+}
