@@ -4,8 +4,8 @@
 //!
 //! `soak_short` runs in `make test` (a few thousand requests: `FANOUT_SOAK_SHORT_REQUESTS`,
 //! default 3000, at `FANOUT_SOAK_SHORT_RATE`, default 200/s). `soak_full` is `make soak`
-//! (`SOAK_REQUESTS`, default 100,000, at `SOAK_RATE`, default 300/s: what a loaded 2-core machine sustains); it is `#[ignore]`d so
-//! that `cargo test` leaves it out.
+//! (`SOAK_REQUESTS`, default 100,000, at `SOAK_RATE`, default 300/s, what a loaded 2-core
+//! machine sustains); it is `#[ignore]`d so that `cargo test` leaves it out.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod harness;
