@@ -338,7 +338,7 @@ impl Config {
             ));
         }
         let de = &mut serde_json::Deserializer::from_slice(bytes);
-        let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+        let raw: RawConfig = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
             match inner.classify() {
@@ -349,6 +349,13 @@ impl Config {
                 ),
                 Category::Data => ConfigError::new(path, without_position(&inner)),
             }
+        })?;
+        // Nothing may follow the document (serde stops at its end).
+        de.end().map_err(|e| {
+            ConfigError::new(
+                "",
+                format!("the plugin configuration is not valid JSON: {e}"),
+            )
         })?;
         raw.validate()
     }
@@ -835,6 +842,10 @@ mod tests {
             (
                 r#"{"subscribers": [{"cluster": "a"}]"#,
                 "not valid JSON: EOF while parsing an object at line 1",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a"}]} trailing"#,
+                "not valid JSON: trailing characters at line 1",
             ),
             (
                 r#"{"subscribers": [{"cluster": "a"}], "bogus": 1}"#,

@@ -70,7 +70,9 @@ pub fn classify(status: Option<u16>, body_head: &[u8]) -> Result<(), Failure> {
         None => Err(Failure::NoResponse),
         Some(200..=299) => Ok(()),
         Some(504) if body_head == ENVOY_TIMEOUT_BODY => Err(Failure::Timeout),
-        Some(503) if body_head.starts_with(ENVOY_RESET_PREFIX) => Err(Failure::Reset {
+        // 503 for a refused or reset connection, 502 for an answer that is not HTTP ("reset
+        // reason: protocol error"): either way the subscriber never answered.
+        Some(_) if body_head.starts_with(ENVOY_RESET_PREFIX) => Err(Failure::Reset {
             detail: sanitize(body_head, BODY_PEEK_BYTES),
         }),
         Some(status) => Err(Failure::Status {
@@ -869,6 +871,11 @@ mod tests {
         assert!(matches!(
             classify(Some(503), reset),
             Err(Failure::Reset { detail }) if detail.contains("connection termination")
+        ));
+        let protocol_error = b"upstream connect error or disconnect/reset before headers. reset reason: protocol error";
+        assert!(matches!(
+            classify(Some(502), protocol_error),
+            Err(Failure::Reset { detail }) if detail.contains("protocol error")
         ));
         // A subscriber's own 503/504 is its status, not ours.
         assert!(matches!(

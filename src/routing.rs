@@ -37,6 +37,12 @@ impl Router {
                 "\"{host}\" is not a host name (no spaces, slashes or control characters)"
             ));
         }
+        if host.starts_with('[') && !is_ipv6_literal(host) {
+            return Err(format!(
+                "\"{host}\" is not a host name: an IPv6 address is written [hex:digits], with \
+                 no port"
+            ));
+        }
         let normalized = normalize_host(host);
         if normalized.len() != host.trim_end_matches('.').len() {
             return Err(format!(
@@ -62,6 +68,18 @@ impl Router {
         }
         self.any
     }
+}
+
+/// `[::1]`, `[2001:db8::1]`: brackets around hex digits, colons and dots (an embedded IPv4).
+fn is_ipv6_literal(host: &str) -> bool {
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .is_some_and(|inner| {
+            !inner.is_empty()
+                && inner
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+        })
 }
 
 /// `Orders.Default:8080` -> `orders.default`; `[::1]:80` -> `[::1]`; a trailing dot (a fully
@@ -122,6 +140,15 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_literals_are_hosts() {
+        let mut router = Router::default();
+        router.add("[::1]", 0).unwrap();
+        router.add("[2001:DB8::1]", 1).unwrap();
+        assert_eq!(router.route("[::1]:10000"), Some(0));
+        assert_eq!(router.route("[2001:db8::1]"), Some(1));
+    }
+
+    #[test]
     fn exact_hosts_win_over_the_wildcard() {
         let mut router = Router::default();
         router.add("orders.default", 0).unwrap();
@@ -154,7 +181,17 @@ mod tests {
     #[test]
     fn bad_hosts_are_refused() {
         let mut router = Router::default();
-        for host in ["", " ", "a b", "a/b", "orders:8080", "a\r\nb"] {
+        for host in [
+            "",
+            " ",
+            "a b",
+            "a/b",
+            "orders:8080",
+            "a\r\nb",
+            "[[[zaa",
+            "[::1]:80",
+            "[zz]",
+        ] {
             assert!(router.add(host, 0).is_err(), "{host:?} was accepted");
         }
     }
