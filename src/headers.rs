@@ -10,7 +10,7 @@ use std::collections::HashSet;
 
 /// Headers that describe one connection, not the message (RFC 9110 section 7.6.1), and those
 /// Envoy sets itself on every call.
-const NEVER_FORWARDED: &[&str] = &[
+pub const NEVER_FORWARDED: &[&str] = &[
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -24,7 +24,7 @@ const NEVER_FORWARDED: &[&str] = &[
 ];
 
 /// Forwarded only when `forward_headers` names them exactly.
-const SENSITIVE: &[&str] = &["authorization", "cookie", "proxy-authorization"];
+pub const SENSITIVE: &[&str] = &["authorization", "cookie", "proxy-authorization"];
 const SENSITIVE_PREFIX: &str = "x-envoy-";
 
 #[derive(Debug, Default)]

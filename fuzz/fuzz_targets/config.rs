@@ -178,19 +178,8 @@ struct Input {
     probe_names: Vec<String>,
 }
 
-const NEVER: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "te",
-    "trailer",
-    "upgrade",
-    "host",
-    "content-length",
-    "expect",
-];
-const CREDENTIALS: &[&str] = &["authorization", "cookie", "proxy-authorization"];
+/// The filter's own lists: what is never forwarded, and what only when named exactly.
+use fanout::headers::{NEVER_FORWARDED as NEVER, SENSITIVE as CREDENTIALS};
 
 fn strings(v: Option<&Value>) -> Option<Vec<String>> {
     v.and_then(Value::as_array).map(|a| {

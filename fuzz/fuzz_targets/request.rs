@@ -25,19 +25,8 @@ use fanout::routing::normalize_host;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
 
-const NEVER: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "te",
-    "trailer",
-    "upgrade",
-    "host",
-    "content-length",
-    "expect",
-];
-const CREDENTIALS: &[&str] = &["authorization", "cookie", "proxy-authorization"];
+/// The filter's own lists: what is never forwarded, and what only when named exactly.
+use fanout::headers::{NEVER_FORWARDED as NEVER, SENSITIVE as CREDENTIALS};
 
 #[derive(Debug)]
 struct Input {

@@ -47,18 +47,10 @@ pub struct ConfigMapVolume {
 
 impl ConfigMapVolume {
     pub fn new() -> ConfigMapVolume {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let path = std::env::temp_dir().join(format!(
-            "fanout-configmap-{}-{}-{nanos}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        fs::create_dir_all(&path).expect("create the ConfigMap volume dir");
-        ConfigMapVolume { path, seq: 0 }
+        ConfigMapVolume {
+            path: super::unique_temp_dir("fanout-configmap"),
+            seq: 0,
+        }
     }
 
     pub fn path(&self) -> &Path {
