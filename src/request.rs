@@ -11,6 +11,7 @@ use crate::answer::Answer;
 use crate::cloudevents::{self, percent_decode, Attributes, EventError, Mode};
 use crate::config::{Config, OPTIONS};
 use crate::dedupe::{self, Identity};
+use crate::headers;
 
 /// A request that passed admission: the body still decides (it may turn out too large).
 #[derive(Debug, PartialEq, Eq)]
@@ -156,12 +157,14 @@ pub fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitte
 fn options(config: &Config, headers: &[(String, Vec<u8>)]) -> Answer {
     let origin = match find(headers, "webhook-request-origin") {
         None => "*".to_string(),
+        // Echoed in our answer: it must be a header value that cannot split a header block
+        // (Envoy refuses CR, LF and NUL in requests itself; this does not rely on it).
         Some(origin) => match String::from_utf8(origin.to_vec()) {
-            Ok(origin) => origin,
-            Err(_) => {
+            Ok(origin) if headers::is_valid_value(&origin) => origin,
+            _ => {
                 return Answer::rejected(
                     400,
-                    "header webhook-request-origin has a value that is not UTF-8",
+                    "header webhook-request-origin is not a UTF-8 header value",
                 )
             }
         },
@@ -715,10 +718,13 @@ mod tests {
         assert!(answer
             .headers
             .contains(&("webhook-allowed-origin", "*".to_string())));
-        let mut h = headers(&[(":method", "OPTIONS")]);
-        h.push(("webhook-request-origin".to_string(), vec![0xff]));
-        let answer = admit(&config(), h).unwrap_err();
-        assert_eq!(answer.status, 400);
+        for bad in [&[0xff][..], b"a\r\nx-evil: 1"] {
+            let mut h = headers(&[(":method", "OPTIONS")]);
+            h.push(("webhook-request-origin".to_string(), bad.to_vec()));
+            let answer = admit(&config(), h).unwrap_err();
+            assert_eq!(answer.status, 400);
+            assert_eq!(answer.headers.len(), 1, "{answer:?}");
+        }
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Redelivery without duplicates in the real Envoy (`--concurrency 2`: two workers share the
 //! store): a retry reaches only the subscribers that did not take the event, records expire
 //! after `ttl_ms`, the store stays within `max_entries`, and concurrent redeliveries of one
-//! event across workers give each subscriber exactly one delivery.
+//! event across workers give each subscriber exactly one delivery. Events are binary-mode
+//! CloudEvents named by their (`ce-source`, `ce-id`), or by a `key` header; the identity in
+//! both modes, sent by the CloudEvents SDK, is in `e2e_knative_ingress.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod harness;
@@ -25,10 +27,13 @@ fn envoy(dedupe: Value, subscribers: &[&Subscriber]) -> Envoy {
     builder.start()
 }
 
+/// The source of every event here: the identity is (`SOURCE`, id).
+const SOURCE: &str = "/e2e/dedupe";
+
 fn post(client: &Client, envoy: &Envoy, id: Option<&str>) -> Reply {
     let mut request = client.post(&envoy.url("/")).body("{}");
     if let Some(id) = id {
-        request = request.header("ce-id", id);
+        request = request.header("ce-source", SOURCE).header("ce-id", id);
     }
     let reply = send(request);
     reply.assert_not_tripwire();
@@ -37,24 +42,6 @@ fn post(client: &Client, envoy: &Envoy, id: Option<&str>) -> Reply {
 
 fn counts(subs: &[&Subscriber]) -> Vec<usize> {
     subs.iter().map(|s| s.count()).collect()
-}
-
-/// A stat of fanout's in `/stats` (`wasmcustom.<name>: <value>`), waiting (bounded) until it
-/// has `want`: the filter hands its counts to Envoy once a second.
-fn wait_for_stat(envoy: &Envoy, name: &str, want: i64) -> Option<i64> {
-    let line = format!("wasmcustom.{name}: ");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, stats) = envoy.admin_get("/stats");
-        let value = stats
-            .lines()
-            .find_map(|l| l.strip_prefix(&line))
-            .and_then(|v| v.trim().parse::<i64>().ok());
-        if value == Some(want) || Instant::now() > deadline {
-            return value;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]
@@ -100,11 +87,49 @@ fn a_redelivery_reaches_only_the_subscriber_that_failed() {
     assert_eq!(post(&client, &envoy, None).status, 202);
     assert_eq!(counts(&subs), [4, 4, 5]);
     assert_eq!(
-        wait_for_stat(&envoy, "fanout.dedupe.missing_key", 2),
+        envoy.wait_for_stat("wasmcustom.fanout.dedupe.missing_key", 2),
         Some(2)
     );
-    assert_eq!(wait_for_stat(&envoy, "fanout.dedupe.skipped", 5), Some(5));
-    assert_eq!(wait_for_stat(&envoy, "fanout.dedupe.entries", 2), Some(2));
+    assert_eq!(
+        envoy.wait_for_stat("wasmcustom.fanout.dedupe.skipped", 5),
+        Some(5)
+    );
+    assert_eq!(
+        envoy.wait_for_stat("wasmcustom.fanout.dedupe.entries", 2),
+        Some(2)
+    );
+}
+
+#[test]
+fn a_key_header_names_events_by_its_value_alone() {
+    let (a, b) = (Subscriber::ok("a"), Subscriber::ok("b"));
+    let subs = [&a, &b];
+    let envoy = envoy(json!({ "key": "x-event-id" }), &subs);
+    let client = Client::http1();
+    let event = |id: &str, source: &str| {
+        let reply = send(
+            client
+                .post(&envoy.url("/"))
+                .header("x-event-id", id)
+                .header("ce-source", source)
+                .body("{}"),
+        );
+        assert_eq!(reply.status, 202, "{}", reply.text());
+        reply.header("x-fanout-already-delivered")
+    };
+    assert_eq!(event("order-7", "/a"), None);
+    assert_eq!(counts(&subs), [1, 1]);
+    // The header's value is the whole identity: another source is the same event.
+    assert_eq!(event("order-7", "/b").as_deref(), Some("2"));
+    assert_eq!(event("order-8", "/a"), None);
+    assert_eq!(counts(&subs), [2, 2]);
+    // Without the header (ce-source and ce-id do not count): to everyone, counted.
+    assert_eq!(post(&client, &envoy, Some("order-7")).status, 202);
+    assert_eq!(counts(&subs), [3, 3]);
+    assert_eq!(
+        envoy.wait_for_stat("wasmcustom.fanout.dedupe.missing_key", 1),
+        Some(1)
+    );
 }
 
 #[test]
@@ -138,6 +163,7 @@ fn max_entries_100_with_1000_events_stays_bounded_and_evicts_the_oldest() {
                     let reply = send(
                         client
                             .post(&url)
+                            .header("ce-source", SOURCE)
                             .header("ce-id", format!("evt-{i}"))
                             .body("{}"),
                     );
@@ -149,7 +175,7 @@ fn max_entries_100_with_1000_events_stays_bounded_and_evicts_the_oldest() {
     threads.into_iter().for_each(|t| t.join().unwrap());
     assert_eq!(a.count(), 1000);
     assert_eq!(
-        wait_for_stat(&envoy, "fanout.dedupe.entries", 100),
+        envoy.wait_for_stat("wasmcustom.fanout.dedupe.entries", 100),
         Some(100)
     );
 
@@ -159,7 +185,7 @@ fn max_entries_100_with_1000_events_stays_bounded_and_evicts_the_oldest() {
     assert_eq!(post(&client, &envoy, Some("evt-0")).status, 202);
     assert_eq!(a.count(), 1001, "evt-0 was still remembered");
     assert_eq!(
-        wait_for_stat(&envoy, "fanout.dedupe.entries", 100),
+        envoy.wait_for_stat("wasmcustom.fanout.dedupe.entries", 100),
         Some(100)
     );
 }
@@ -187,7 +213,13 @@ fn two_hundred_concurrent_redeliveries_across_workers_give_each_subscriber_one_d
             let url = envoy.url("/");
             std::thread::spawn(move || {
                 barrier.wait();
-                send(client.post(&url).header("ce-id", "evt-once").body("{}"))
+                send(
+                    client
+                        .post(&url)
+                        .header("ce-source", SOURCE)
+                        .header("ce-id", "evt-once")
+                        .body("{}"),
+                )
             })
         })
         .collect();
@@ -275,7 +307,7 @@ fn async_mode_records_when_the_background_delivery_ends() {
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(counts(&subs), [1, 1], "a subscriber got the event twice");
     assert_eq!(
-        wait_for_stat(&envoy, "fanout.requests.undelivered", 0),
+        envoy.wait_for_stat("wasmcustom.fanout.requests.undelivered", 0),
         Some(0)
     );
 }

@@ -504,6 +504,26 @@ impl Envoy {
             .unwrap_or_else(|| panic!("Envoy's admin did not answer GET {path}"))
     }
 
+    /// Polls the admin `/stats` until the stat `name` (as `/stats` spells it, e.g.
+    /// `wasmcustom.fanout.requests.accepted`) has `want`, or 10 s pass; returns the last value
+    /// seen. The filter hands its counts to Envoy once a second.
+    pub fn wait_for_stat(&self, name: &str, want: u64) -> Option<u64> {
+        let line = format!("{name}: ");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (_, stats) =
+                self.admin_get(&format!("/stats?filter=^{}$", name.replace('.', "\\.")));
+            let seen = stats
+                .lines()
+                .find_map(|l| l.strip_prefix(&line))
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            if seen == Some(want) || Instant::now() > deadline {
+                return seen;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Envoy's pid, which is also its process group id.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, Child::id)
