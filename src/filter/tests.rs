@@ -626,6 +626,26 @@ fn options_is_200_with_the_webhook_headers_and_no_call() {
         .is_none());
 }
 
+impl Plugin {
+    /// A request with a body that is answered `status` (its error containing `error`) from
+    /// its headers: the body is never read, nobody is called.
+    fn rejected_from_the_headers(&self, headers: &[(&str, &str)], status: u32, error: &str) {
+        let mut ctx = self.stream(headers, b"{}");
+        assert_eq!(
+            ctx.on_http_request_headers(headers.len(), false),
+            Action::Pause
+        );
+        let answer = self.only_answer();
+        assert_eq!(answer.status, status);
+        let text = report(&answer)["error"].as_str().unwrap().to_string();
+        assert!(text.contains(error), "{text}");
+        assert_eq!(ctx.on_http_request_body(2, true), Action::Pause);
+        assert_eq!(self.answers().len(), 1);
+        assert!(self.state().dispatched.is_empty());
+        assert_eq!(self.state().body_reads, 0);
+    }
+}
+
 const REQUIRE_CLOUDEVENTS: &str = r#"{
   "require_cloudevents": true,
   "subscribers": [{"cluster": "a"}, {"cluster": "b"}]
@@ -636,21 +656,7 @@ fn require_cloudevents_rejects_a_binary_request_from_its_headers() {
     let mut plugin = Plugin::configured(REQUIRE_CLOUDEVENTS);
     let mut headers = post("x");
     headers.extend([("ce-specversion", "1.0"), ("ce-id", "1"), ("ce-type", "t")]);
-    let mut ctx = plugin.stream(&headers, b"{}");
-    // Answered from the headers: the body is never waited for.
-    assert_eq!(
-        ctx.on_http_request_headers(headers.len(), false),
-        Action::Pause
-    );
-    let answer = plugin.only_answer();
-    assert_eq!(answer.status, 400);
-    assert!(report(&answer)["error"]
-        .as_str()
-        .unwrap()
-        .contains("ce-source is missing"));
-    assert_eq!(ctx.on_http_request_body(2, true), Action::Pause);
-    assert_eq!(plugin.answers().len(), 1);
-    assert!(plugin.state().dispatched.is_empty());
+    plugin.rejected_from_the_headers(&headers, 400, "ce-source is missing");
     plugin.root.on_tick();
     assert_eq!(plugin.state().value("fanout.requests.rejected.400"), 1);
 
@@ -1469,21 +1475,7 @@ fn a_batch_is_415_from_the_headers_when_the_channel_filters() {
         "orders.default",
         &[("content-type", "application/cloudevents-batch+json")],
     );
-    let mut ctx = plugin.stream(&headers, b"[]");
-    assert_eq!(
-        ctx.on_http_request_headers(headers.len(), false),
-        Action::Pause
-    );
-    let answer = plugin.only_answer();
-    assert_eq!(answer.status, 415);
-    assert!(report(&answer)["error"]
-        .as_str()
-        .unwrap()
-        .contains("batch of CloudEvents"));
-    assert_eq!(ctx.on_http_request_body(2, true), Action::Pause);
-    assert_eq!(plugin.answers().len(), 1);
-    assert!(plugin.state().dispatched.is_empty());
-    assert_eq!(plugin.state().body_reads, 0);
+    plugin.rejected_from_the_headers(&headers, 415, "batch of CloudEvents");
 }
 
 #[test]
