@@ -9,16 +9,13 @@ mod harness;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use harness::{manifest_dir, send, Behavior, Client, Envoy, Subscriber};
+use harness::{read_shipped_yaml, send, Behavior, Client, Envoy, Subscriber};
 use serde_json::{json, Value};
 
 /// The `stats_config` of the shipped demo configuration, so the labels tested are the ones
 /// users get.
 fn shipped_stats_config() -> Value {
-    let text = std::fs::read_to_string(manifest_dir().join("envoy/envoy.yaml")).unwrap();
-    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
-    let doc = serde_json::to_value(doc).unwrap();
-    let stats = doc["stats_config"].clone();
+    let stats = read_shipped_yaml("envoy/envoy.yaml")["stats_config"].clone();
     assert!(
         stats["stats_tags"].is_array(),
         "envoy/envoy.yaml has no stats_tags"

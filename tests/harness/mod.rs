@@ -15,10 +15,15 @@ pub mod sdk;
 mod subscriber;
 
 pub use client::{chunked_body, send, Client, Reply};
-pub use envoy::{body_wait, envoy_bin, wasm_path, BodyWait, Envoy, EnvoyBuilder, TRIPWIRE_BODY};
+pub use envoy::{
+    body_wait, envoy_bin, validate_config, wasm_path, BodyWait, Envoy, EnvoyBuilder, TRIPWIRE_BODY,
+};
 pub use subscriber::{Behavior, Recorded, Subscriber};
 
-use std::path::PathBuf;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
 
 /// The crate root (where Cargo.toml is).
 pub fn manifest_dir() -> PathBuf {
@@ -42,4 +47,73 @@ pub fn unique_temp_dir(prefix: &str) -> PathBuf {
     ));
     std::fs::create_dir_all(&path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
     path
+}
+
+/// A [`unique_temp_dir`] that removes itself on drop, except when the test fails or
+/// `FANOUT_E2E_KEEP` is set: then it stays, and its path is printed.
+pub struct TempDir {
+    path: PathBuf,
+    /// What it holds, for the "kept ..." line.
+    what: &'static str,
+}
+
+impl TempDir {
+    /// `prefix` starts the directory's name; `what` says in the "kept" line what it holds.
+    pub fn new(prefix: &str, what: &'static str) -> TempDir {
+        TempDir {
+            path: unique_temp_dir(prefix),
+            what,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() || std::env::var_os("FANOUT_E2E_KEEP").is_some() {
+            eprintln!("kept {} in {}", self.what, self.path.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// `n` distinct free loopback ports, for what needs a fixed port number before it starts (a
+/// shipped config or script that takes ports from its environment). Everything the harness
+/// starts itself binds port 0 instead: a port chosen here is free when chosen, and another
+/// process may take it before it is used.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    // All held open while choosing, so that they differ.
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("a bound port").port())
+        .collect()
+}
+
+/// A file of the repository (`rel` from the crate root, e.g. `envoy/envoy.yaml`), as text.
+pub fn read_shipped(rel: &str) -> String {
+    let path = manifest_dir().join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// One YAML document as JSON, merge keys (`<<`) applied; `what` names it in the panic.
+pub fn yaml_to_json(text: &str, what: &str) -> Value {
+    let mut value: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(text).unwrap_or_else(|e| panic!("{what} is not valid YAML: {e}"));
+    value
+        .apply_merge()
+        .unwrap_or_else(|e| panic!("{what}: YAML merge keys: {e}"));
+    serde_json::to_value(value).unwrap_or_else(|e| panic!("{what}: not JSON-like YAML: {e}"))
+}
+
+/// A YAML file of the repository (one document) as JSON: [`read_shipped`], then
+/// [`yaml_to_json`].
+pub fn read_shipped_yaml(rel: &str) -> Value {
+    yaml_to_json(&read_shipped(rel), rel)
 }

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use super::{manifest_dir, wasm_path, Client, Envoy};
+use super::{manifest_dir, read_shipped_yaml, wasm_path, Client, Envoy, TempDir};
 
 /// The shipped bootstrap and render script.
 pub const SHIPPED_BOOTSTRAP: &str = "envoy/configmap/envoy.yaml";
@@ -41,20 +41,20 @@ pub const ECDS: &str = "extension_config_discovery.http_filter.fanout";
 /// `..data_tmp` over `..data` (the atomic step) and removes the old directory, as the kubelet's
 /// AtomicWriter does. Removed on drop (kept when the test fails or with `FANOUT_E2E_KEEP`).
 pub struct ConfigMapVolume {
-    path: PathBuf,
+    dir: TempDir,
     seq: u64,
 }
 
 impl ConfigMapVolume {
     pub fn new() -> ConfigMapVolume {
         ConfigMapVolume {
-            path: super::unique_temp_dir("fanout-configmap"),
+            dir: TempDir::new("fanout-configmap", "the ConfigMap volume"),
             seq: 0,
         }
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        self.dir.path()
     }
 
     /// Replace the volume's whole content with `files` (name, content), kubelet-style.
@@ -64,26 +64,26 @@ impl ConfigMapVolume {
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
         let stamp = format!("..{}.{:09}_{}", now.as_secs(), now.subsec_nanos(), self.seq);
-        let dir = self.path.join(&stamp);
+        let dir = self.dir.path().join(&stamp);
         fs::create_dir(&dir).expect("create the timestamped dir");
         for (name, content) in files {
             fs::write(dir.join(name), content).expect("write a ConfigMap key");
         }
-        let data = self.path.join("..data");
+        let data = self.dir.path().join("..data");
         let old = fs::read_link(&data).ok();
-        let tmp = self.path.join("..data_tmp");
+        let tmp = self.dir.path().join("..data_tmp");
         let _ = fs::remove_file(&tmp);
         symlink(&stamp, &tmp).expect("symlink ..data_tmp");
         fs::rename(&tmp, &data).expect("rename ..data_tmp over ..data");
         // The user-visible names: created once, they always point through ..data.
         for (name, _) in files {
-            let link = self.path.join(name);
+            let link = self.dir.path().join(name);
             if fs::symlink_metadata(&link).is_err() {
                 symlink(Path::new("..data").join(name), &link).expect("symlink a key");
             }
         }
         if let Some(old) = old {
-            let _ = fs::remove_dir_all(self.path.join(old));
+            let _ = fs::remove_dir_all(self.dir.path().join(old));
         }
     }
 }
@@ -91,16 +91,6 @@ impl ConfigMapVolume {
 impl Default for ConfigMapVolume {
     fn default() -> Self {
         ConfigMapVolume::new()
-    }
-}
-
-impl Drop for ConfigMapVolume {
-    fn drop(&mut self) {
-        if std::thread::panicking() || std::env::var_os("FANOUT_E2E_KEEP").is_some() {
-            eprintln!("kept the ConfigMap volume in {}", self.path.display());
-        } else {
-            let _ = fs::remove_dir_all(&self.path);
-        }
     }
 }
 
@@ -175,11 +165,7 @@ pub fn render_clusters(clusters: &[(&str, u16)]) -> String {
 /// The shipped bootstrap, as JSON, with the ConfigMap paths moved to `volume`, the listener
 /// and the admin on loopback with ports of the kernel's choosing.
 pub fn shipped_bootstrap(volume: &Path) -> Value {
-    let text = fs::read_to_string(manifest_dir().join(SHIPPED_BOOTSTRAP))
-        .unwrap_or_else(|e| panic!("read {SHIPPED_BOOTSTRAP}: {e}"));
-    let yaml: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{SHIPPED_BOOTSTRAP}: {e}"));
-    let mut bootstrap = serde_json::to_value(yaml).expect("YAML as JSON");
+    let mut bootstrap = read_shipped_yaml(SHIPPED_BOOTSTRAP);
     move_volume(&mut bootstrap, &volume.to_string_lossy());
     let loopback = json!({ "socket_address": { "address": "127.0.0.1", "port_value": 0 } });
     bootstrap["admin"]["address"] = loopback.clone();
