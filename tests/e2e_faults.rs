@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use harness::faults::{raw_request, rss_kib, stats, Fault, FaultServer};
+use harness::faults::{raw_request, Fault, FaultServer};
 use harness::{send, Behavior, Client, Envoy, Recorded, Reply, Subscriber};
 use serde_json::{json, Value};
 
@@ -438,12 +438,7 @@ fn a_thousand_clients_leaving_mid_fan_out_under_load_break_nothing() {
     let pid = envoy.pid();
     let addr = envoy.addr();
     // Envoy's own wasm stats (VMs created and active, by runtime), not fanout's.
-    let vm_stats = |envoy: &Envoy| -> BTreeMap<String, u64> {
-        stats(envoy, "wasm")
-            .into_iter()
-            .filter(|(k, _)| k.starts_with("wasm."))
-            .collect()
-    };
+    let vm_stats = |envoy: &Envoy| -> BTreeMap<String, u64> { envoy.stats("wasm.") };
     let wasm_before = vm_stats(&envoy);
 
     // Load: requests to both channels all along from 4 clients (to `slow.test` too: they
@@ -516,12 +511,16 @@ fn a_thousand_clients_leaving_mid_fan_out_under_load_break_nothing() {
     assert!(replies.len() >= 20, "too little load: {}", replies.len());
 
     // The abandoned calls' subscribers answer after 300 ms; then everything is back to idle.
-    let in_flight = |envoy: &Envoy| stats(envoy, "fanout.in_flight").values().sum::<u64>();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while in_flight(&envoy) != 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(in_flight(&envoy), 0, "fan-outs still counted in flight");
+    let in_flight = envoy.wait_for_stat(
+        "wasmcustom.fanout.in_flight",
+        |n| n == 0,
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        in_flight.unwrap_or(0),
+        0,
+        "fan-outs still counted in flight"
+    );
 
     let client = Client::http1();
     for i in 0..10 {
@@ -611,7 +610,7 @@ fn a_channel_of_1000_subscribers_works_and_its_cost_is_recorded() {
     let mut envoy = builder.start();
     let startup = started.elapsed();
     let pid = envoy.pid();
-    let rss_idle = rss_kib(&envoy);
+    let rss_idle = envoy.rss_kib();
     let client = Client::http1();
     let mut times = Vec::new();
     for i in 0..EVENTS {
@@ -624,7 +623,7 @@ fn a_channel_of_1000_subscribers_works_and_its_cost_is_recorded() {
         );
         times.push(reply.elapsed);
     }
-    let rss_after = rss_kib(&envoy);
+    let rss_after = envoy.rss_kib();
     for hub in &hubs {
         let want = N / HUBS * EVENTS;
         assert_eq!(
@@ -659,14 +658,14 @@ fn a_channel_of_1000_subscribers_works_and_its_cost_is_recorded() {
         builder = builder.cluster(name, hub_port(i));
     }
     let envoy4 = builder.start();
-    let rss4_idle = rss_kib(&envoy4);
+    let rss4_idle = envoy4.rss_kib();
     let mut times4 = Vec::new();
     for i in 0..EVENTS {
         let reply = post(&client, &envoy4, "any", &format!("small-{i}"));
         assert_202(&reply);
         times4.push(reply.elapsed);
     }
-    let rss4_after = rss_kib(&envoy4);
+    let rss4_after = envoy4.rss_kib();
     eprintln!(
         "1000 subscribers: Envoy ready in {startup:?}; fan-outs took {times:?}; Envoy RSS {} MiB \
          idle, {} MiB after {EVENTS} events. For comparison, 4 subscribers: fan-outs {times4:?}, \

@@ -6,7 +6,8 @@
 
 mod harness;
 
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use harness::{send, Client, Envoy, Reply, Subscriber};
 use serde_json::{json, Value};
@@ -198,27 +199,20 @@ fn the_500_report_and_the_metrics_tell_skipped_from_failed() {
     assert_eq!(shipped.count(), 0);
 
     // Counted per worker and flushed to Envoy's stats on the root context's tick.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, stats) = envoy.admin_get("/stats?filter=fanout.subscriber");
-        let value = |name: &str| {
-            stats
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("wasmcustom.{name}: ")))
-                .map(str::to_string)
-        };
-        let skipped = value("fanout.subscriber.shipped.skipped");
-        let failed = value("fanout.subscriber.created.failed.status_5xx");
-        if skipped.as_deref() == Some("1") && failed.as_deref() == Some("1") {
-            assert_eq!(
-                value("fanout.subscriber.shipped.calls").as_deref(),
-                Some("0")
-            );
-            break;
-        }
-        assert!(Instant::now() < deadline, "stats never showed it:\n{stats}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let counted = |stats: &BTreeMap<String, u64>| {
+        stats.get("wasmcustom.fanout.subscriber.shipped.skipped") == Some(&1)
+            && stats.get("wasmcustom.fanout.subscriber.created.failed.status_5xx") == Some(&1)
+    };
+    let stats = envoy.wait_for_stats(
+        "wasmcustom.fanout.subscriber.",
+        counted,
+        Duration::from_secs(10),
+    );
+    assert!(counted(&stats), "stats never showed it:\n{stats:#?}");
+    assert_eq!(
+        stats.get("wasmcustom.fanout.subscriber.shipped.calls"),
+        Some(&0)
+    );
 }
 
 #[test]

@@ -23,20 +23,6 @@ fn shipped_stats_config() -> Value {
     stats
 }
 
-/// `name{labels} value` lines of fanout's metrics, keyed by `name{labels}`. Histograms
-/// contribute their `_count` lines.
-fn scrape(envoy: &Envoy) -> BTreeMap<String, f64> {
-    let (status, text) = envoy.admin_get("/stats/prometheus");
-    assert_eq!(status, 200);
-    text.lines()
-        .filter(|line| line.starts_with("fanout_"))
-        .filter_map(|line| {
-            let (key, value) = line.rsplit_once(' ')?;
-            Some((key.to_owned(), value.parse().ok()?))
-        })
-        .collect()
-}
-
 #[test]
 fn prometheus_counts_equal_what_happened() {
     let steady = Subscriber::ok("steady");
@@ -111,10 +97,10 @@ fn prometheus_counts_equal_what_happened() {
 
     // The filter hands its counts to Envoy once a second; wait for them, bounded.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut scraped = scrape(&envoy);
+    let mut scraped = envoy.prometheus("fanout_");
     while expected.iter().any(|(k, v)| scraped.get(*k) != Some(v)) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
-        scraped = scrape(&envoy);
+        scraped = envoy.prometheus("fanout_");
     }
     for (name, value) in &expected {
         assert_eq!(
@@ -154,10 +140,10 @@ fn metrics_off_defines_no_fanout_stats() {
         202
     );
     std::thread::sleep(Duration::from_millis(1500));
-    let (_, stats) = envoy.admin_get("/stats");
+    let stats = envoy.stats_text("wasmcustom.fanout");
     assert!(
-        !stats.contains("wasmcustom.fanout"),
-        "metrics are off but fanout stats exist:\n{stats}"
+        stats.is_empty(),
+        "metrics are off but fanout stats exist:\n{stats:#?}"
     );
 }
 

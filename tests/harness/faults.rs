@@ -1,7 +1,8 @@
 //! Subscribers that misbehave at the transport level, for the fault tests (issue 8): one that
 //! accepts and never answers, one that answers with bytes of the test's choosing (a huge
 //! body, malformed HTTP, a response cut short), and one that can be killed and restarted on
-//! the same port. Plus what the fault tests read about Envoy itself: its RSS and its stats.
+//! the same port. (What the fault tests read about Envoy itself, its RSS and its stats, is
+//! `Envoy`'s, in `stats.rs`.)
 //!
 //! Plain std::net and one thread per connection, like `Subscriber`; dropping a server stops
 //! its threads and closes its connections.
@@ -13,8 +14,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-use super::envoy::Envoy;
 
 /// What a [`FaultServer`] does with each request it has read.
 #[derive(Clone, Debug)]
@@ -304,30 +303,6 @@ fn read_request(r: &mut impl BufRead) -> io::Result<bool> {
         r.read_exact(&mut body)?;
     }
     Ok(true)
-}
-
-/// Envoy's resident set size, in KiB, from /proc.
-pub fn rss_kib(envoy: &Envoy) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", envoy.pid()))
-        .expect("read Envoy's /proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc status")
-}
-
-/// Envoy's stats whose name contains `filter`, as `name -> value` (counters and gauges; a
-/// histogram's line is skipped).
-pub fn stats(envoy: &Envoy, filter: &str) -> HashMap<String, u64> {
-    let (status, body) = envoy.admin_get(&format!("/stats?filter={filter}"));
-    assert_eq!(status, 200, "GET /stats?filter={filter}: {body}");
-    body.lines()
-        .filter_map(|line| {
-            let (name, value) = line.split_once(": ")?;
-            Some((name.to_owned(), value.trim().parse().ok()?))
-        })
-        .collect()
 }
 
 /// Sends one raw HTTP/1.1 request on a new connection and reads the answer until the server

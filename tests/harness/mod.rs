@@ -12,6 +12,7 @@ mod envoy;
 pub mod faults;
 pub mod reload;
 pub mod sdk;
+mod stats;
 mod subscriber;
 
 pub use client::{chunked_body, send, Client, Reply};
