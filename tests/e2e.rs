@@ -11,7 +11,10 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use harness::{chunked_body, send, Behavior, Client, Envoy, Recorded, Reply, Subscriber};
+use harness::{
+    assert_202_empty, assert_rejected, assert_status, chunked_body, send, Behavior, Client, Envoy,
+    Recorded, Reply, Subscriber,
+};
 use serde_json::{json, Value};
 
 // ---------------------------------------------------------------------------------------
@@ -37,28 +40,9 @@ fn binary_body() -> Vec<u8> {
     (0..1024u32).map(|i| (i % 256) as u8).collect()
 }
 
-fn assert_202(reply: &Reply) {
-    reply.assert_not_tripwire();
-    assert_eq!(
-        reply.status,
-        202,
-        "expected 202, got {} with body {:?}",
-        reply.status,
-        reply.text()
-    );
-    assert!(reply.body.is_empty(), "202 has a body: {:?}", reply.text());
-}
-
 /// The 500 failure report: status, content type, x-fanout-failed, and the JSON body.
 fn failure_report(reply: &Reply, failed: usize) -> Value {
-    reply.assert_not_tripwire();
-    assert_eq!(
-        reply.status,
-        500,
-        "expected 500, got {} with body {:?}",
-        reply.status,
-        reply.text()
-    );
+    assert_status(reply, 500);
     assert_eq!(
         reply.header("content-type").as_deref(),
         Some("application/json"),
@@ -85,23 +69,6 @@ fn failed_entry<'a>(report: &'a Value, cluster: &str) -> &'a Value {
         .flatten()
         .find(|e| e["cluster"] == cluster)
         .unwrap_or_else(|| panic!("no failed entry for cluster {cluster}: {report:#}"))
-}
-
-/// A rejection (400/404/405/413): the status and a `{"error": "..."}` body.
-fn assert_rejected(reply: &Reply, status: u16) {
-    reply.assert_not_tripwire();
-    assert_eq!(
-        reply.status,
-        status,
-        "expected {status}, got {} with body {:?}",
-        reply.status,
-        reply.text()
-    );
-    let body = reply.json();
-    assert!(
-        body["error"].as_str().is_some_and(|m| !m.is_empty()),
-        "a {status} should say why in {{\"error\": ...}}: {body}"
-    );
 }
 
 /// What every subscriber call must look like.
@@ -156,7 +123,7 @@ fn three_subscribers_answering_200_give_202_and_each_gets_one_identical_post() {
             .header("content-type", "application/octet-stream")
             .body(body.clone()),
     );
-    assert_202(&reply);
+    assert_202_empty(&reply);
 
     let got = billing.only_request();
     assert_call(&got, "/events", "billing.default.svc.cluster.local", &body);
@@ -184,7 +151,7 @@ fn a_subscriber_without_path_or_authority_gets_slash_and_its_cluster_name() {
         &[&plain],
     );
     let reply = send(Client::http1().post(&envoy.url("/ignored/path")).body("x"));
-    assert_202(&reply);
+    assert_202_empty(&reply);
     assert_call(&plain.only_request(), "/", "plain", b"x");
 }
 
@@ -351,7 +318,7 @@ fn only_unknown_clusters_give_500_at_once() {
 #[test]
 fn no_subscribers_gives_202() {
     let envoy = envoy(&json!({ "subscribers": [] }), &[]);
-    assert_202(&send(
+    assert_202_empty(&send(
         Client::http1().post(&envoy.url("/")).body("nobody listens"),
     ));
 }
@@ -359,7 +326,7 @@ fn no_subscribers_gives_202() {
 #[test]
 fn a_channel_with_no_subscribers_gives_202() {
     let envoy = envoy(&one_channel(json!([])), &[]);
-    assert_202(&send(
+    assert_202_empty(&send(
         Client::http1().post(&envoy.url("/")).body("nobody listens"),
     ));
 }
@@ -392,14 +359,14 @@ fn each_host_reaches_only_its_channel_and_an_unknown_host_gets_404() {
         )
     };
 
-    assert_202(&post("orders.default", "o-1"));
+    assert_202_empty(&post("orders.default", "o-1"));
     assert_eq!((o1.count(), o2.count(), p1.count()), (1, 1, 0));
 
-    assert_202(&post("payments.default", "p-1"));
+    assert_202_empty(&post("payments.default", "p-1"));
     assert_eq!((o1.count(), o2.count(), p1.count()), (1, 1, 1));
 
-    assert_202(&post("ORDERS.Default.svc.Cluster.Local:8080", "o-2"));
-    assert_202(&post("Payments.DEFAULT:80", "p-2"));
+    assert_202_empty(&post("ORDERS.Default.svc.Cluster.Local:8080", "o-2"));
+    assert_202_empty(&post("Payments.DEFAULT:80", "p-2"));
     assert_eq!((o1.count(), o2.count(), p1.count()), (2, 2, 2));
 
     assert_rejected(&post("unknown.default", "lost"), 404);
@@ -448,7 +415,7 @@ fn forwards_request_id_ce_and_trace_headers_but_not_authorization_cookie_or_unli
     for (name, value) in sent.iter().chain(withheld.iter()) {
         request = request.header(*name, *value);
     }
-    assert_202(&send(request));
+    assert_202_empty(&send(request));
 
     let got = sub.only_request();
     for (name, value) in sent {
@@ -481,7 +448,7 @@ fn authorization_is_forwarded_only_when_listed_by_exact_name() {
             .header("x-request-id", "r-1")
             .body("x"),
     );
-    assert_202(&reply);
+    assert_202_empty(&reply);
     let got = sub.only_request();
     assert_eq!(got.header("authorization"), Some("Bearer t"), "{got:#?}");
     assert_eq!(got.header("x-custom-one"), Some("1"), "{got:#?}");
@@ -512,7 +479,7 @@ fn with_forward_all_the_host_content_length_and_credentials_are_still_not_forwar
             .header("proxy-authorization", "Basic x")
             .body(chunked_body(body.clone())),
     );
-    assert_202(&reply);
+    assert_202_empty(&reply);
     let got = sub.only_request();
     assert_call(&got, "/", "sink.local", &body);
     assert_eq!(got.header_all("host"), ["sink.local"], "{got:#?}");
@@ -552,14 +519,14 @@ fn a_request_without_body_and_a_chunked_upload_both_fan_out() {
     );
     let client = Client::http1();
 
-    assert_202(&send(client.post(&envoy.url("/"))));
+    assert_202_empty(&send(client.post(&envoy.url("/"))));
     for (s, path) in [(&a, "/a"), (&b, "/b")] {
         assert_call(&s.only_request(), path, s.name(), b"");
     }
 
     // 300 KB without a length: sent chunked, in many pieces.
     let body: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
-    assert_202(&send(
+    assert_202_empty(&send(
         client
             .post(&envoy.url("/"))
             .header("content-type", "application/octet-stream")
@@ -594,7 +561,7 @@ fn a_2_mib_body_over_a_1_mib_limit_gives_413_and_nobody_is_called() {
     // The filter's own 413 (with its JSON error), not Envoy's plain one.
     assert_rejected(&reply, 413);
     // Still serving, and nobody was called.
-    assert_202(&send(Client::http1().post(&envoy.url("/")).body("small")));
+    assert_202_empty(&send(Client::http1().post(&envoy.url("/")).body("small")));
     assert_eq!(sub.count(), 1);
     assert_eq!(sub.only_request().body, b"small");
 }
@@ -620,7 +587,7 @@ fn a_body_one_byte_over_max_body_bytes_gives_the_filters_413_and_at_the_limit_fa
         413,
     );
     assert_nobody_called(&[&sub]);
-    assert_202(&send(client.post(&envoy.url("/")).body(vec![1u8; 1000])));
+    assert_202_empty(&send(client.post(&envoy.url("/")).body(vec![1u8; 1000])));
     assert_eq!(sub.only_request().body, vec![1u8; 1000]);
 }
 
@@ -634,8 +601,8 @@ fn a_2_mib_body_fans_out_when_max_body_bytes_and_envoys_buffer_limit_allow_it() 
         .start();
     let body: Vec<u8> = (0..2 * 1024 * 1024u32).map(|i| (i % 253) as u8).collect();
     let client = Client::http1();
-    assert_202(&send(client.post(&envoy.url("/")).body(body.clone())));
-    assert_202(&send(
+    assert_202_empty(&send(client.post(&envoy.url("/")).body(body.clone())));
+    assert_202_empty(&send(
         client
             .post(&envoy.url("/"))
             .body(chunked_body(body.clone())),
@@ -689,7 +656,7 @@ fn h2c_downstream_behaves_like_http1() {
             .body(body.clone()),
     );
     assert_eq!(reply.version, reqwest::Version::HTTP_2);
-    assert_202(&reply);
+    assert_202_empty(&reply);
     let got = good.only_request();
     assert_call(&got, "/g", "good.local", &body);
     assert_eq!(got.header("content-type"), Some("application/octet-stream"));
@@ -791,11 +758,11 @@ fn a_client_that_goes_away_mid_fan_out_does_not_disturb_other_requests() {
     }
     let client = Client::http1();
     let post = |host: &str| send(client.post(&envoy.url("/")).header("host", host).body("y"));
-    assert_202(&post("fast.test"));
+    assert_202_empty(&post("fast.test"));
     // After the abandoned calls' subscribers have answered.
     std::thread::sleep(Duration::from_millis(1000));
-    assert_202(&post("fast.test"));
-    assert_202(&post("slow.test"));
+    assert_202_empty(&post("fast.test"));
+    assert_202_empty(&post("slow.test"));
     assert_eq!(fast.count(), 2);
     assert!(envoy.try_wait_alive());
     let log = envoy.log();

@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use harness::faults::{raw_request, Fault, FaultServer};
-use harness::{send, Behavior, Client, Envoy, Recorded, Reply, Subscriber};
+use harness::{
+    assert_202, assert_status, send, Behavior, Client, Envoy, Recorded, Reply, Subscriber,
+};
 use serde_json::{json, Value};
 
 // ---------------------------------------------------------------------------------------
@@ -30,22 +32,10 @@ fn start(config: &Value, clusters: &[(&str, u16)]) -> Envoy {
     builder.start()
 }
 
-fn assert_202(reply: &Reply) {
-    reply.assert_not_tripwire();
-    assert_eq!(
-        reply.status,
-        202,
-        "expected 202: {} {:?}",
-        reply.status,
-        reply.text()
-    );
-}
-
 /// The 500 report of a fan-out in which exactly the subscribers `failed` failed: returns
 /// each one's entry by cluster.
 fn report_naming(reply: &Reply, failed: &[&str]) -> BTreeMap<String, Value> {
-    reply.assert_not_tripwire();
-    assert_eq!(reply.status, 500, "expected 500: {:?}", reply.text());
+    assert_status(reply, 500);
     assert_eq!(
         reply.header("x-fanout-failed"),
         Some(failed.len().to_string()),

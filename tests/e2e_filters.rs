@@ -9,7 +9,7 @@ mod harness;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use harness::{send, Client, Envoy, Reply, Subscriber};
+use harness::{assert_status, send, Client, Envoy, Reply, Subscriber};
 use serde_json::{json, Value};
 
 /// Envoy with the filter configured by `config` and one cluster per subscriber.
@@ -29,17 +29,6 @@ fn by_type() -> Value {
         { "cluster": "shipped", "path": "/shipped",
           "filter": { "attributes": { "type": "com.example.order.shipped", "source": "" } } }
     ] }] })
-}
-
-fn assert_status(reply: &Reply, status: u16) {
-    reply.assert_not_tripwire();
-    assert_eq!(
-        reply.status,
-        status,
-        "expected {status}, got {} with body {:?}",
-        reply.status,
-        reply.text()
-    );
 }
 
 fn binary_event(envoy: &Envoy, event_type: &str, body: &str) -> Reply {

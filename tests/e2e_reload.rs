@@ -17,7 +17,7 @@ use harness::reload::{
     render_filter, render_filter_with_script, run_render, until_consecutive, Load, ReloadEnvoy,
     Update, ECDS,
 };
-use harness::{send, Behavior, Client, Reply, Subscriber};
+use harness::{assert_202, send, Behavior, Client, Reply, Subscriber};
 use serde_json::{json, Value};
 
 /// Envoy picks up a file change, then applies it on every worker.
@@ -47,11 +47,6 @@ fn post(envoy: &ReloadEnvoy, seq: &str) -> Reply {
 
 fn got(s: &Subscriber, seq: &str) -> bool {
     s.requests().iter().any(|r| r.header("x-seq") == Some(seq))
-}
-
-fn assert_202(reply: &Reply) {
-    reply.assert_not_tripwire();
-    assert_eq!(reply.status, 202, "{} {:?}", reply.status, reply.text());
 }
 
 /// Sends tagged requests until `n` in a row were answered 202 and reached exactly `want` of

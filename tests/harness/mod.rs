@@ -15,7 +15,9 @@ pub mod sdk;
 mod stats;
 mod subscriber;
 
-pub use client::{chunked_body, send, Client, Reply};
+pub use client::{
+    assert_202, assert_202_empty, assert_rejected, assert_status, chunked_body, send, Client, Reply,
+};
 pub use envoy::{
     body_wait, envoy_bin, validate_config, wasm_path, BodyWait, Envoy, EnvoyBuilder, TRIPWIRE_BODY,
 };
