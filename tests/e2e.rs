@@ -20,16 +20,6 @@ use serde_json::{json, Value};
 // ---------------------------------------------------------------------------------------
 // Helpers
 
-/// Envoy with the filter configured by `config` and one cluster per subscriber (named after
-/// the subscriber). Clusters the config names but no subscriber backs stay unknown to Envoy.
-fn envoy(config: &Value, subscribers: &[&Subscriber]) -> Envoy {
-    let mut builder = Envoy::builder().fanout(config);
-    for s in subscribers {
-        builder = builder.cluster(s.name(), s.port());
-    }
-    builder.start()
-}
-
 /// A channel matching every host, named "default/orders".
 fn one_channel(subscribers: Value) -> Value {
     json!({ "channels": [{ "name": "default/orders", "hosts": ["*"], "subscribers": subscribers }] })
@@ -105,7 +95,7 @@ fn three_subscribers_answering_200_give_202_and_each_gets_one_identical_post() {
     let billing = Subscriber::ok("billing");
     let shipping = Subscriber::start("shipping", Behavior::Status(204));
     let audit = Subscriber::ok("audit");
-    let envoy = envoy(
+    let envoy = Envoy::with_subscribers(
         &one_channel(json!([
             { "cluster": "billing", "authority": "billing.default.svc.cluster.local",
               "path": "/events", "headers": { "x-tenant": "acme" } },
@@ -146,7 +136,7 @@ fn three_subscribers_answering_200_give_202_and_each_gets_one_identical_post() {
 #[test]
 fn a_subscriber_without_path_or_authority_gets_slash_and_its_cluster_name() {
     let plain = Subscriber::ok("plain");
-    let envoy = envoy(
+    let envoy = Envoy::with_subscribers(
         &json!({ "subscribers": [{ "cluster": "plain" }] }),
         &[&plain],
     );
@@ -163,7 +153,7 @@ fn one_subscriber_answering_500_gives_500_naming_it_and_the_others_still_get_the
     let billing = Subscriber::ok("billing");
     let inventory = Subscriber::start("inventory", Behavior::Status(500));
     let audit = Subscriber::ok("audit");
-    let envoy = envoy(
+    let envoy = Envoy::with_subscribers(
         &one_channel(json!([
             { "cluster": "billing", "path": "/b" },
             { "cluster": "inventory", "authority": "inventory.local", "path": "/inv" },
@@ -201,7 +191,7 @@ fn one_subscriber_answering_500_gives_500_naming_it_and_the_others_still_get_the
 fn a_subscriber_slower_than_its_timeout_gives_500_at_the_timeout_not_later() {
     let fast = Subscriber::ok("fast");
     let slow = Subscriber::start("slow", Behavior::Delay(Duration::from_secs(10), 200));
-    let envoy = envoy(
+    let envoy = Envoy::with_subscribers(
         &json!({
             "timeout_ms": 20000,
             "subscribers": [
@@ -240,7 +230,7 @@ fn a_reset_connection_and_an_unknown_cluster_give_500_and_the_healthy_subscriber
 ) {
     let healthy = Subscriber::ok("healthy");
     let broken = Subscriber::start("broken", Behavior::Reset);
-    let envoy = envoy(
+    let envoy = Envoy::with_subscribers(
         &one_channel(json!([
             { "cluster": "broken", "path": "/r" },
             { "cluster": "ghost", "path": "/g" },
@@ -317,7 +307,7 @@ fn only_unknown_clusters_give_500_at_once() {
 
 #[test]
 fn no_subscribers_gives_202() {
-    let envoy = envoy(&json!({ "subscribers": [] }), &[]);
+    let envoy = Envoy::with_subscribers(&json!({ "subscribers": [] }), &[]);
     assert_202_empty(&send(
         Client::http1().post(&envoy.url("/")).body("nobody listens"),
     ));
@@ -325,7 +315,7 @@ fn no_subscribers_gives_202() {
 
 #[test]
 fn a_channel_with_no_subscribers_gives_202() {
-    let envoy = envoy(&one_channel(json!([])), &[]);
+    let envoy = Envoy::with_subscribers(&one_channel(json!([])), &[]);
     assert_202_empty(&send(
         Client::http1().post(&envoy.url("/")).body("nobody listens"),
     ));
@@ -339,7 +329,7 @@ fn each_host_reaches_only_its_channel_and_an_unknown_host_gets_404() {
     let o1 = Subscriber::ok("orders-a");
     let o2 = Subscriber::ok("orders-b");
     let p1 = Subscriber::ok("payments-a");
-    let envoy = envoy(
+    let envoy = Envoy::with_subscribers(
         &json!({ "channels": [
             { "name": "default/orders",
               "hosts": ["orders.default", "orders.default.svc.cluster.local"],
@@ -385,7 +375,7 @@ fn each_host_reaches_only_its_channel_and_an_unknown_host_gets_404() {
 #[test]
 fn forwards_request_id_ce_and_trace_headers_but_not_authorization_cookie_or_unlisted_ones() {
     let sub = Subscriber::ok("sink");
-    let envoy = envoy(
+    let envoy = Envoy::with_subscribers(
         &json!({ "subscribers": [{ "cluster": "sink", "headers": { "x-added": "by-config" } }] }),
         &[&sub],
     );
@@ -431,7 +421,7 @@ fn forwards_request_id_ce_and_trace_headers_but_not_authorization_cookie_or_unli
 #[test]
 fn authorization_is_forwarded_only_when_listed_by_exact_name() {
     let sub = Subscriber::ok("sink");
-    let envoy = envoy(
+    let envoy = Envoy::with_subscribers(
         &json!({
             "forward_headers": ["authorization", "x-custom-*"],
             "subscribers": [{ "cluster": "sink" }]
@@ -461,7 +451,7 @@ fn authorization_is_forwarded_only_when_listed_by_exact_name() {
 #[test]
 fn with_forward_all_the_host_content_length_and_credentials_are_still_not_forwarded() {
     let sub = Subscriber::ok("sink");
-    let envoy = envoy(
+    let envoy = Envoy::with_subscribers(
         &json!({
             "forward_headers": ["*"],
             "subscribers": [{ "cluster": "sink", "authority": "sink.local" }]
@@ -494,7 +484,8 @@ fn with_forward_all_the_host_content_length_and_credentials_are_still_not_forwar
 #[test]
 fn a_forwarded_header_that_is_not_utf8_gives_400_and_nobody_is_called() {
     let sub = Subscriber::ok("sink");
-    let envoy = envoy(&json!({ "subscribers": [{ "cluster": "sink" }] }), &[&sub]);
+    let envoy =
+        Envoy::with_subscribers(&json!({ "subscribers": [{ "cluster": "sink" }] }), &[&sub]);
     let value = reqwest::header::HeaderValue::from_bytes(b"caf\xe9").unwrap();
     let reply = send(
         Client::http1()
@@ -513,7 +504,7 @@ fn a_forwarded_header_that_is_not_utf8_gives_400_and_nobody_is_called() {
 fn a_request_without_body_and_a_chunked_upload_both_fan_out() {
     let a = Subscriber::ok("a");
     let b = Subscriber::ok("b");
-    let envoy = envoy(
+    let envoy = Envoy::with_subscribers(
         &json!({ "subscribers": [{ "cluster": "a", "path": "/a" }, { "cluster": "b", "path": "/b" }] }),
         &[&a, &b],
     );
@@ -549,7 +540,7 @@ fn a_request_without_body_and_a_chunked_upload_both_fan_out() {
 #[test]
 fn a_2_mib_body_over_a_1_mib_limit_gives_413_and_nobody_is_called() {
     let sub = Subscriber::ok("sink");
-    let envoy = envoy(
+    let envoy = Envoy::with_subscribers(
         &json!({ "max_body_bytes": 1_048_576, "subscribers": [{ "cluster": "sink" }] }),
         &[&sub],
     );
@@ -569,7 +560,7 @@ fn a_2_mib_body_over_a_1_mib_limit_gives_413_and_nobody_is_called() {
 #[test]
 fn a_body_one_byte_over_max_body_bytes_gives_the_filters_413_and_at_the_limit_fans_out() {
     let sub = Subscriber::ok("sink");
-    let envoy = envoy(
+    let envoy = Envoy::with_subscribers(
         &json!({ "max_body_bytes": 1000, "subscribers": [{ "cluster": "sink" }] }),
         &[&sub],
     );
@@ -617,7 +608,8 @@ fn a_2_mib_body_fans_out_when_max_body_bytes_and_envoys_buffer_limit_allow_it() 
 #[test]
 fn a_get_gives_405_with_allow_post_and_nobody_is_called() {
     let sub = Subscriber::ok("sink");
-    let envoy = envoy(&json!({ "subscribers": [{ "cluster": "sink" }] }), &[&sub]);
+    let envoy =
+        Envoy::with_subscribers(&json!({ "subscribers": [{ "cluster": "sink" }] }), &[&sub]);
     let client = Client::http1();
     let reply = send(client.get(&envoy.url("/")));
     assert_rejected(&reply, 405);
@@ -634,7 +626,7 @@ fn a_get_gives_405_with_allow_post_and_nobody_is_called() {
 fn h2c_downstream_behaves_like_http1() {
     let good = Subscriber::ok("good");
     let flaky = Subscriber::ok("flaky");
-    let envoy = envoy(
+    let envoy = Envoy::with_subscribers(
         &json!({ "channels": [{ "name": "default/orders", "hosts": ["orders.default"],
             "subscribers": [
                 { "cluster": "good", "authority": "good.local", "path": "/g",
@@ -690,7 +682,7 @@ fn two_hundred_concurrent_requests_to_four_subscribers_all_get_202_and_each_subs
     const N: usize = 200;
     let subs: Vec<Subscriber> = (0..4).map(|i| Subscriber::ok(&format!("sub{i}"))).collect();
     let config = json!({ "subscribers": (0..4).map(|i| json!({ "cluster": format!("sub{i}") })).collect::<Vec<_>>() });
-    let envoy = envoy(&config, &subs.iter().collect::<Vec<_>>());
+    let envoy = Envoy::with_subscribers(&config, &subs.iter().collect::<Vec<_>>());
     let client = Client::http1();
     let barrier = Arc::new(Barrier::new(N));
     let url = envoy.url("/");
@@ -736,7 +728,7 @@ fn two_hundred_concurrent_requests_to_four_subscribers_all_get_202_and_each_subs
 fn a_client_that_goes_away_mid_fan_out_does_not_disturb_other_requests() {
     let slow = Subscriber::start("slow", Behavior::Delay(Duration::from_millis(800), 200));
     let fast = Subscriber::ok("fast");
-    let mut envoy = envoy(
+    let mut envoy = Envoy::with_subscribers(
         &json!({ "channels": [
             { "name": "slow", "hosts": ["slow.test"], "subscribers": [{ "cluster": "slow" }] },
             { "name": "fast", "hosts": ["fast.test"], "subscribers": [{ "cluster": "fast" }] }

@@ -19,11 +19,7 @@ fn envoy(dedupe: Value, subscribers: &[&Subscriber]) -> Envoy {
         "channels": [{ "name": "default/orders", "hosts": ["*"], "subscribers":
             subscribers.iter().map(|s| json!({ "cluster": s.name() })).collect::<Vec<_>>() }]
     });
-    let mut builder = Envoy::builder().fanout(&config);
-    for s in subscribers {
-        builder = builder.cluster(s.name(), s.port());
-    }
-    builder.start()
+    Envoy::with_subscribers(&config, subscribers)
 }
 
 fn post(client: &Client, envoy: &Envoy, id: Option<&str>) -> Reply {

@@ -24,14 +24,6 @@ use serde_json::{json, Value};
 // ---------------------------------------------------------------------------------------
 // Helpers
 
-fn start(config: &Value, clusters: &[(&str, u16)]) -> Envoy {
-    let mut builder = Envoy::builder().fanout(config);
-    for (name, port) in clusters {
-        builder = builder.cluster(name, *port);
-    }
-    builder.start()
-}
-
 /// The 500 report of a fan-out in which exactly the subscribers `failed` failed: returns
 /// each one's entry by cluster.
 fn report_naming(reply: &Reply, failed: &[&str]) -> BTreeMap<String, Value> {
@@ -100,7 +92,7 @@ fn a_subscriber_killed_mid_load_fails_with_a_report_while_down_and_all_202_after
     let config = json!({ "subscribers": [
         { "cluster": "steady-a" }, { "cluster": "victim", "timeout_ms": 5000 }, { "cluster": "steady-b" }
     ] });
-    let mut envoy = start(
+    let mut envoy = Envoy::with_clusters(
         &config,
         &[
             ("steady-a", a.port()),
@@ -195,7 +187,7 @@ fn a_subscriber_that_accepts_and_never_answers_is_a_timeout_at_its_timeout() {
     let config = json!({ "subscribers": [
         { "cluster": "silent", "timeout_ms": 700 }, { "cluster": "ok" }
     ] });
-    let mut envoy = start(&config, &[("silent", silent.port()), ("ok", ok.port())]);
+    let mut envoy = Envoy::with_clusters(&config, &[("silent", silent.port()), ("ok", ok.port())]);
     let pid = envoy.pid();
     let reply = post(&Client::http1(), &envoy, "any", "e");
     let entries = report_naming(&reply, &["silent"]);
@@ -244,7 +236,7 @@ fn a_10_mib_answer_is_taken_as_its_status_and_a_failures_detail_stays_short() {
         { "name": "fail", "hosts": ["fail.test"], "subscribers": [
             { "cluster": "huge-fail", "timeout_ms": 10000 }, { "cluster": "ok" } ] }
     ] });
-    let mut envoy = start(
+    let mut envoy = Envoy::with_clusters(
         &config,
         &[
             ("huge-ok", huge_ok.port()),
@@ -325,7 +317,7 @@ fn malformed_outcomes(cases: &[(&str, &[u8])]) -> Vec<(String, Value)> {
         .map(|((name, _), s)| (*name, s.port()))
         .collect();
     clusters.push(("ok", ok.port()));
-    let mut envoy = start(&json!({ "channels": channels }), &clusters);
+    let mut envoy = Envoy::with_clusters(&json!({ "channels": channels }), &clusters);
     let pid = envoy.pid();
     let client = Client::http1();
     let mut entries = Vec::new();
@@ -593,11 +585,15 @@ fn a_channel_of_1000_subscribers_works_and_its_cost_is_recorded() {
         .collect();
     let names: Vec<String> = (0..N).map(|i| format!("s{i}")).collect();
     let started = Instant::now();
-    let mut builder = Envoy::builder().fanout(&json!({ "subscribers": subscribers }));
-    for (i, name) in names.iter().enumerate() {
-        builder = builder.cluster(name, hub_port(i));
-    }
-    let mut envoy = builder.start();
+    let mut envoy = Envoy::builder()
+        .fanout(&json!({ "subscribers": subscribers }))
+        .clusters(
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.as_str(), hub_port(i))),
+        )
+        .start();
     let startup = started.elapsed();
     let pid = envoy.pid();
     let rss_idle = envoy.rss_kib();
@@ -643,11 +639,16 @@ fn a_channel_of_1000_subscribers_works_and_its_cost_is_recorded() {
     let small: Vec<Value> = (0..4)
         .map(|i| json!({ "cluster": format!("s{i}") }))
         .collect();
-    let mut builder = Envoy::builder().fanout(&json!({ "subscribers": small }));
-    for (i, name) in names.iter().take(4).enumerate() {
-        builder = builder.cluster(name, hub_port(i));
-    }
-    let envoy4 = builder.start();
+    let envoy4 = Envoy::builder()
+        .fanout(&json!({ "subscribers": small }))
+        .clusters(
+            names
+                .iter()
+                .take(4)
+                .enumerate()
+                .map(|(i, n)| (n.as_str(), hub_port(i))),
+        )
+        .start();
     let rss4_idle = envoy4.rss_kib();
     let mut times4 = Vec::new();
     for i in 0..EVENTS {
@@ -697,7 +698,7 @@ fn fortress(forward_headers: Option<Value>) -> Fortress {
     if let Some(list) = forward_headers {
         config["forward_headers"] = list;
     }
-    let envoy = start(
+    let envoy = Envoy::with_clusters(
         &config,
         &[
             ("a", a.port()),
@@ -1020,7 +1021,7 @@ fn text_from_subscriber_answers_is_sanitized_in_reports_and_dead_letter_headers(
         { "name": "dead", "hosts": ["dead.test"], "subscribers": [
             { "cluster": "evil-dl", "delivery": { "dead_letter": { "cluster": "dlq" } } } ] }
     ] });
-    let envoy = start(
+    let envoy = Envoy::with_clusters(
         &config,
         &[
             ("evil", evil.port()),

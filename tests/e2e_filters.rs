@@ -12,15 +12,6 @@ use std::time::Duration;
 use harness::{assert_status, send, Client, Envoy, Reply, Subscriber};
 use serde_json::{json, Value};
 
-/// Envoy with the filter configured by `config` and one cluster per subscriber.
-fn envoy(config: &Value, subscribers: &[&Subscriber]) -> Envoy {
-    let mut builder = Envoy::builder().fanout(config);
-    for s in subscribers {
-        builder = builder.cluster(s.name(), s.port());
-    }
-    builder.start()
-}
-
 /// Two subscribers that want different event types.
 fn by_type() -> Value {
     json!({ "channels": [{ "name": "default/orders", "hosts": ["*"], "subscribers": [
@@ -60,7 +51,7 @@ fn structured_event(envoy: &Envoy, body: &str) -> Reply {
 fn binary_mode_each_subscriber_gets_only_the_type_it_filters_on() {
     let created = Subscriber::ok("created");
     let shipped = Subscriber::ok("shipped");
-    let envoy = envoy(&by_type(), &[&created, &shipped]);
+    let envoy = Envoy::with_subscribers(&by_type(), &[&created, &shipped]);
 
     assert_status(
         &binary_event(&envoy, "com.example.order.created", r#"{"n": 1}"#),
@@ -98,7 +89,7 @@ fn binary_mode_each_subscriber_gets_only_the_type_it_filters_on() {
 fn structured_mode_each_subscriber_gets_only_the_type_it_filters_on() {
     let created = Subscriber::ok("created");
     let shipped = Subscriber::ok("shipped");
-    let envoy = envoy(&by_type(), &[&created, &shipped]);
+    let envoy = Envoy::with_subscribers(&by_type(), &[&created, &shipped]);
 
     // `data` has a `type` of its own: only the top-level member counts.
     let created_event = r#"{"specversion": "1.0", "type": "com.example.order.created",
@@ -133,7 +124,7 @@ fn a_malformed_structured_body_is_400_when_a_filter_needs_it_and_passes_otherwis
         ] },
         { "name": "plain", "hosts": ["*"], "subscribers": [{ "cluster": "plain" }] }
     ] });
-    let envoy = envoy(&config, &[&created, &shipped, &plain]);
+    let envoy = Envoy::with_subscribers(&config, &[&created, &shipped, &plain]);
     let filtered = Client::http1_resolving("filtered.local", envoy.addr());
     let url = format!("http://filtered.local:{}/", envoy.port());
     let malformed = r#"{"type": "com.example.order.created", "data": {"#;
@@ -176,7 +167,7 @@ fn a_malformed_structured_body_is_400_when_a_filter_needs_it_and_passes_otherwis
 fn the_500_report_and_the_metrics_tell_skipped_from_failed() {
     let created = Subscriber::start("created", harness::Behavior::Status(503));
     let shipped = Subscriber::ok("shipped");
-    let envoy = envoy(&by_type(), &[&created, &shipped]);
+    let envoy = Envoy::with_subscribers(&by_type(), &[&created, &shipped]);
 
     let reply = binary_event(&envoy, "com.example.order.created", "{}");
     assert_status(&reply, 500);
@@ -210,7 +201,7 @@ fn async_mode_delivers_only_to_matching_subscribers_after_the_202() {
     let shipped = Subscriber::ok("shipped");
     let mut config = by_type();
     config["mode"] = json!("async");
-    let envoy = envoy(&config, &[&created, &shipped]);
+    let envoy = Envoy::with_subscribers(&config, &[&created, &shipped]);
 
     assert_status(
         &binary_event(&envoy, "com.example.order.refunded", "{}"),

@@ -62,11 +62,11 @@ fn soak(total: usize, rate: usize) {
         .map(|i| FaultServer::start(&format!("sub{i}"), Fault::Ok))
         .collect();
     let config = json!({ "subscribers": subs.iter().map(|s| json!({ "cluster": s.name() })).collect::<Vec<_>>() });
-    let mut builder = Envoy::builder().fanout(&config).log_level("warning");
-    for s in &subs {
-        builder = builder.cluster(s.name(), s.port());
-    }
-    let mut envoy = builder.start();
+    let mut envoy = Envoy::builder()
+        .fanout(&config)
+        .clusters(subs.iter().map(|s| (s.name(), s.port())))
+        .log_level("warning")
+        .start();
     let pid = envoy.pid();
     let url = envoy.url("/");
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
-use super::{manifest_dir, TempDir};
+use super::{manifest_dir, Subscriber, TempDir};
 
 /// Body of the route behind the filter. The filter answers every request itself, so seeing
 /// this body means a request got past the filter to the router.
@@ -174,6 +174,19 @@ impl EnvoyBuilder {
     pub fn cluster(mut self, name: &str, port: u16) -> Self {
         self.clusters.push((name.to_owned(), port));
         self
+    }
+
+    /// A STATIC cluster per `(name, port)`, as [`cluster`](Self::cluster).
+    pub fn clusters<'a>(mut self, clusters: impl IntoIterator<Item = (&'a str, u16)>) -> Self {
+        for (name, port) in clusters {
+            self = self.cluster(name, port);
+        }
+        self
+    }
+
+    /// A cluster per subscriber, named after it, on its port.
+    pub fn subscribers(self, subscribers: &[&Subscriber]) -> Self {
+        self.clusters(subscribers.iter().map(|s| (s.name(), s.port())))
     }
 
     /// No filter: route every request to `cluster` (to test the harness itself).
@@ -498,6 +511,23 @@ pub struct Envoy {
 impl Envoy {
     pub fn builder() -> EnvoyBuilder {
         EnvoyBuilder::default()
+    }
+
+    /// Envoy with the filter configured by `config` and a cluster per subscriber, named after
+    /// it. A cluster the config names but no subscriber backs stays unknown to Envoy.
+    pub fn with_subscribers(config: &Value, subscribers: &[&Subscriber]) -> Envoy {
+        Envoy::builder()
+            .fanout(config)
+            .subscribers(subscribers)
+            .start()
+    }
+
+    /// Envoy with the filter configured by `config` and a cluster per `(name, port)`.
+    pub fn with_clusters(config: &Value, clusters: &[(&str, u16)]) -> Envoy {
+        Envoy::builder()
+            .fanout(config)
+            .clusters(clusters.iter().copied())
+            .start()
     }
 
     /// The listener (HTTP/1.1 and h2c).
