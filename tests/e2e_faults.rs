@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use harness::faults::{raw_request, Fault, FaultServer};
 use harness::{
-    assert_202, assert_status, send, Behavior, Client, Envoy, Recorded, Reply, Subscriber,
+    assert_202, assert_status, send, set_linger_zero, Behavior, Client, Envoy, Recorded, Reply,
+    Subscriber,
 };
 use serde_json::{json, Value};
 
@@ -470,7 +471,7 @@ fn a_thousand_clients_leaving_mid_fan_out_under_load_break_nothing() {
                     let _ = std::io::Write::write_all(&mut stream, request.as_bytes());
                     std::thread::sleep(Duration::from_millis((i % 5) as u64 * 20));
                     if i.is_multiple_of(2) {
-                        let _ = stream.set_linger_zero();
+                        let _ = set_linger_zero(&stream);
                     }
                     let _ = stream.shutdown(Shutdown::Both);
                 }
@@ -532,36 +533,6 @@ fn a_thousand_clients_leaving_mid_fan_out_under_load_break_nothing() {
         }
     }
     assert_envoy_healthy(&mut envoy, pid);
-}
-
-trait LingerZero {
-    fn set_linger_zero(&self) -> std::io::Result<()>;
-}
-
-impl LingerZero for TcpStream {
-    /// Close with an RST instead of a FIN.
-    fn set_linger_zero(&self) -> std::io::Result<()> {
-        use std::os::fd::AsRawFd;
-        let linger = libc::linger {
-            l_onoff: 1,
-            l_linger: 0,
-        };
-        // SAFETY: a valid socket and a correctly sized option value.
-        let rc = unsafe {
-            libc::setsockopt(
-                self.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                std::ptr::addr_of!(linger).cast(),
-                std::mem::size_of::<libc::linger>() as libc::socklen_t,
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------

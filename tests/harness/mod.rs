@@ -12,6 +12,7 @@ mod envoy;
 pub mod faults;
 pub mod reload;
 pub mod sdk;
+mod server;
 mod stats;
 mod subscriber;
 
@@ -21,6 +22,7 @@ pub use client::{
 pub use envoy::{
     body_wait, envoy_bin, validate_config, wasm_path, BodyWait, Envoy, EnvoyBuilder, TRIPWIRE_BODY,
 };
+pub use server::set_linger_zero;
 pub use subscriber::{Behavior, Recorded, Subscriber};
 
 use std::net::TcpListener;
