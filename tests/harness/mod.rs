@@ -2,9 +2,32 @@
 //! loopback whose behaviour each test sets, and an HTTP client (HTTP/1.1 or h2c).
 //!
 //! Every process and thread a test starts belongs to a guard that stops it on drop, also when
-//! the test panics. Nothing uses a fixed port or name, so tests run in parallel.
+//! the test panics. Everything binds port 0 and has a unique name, so tests run in parallel.
+//! A missing Envoy or filter is a failure with a how-to, never a skip.
 //!
-//! Used from each test crate with `mod harness;`; not every crate uses every part.
+//! Used from each test crate with `mod harness;`; not every crate uses every part. What it
+//! offers, by task:
+//!
+//! | to ... | use |
+//! | --- | --- |
+//! | start Envoy with the filter and a cluster per subscriber | [`Envoy::with_subscribers`]`(&config, &[&a, &b])`, [`Envoy::with_clusters`]`(&config, &[("a", port)])` |
+//! | start it with more (log level, route, buffer limit, bootstrap fields, other HTTP filters) | [`Envoy::builder`]`()` ([`EnvoyBuilder`]): `.fanout(&config)`, `.subscribers(..)`, `.clusters(..)`, `.cluster(name, port)`, ..., `.start()` |
+//! | check that Envoy refuses a config | [`EnvoyBuilder::start_expecting_failure`] (exit status and log) |
+//! | check a bootstrap with `envoy --mode validate` | [`validate_config`]`(text, what)`, [`EnvoyBuilder::validate`] |
+//! | find Envoy and the filter | [`envoy_bin`], [`wasm_path`] (`ENVOY_BIN`, `FANOUT_WASM`); [`body_wait`] (`FANOUT_E2E_BODY_WAIT`) |
+//! | read Envoy's log | [`Envoy::log`], [`Envoy::wait_for_log`] |
+//! | read Envoy's stats | [`Envoy::stat`]`(name) -> Option<u64>`, [`Envoy::stats`]`(prefix)`, [`Envoy::text_stat`], [`Envoy::stats_text`], [`Envoy::prometheus`]`(prefix)` |
+//! | wait (bounded) for a stat | [`Envoy::wait_for_stat`]`(name, pred, timeout)` (last value), [`Envoy::expect_stat`] (panics), [`Envoy::wait_for_stats`]`(prefix, pred, timeout)` |
+//! | read Envoy's memory | [`Envoy::rss_kib`], [`Envoy::heap_allocated`] |
+//! | run subscribers | [`Subscriber::ok`]`(name)`, [`Subscriber::start`]`(name, `[`Behavior`]`)`: status, delay, reset, custom answer, sequence; [`Recorded`] requests, [`Subscriber::wait_for`] |
+//! | misbehave at the transport level | [`faults::FaultServer`] (silent, raw bytes, huge bodies, kill and restart), [`faults::raw_request`] |
+//! | send requests | [`Client::http1`], [`Client::h2c`] (and `_resolving` for host names), [`send`] -> [`Reply`], [`chunked_body`] |
+//! | check an answer | [`assert_202`], [`assert_202_empty`], [`assert_status`], [`assert_rejected`] (4xx with `{"error": ...}`), [`Reply::assert_not_tripwire`] |
+//! | reload the filter the way a ConfigMap does (ECDS, CDS) | [`reload::ReloadEnvoy`] (derefs to [`Envoy`]), [`reload::ConfigMapVolume`], [`reload::Load`] |
+//! | send or read events with the CloudEvents SDK | [`sdk::run_sdk`] |
+//! | read a shipped file | [`manifest_dir`], [`read_shipped`], [`read_shipped_yaml`], [`yaml_to_json`] |
+//! | a scratch directory, fixed ports | [`TempDir`], [`unique_temp_dir`]; [`free_ports`] (only for shipped configs and scripts that take port numbers) |
+//! | close a connection with an RST | [`set_linger_zero`] |
 #![allow(dead_code, unused_imports)]
 
 mod client;
