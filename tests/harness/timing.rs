@@ -1,0 +1,47 @@
+//! Wall-clock checks on waits that Envoy times, and polling with a deadline.
+//!
+//! Envoy's timers are libevent's. On Linux libevent reads CLOCK_MONOTONIC_COARSE (one kernel
+//! tick: 4 ms at HZ=250, as here, 10 ms at HZ=100) and counts a new timer from the event
+//! loop's cached time, so by a client's precise clock a timer may fire a little early: a
+//! 700 ms call timeout was seen to end 699.45 ms after the client sent the request (issue 17).
+//! Late, a loaded machine can make it anything: lower bounds are tight, upper bounds are only
+//! there to tell "the timer fired" from "the timer never fired", and stay well apart from it.
+
+use std::time::{Duration, Instant};
+
+/// How much earlier than its nominal value a wait that Envoy times may look to the test: one
+/// coarse-clock tick on a HZ=100 kernel (the coarsest common one). Small enough that a timeout
+/// firing at half its value, or a retry with no backoff, still fails for every nominal wait
+/// the suites check (the shortest is 50 ms).
+pub const TIMER_EARLY_SLACK: Duration = Duration::from_millis(10);
+
+/// Assert that `elapsed`, measured around something Envoy times (`what`), is at least
+/// `nominal` less [`TIMER_EARLY_SLACK`].
+#[track_caller]
+pub fn assert_waited_at_least(elapsed: Duration, nominal: Duration, what: &str) {
+    assert!(
+        elapsed + TIMER_EARLY_SLACK >= nominal,
+        "{what}: waited {elapsed:?}, less than its {nominal:?} (allowing {TIMER_EARLY_SLACK:?} \
+         early for Envoy's coarse timer clock)"
+    );
+}
+
+/// Call `probe` every `every` until it returns `Some`; that value, or `None` once `timeout`
+/// passed (with one last try at the deadline, so a slow machine gets its full timeout).
+pub fn poll_until<T>(
+    timeout: Duration,
+    every: Duration,
+    mut probe: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe() {
+            return Some(value);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        std::thread::sleep(every.min(deadline - now));
+    }
+}
