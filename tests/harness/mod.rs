@@ -18,6 +18,7 @@
 //! | read Envoy's log | [`Envoy::log`], [`Envoy::wait_for_log`] |
 //! | read Envoy's stats | [`Envoy::stat`]`(name) -> Option<u64>`, [`Envoy::stats`]`(prefix)`, [`Envoy::text_stat`], [`Envoy::stats_text`], [`Envoy::prometheus`]`(prefix)` |
 //! | wait (bounded) for a stat | [`Envoy::wait_for_stat`]`(name, pred, timeout)` (last value), [`Envoy::expect_stat`] (panics), [`Envoy::wait_for_stats`]`(prefix, pred, timeout)` |
+//! | check a wait Envoy timed; poll anything with a deadline | [`timing::assert_waited_at_least`], [`timing::assert_waited_about`] (Envoy's coarse timer clock), [`timing::poll_until`] |
 //! | read Envoy's memory | [`Envoy::rss_kib`], [`Envoy::heap_allocated`] |
 //! | run subscribers | [`Subscriber::ok`]`(name)`, [`Subscriber::start`]`(name, `[`Behavior`]`)`: status, delay, reset, custom answer, sequence; [`Recorded`] requests, [`Subscriber::wait_for`] |
 //! | misbehave at the transport level | [`faults::FaultServer`] (silent, raw bytes, huge bodies, kill and restart), [`faults::raw_request`] |
@@ -38,6 +39,7 @@ pub mod sdk;
 mod server;
 mod stats;
 mod subscriber;
+pub mod timing;
 
 pub use client::{
     assert_202, assert_202_empty, assert_rejected, assert_status, chunked_body, send, Client, Reply,

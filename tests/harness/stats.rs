@@ -7,10 +7,11 @@
 //! [`Envoy::wait_for_stat`] or [`Envoy::wait_for_stats`], bounded, instead of sleeping.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
+use super::timing::poll_until;
 use super::Envoy;
 
 /// How often the waits below read Envoy's stats again.
@@ -68,14 +69,12 @@ impl Envoy {
         pred: impl Fn(u64) -> bool,
         timeout: Duration,
     ) -> Option<u64> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let value = self.stat(name);
-            if value.is_some_and(&pred) || Instant::now() > deadline {
-                return value;
-            }
-            std::thread::sleep(POLL);
-        }
+        let mut last = None;
+        poll_until(timeout, POLL, || {
+            last = self.stat(name);
+            last.filter(|v| pred(*v))
+        })
+        .or(last)
     }
 
     /// [`wait_for_stat`](Envoy::wait_for_stat) for a stat the test cannot go on without:
@@ -97,14 +96,12 @@ impl Envoy {
         pred: impl Fn(&BTreeMap<String, u64>) -> bool,
         timeout: Duration,
     ) -> BTreeMap<String, u64> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let stats = self.stats(prefix);
-            if pred(&stats) || Instant::now() > deadline {
-                return stats;
-            }
-            std::thread::sleep(POLL);
-        }
+        let mut last = BTreeMap::new();
+        poll_until(timeout, POLL, || {
+            last = self.stats(prefix);
+            pred(&last).then_some(())
+        });
+        last
     }
 
     /// What a Prometheus scrape of admin `/stats/prometheus` gets: the `name{labels} value`
