@@ -51,7 +51,11 @@ fn without_the_buffer_filter_the_tripwire_answers_and_nothing_is_fanned_out() {
         envoy.log()
     );
     assert_eq!(
-        envoy.wait_for_stat("wasmcustom.fanout.requests.reached_router", 1),
+        envoy.wait_for_stat(
+            "wasmcustom.fanout.requests.reached_router",
+            |n| n == 1,
+            Duration::from_secs(10)
+        ),
         Some(1)
     );
     std::thread::sleep(Duration::from_millis(300));

@@ -11,6 +11,8 @@
 
 mod harness;
 
+use std::time::Duration;
+
 use harness::sdk::run_sdk;
 use harness::{send, Behavior, Client, Envoy, Recorded, Reply, Subscriber};
 use reqwest::Method;
@@ -52,6 +54,10 @@ for m in json.load(sys.stdin):
     out.append({k: a.get(k) for k in ("specversion", "source", "id", "type")} | {"data": event.get_data()})
 print(json.dumps(out))
 "#;
+
+/// How long a test waits for fanout's counts to reach Envoy's stats (handed over once a
+/// second).
+const STATS_WAIT: Duration = Duration::from_secs(10);
 
 /// One HTTP message of an event, as the SDK made it.
 #[derive(Debug, Clone)]
@@ -132,11 +138,7 @@ fn envoy(config: Value, subscribers: &[&Subscriber]) -> Envoy {
         .iter()
         .map(|s| json!({ "cluster": s.name() }))
         .collect();
-    let mut builder = Envoy::builder().fanout(&config);
-    for s in subscribers {
-        builder = builder.cluster(s.name(), s.port());
-    }
-    builder.start()
+    Envoy::with_subscribers(&config, subscribers)
 }
 
 fn counts(subs: &[&Subscriber]) -> Vec<usize> {
@@ -292,13 +294,11 @@ fn dedupe_names_an_event_by_its_source_and_id_in_binary_and_structured_mode() {
     assert!(got
         .iter()
         .all(|e| e["id"] == "1" && e["data"]["reading"] == 21.5));
-    assert_eq!(
-        envoy.wait_for_stat("wasmcustom.fanout.dedupe.entries", 5),
-        Some(5)
-    );
-    assert_eq!(
-        envoy.wait_for_stat("wasmcustom.fanout.dedupe.missing_key", 0),
-        Some(0)
+    envoy.expect_stat("wasmcustom.fanout.dedupe.entries", |n| n == 5, STATS_WAIT);
+    envoy.expect_stat(
+        "wasmcustom.fanout.dedupe.missing_key",
+        |n| n == 0,
+        STATS_WAIT,
     );
 }
 
@@ -349,9 +349,10 @@ fn dedupe_without_an_identity_fans_out_to_everyone_and_counts_it() {
         }
     }
     assert_eq!(a.count(), 6);
-    assert_eq!(
-        envoy.wait_for_stat("wasmcustom.fanout.dedupe.missing_key", 6),
-        Some(6)
+    envoy.expect_stat(
+        "wasmcustom.fanout.dedupe.missing_key",
+        |n| n == 6,
+        STATS_WAIT,
     );
 }
 
@@ -449,16 +450,16 @@ fn require_cloudevents_rejects_what_is_not_a_valid_cloudevent_with_400() {
         [4, 4],
         "a subscriber got what is not a CloudEvent"
     );
-    assert_eq!(
-        envoy.wait_for_stat(
-            "wasmcustom.fanout.requests.rejected.400",
-            invalid.len() as u64
-        ),
-        Some(invalid.len() as u64)
+    let rejected = invalid.len() as u64;
+    envoy.expect_stat(
+        "wasmcustom.fanout.requests.rejected.400",
+        |n| n == rejected,
+        STATS_WAIT,
     );
-    assert_eq!(
-        envoy.wait_for_stat("wasmcustom.fanout.requests.accepted", 4),
-        Some(4)
+    envoy.expect_stat(
+        "wasmcustom.fanout.requests.accepted",
+        |n| n == 4,
+        STATS_WAIT,
     );
 }
 
@@ -509,12 +510,10 @@ fn options_gets_200_with_allow_and_the_webhook_headers_and_reaches_nobody() {
         0,
         "OPTIONS or another method reached a subscriber"
     );
-    assert_eq!(
-        envoy.wait_for_stat("wasmcustom.fanout.requests.options", 4),
-        Some(4)
-    );
-    assert_eq!(
-        envoy.wait_for_stat("wasmcustom.fanout.requests.rejected.405", 6),
-        Some(6)
+    envoy.expect_stat("wasmcustom.fanout.requests.options", |n| n == 4, STATS_WAIT);
+    envoy.expect_stat(
+        "wasmcustom.fanout.requests.rejected.405",
+        |n| n == 6,
+        STATS_WAIT,
     );
 }
