@@ -84,6 +84,17 @@ pub struct DeadLetter {
     pub body: Option<Vec<u8>>,
 }
 
+#[cfg(test)]
+impl DeadLetter {
+    /// The value of one of its headers.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
 /// Whether a forwarded header gives way to the dead letter's own of the same name.
 pub fn replaces(name: &str) -> bool {
     ERROR_HEADERS.contains(&name)
@@ -210,14 +221,6 @@ mod tests {
         }
     }
 
-    fn header<'a>(letter: &'a DeadLetter, name: &str) -> Option<&'a str> {
-        letter
-            .headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
     fn decode(data: &str) -> Vec<u8> {
         base64::engine::general_purpose::STANDARD
             .decode(data)
@@ -251,27 +254,27 @@ mod tests {
         let letter = dead_letter(&cause(&failure, b"busy\nnow", "busy now"), &binary(), b"{}");
         assert_eq!(letter.body, None, "the body is the event's as it came");
         assert_eq!(
-            header(&letter, "ce-knativeerrordest"),
+            letter.header("ce-knativeerrordest"),
             Some("http://billing.default.svc/events")
         );
-        assert_eq!(header(&letter, "ce-knativeerrorcode"), Some("503"));
-        let data = header(&letter, "ce-knativeerrordata").unwrap();
+        assert_eq!(letter.header("ce-knativeerrorcode"), Some("503"));
+        let data = letter.header("ce-knativeerrordata").unwrap();
         assert_eq!(
             decode(data),
             b"busy\nnow",
             "the raw answer, not the sanitized one"
         );
         // fanout's own headers are kept.
-        assert_eq!(header(&letter, DEAD_LETTER_CLUSTER), Some("billing"));
-        assert_eq!(header(&letter, DEAD_LETTER_LEG), Some("event"));
-        assert_eq!(header(&letter, DEAD_LETTER_OUTCOME), Some("status"));
-        assert_eq!(header(&letter, DEAD_LETTER_STATUS), Some("503"));
-        assert_eq!(header(&letter, DEAD_LETTER_BODY), Some("busy now"));
-        assert_eq!(header(&letter, DEAD_LETTER_ATTEMPTS), Some("3"));
+        assert_eq!(letter.header(DEAD_LETTER_CLUSTER), Some("billing"));
+        assert_eq!(letter.header(DEAD_LETTER_LEG), Some("event"));
+        assert_eq!(letter.header(DEAD_LETTER_OUTCOME), Some("status"));
+        assert_eq!(letter.header(DEAD_LETTER_STATUS), Some("503"));
+        assert_eq!(letter.header(DEAD_LETTER_BODY), Some("busy now"));
+        assert_eq!(letter.header(DEAD_LETTER_ATTEMPTS), Some("3"));
         // A request that is not a CloudEvent gets the headers too.
         let plain = dead_letter(&cause(&failure, b"", ""), &[], b"plain");
         assert_eq!(plain.body, None);
-        assert_eq!(header(&plain, "ce-knativeerrorcode"), Some("503"));
+        assert_eq!(plain.header("ce-knativeerrorcode"), Some("503"));
     }
 
     #[test]
@@ -279,11 +282,11 @@ mod tests {
         let answer = vec![b'x'; 5000];
         let failure = status(500, "");
         let letter = dead_letter(&cause(&failure, &answer, ""), &binary(), b"");
-        let data = decode(header(&letter, "ce-knativeerrordata").unwrap());
+        let data = decode(letter.header("ce-knativeerrordata").unwrap());
         assert_eq!(data, vec![b'x'; ERROR_DATA_BYTES]);
         // An empty answer is empty data.
         let letter = dead_letter(&cause(&failure, b"", ""), &binary(), b"");
-        assert_eq!(header(&letter, "ce-knativeerrordata"), Some(""));
+        assert_eq!(letter.header("ce-knativeerrordata"), Some(""));
     }
 
     #[test]
@@ -315,15 +318,15 @@ mod tests {
         for (failure, code) in cases {
             let letter = dead_letter(&cause(&failure, b"envoy's body", detail), &binary(), b"");
             assert_eq!(
-                header(&letter, "ce-knativeerrorcode"),
+                letter.header("ce-knativeerrorcode"),
                 Some(code),
                 "{failure:?}"
             );
-            let data = decode(header(&letter, "ce-knativeerrordata").unwrap());
+            let data = decode(letter.header("ce-knativeerrordata").unwrap());
             assert_eq!(data, detail.as_bytes(), "{failure:?}");
-            assert_eq!(header(&letter, DEAD_LETTER_STATUS), None);
+            assert_eq!(letter.header(DEAD_LETTER_STATUS), None);
             assert_eq!(
-                header(&letter, DEAD_LETTER_OUTCOME),
+                letter.header(DEAD_LETTER_OUTCOME),
                 Some(failure.kind()),
                 "{failure:?}"
             );
@@ -337,7 +340,7 @@ mod tests {
         c.path = "/a%20b/\u{e9}\"q\"";
         let letter = dead_letter(&c, &binary(), b"");
         assert_eq!(
-            header(&letter, "ce-knativeerrordest"),
+            letter.header("ce-knativeerrordest"),
             Some("http://billing.default.svc/a%2520b/%C3%A9%22q%22")
         );
         assert!(letter
@@ -361,7 +364,7 @@ mod tests {
         assert_eq!(String::from_utf8(body).unwrap(), want);
         // No ce-* header: that would make an SDK read it as binary mode.
         assert!(!letter.headers.iter().any(|(n, _)| n.starts_with("ce-")));
-        assert_eq!(header(&letter, DEAD_LETTER_STATUS), Some("503"));
+        assert_eq!(letter.header(DEAD_LETTER_STATUS), Some("503"));
     }
 
     #[test]
@@ -403,7 +406,7 @@ mod tests {
             let letter = dead_letter(&cause(&failure, b"", ""), &structured(), event);
             assert_eq!(letter.body, None, "{:?}", String::from_utf8_lossy(event));
             assert!(!letter.headers.iter().any(|(n, _)| n.starts_with("ce-")));
-            assert_eq!(header(&letter, DEAD_LETTER_OUTCOME), Some("status"));
+            assert_eq!(letter.header(DEAD_LETTER_OUTCOME), Some("status"));
         }
     }
 
@@ -419,11 +422,11 @@ mod tests {
         c.authority = "replies.local";
         c.path = "/in";
         let letter = dead_letter(&c, &binary(), b"");
-        assert_eq!(header(&letter, DEAD_LETTER_LEG), Some("reply"));
-        assert_eq!(header(&letter, DEAD_LETTER_OUTCOME), Some("too_large"));
-        assert_eq!(header(&letter, DEAD_LETTER_BODY), Some(detail.as_str()));
+        assert_eq!(letter.header(DEAD_LETTER_LEG), Some("reply"));
+        assert_eq!(letter.header(DEAD_LETTER_OUTCOME), Some("too_large"));
+        assert_eq!(letter.header(DEAD_LETTER_BODY), Some(detail.as_str()));
         assert_eq!(
-            header(&letter, "ce-knativeerrordest"),
+            letter.header("ce-knativeerrordest"),
             Some("http://replies.local/in")
         );
     }

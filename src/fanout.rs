@@ -1400,13 +1400,7 @@ mod tests {
         );
         let letter = f.dead_letter(0, &ch, &[], b"event");
         assert_eq!(letter.body, None);
-        let header = |name: &str| {
-            letter
-                .headers
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_str())
-        };
+        let header = |name: &str| letter.header(name);
         assert_eq!(header(DEAD_LETTER_CLUSTER), Some("a"));
         assert_eq!(header(DEAD_LETTER_LEG), Some("event"));
         assert_eq!(header(DEAD_LETTER_OUTCOME), Some("status"));
@@ -1522,20 +1516,24 @@ mod tests {
         assert_eq!(f.take_ready(1)[0].leg, Leg::Reply);
     }
 
+    /// A 2xx whose reply of 2000 bytes is over a limit of 1000.
+    fn too_large_reply() -> CallEnd {
+        CallEnd {
+            reply: Some(Err(Failure::TooLarge {
+                size: 2000,
+                limit: 1000,
+            })),
+            ..CallEnd::ok()
+        }
+    }
+
     #[test]
     fn a_reply_too_large_is_a_failed_reply_never_sent() {
         let ch = channel_from(REPLY);
         let mut f = FanOut::new(0, 1, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
-        let end = CallEnd {
-            reply: Some(Err(Failure::TooLarge {
-                size: 2000,
-                limit: 1000,
-            })),
-            ..CallEnd::ok()
-        };
-        f.completed(1, end, 7, &ch);
+        f.completed(1, too_large_reply(), 7, &ch);
         assert!(f.is_done(), "too large is not retried");
         assert!(
             f.take_ready(7).is_empty(),
@@ -1582,13 +1580,7 @@ mod tests {
         let sends = send_all(&mut f, 101, &mut next); // dlq: 4
         assert_eq!(sends[0].0.leg, Leg::DeadLetter);
         let letter = f.dead_letter(0, &ch, &[], b"event");
-        let header = |name: &str| {
-            letter
-                .headers
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_str())
-        };
+        let header = |name: &str| letter.header(name);
         assert_eq!(header(DEAD_LETTER_CLUSTER), Some("a"));
         assert_eq!(header(DEAD_LETTER_LEG), Some("reply"));
         assert_eq!(header(DEAD_LETTER_STATUS), Some("503"));
@@ -1614,14 +1606,7 @@ mod tests {
         let mut f = FanOut::new(0, 1, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
-        let end = CallEnd {
-            reply: Some(Err(Failure::TooLarge {
-                size: 2000,
-                limit: 1000,
-            })),
-            ..CallEnd::ok()
-        };
-        f.completed(1, end, 1, &ch);
+        f.completed(1, too_large_reply(), 1, &ch);
         let sends = send_all(&mut f, 1, &mut next); // dlq: 2
         assert_eq!(sends[0].0.leg, Leg::DeadLetter);
         let letter = f.dead_letter(0, &ch, &[], b"event");

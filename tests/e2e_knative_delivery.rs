@@ -16,16 +16,8 @@ use std::time::{Duration, Instant, SystemTime};
 use base64::Engine;
 use harness::sdk::run_sdk;
 use harness::timing::{assert_waited_about, assert_waited_at_least, poll_until};
-use harness::{manifest_dir, send, Behavior, Client, Envoy, Recorded, Subscriber};
+use harness::{envoy_for, manifest_dir, send, Behavior, Client, Envoy, Recorded, Subscriber};
 use serde_json::{json, Value};
-
-fn envoy(config: &Value, subscribers: &[&Subscriber]) -> Envoy {
-    let mut builder = Envoy::builder().fanout(config);
-    for s in subscribers {
-        builder = builder.cluster(s.name(), s.port());
-    }
-    builder.start()
-}
 
 fn respond(status: u16, headers: &[(&str, &str)], body: &str) -> Behavior {
     Behavior::Respond {
@@ -174,7 +166,7 @@ fn replies_are_asked_for_with_prefer_reply_only_where_they_are_passed_on() {
             { "cluster": "plain" }
         ]
     });
-    let envoy = envoy(&config, &[&answering, &plain, &replies]);
+    let envoy = envoy_for(&config, &[&answering, &plain, &replies]);
     let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
     assert_eq!(reply.status, 202, "{}", reply.text());
     assert_eq!(answering.only_request().header_all("prefer"), ["reply"]);
@@ -200,7 +192,7 @@ fn a_202_is_never_processed_as_a_reply_even_when_it_looks_like_an_event() {
     let config = json!({
         "subscribers": [{ "cluster": "accepting", "reply": { "cluster": "replies" } }]
     });
-    let envoy = envoy(&config, &[&accepting, &replies]);
+    let envoy = envoy_for(&config, &[&accepting, &replies]);
     let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
     assert_eq!(reply.status, 202, "{}", reply.text());
     stays_at(&replies, 0, Duration::from_millis(300));
@@ -220,7 +212,7 @@ fn a_2xx_body_that_is_not_a_cloudevent_is_discarded_counted_and_the_delivery_don
     let config = json!({
         "subscribers": [{ "cluster": "chatty", "reply": { "cluster": "replies" } }]
     });
-    let envoy = envoy(&config, &[&chatty, &replies]);
+    let envoy = envoy_for(&config, &[&chatty, &replies]);
     for _ in 0..2 {
         let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
         assert_eq!(reply.status, 202, "{}", reply.text());
@@ -332,7 +324,7 @@ fn a_reply_that_failed_for_good_sends_the_original_event_to_the_dead_letter_targ
                           "reply": { "cluster": "replies", "authority": "replies.local",
                                      "path": "/in" } }]
     });
-    let envoy = envoy(&config, &[&answering, &replies, &dlq]);
+    let envoy = envoy_for(&config, &[&answering, &replies, &dlq]);
     let (headers, body) = sdk_event("binary", "order-1");
     let reply = post_event(&envoy, &headers, &body);
     assert_eq!(reply.status, 202, "{}", reply.text());
@@ -383,7 +375,7 @@ fn a_binary_dead_letter_carries_knatives_error_attributes_as_ce_headers() {
         "delivery": { "dead_letter": { "cluster": "dlq" } },
         "subscribers": [{ "cluster": "down", "authority": "down.default.svc", "path": "/events" }]
     });
-    let envoy = envoy(&config, &[&down, &dlq]);
+    let envoy = envoy_for(&config, &[&down, &dlq]);
     let (headers, body) = sdk_event("binary", "order-2");
     let reply = post_event(&envoy, &headers, &body);
     assert_eq!(reply.status, 202, "{}", reply.text());
@@ -423,7 +415,7 @@ fn a_structured_dead_letter_carries_them_as_members_of_the_event_and_keeps_the_r
         "delivery": { "dead_letter": { "cluster": "dlq" } },
         "subscribers": [{ "cluster": "down", "path": "/events" }]
     });
-    let envoy = envoy(&config, &[&down, &dlq]);
+    let envoy = envoy_for(&config, &[&down, &dlq]);
     let (headers, body) = sdk_event("structured", "order-3");
     assert_eq!(
         headers,
@@ -481,7 +473,7 @@ fn a_timeout_dead_letter_says_500_and_why_as_knative_does_for_a_call_without_an_
         "delivery": { "dead_letter": { "cluster": "dlq" } },
         "subscribers": [{ "cluster": "slow", "timeout_ms": 300 }]
     });
-    let envoy = envoy(&config, &[&slow, &dlq]);
+    let envoy = envoy_for(&config, &[&slow, &dlq]);
     let (headers, body) = sdk_event("binary", "order-4");
     let reply = post_event(&envoy, &headers, &body);
     assert_eq!(reply.status, 202, "{}", reply.text());
@@ -518,7 +510,7 @@ fn retry_after_zero_never_shortens_the_backoff() {
         "delivery": { "retry": 2, "backoff_policy": "linear", "backoff_delay_ms": 600 },
         "subscribers": [{ "cluster": "busy" }]
     });
-    let envoy = envoy(&config, &[&busy]);
+    let envoy = envoy_for(&config, &[&busy]);
     let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
     assert_eq!(reply.status, 202, "{}", reply.text());
     let gap = first_gap(&busy);
@@ -550,7 +542,7 @@ fn retry_after_in_seconds_on_429_lengthens_the_wait_and_on_500_is_ignored() {
                       "backoff_max_ms": 10000 },
         "subscribers": [{ "cluster": "throttled" }, { "cluster": "failing" }]
     });
-    let envoy = envoy(&config, &[&throttled, &failing]);
+    let envoy = envoy_for(&config, &[&throttled, &failing]);
     let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
     assert_eq!(reply.status, 202, "{}", reply.text());
     let gap = first_gap(&throttled);
@@ -567,7 +559,7 @@ fn retry_after_as_an_http_date_on_503_is_honoured() {
         "delivery": { "retry": 1, "backoff_delay_ms": 10, "backoff_max_ms": 10000 },
         "subscribers": [{ "cluster": "busy" }]
     });
-    let envoy = envoy(&config, &[&busy]);
+    let envoy = envoy_for(&config, &[&busy]);
     // Three seconds from now, to the second (an HTTP date has no finer unit).
     let (wall, mono) = (SystemTime::now(), Instant::now());
     let date = httpdate::fmt_http_date(wall + Duration::from_secs(3));
