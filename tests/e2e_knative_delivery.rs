@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 use base64::Engine;
 use harness::sdk::run_sdk;
 use harness::timing::{assert_waited_about, assert_waited_at_least, poll_until};
-use harness::{envoy_for, manifest_dir, send, Behavior, Client, Envoy, Recorded, Subscriber};
+use harness::{read_shipped_yaml, send, Behavior, Client, Envoy, Recorded, Subscriber};
 use serde_json::{json, Value};
 
 fn respond(status: u16, headers: &[(&str, &str)], body: &str) -> Behavior {
@@ -142,19 +142,6 @@ fn error_code(read: &Value) -> String {
         .to_string()
 }
 
-/// Polls `/stats` until `name` shows `value` (counters are handed to Envoy once a second).
-fn wait_for_stat(envoy: &Envoy, name: &str, value: u64) {
-    let line = format!("wasmcustom.{name}: {value}");
-    let mut last = String::new();
-    let found = poll_until(Duration::from_secs(10), Duration::from_millis(100), || {
-        last = envoy
-            .admin_get(&format!("/stats?filter=^wasmcustom.{name}$"))
-            .1;
-        last.lines().any(|l| l == line).then_some(())
-    });
-    assert!(found.is_some(), "{name} never reached {value}: {last}");
-}
-
 #[test]
 fn replies_are_asked_for_with_prefer_reply_only_where_they_are_passed_on() {
     let answering = Subscriber::ok("answering");
@@ -166,7 +153,7 @@ fn replies_are_asked_for_with_prefer_reply_only_where_they_are_passed_on() {
             { "cluster": "plain" }
         ]
     });
-    let envoy = envoy_for(&config, &[&answering, &plain, &replies]);
+    let envoy = Envoy::with_subscribers(&config, &[&answering, &plain, &replies]);
     let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
     assert_eq!(reply.status, 202, "{}", reply.text());
     assert_eq!(answering.only_request().header_all("prefer"), ["reply"]);
@@ -192,7 +179,7 @@ fn a_202_is_never_processed_as_a_reply_even_when_it_looks_like_an_event() {
     let config = json!({
         "subscribers": [{ "cluster": "accepting", "reply": { "cluster": "replies" } }]
     });
-    let envoy = envoy_for(&config, &[&accepting, &replies]);
+    let envoy = Envoy::with_subscribers(&config, &[&accepting, &replies]);
     let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
     assert_eq!(reply.status, 202, "{}", reply.text());
     stays_at(&replies, 0, Duration::from_millis(300));
@@ -212,12 +199,16 @@ fn a_2xx_body_that_is_not_a_cloudevent_is_discarded_counted_and_the_delivery_don
     let config = json!({
         "subscribers": [{ "cluster": "chatty", "reply": { "cluster": "replies" } }]
     });
-    let envoy = envoy_for(&config, &[&chatty, &replies]);
+    let envoy = Envoy::with_subscribers(&config, &[&chatty, &replies]);
     for _ in 0..2 {
         let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
         assert_eq!(reply.status, 202, "{}", reply.text());
     }
-    wait_for_stat(&envoy, "fanout.subscriber.chatty.reply_discarded", 2);
+    envoy.expect_stat(
+        "wasmcustom.fanout.subscriber.chatty.reply_discarded",
+        |n| n == 2,
+        Duration::from_secs(10),
+    );
     stays_at(&replies, 0, Duration::from_millis(200));
     // A structured event as the answer is a reply.
     chatty.set_behavior(respond(
@@ -254,16 +245,14 @@ fn a_reply_larger_than_max_body_bytes_fails_too_large_and_is_never_forwarded_cut
         "max_body_bytes": 4096,
         "subscribers": [{ "cluster": "answering", "reply": { "cluster": "replies" } }]
     });
-    let stats = {
-        let text = std::fs::read_to_string(manifest_dir().join("envoy/envoy.yaml")).unwrap();
-        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
-        serde_json::to_value(doc).unwrap()["stats_config"].clone()
-    };
+    // The shipped stats_config, so the labels checked are the ones users get.
     let envoy = Envoy::builder()
         .fanout(&config)
-        .cluster("answering", answering.port())
-        .cluster("replies", replies.port())
-        .bootstrap_field("stats_config", stats)
+        .subscribers(&[&answering, &replies])
+        .bootstrap_field(
+            "stats_config",
+            read_shipped_yaml("envoy/envoy.yaml")["stats_config"].clone(),
+        )
         .start();
     let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
     assert_eq!(reply.status, 500, "{}", reply.text());
@@ -278,20 +267,14 @@ fn a_reply_larger_than_max_body_bytes_fails_too_large_and_is_never_forwarded_cut
     );
     stays_at(&replies, 0, Duration::from_millis(300));
     // Counted by outcome, under the subscriber, with the shipped Prometheus labels.
-    let want = "fanout_subscriber_reply_failed{fanout_cluster=\"answering\",fanout_reason=\"too_large\"} 1";
-    let mut last = String::new();
+    let want =
+        "fanout_subscriber_reply_failed{fanout_cluster=\"answering\",fanout_reason=\"too_large\"}";
+    let mut last = BTreeMap::new();
     let found = poll_until(Duration::from_secs(10), Duration::from_millis(100), || {
-        last = envoy.admin_get("/stats/prometheus").1;
-        last.lines().any(|l| l == want).then_some(())
+        last = envoy.prometheus("fanout_subscriber_reply");
+        (last.get(want) == Some(&1.0)).then_some(())
     });
-    assert!(
-        found.is_some(),
-        "no `{want}` in:\n{}",
-        last.lines()
-            .filter(|l| l.contains("reply"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    assert!(found.is_some(), "no `{want} 1` in {last:#?}");
     // At the limit, a reply is passed on whole.
     answering.set_behavior(respond(200, &[("ce-type", "t")], &"y".repeat(4096)));
     let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
@@ -324,7 +307,7 @@ fn a_reply_that_failed_for_good_sends_the_original_event_to_the_dead_letter_targ
                           "reply": { "cluster": "replies", "authority": "replies.local",
                                      "path": "/in" } }]
     });
-    let envoy = envoy_for(&config, &[&answering, &replies, &dlq]);
+    let envoy = Envoy::with_subscribers(&config, &[&answering, &replies, &dlq]);
     let (headers, body) = sdk_event("binary", "order-1");
     let reply = post_event(&envoy, &headers, &body);
     assert_eq!(reply.status, 202, "{}", reply.text());
@@ -375,7 +358,7 @@ fn a_binary_dead_letter_carries_knatives_error_attributes_as_ce_headers() {
         "delivery": { "dead_letter": { "cluster": "dlq" } },
         "subscribers": [{ "cluster": "down", "authority": "down.default.svc", "path": "/events" }]
     });
-    let envoy = envoy_for(&config, &[&down, &dlq]);
+    let envoy = Envoy::with_subscribers(&config, &[&down, &dlq]);
     let (headers, body) = sdk_event("binary", "order-2");
     let reply = post_event(&envoy, &headers, &body);
     assert_eq!(reply.status, 202, "{}", reply.text());
@@ -415,7 +398,7 @@ fn a_structured_dead_letter_carries_them_as_members_of_the_event_and_keeps_the_r
         "delivery": { "dead_letter": { "cluster": "dlq" } },
         "subscribers": [{ "cluster": "down", "path": "/events" }]
     });
-    let envoy = envoy_for(&config, &[&down, &dlq]);
+    let envoy = Envoy::with_subscribers(&config, &[&down, &dlq]);
     let (headers, body) = sdk_event("structured", "order-3");
     assert_eq!(
         headers,
@@ -473,7 +456,7 @@ fn a_timeout_dead_letter_says_500_and_why_as_knative_does_for_a_call_without_an_
         "delivery": { "dead_letter": { "cluster": "dlq" } },
         "subscribers": [{ "cluster": "slow", "timeout_ms": 300 }]
     });
-    let envoy = envoy_for(&config, &[&slow, &dlq]);
+    let envoy = Envoy::with_subscribers(&config, &[&slow, &dlq]);
     let (headers, body) = sdk_event("binary", "order-4");
     let reply = post_event(&envoy, &headers, &body);
     assert_eq!(reply.status, 202, "{}", reply.text());
@@ -510,7 +493,7 @@ fn retry_after_zero_never_shortens_the_backoff() {
         "delivery": { "retry": 2, "backoff_policy": "linear", "backoff_delay_ms": 600 },
         "subscribers": [{ "cluster": "busy" }]
     });
-    let envoy = envoy_for(&config, &[&busy]);
+    let envoy = Envoy::with_subscribers(&config, &[&busy]);
     let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
     assert_eq!(reply.status, 202, "{}", reply.text());
     let gap = first_gap(&busy);
@@ -542,7 +525,7 @@ fn retry_after_in_seconds_on_429_lengthens_the_wait_and_on_500_is_ignored() {
                       "backoff_max_ms": 10000 },
         "subscribers": [{ "cluster": "throttled" }, { "cluster": "failing" }]
     });
-    let envoy = envoy_for(&config, &[&throttled, &failing]);
+    let envoy = Envoy::with_subscribers(&config, &[&throttled, &failing]);
     let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
     assert_eq!(reply.status, 202, "{}", reply.text());
     let gap = first_gap(&throttled);
@@ -559,7 +542,7 @@ fn retry_after_as_an_http_date_on_503_is_honoured() {
         "delivery": { "retry": 1, "backoff_delay_ms": 10, "backoff_max_ms": 10000 },
         "subscribers": [{ "cluster": "busy" }]
     });
-    let envoy = envoy_for(&config, &[&busy]);
+    let envoy = Envoy::with_subscribers(&config, &[&busy]);
     // Three seconds from now, to the second (an HTTP date has no finer unit).
     let (wall, mono) = (SystemTime::now(), Instant::now());
     let date = httpdate::fmt_http_date(wall + Duration::from_secs(3));

@@ -55,16 +55,6 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-/// Envoy with the filter configured by `config` and one cluster per subscriber, named after
-/// it.
-pub fn envoy_for(config: &serde_json::Value, subscribers: &[&Subscriber]) -> Envoy {
-    let mut builder = Envoy::builder().fanout(config);
-    for s in subscribers {
-        builder = builder.cluster(s.name(), s.port());
-    }
-    builder.start()
-}
-
 /// The crate root (where Cargo.toml is).
 pub fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
