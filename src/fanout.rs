@@ -1369,6 +1369,16 @@ mod tests {
         assert_eq!(f.next_wakeup(), Some(100));
     }
 
+    /// Subscriber 0's dead-letter target took the event: it counts as delivered, 202.
+    fn assert_dead_lettered_and_202(f: &FanOut, ch: &Channel) {
+        assert!(f.is_done() && f.is_delivered(0));
+        let answer = f.verdict(ch);
+        assert_eq!(answer.status, 202);
+        assert!(answer
+            .headers
+            .contains(&(DEAD_LETTERED_HEADER, "1".to_string())));
+    }
+
     const DEAD_LETTER: &str = r#"{"delivery": {"retry": 1, "backoff_delay_ms": 10,
         "dead_letter": {"cluster": "dlq", "path": "/dead"}},
         "subscribers": [{"cluster": "a"}, {"cluster": "b"}]}"#;
@@ -1419,12 +1429,7 @@ mod tests {
             )
         );
         f.completed(4, CallEnd::ok(), 102, &ch);
-        assert!(f.is_done());
-        let answer = f.verdict(&ch);
-        assert_eq!(answer.status, 202);
-        assert!(answer
-            .headers
-            .contains(&(DEAD_LETTERED_HEADER, "1".to_string())));
+        assert_dead_lettered_and_202(&f, &ch);
     }
 
     #[test]
@@ -1592,12 +1597,7 @@ mod tests {
         );
         assert_eq!(header("ce-knativeerrorcode"), Some("503"));
         f.completed(4, CallEnd::ok(), 102, &ch);
-        assert!(f.is_done() && f.is_delivered(0));
-        let answer = f.verdict(&ch);
-        assert_eq!(answer.status, 202);
-        assert!(answer
-            .headers
-            .contains(&(DEAD_LETTERED_HEADER, "1".to_string())));
+        assert_dead_lettered_and_202(&f, &ch);
     }
 
     #[test]
