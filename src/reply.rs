@@ -15,7 +15,7 @@
 //! It knows nothing of proxy-wasm; the glue reads an answer's headers and body only when
 //! these functions say it must.
 
-use crate::fanout::is_success;
+use crate::fanout::{is_success, Failure};
 
 /// The `prefer` header of a call to a subscriber with a reply target.
 pub const PREFER_REPLY: (&str, &str) = ("prefer", "reply");
@@ -26,9 +26,38 @@ pub fn may_be_reply(status: u16) -> bool {
     is_success(status) && status != 202
 }
 
+/// What a subscriber's 2xx answer (other than 202) is to its reply target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answered {
+    /// Neither a body nor a CloudEvent: done, nothing to pass on.
+    Nothing,
+    /// A body that is not a CloudEvent: not a reply, discarded (and counted).
+    NotAnEvent,
+    /// A reply event larger than `max_body_bytes`: a failed reply, its body not to be read.
+    TooLarge(Failure),
+    /// A reply event: these headers, and its whole body, go to the reply target.
+    Event(Vec<(String, String)>),
+}
+
+/// What an answer with these headers and a body of `body_size` bytes is, when replies may be at
+/// most `max_body_bytes`.
+pub fn read(headers: Vec<(String, Vec<u8>)>, body_size: usize, max_body_bytes: u64) -> Answered {
+    match event_headers(headers) {
+        None if body_size == 0 => Answered::Nothing,
+        None => Answered::NotAnEvent,
+        Some(_) if u64::try_from(body_size).unwrap_or(u64::MAX) > max_body_bytes => {
+            Answered::TooLarge(Failure::TooLarge {
+                size: body_size,
+                limit: max_body_bytes,
+            })
+        }
+        Some(headers) => Answered::Event(headers),
+    }
+}
+
 /// The answer's headers that travel with it as a reply event (`content-type` and `ce-*`, as
 /// valid header values), if the answer is a CloudEvent; `None` if it is not one.
-pub fn event_headers(headers: Vec<(String, Vec<u8>)>) -> Option<Vec<(String, String)>> {
+fn event_headers(headers: Vec<(String, Vec<u8>)>) -> Option<Vec<(String, String)>> {
     let mut cloudevent = false;
     let kept: Vec<(String, String)> = headers
         .into_iter()
@@ -94,6 +123,29 @@ mod tests {
                 "{content_type}"
             );
         }
+    }
+
+    #[test]
+    fn an_answer_is_nothing_discarded_too_large_or_a_reply() {
+        let event = || headers(&[("ce-type", "t")]);
+        let plain = || headers(&[("content-type", "text/plain")]);
+        assert_eq!(read(plain(), 0, 10), Answered::Nothing);
+        assert_eq!(read(plain(), 1, 10), Answered::NotAnEvent);
+        assert_eq!(
+            read(plain(), 11, 10),
+            Answered::NotAnEvent,
+            "discarded, whatever its size"
+        );
+        let reply = Answered::Event(vec![("ce-type".to_string(), "t".to_string())]);
+        assert_eq!(read(event(), 0, 10), reply, "an event without data");
+        assert_eq!(read(event(), 10, 10), reply, "at the limit");
+        assert_eq!(
+            read(event(), 11, 10),
+            Answered::TooLarge(Failure::TooLarge {
+                size: 11,
+                limit: 10
+            })
+        );
     }
 
     #[test]

@@ -24,7 +24,7 @@ use crate::delivery::{honours_retry_after, parse_retry_after};
 use crate::fanout::{
     classify, is_success, CallEnd, Failure, FanOut, Leg, ReplyEvent, BODY_PEEK_BYTES,
 };
-use crate::reply::{self, PREFER_REPLY};
+use crate::reply::{self, Answered, PREFER_REPLY};
 
 /// The host's clock, read at most once per callback and only if something needs the time:
 /// a plain success with metrics off costs no clock read (each read is a host call).
@@ -227,6 +227,7 @@ impl Engine {
             let telemetry = self.telemetry.clone();
             for send in sends {
                 let job = self.jobs.get_mut(&id)?;
+                let sub_cluster = channel.subscribers.get(send.index)?.cluster.as_str();
                 let call = CallPlan::new(job, channel, send.index, send.leg)?;
                 let result = host.dispatch(call.cluster, call.headers(), &call.body, call.timeout);
                 let cluster = call.cluster.to_string();
@@ -244,21 +245,20 @@ impl Engine {
                         job.fanout
                             .dispatch_failed(send.index, detail, clock.now(), channel);
                         log_failure(job, channel, send.index, send.leg, &failure);
-                        let failed = Err(failure);
+                        let reply_gave_up =
+                            send.leg == Leg::Reply && !job.fanout.is_retrying(send.index);
                         count(&telemetry, &config, |tally| {
-                            tally.call_ended(&cluster, &failed, None)
+                            if reply_gave_up {
+                                tally.reply_failed(sub_cluster, &failure);
+                            }
+                            tally.call_ended(&cluster, &Err(failure), None)
                         });
                     }
                 }
-                let sub_cluster = channel
-                    .subscribers
-                    .get(send.index)
-                    .map(|s| s.cluster.clone())
-                    .unwrap_or_default();
                 count(&telemetry, &config, |tally| {
                     tally.call_started(&cluster);
                     if retry {
-                        tally.retried(&sub_cluster);
+                        tally.retried(sub_cluster);
                     }
                 });
             }
@@ -293,19 +293,14 @@ impl Engine {
                 // no more host calls.
                 let reply =
                     if leg == Leg::Event && sub.reply.is_some() && reply::may_be_reply(status) {
-                        let limit = config.max_body_bytes;
-                        match reply::event_headers(host.call_headers()) {
-                            None => {
-                                discarded = body_size > 0;
+                        match reply::read(host.call_headers(), body_size, config.max_body_bytes) {
+                            Answered::Nothing => None,
+                            Answered::NotAnEvent => {
+                                discarded = true;
                                 None
                             }
-                            Some(_) if u64::try_from(body_size).unwrap_or(u64::MAX) > limit => {
-                                Some(Err(Failure::TooLarge {
-                                    size: body_size,
-                                    limit,
-                                }))
-                            }
-                            Some(headers) => Some(Ok(ReplyEvent {
+                            Answered::TooLarge(failure) => Some(Err(failure)),
+                            Answered::Event(headers) => Some(Ok(ReplyEvent {
                                 headers,
                                 body: if body_size > 0 {
                                     host.call_body(body_size)

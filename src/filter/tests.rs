@@ -1338,6 +1338,36 @@ fn a_reply_over_max_body_bytes_is_a_failed_reply_never_read_nor_sent_cut_short()
 }
 
 #[test]
+fn a_reply_target_envoy_refuses_is_a_failed_reply_counted_by_its_reason() {
+    let mut plugin = Plugin::configured(
+        r#"{"subscribers": [{"cluster": "answering", "reply": {"cluster": "replies"}}]}"#,
+    );
+    plugin
+        .host
+        .0
+        .borrow_mut()
+        .unknown_clusters
+        .insert("replies".into());
+    let mut ctx = send(&plugin, &post("x"), b"event");
+    plugin.answer_call_with(ctx.as_mut(), 1, 200, &[("ce-type", "t")], b"answer");
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 500);
+    let failed = &report(&answer)["failed"][0];
+    assert_eq!(failed["leg"], "reply");
+    assert_eq!(failed["outcome"], "dispatch_error");
+    assert_eq!(
+        plugin.flushed("fanout.subscriber.answering.reply_failed.dispatch_error"),
+        1
+    );
+    assert_eq!(
+        plugin
+            .state()
+            .value("fanout.subscriber.replies.failed.dispatch_error"),
+        1
+    );
+}
+
+#[test]
 fn a_reply_that_failed_for_good_sends_the_original_event_to_the_dead_letter() {
     let mut plugin = Plugin::configured(REPLYING);
     let mut headers = post("x");
