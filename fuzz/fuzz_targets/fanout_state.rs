@@ -460,10 +460,12 @@ fn check(f: &FanOut, m: &Model, channel: &Channel, subs: &[SubSpec], open: &mut 
             f.event_attempts(i),
             spec.retry % 4
         );
-        for (forwarded, event) in [
+        // The structured form (a JSON parse) once the fan-out is done, to keep the steps fast.
+        let modes = [
             (&[][..], &b"plain"[..]),
             (&structured[..], br#"{"id":"1","data":{"a":[1,2]}}"#),
-        ] {
+        ];
+        for (forwarded, event) in &modes[..if f.is_done() { 2 } else { 1 }] {
             let letter = f.dead_letter(i, channel, forwarded, event);
             for (name, value) in &letter.headers {
                 assert!(
