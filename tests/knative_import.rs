@@ -265,7 +265,7 @@ fn warnings_name_the_object_and_the_field_and_the_files_are_still_written() {
     }
 }
 
-/// The `@type`, name, kind and address of each cluster, and its TLS settings.
+/// A cluster's name, type, endpoint address and port, and TLS SNI (null without TLS).
 fn cluster_summary(cluster: &Value) -> Value {
     let address = &cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
         ["address"]["socket_address"];
@@ -506,18 +506,8 @@ fn errors_leave_files_already_in_the_output_directory_alone() {
         .map(|n| good.file(n))
         .collect();
     let out = good.out().to_string_lossy().into_owned();
-    let (code, _, stderr) = run_script(
-        SCRIPT,
-        &[
-            &harness::manifest_dir()
-                .join(UNRESOLVED)
-                .to_string_lossy()
-                .into_owned(),
-            "-o",
-            &out,
-        ],
-        "",
-    );
+    let input = harness::manifest_dir().join(UNRESOLVED);
+    let (code, _, stderr) = run_script(SCRIPT, &[&input.to_string_lossy(), "-o", &out], "");
     assert_eq!(code, 1, "{stderr}");
     let after: Vec<String> = ["fanout.json", "fanout.yaml", "clusters.yaml"]
         .iter()
@@ -747,7 +737,78 @@ fn backoff_and_retry_after_max_map_to_the_waits_knative_makes() {
     );
 }
 
-/// A Subscription `test/<name>` of the channel `kind test-or-other/channel`.
+#[test]
+fn a_subscriber_without_a_delivery_gets_the_channels_and_one_with_a_delivery_only_its_own() {
+    let channel = |dead_letter_resolved: bool, subscribers: Value| {
+        let mut status =
+            json!({ "address": { "url": "http://d-kn-channel.test.svc.cluster.local" } });
+        if dead_letter_resolved {
+            status["deadLetterSinkUri"] = json!("http://dlq.test.svc.cluster.local/channel");
+        }
+        json!({ "apiVersion": "v1", "kind": "List", "items": [{
+            "apiVersion": "messaging.knative.dev/v1", "kind": "InMemoryChannel",
+            "metadata": { "name": "d", "namespace": "test" },
+            "spec": {
+                "delivery": { "retry": 3, "timeout": "PT1S", "deadLetterSink": { "ref": {
+                    "apiVersion": "v1", "kind": "Service", "name": "dlq" } } },
+                "subscribers": subscribers
+            },
+            "status": status
+        }] })
+    };
+    let subscribers = json!([
+        { "subscriberUri": "http://plain.test.svc.cluster.local/" },
+        { "subscriberUri": "http://own.test.svc.cluster.local/", "delivery": { "retry": 1 } }
+    ]);
+    let import = Import::objects(&channel(true, subscribers.clone()), &[]);
+    import.succeeded();
+    let got = &import.json("fanout.json")["channels"][0]["subscribers"];
+    assert_eq!(
+        got[0],
+        json!({
+            "cluster": "http|plain.test.svc.cluster.local|80",
+            "authority": "plain.test.svc.cluster.local",
+            "path": "/",
+            "timeout_ms": 1000,
+            "delivery": {
+                "retry": 3, "backoff_delay_ms": 0, "backoff_max_ms": 0,
+                "dead_letter": {
+                    "cluster": "http|dlq.test.svc.cluster.local|80",
+                    "authority": "dlq.test.svc.cluster.local",
+                    "path": "/channel",
+                    "timeout_ms": 1000
+                }
+            }
+        })
+    );
+    // Nothing of the channel's: no timeout, no dead letter.
+    assert_eq!(
+        got[1],
+        json!({
+            "cluster": "http|own.test.svc.cluster.local|80",
+            "authority": "own.test.svc.cluster.local",
+            "path": "/",
+            "delivery": { "retry": 1, "backoff_delay_ms": 0, "backoff_max_ms": 0 }
+        })
+    );
+
+    // The channel's dead-letter sink, unresolved: an error only for a subscriber that uses it.
+    let import = Import::objects(&channel(false, json!([subscribers[1].clone()])), &[]);
+    import.succeeded();
+    let import = Import::objects(&channel(false, subscribers), &[]);
+    assert_eq!(import.code, 1, "{}", import.stderr);
+    assert_reported(
+        &import.errors(),
+        &[(
+            "InMemoryChannel test/d",
+            "spec.delivery.deadLetterSink.ref",
+            "Service test/dlq is not resolved to a URI (status.deadLetterSinkUri is empty)",
+        )],
+    );
+    assert_eq!(import.errors().len(), 1, "{}", import.stderr);
+}
+
+/// A Subscription `test/<name>` of `channel` (a KReference), resolved as `physical` says.
 fn subscription(name: &str, channel: Value, physical: Value) -> Value {
     json!({
         "apiVersion": "messaging.knative.dev/v1",
