@@ -519,19 +519,24 @@ fn errors_leave_files_already_in_the_output_directory_alone() {
 // ---------------------------------------------------------------------------------------------
 // Tables of small inputs.
 
+/// InMemoryChannel `test/<name>` at its usual address, with these `spec.subscribers`.
+fn in_memory_channel(name: &str, subscribers: Value) -> Value {
+    json!({
+        "apiVersion": "messaging.knative.dev/v1",
+        "kind": "InMemoryChannel",
+        "metadata": { "name": name, "namespace": "test", "uid": format!("{name}-uid") },
+        "spec": { "subscribers": subscribers },
+        "status": { "address": { "url": format!("http://{name}-kn-channel.test.svc.cluster.local") } }
+    })
+}
+
 /// A List with one InMemoryChannel `test/table` whose subscribers are `subscribers`.
 fn channel_with(subscribers: Vec<Value>) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "List",
         "metadata": { "resourceVersion": "" },
-        "items": [{
-            "apiVersion": "messaging.knative.dev/v1",
-            "kind": "InMemoryChannel",
-            "metadata": { "name": "table", "namespace": "test", "uid": "table-uid" },
-            "spec": { "subscribers": subscribers },
-            "status": { "address": { "url": "http://table-kn-channel.test.svc.cluster.local" } }
-        }]
+        "items": [in_memory_channel("table", Value::Array(subscribers))]
     })
 }
 
@@ -543,6 +548,15 @@ fn with_delivery(i: usize, delivery: Value) -> Value {
         "subscriberUri": format!("http://s{i}.test.svc.cluster.local/"),
         "delivery": delivery
     })
+}
+
+/// The table channel with one subscriber per duration, as its `delivery.timeout`.
+fn import_timeouts(durations: impl Iterator<Item = Value>) -> Import {
+    let subscribers = durations
+        .enumerate()
+        .map(|(i, d)| with_delivery(i, json!({ "timeout": d })))
+        .collect();
+    Import::objects(&channel_with(subscribers), &[])
 }
 
 #[test]
@@ -566,12 +580,7 @@ fn iso_8601_durations_become_milliseconds() {
         ("+PT3S", 3000),
         ("PT1H0M0.5S", 3_600_500),
     ];
-    let subscribers = table
-        .iter()
-        .enumerate()
-        .map(|(i, (d, _))| with_delivery(i, json!({ "timeout": d })))
-        .collect();
-    let import = Import::objects(&channel_with(subscribers), &[]);
+    let import = import_timeouts(table.iter().map(|(d, _)| json!(d)));
     import.succeeded();
     let config = import.json("fanout.json");
     let got = config["channels"][0]["subscribers"].as_array().unwrap();
@@ -614,12 +623,7 @@ fn malformed_durations_are_refused_with_the_object_and_field() {
         (json!("PT0S"), "must be more than 0"),
         (json!("P50D"), "fanout takes at most 4294967295 ms"),
     ];
-    let subscribers = table
-        .iter()
-        .enumerate()
-        .map(|(i, (d, _))| with_delivery(i, json!({ "timeout": d })))
-        .collect();
-    let import = Import::objects(&channel_with(subscribers), &[]);
+    let import = import_timeouts(table.iter().map(|(d, _)| d.clone()));
     assert_eq!(import.code, 1, "{}", import.stderr);
     let errors = import.errors();
     for (i, (duration, message)) in table.iter().enumerate() {
@@ -839,28 +843,27 @@ fn what_cannot_be_carried_over_is_an_error_or_a_warning() {
              namespace test are",
         ),
         (
-            json!({ "apiVersion": "messaging.knative.dev/v1", "kind": "InMemoryChannel",
-                    "metadata": { "name": "bad-uri", "namespace": "test" },
-                    "spec": { "subscribers": [ { "subscriberUri": "ftp://files.test/" } ] },
-                    "status": { "address": { "url": "http://bad-uri-kn-channel.test.svc.cluster.local" } } }),
+            in_memory_channel("bad-uri", json!([{ "subscriberUri": "ftp://files.test/" }])),
             "InMemoryChannel test/bad-uri",
             "spec.subscribers[0].subscriberUri",
             "fanout calls absolute http and https URIs only",
         ),
         (
-            json!({ "apiVersion": "messaging.knative.dev/v1", "kind": "InMemoryChannel",
-                    "metadata": { "name": "many", "namespace": "test" },
-                    "spec": { "subscribers": [ { "subscriberUri": "http://a.test/",
-                                                 "delivery": { "retry": 101 } } ] },
-                    "status": { "address": { "url": "http://many-kn-channel.test.svc.cluster.local" } } }),
+            in_memory_channel(
+                "many",
+                json!([{ "subscriberUri": "http://a.test/", "delivery": { "retry": 101 } }]),
+            ),
             "InMemoryChannel test/many",
             "spec.subscribers[0].delivery.retry",
             "fanout retries at most 100 times",
         ),
         (
-            json!({ "apiVersion": "messaging.knative.dev/v1", "kind": "InMemoryChannel",
-                    "metadata": { "name": "twin", "namespace": "test" },
-                    "status": { "address": { "url": "http://table-kn-channel.test.svc.cluster.local" } } }),
+            {
+                let mut twin = in_memory_channel("twin", json!([]));
+                twin["status"]["address"]["url"] =
+                    json!("http://table-kn-channel.test.svc.cluster.local");
+                twin
+            },
             "InMemoryChannel test/twin",
             "status.address.url",
             "host table-kn-channel.test.svc.cluster.local is also InMemoryChannel test/table's",
