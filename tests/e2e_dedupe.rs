@@ -116,6 +116,8 @@ fn after_ttl_ms_the_event_goes_to_everyone_again() {
     assert_eq!(post(&client, &envoy, Some("evt-1")).status, 202);
     assert_eq!(post(&client, &envoy, Some("evt-1")).status, 202);
     assert_eq!(counts(&subs), [1, 1]);
+    // A fixed wait: what passes is the filter's clock (the host's wall clock), past ttl_ms
+    // from the delivery, which was before this sleep began; 200 ms over it is plenty.
     std::thread::sleep(Duration::from_millis(1700));
     let after = post(&client, &envoy, Some("evt-1"));
     assert_eq!(after.status, 202);
@@ -238,7 +240,9 @@ fn two_hundred_concurrent_redeliveries_across_workers_give_each_subscriber_one_d
 
 #[test]
 fn async_mode_records_when_the_background_delivery_ends() {
-    let slow = Subscriber::start("slow", Behavior::Delay(Duration::from_millis(300), 200));
+    // The second copy must come while the first is still being delivered: `slow` holds its
+    // answer long enough for that on a loaded machine too (the copies after it are polled).
+    let slow = Subscriber::start("slow", Behavior::Delay(Duration::from_millis(1500), 200));
     let fast = Subscriber::ok("fast");
     let subs = [&slow, &fast];
     let config = json!({

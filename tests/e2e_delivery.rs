@@ -7,6 +7,7 @@ mod harness;
 
 use std::time::{Duration, Instant};
 
+use harness::timing::{assert_waited_about, assert_waited_at_least};
 use harness::{send, Behavior, Client, Envoy, Subscriber};
 use serde_json::{json, Value};
 
@@ -22,7 +23,8 @@ fn status(s: u16) -> Behavior {
     Behavior::Status(s)
 }
 
-/// Asserts no more than `n` requests arrive at `sub` within `wait`.
+/// Asserts no more than `n` requests arrive at `sub` within `wait`. (A fixed wait: it looks for
+/// something that must not happen; a loaded machine can only make it miss, never fail.)
 fn stays_at(sub: &Subscriber, n: usize, wait: Duration) {
     std::thread::sleep(wait);
     assert_eq!(sub.count(), n, "{}: {:#?}", sub.name(), sub.requests());
@@ -49,18 +51,14 @@ fn a_subscriber_failing_twice_then_succeeding_gets_three_attempts_with_growing_g
     let attempts = flaky.requests();
     assert_eq!(attempts.len(), 3, "{attempts:#?}");
     assert!(attempts.iter().all(|r| r.body == b"event"));
-    // linear: 300 ms before retry 1, 600 ms before retry 2 (the timer ticks every 10 ms).
+    // linear: 300 ms before retry 1, 600 ms before retry 2 (the timer ticks every 10 ms and
+    // compares the host's clock in whole ms): a retry with no backoff fails, one that comes
+    // late on a loaded machine does not.
     let gap1 = attempts[1].at - attempts[0].at;
     let gap2 = attempts[2].at - attempts[1].at;
-    assert!(
-        gap1 >= Duration::from_millis(290) && gap1 < Duration::from_millis(1500),
-        "gap before retry 1: {gap1:?}"
-    );
-    assert!(
-        gap2 >= Duration::from_millis(590) && gap2 < Duration::from_millis(2500),
-        "gap before retry 2: {gap2:?}"
-    );
-    assert!(took >= Duration::from_millis(880), "answered in {took:?}");
+    assert_waited_about(gap1, Duration::from_millis(300), "gap before retry 1");
+    assert_waited_about(gap2, Duration::from_millis(600), "gap before retry 2");
+    assert_waited_at_least(took, Duration::from_millis(900), "the client's wait");
     stays_at(&flaky, 3, Duration::from_millis(300));
 }
 
@@ -194,7 +192,7 @@ fn an_empty_2xx_sends_no_reply() {
 
 #[test]
 fn async_answers_before_a_slow_subscriber_which_still_gets_the_event_after_the_client_left() {
-    let slow = Subscriber::start("slow", Behavior::Delay(Duration::from_millis(1500), 200));
+    let slow = Subscriber::start("slow", Behavior::Delay(Duration::from_secs(3), 200));
     let config = json!({ "mode": "async", "subscribers": [{ "cluster": "slow" }] });
     let envoy = envoy(&config, &[&slow]);
     let started = Instant::now();
@@ -205,8 +203,10 @@ fn async_answers_before_a_slow_subscriber_which_still_gets_the_event_after_the_c
         // The client, and its connection, go away here.
     }
     let answered = started.elapsed();
+    // Well before the subscriber's 3 s answer (what it would be if it waited for it), with
+    // room for a loaded machine.
     assert!(
-        answered < Duration::from_millis(1000),
+        answered < Duration::from_secs(2),
         "answered after {answered:?}"
     );
     assert_eq!(slow.wait_for(1, Duration::from_secs(10)), 1);

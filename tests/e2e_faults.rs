@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use harness::faults::{raw_request, rss_kib, stats, Fault, FaultServer};
+use harness::timing::{assert_waited_at_least, poll_until};
 use harness::{send, Behavior, Client, Envoy, Recorded, Reply, Subscriber};
 use serde_json::{json, Value};
 
@@ -141,15 +142,37 @@ fn a_subscriber_killed_mid_load_fails_with_a_report_while_down_and_all_202_after
         })
         .collect();
 
-    std::thread::sleep(Duration::from_millis(1500));
+    // A phase lasts its time and until PHASE_REQUESTS requests begun in it have ended (polled,
+    // bounded): a loaded machine gets through fewer requests per second, and each phase must
+    // have enough to mean something.
+    const PHASE_REQUESTS: usize = 20;
+    // After the restart, a request begun within RESTART_GRACE may still meet the dead
+    // connection: it counts as straddling, not as "after".
+    const RESTART_GRACE: Duration = Duration::from_millis(300);
+    let phase = |from: Instant, lasting: Duration| {
+        let ended = poll_until(Duration::from_secs(60), Duration::from_millis(20), || {
+            let n = results
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(begun, _, _)| *begun > from)
+                .count();
+            (from.elapsed() >= lasting && n >= PHASE_REQUESTS).then_some(())
+        });
+        assert!(
+            ended.is_some(),
+            "fewer than {PHASE_REQUESTS} requests in a phase"
+        );
+    };
+    phase(Instant::now(), Duration::from_millis(1500));
     let kill_begun = Instant::now();
     let killed = victim.kill();
     let kill_done = Instant::now();
-    std::thread::sleep(Duration::from_millis(1500));
+    phase(kill_done, Duration::from_millis(1500));
     let restart_begun = Instant::now();
     let victim = killed.restart();
     let restart_done = Instant::now();
-    std::thread::sleep(Duration::from_millis(2000));
+    phase(restart_done + RESTART_GRACE, Duration::from_millis(1700));
     stop.store(true, Ordering::SeqCst);
     for s in senders {
         s.join().unwrap();
@@ -167,7 +190,7 @@ fn a_subscriber_killed_mid_load_fails_with_a_report_while_down_and_all_202_after
             assert_eq!(entries["victim"]["outcome"], "reset", "{:?}", reply.text());
             assert_eq!(reply.json()["delivered"], 2);
             down += 1;
-        } else if *begun > restart_done + Duration::from_millis(300) {
+        } else if *begun > restart_done + RESTART_GRACE {
             assert_202(reply);
             after += 1;
         } else {
@@ -212,18 +235,14 @@ fn a_subscriber_that_accepts_and_never_answers_is_a_timeout_at_its_timeout() {
     let entry = &entries["silent"];
     assert_eq!(entry["outcome"], "timeout", "{entry}");
     assert_eq!(entry["detail"], "no answer within the timeout of 700 ms");
-    let elapsed = entry["elapsed_ms"].as_u64().unwrap();
-    // The report's clock is the host's wall clock, the timeout Envoy's monotonic timer: they
-    // differ by a few ms (we saw 698 and 699). The client's own clock is the strict check.
-    assert!(
-        elapsed >= 690,
-        "failed after {elapsed} ms, before its timeout"
-    );
-    assert!(
-        reply.elapsed >= Duration::from_millis(700),
-        "{:?}",
-        reply.elapsed
-    );
+    let timeout = Duration::from_millis(700);
+    // The report's clock is the host's wall clock, the client's its own: both see Envoy's
+    // timer fire up to a coarse-clock tick early (we saw 698 and 699 ms in the report and
+    // 699.45 ms at the client), never at half the timeout.
+    let elapsed = Duration::from_millis(entry["elapsed_ms"].as_u64().unwrap());
+    assert_waited_at_least(elapsed, timeout, "the report's elapsed_ms");
+    assert_waited_at_least(reply.elapsed, timeout, "the client's wait");
+    // Late only tells "fired" from "never fired" (the subscriber never answers): generous.
     assert!(
         reply.elapsed < Duration::from_secs(10),
         "answered after {:?}",
@@ -342,6 +361,8 @@ fn malformed_outcomes(cases: &[(&str, &[u8])]) -> Vec<(String, Value)> {
     for (name, _) in cases {
         let reply = post(&client, &envoy, &format!("{name}.test"), "e");
         let report = report_naming(&reply, &[name]);
+        // Envoy ends such a call as soon as it reads the bad answer; the bound is the call's
+        // own 5 s timeout, the wrong behaviour it tells this from (however loaded the machine).
         assert!(
             reply.elapsed < Duration::from_secs(5),
             "{name}: after {:?}",
@@ -617,6 +638,7 @@ fn a_channel_of_1000_subscribers_works_and_its_cost_is_recorded() {
     for i in 0..EVENTS {
         let reply = post(&client, &envoy, "any", &format!("event-{i}"));
         assert_202(&reply);
+        // Only "it ended": the cost is recorded below, speed belongs in `make bench`.
         assert!(
             reply.elapsed < Duration::from_secs(30),
             "{:?}",

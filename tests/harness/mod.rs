@@ -13,6 +13,7 @@ pub mod faults;
 pub mod reload;
 pub mod sdk;
 mod subscriber;
+pub mod timing;
 
 pub use client::{chunked_body, send, Client, Reply};
 pub use envoy::{body_wait, envoy_bin, wasm_path, BodyWait, Envoy, EnvoyBuilder, TRIPWIRE_BODY};
