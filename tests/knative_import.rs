@@ -23,15 +23,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use harness::reload::{run_script, ReloadEnvoy, ECDS, RENDER_SCRIPT};
+use harness::timing::assert_waited_at_least;
 use harness::{send, unique_temp_dir, wasm_path, Behavior, Client, Envoy, Subscriber};
 use serde_json::{json, Value};
 
 const SCRIPT: &str = "envoy/knative-import.py";
 const ORDERS: &str = "tests/fixtures/knative/orders.json";
 const UNRESOLVED: &str = "tests/fixtures/knative/unresolved.json";
-
-/// How long a subscriber may take to see what the test waits for.
-const WAIT: Duration = Duration::from_secs(20);
 
 /// One run of the command, writing into `<dir>/out` (removed on drop unless the test failed).
 struct Import {
@@ -141,13 +139,13 @@ fn assert_reported(lines: &[String], expected: &[(&str, &str, &str)]) {
 /// The fanout config the fixture maps to. Every subscriber keeps the path and authority its URI
 /// names; each one's delivery is Knative's, converted.
 fn expected_orders_config() -> Value {
-    // The channel's delivery (retry 2, exponential, PT0.2S, retryAfterMax PT1S): Knative waits
-    // 200 and 400 ms before retries 1 and 2; fanout's delay x 2^k with 100 ms waits the same.
+    // The channel's delivery (retry 2, exponential, PT0.3S, retryAfterMax PT1S): Knative waits
+    // 300 and 600 ms before retries 1 and 2; fanout's delay x 2^k with 150 ms waits the same.
     // retryAfterMax 1000 ms is above the longest backoff, so it is the cap.
     let channel_delivery = json!({
         "retry": 2,
         "backoff_policy": "exponential",
-        "backoff_delay_ms": 100,
+        "backoff_delay_ms": 150,
         "backoff_max_ms": 1000,
         "dead_letter": {
             "cluster": "http|orders-dlq.shop.svc.cluster.local|80",
@@ -1200,16 +1198,10 @@ fn send_event(envoy: &ReloadEnvoy, host: &str, id: &str) -> harness::Reply {
     reply
 }
 
+/// `sub` got exactly `n` POSTs, each on `path` with `authority`. Called once the fan-out has
+/// answered: in sync mode that is after every attempt, dead letter and reply, so the counts
+/// are final.
 fn assert_got(sub: &Subscriber, n: usize, path: &str, authority: &str) {
-    assert_eq!(
-        sub.wait_for(n, WAIT),
-        n,
-        "{} should have got {n} request(s): {:#?}",
-        sub.name(),
-        sub.requests()
-    );
-    // Nothing more arrives after a short while either.
-    std::thread::sleep(Duration::from_millis(100));
     let requests = sub.requests();
     assert_eq!(requests.len(), n, "{}: {requests:#?}", sub.name());
     for r in &requests {
@@ -1293,13 +1285,13 @@ fn the_written_files_fan_an_event_out_in_the_real_envoy() {
         "billing.shop.svc.cluster.local",
     );
     let attempts = billing.requests();
-    // Knative's waits before retries 1 and 2 (backoffDelay PT0.2S, exponential): 200, 400 ms.
-    // Lower bounds only (a few ms early allowed): Envoy's timers may fire late under load.
-    for (k, wait_ms) in [(1, 200u64), (2, 400)] {
-        let gap = attempts[k].at - attempts[k - 1].at;
-        assert!(
-            gap >= Duration::from_millis(wait_ms - 10),
-            "retry {k} came {gap:?} after the attempt before it; Knative waits {wait_ms} ms"
+    // Knative's waits before retries 1 and 2 (backoffDelay PT0.3S, exponential): 300, 600 ms.
+    // Lower bounds only: Envoy's timers may fire a tick early, and anything late under load.
+    for (k, wait_ms) in [(1, 300), (2, 600)] {
+        assert_waited_at_least(
+            attempts[k].at - attempts[k - 1].at,
+            Duration::from_millis(wait_ms),
+            &format!("billing's retry {k} after the attempt before it (Knative's wait)"),
         );
     }
     assert_got(&orders_dlq, 1, "/dead", "orders-dlq.shop.svc.cluster.local");
