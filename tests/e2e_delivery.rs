@@ -105,6 +105,19 @@ fn exhausted_retries_go_to_the_dead_letter_with_the_failure_and_the_answer_is_20
         letter.header("x-fanout-failed-body"),
         Some("subscriber down answers 503")
     );
+    // Knative's error attributes too, as ce-* headers (the event is in binary mode); the
+    // CloudEvents SDK reading them is in tests/e2e_knative_delivery.rs.
+    assert_eq!(letter.header("x-fanout-failed-leg"), Some("event"));
+    assert_eq!(
+        letter.header("ce-knativeerrordest"),
+        Some("http://down/events")
+    );
+    assert_eq!(letter.header("ce-knativeerrorcode"), Some("503"));
+    assert_eq!(
+        letter.header("ce-knativeerrordata"),
+        Some("c3Vic2NyaWJlciBkb3duIGFuc3dlcnMgNTAzCg=="),
+        "base64 of the subscriber's answer, as it came"
+    );
 }
 
 #[test]
@@ -149,6 +162,7 @@ fn a_reply_is_forwarded_and_a_failed_reply_fails_the_delivery() {
     let envoy = Envoy::with_subscribers(&config, &[&answering, &replies]);
     let reply = send(Client::http1().post(&envoy.url("/")).body("question"));
     assert_eq!(reply.status, 202, "{}", reply.text());
+    assert_eq!(answering.only_request().header("prefer"), Some("reply"));
     let forwarded = replies.only_request();
     assert_eq!(forwarded.path, "/replies");
     assert_eq!(forwarded.body, b"{\"answer\":42}");

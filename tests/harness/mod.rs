@@ -25,6 +25,8 @@
 //! | send requests | [`Client::http1`], [`Client::h2c`] (and `_resolving` for host names), [`send`] -> [`Reply`], [`chunked_body`] |
 //! | check an answer | [`assert_202`], [`assert_202_empty`], [`assert_status`], [`assert_rejected`] (4xx with `{"error": ...}`), [`Reply::assert_not_tripwire`] |
 //! | reload the filter the way a ConfigMap does (ECDS, CDS) | [`reload::ReloadEnvoy`] (derefs to [`Envoy`]), [`reload::ConfigMapVolume`], [`reload::Load`] |
+//! | run Envoy on ConfigMap files written elsewhere (e.g. by `envoy/knative-import.py`) | [`reload::ReloadEnvoy::start_on_files`] |
+//! | run a shipped Python script | [`reload::run_script`], [`reload::run_render`] |
 //! | send or read events with the CloudEvents SDK | [`sdk::run_sdk`] |
 //! | read a shipped file | [`manifest_dir`], [`read_shipped`], [`read_shipped_yaml`], [`yaml_to_json`] |
 //! | a scratch directory, fixed ports | [`TempDir`], [`unique_temp_dir`]; [`free_ports`] (only for shipped configs and scripts that take port numbers) |

@@ -97,16 +97,22 @@ impl Default for ConfigMapVolume {
 /// Runs the render script with `args`, `stdin` on its standard input: (exit code, stdout,
 /// stderr).
 pub fn run_render(args: &[&str], stdin: &str) -> (i32, String, String) {
+    run_script(RENDER_SCRIPT, args, stdin)
+}
+
+/// Runs one of the shipped Python scripts (`script` relative to the crate root) with `args`,
+/// `stdin` on its standard input: (exit code, stdout, stderr).
+pub fn run_script(script: &str, args: &[&str], stdin: &str) -> (i32, String, String) {
     use std::io::Write;
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
     let mut child = Command::new(&python)
-        .arg(manifest_dir().join(RENDER_SCRIPT))
+        .arg(manifest_dir().join(script))
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {python} {RENDER_SCRIPT}: {e}"));
+        .unwrap_or_else(|e| panic!("cannot run {python} {script}: {e}"));
     let mut input = child.stdin.take().expect("stdin");
     input
         .write_all(stdin.as_bytes())
@@ -236,9 +242,14 @@ impl ReloadEnvoy {
     /// Like `start`, without requiring that Envoy took the filter's file (for a first file
     /// Envoy refuses).
     pub fn start_unconfigured(fanout_config: &str, clusters: &[(&str, u16)]) -> ReloadEnvoy {
+        ReloadEnvoy::start_on_files(render_filter(fanout_config), render_clusters(clusters))
+    }
+
+    /// Publish these two files as they are (the ECDS `fanout.yaml` and the CDS `clusters.yaml`,
+    /// e.g. as `envoy/knative-import.py` wrote them), then start Envoy on them. As with
+    /// `start_unconfigured`, whether Envoy took the filter's file is for the caller to check.
+    pub fn start_on_files(filter: String, clusters: String) -> ReloadEnvoy {
         let mut volume = ConfigMapVolume::new();
-        let filter = render_filter(fanout_config);
-        let clusters = render_clusters(clusters);
         volume.publish(&[("fanout.yaml", &filter), ("clusters.yaml", &clusters)]);
         let bootstrap = shipped_bootstrap(volume.path());
         let mut builder = Envoy::builder();
