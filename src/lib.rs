@@ -20,10 +20,13 @@ pub mod delivery;
 pub mod fanout;
 pub mod filters;
 pub mod headers;
+pub mod host;
 pub mod metrics;
 pub mod reply;
 pub mod request;
 pub mod routing;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 #[cfg(feature = "filter")]
 pub mod filter;

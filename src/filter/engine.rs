@@ -17,13 +17,13 @@ use std::rc::Rc;
 
 use super::redelivery::{self, Redelivery};
 use super::telemetry::Telemetry;
-use super::Host;
 use crate::answer::Answer;
 use crate::config::{Channel, Config, Mode};
 use crate::delivery::{honours_retry_after, parse_retry_after};
 use crate::fanout::{
     classify, is_success, CallEnd, Failure, FanOut, Leg, ReplyEvent, BODY_PEEK_BYTES,
 };
+use crate::host::Host;
 use crate::reply::{self, Answered, PREFER_REPLY};
 
 /// The host's clock, read at most once per callback and only if something needs the time:

@@ -1,5 +1,4 @@
-//! The host calls the filter makes, behind a trait: [`ProxyHost`] performs them through
-//! proxy-wasm, and the glue's tests put a fake in its place.
+//! [`ProxyHost`]: the core's [`Host`] calls, performed through proxy-wasm.
 //!
 //! The SDK's `Context` helper methods unwrap host errors (and its `get_map` unwraps header
 //! values as UTF-8); going to `hostcalls` directly lets a host error become an answer or a
@@ -12,51 +11,8 @@ use proxy_wasm::types::{BufferType, MapType, MetricType};
 
 use crate::answer::Answer;
 use crate::dedupe::CasMismatch;
+use crate::host::Host;
 use crate::metrics::Kind;
-
-pub trait Host {
-    /// Makes the `log` crate follow Envoy's log level for wasm.
-    fn follow_log_level(&self);
-    fn plugin_configuration(&self) -> Option<Vec<u8>>;
-    /// All request headers at once: one host call.
-    fn request_headers(&self) -> Vec<(String, Vec<u8>)>;
-    fn request_body(&self, size: usize) -> Vec<u8>;
-    /// Starts a call; `Err` carries the reason Envoy refused it (no callback will come).
-    fn dispatch(
-        &self,
-        cluster: &str,
-        headers: Vec<(&str, &str)>,
-        body: &[u8],
-        timeout: Duration,
-    ) -> Result<u32, String>;
-    /// `:status` of the call answer being delivered to `on_http_call_response`.
-    fn call_status(&self) -> Option<u16>;
-    /// Up to `max` bytes of that answer's body.
-    fn call_body(&self, max: usize) -> Vec<u8>;
-    /// One header of that answer.
-    fn call_header(&self, name: &str) -> Option<String>;
-    /// All headers of that answer.
-    fn call_headers(&self) -> Vec<(String, Vec<u8>)>;
-    /// Makes `context_id` the context the next host calls act for; false if it is gone.
-    fn set_effective_context(&self, context_id: u32) -> bool;
-    /// Answers the current stream locally.
-    fn respond(&self, answer: &Answer);
-    /// Milliseconds on the host's clock.
-    fn now_ms(&self) -> u64;
-    /// Defines (or finds, by name) a metric; `None` if Envoy refused.
-    fn define_metric(&self, kind: Kind, name: &str) -> Option<u32>;
-    fn increment_metric(&self, id: u32, delta: i64);
-    fn record_metric(&self, id: u32, value: u64);
-    /// Sets the root context's timer.
-    fn set_tick_period(&self, period: Duration);
-    /// A key of Envoy's shared data (one store per VM id for the whole process, seen by
-    /// every worker): its value and CAS, `(None, None)` if it does not exist.
-    fn get_shared_data(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
-    /// Writes a key of the shared data if its CAS is still `cas` (`None`: unconditionally;
-    /// Envoy also writes a key that does not exist yet whatever `cas` says).
-    fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>)
-        -> Result<(), CasMismatch>;
-}
 
 #[derive(Clone, Copy, Default)]
 pub struct ProxyHost;

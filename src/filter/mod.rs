@@ -30,9 +30,10 @@ use proxy_wasm::types::{Action, ContextType};
 use crate::answer::Answer;
 use crate::config::{BodyWait, Config, Mode, ReportDetail};
 use crate::fanout::FanOut;
+use crate::host::Host;
 use crate::request::{admit, too_large, Admitted};
 use engine::{Engine, Finished, Job};
-pub use host::{Host, ProxyHost};
+pub use host::ProxyHost;
 use telemetry::Telemetry;
 
 /// How often the root context hands the counts to Envoy's stats.

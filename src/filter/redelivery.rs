@@ -11,27 +11,14 @@
 
 use std::hash::BuildHasher;
 
-use super::{FanoutStream, Host};
+use super::FanoutStream;
 use crate::config::{Channel, Config};
 use crate::dedupe::{
-    self, shard_key, subscriber_ids, update, CasMismatch, Event, Limits, Seen, SharedStore,
-    CLAIM_MARGIN_MS,
+    self, shard_key, subscriber_ids, update, Event, Limits, Seen, CLAIM_MARGIN_MS,
 };
 use crate::fanout::FanOut;
+use crate::host::{Host, HostStore};
 use crate::metrics::Tally;
-
-/// Envoy's shared data, through the [`Host`].
-pub struct HostStore<'a, H>(pub &'a H);
-
-impl<H: Host> SharedStore for HostStore<'_, H> {
-    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-        self.0.get_shared_data(key)
-    }
-
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), CasMismatch> {
-        self.0.set_shared_data(key, value, cas)
-    }
-}
 
 /// What a request claimed, to settle when its fan-out ends: carried in the engine's job, so
 /// that whichever context ends the fan-out (the stream, or the root context for retries and

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::Host;
+use crate::host::Host;
 use crate::metrics::{self, Kind, Tally};
 
 #[derive(Default)]

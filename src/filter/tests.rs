@@ -2,7 +2,6 @@
 //! place of Envoy that records every call and answer.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -10,10 +9,10 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::Action;
 use serde_json::Value;
 
-use super::{FanoutRoot, Host};
+use super::FanoutRoot;
 use crate::answer::Answer;
-use crate::dedupe::{CasMismatch, Shard};
-use crate::metrics::Kind;
+use crate::dedupe::Shard;
+use crate::testing::{Dispatched, FakeHost, FakeState, SharedData};
 
 /// The host functions the SDK imports from Envoy. The glue reaches the host only through
 /// [`Host`], so none of these may ever run in a test; they exist so that the test binary
@@ -66,239 +65,6 @@ unreachable_host_functions! {
     proxy_set_property
     proxy_set_shared_data
     proxy_set_tick_period_milliseconds
-}
-
-#[derive(Debug, Clone, PartialEq)]
-struct Dispatched {
-    token: u32,
-    /// The context the call was made for (Envoy cancels a stream's calls when it ends).
-    context: u32,
-    cluster: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-    timeout: Duration,
-}
-
-#[derive(Default)]
-struct State {
-    config: Option<Vec<u8>>,
-    request_headers: Vec<(String, Vec<u8>)>,
-    request_body: Vec<u8>,
-    body_reads: usize,
-    unknown_clusters: HashSet<String>,
-    next_token: u32,
-    dispatched: Vec<Dispatched>,
-    /// The answer to the call being delivered: `:status` and body.
-    call_response: (Option<u16>, Vec<u8>),
-    call_response_headers: Vec<(String, Vec<u8>)>,
-    /// The context Envoy applies host calls to (the one whose callback runs, or the one set
-    /// with set_effective_context).
-    effective: u32,
-    /// Streams whose client went away: set_effective_context fails for them.
-    gone: HashSet<u32>,
-    /// Answers by the stream they went to.
-    answered_streams: Vec<u32>,
-    call_body_reads: usize,
-    answers: Vec<Answer>,
-    now_ms: u64,
-    /// Metrics by name: kind, and the counter/gauge value or histogram samples.
-    metrics: Vec<(String, Kind, i64, Vec<u64>)>,
-    tick_period: Option<Duration>,
-    /// Envoy's shared data: one per process, so two fake "workers" may share it.
-    shared: Rc<RefCell<SharedData>>,
-}
-
-/// Envoy's shared data as its C++ implementation behaves: one CAS counter for all keys,
-/// never 0; CAS checked only for a key that exists.
-#[derive(Default)]
-struct SharedData {
-    values: HashMap<String, (Vec<u8>, u32)>,
-    last_cas: u32,
-    gets: usize,
-    sets: usize,
-}
-
-impl SharedData {
-    /// Events recorded in all shards.
-    fn events(&self) -> usize {
-        self.values
-            .values()
-            .map(|(v, _)| Shard::decode(v).unwrap().entries.len())
-            .sum()
-    }
-}
-
-impl State {
-    fn metric(&self, name: &str) -> Option<&(String, Kind, i64, Vec<u64>)> {
-        self.metrics.iter().find(|m| m.0 == name)
-    }
-
-    fn value(&self, name: &str) -> i64 {
-        self.metric(name)
-            .unwrap_or_else(|| panic!("metric {name} not defined"))
-            .2
-    }
-
-    fn samples(&self, name: &str) -> Vec<u64> {
-        self.metric(name)
-            .unwrap_or_else(|| panic!("metric {name} not defined"))
-            .3
-            .clone()
-    }
-}
-
-#[derive(Clone, Default)]
-struct FakeHost(Rc<RefCell<State>>);
-
-impl Host for FakeHost {
-    fn follow_log_level(&self) {}
-
-    fn plugin_configuration(&self) -> Option<Vec<u8>> {
-        self.0.borrow().config.clone()
-    }
-
-    fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
-        self.0.borrow().request_headers.clone()
-    }
-
-    fn request_body(&self, size: usize) -> Vec<u8> {
-        let mut state = self.0.borrow_mut();
-        state.body_reads += 1;
-        let end = size.min(state.request_body.len());
-        state.request_body[..end].to_vec()
-    }
-
-    fn dispatch(
-        &self,
-        cluster: &str,
-        headers: Vec<(&str, &str)>,
-        body: &[u8],
-        timeout: Duration,
-    ) -> Result<u32, String> {
-        let mut state = self.0.borrow_mut();
-        if state.unknown_clusters.contains(cluster) {
-            return Err(format!("unknown cluster {cluster}"));
-        }
-        state.next_token += 1;
-        let token = state.next_token;
-        let context = state.effective;
-        state.dispatched.push(Dispatched {
-            token,
-            context,
-            cluster: cluster.to_string(),
-            headers: headers
-                .iter()
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-                .collect(),
-            body: body.to_vec(),
-            timeout,
-        });
-        Ok(token)
-    }
-
-    fn call_status(&self) -> Option<u16> {
-        self.0.borrow().call_response.0
-    }
-
-    fn call_body(&self, max: usize) -> Vec<u8> {
-        let mut state = self.0.borrow_mut();
-        state.call_body_reads += 1;
-        let body = &state.call_response.1;
-        body[..max.min(body.len())].to_vec()
-    }
-
-    fn call_header(&self, name: &str) -> Option<String> {
-        let state = self.0.borrow();
-        state
-            .call_response_headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .and_then(|(_, v)| String::from_utf8(v.clone()).ok())
-    }
-
-    fn call_headers(&self) -> Vec<(String, Vec<u8>)> {
-        self.0.borrow().call_response_headers.clone()
-    }
-
-    fn set_effective_context(&self, context_id: u32) -> bool {
-        let mut state = self.0.borrow_mut();
-        if state.gone.contains(&context_id) {
-            return false;
-        }
-        state.effective = context_id;
-        true
-    }
-
-    fn respond(&self, answer: &Answer) {
-        let mut state = self.0.borrow_mut();
-        let stream = state.effective;
-        state.answers.push(answer.clone());
-        state.answered_streams.push(stream);
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.0.borrow().now_ms
-    }
-
-    fn define_metric(&self, kind: Kind, name: &str) -> Option<u32> {
-        let mut state = self.0.borrow_mut();
-        // Envoy keeps one stat per name: defining it again finds the same one.
-        if let Some(i) = state.metrics.iter().position(|m| m.0 == name) {
-            return Some(i as u32);
-        }
-        state.metrics.push((name.to_string(), kind, 0, Vec::new()));
-        Some(state.metrics.len() as u32 - 1)
-    }
-
-    fn increment_metric(&self, id: u32, delta: i64) {
-        let mut state = self.0.borrow_mut();
-        let metric = &mut state.metrics[id as usize];
-        assert_ne!(metric.1, Kind::Histogram, "increment of a histogram");
-        metric.2 += delta;
-    }
-
-    fn record_metric(&self, id: u32, value: u64) {
-        let mut state = self.0.borrow_mut();
-        let metric = &mut state.metrics[id as usize];
-        assert_eq!(metric.1, Kind::Histogram, "record of a non-histogram");
-        metric.3.push(value);
-    }
-
-    fn set_tick_period(&self, period: Duration) {
-        self.0.borrow_mut().tick_period = Some(period);
-    }
-
-    fn get_shared_data(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-        let state = self.0.borrow();
-        let mut shared = state.shared.borrow_mut();
-        shared.gets += 1;
-        match shared.values.get(key) {
-            Some((value, cas)) => (Some(value.clone()), Some(*cas)),
-            None => (None, None),
-        }
-    }
-
-    fn set_shared_data(
-        &self,
-        key: &str,
-        value: &[u8],
-        cas: Option<u32>,
-    ) -> Result<(), CasMismatch> {
-        let state = self.0.borrow();
-        let mut shared = state.shared.borrow_mut();
-        shared.sets += 1;
-        if let (Some((_, current)), Some(cas)) = (shared.values.get(key), cas) {
-            if *current != cas {
-                return Err(CasMismatch);
-            }
-        }
-        shared.last_cas = shared.last_cas.wrapping_add(1).max(1);
-        let next = shared.last_cas;
-        shared
-            .values
-            .insert(key.to_string(), (value.to_vec(), next));
-        Ok(())
-    }
 }
 
 const ROOT: u32 = 1;
@@ -365,7 +131,7 @@ impl Plugin {
         self.root.create_http_context(STREAM).unwrap()
     }
 
-    fn state(&self) -> std::cell::Ref<'_, State> {
+    fn state(&self) -> std::cell::Ref<'_, FakeState> {
         self.host.0.borrow()
     }
 
