@@ -1,6 +1,6 @@
 //! Every host call `fanout` makes, behind one trait: the seam between the core and Envoy.
 //!
-//! The glue implements it with proxy-wasm (`filter::ProxyHost`); [`crate::testing::FakeHost`]
+//! The glue implements it with proxy-wasm (`filter::ProxyHost`); the fake host (`testing`)
 //! implements it in memory for the tests and `bench/hostcalls`. Nothing here knows
 //! proxy-wasm. A method is one host call (or, for [`Host::request_headers`] and
 //! [`Host::call_headers`], one call for the whole map), so that counting the calls of a

@@ -16,17 +16,25 @@ pub mod cloudevents;
 pub mod config;
 pub mod dead_letter;
 pub mod dedupe;
+pub mod deliveries;
 pub mod delivery;
 pub mod fanout;
 pub mod filters;
 pub mod headers;
 pub mod host;
 pub mod metrics;
+pub mod plugin;
+pub mod recipients;
+pub mod redelivery;
 pub mod reply;
 pub mod request;
 pub mod routing;
+pub mod stream;
+pub mod telemetry;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+#[cfg(test)]
+mod tests;
 
 #[cfg(feature = "filter")]
 pub mod filter;
@@ -36,6 +44,6 @@ proxy_wasm::main! {{
     // Until on_vm_start reads Envoy's own level for wasm.
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
     proxy_wasm::set_root_context(|id| {
-        Box::new(filter::FanoutRoot::with_shared(id, filter::ProxyHost, filter::VmShared::of_this_vm()))
+        Box::new(filter::FanoutRoot::new(id))
     });
 }}

@@ -6,17 +6,15 @@
 //! stream's calls when the stream ends, while calls made from the root context live as long as
 //! the plugin. So a sync fan-out sends its first attempts from its stream (no timer delay),
 //! and everything sent from the timer (retries, async deliveries) belongs to the root. Either
-//! context hands the answers to this engine, which owns the state; the engine never answers a
-//! sender itself but returns the answer to the glue, so no `RefCell` is borrowed while Envoy
-//! runs the local reply.
+//! context hands the answers to [`Deliveries`], which owns the state; it never answers a
+//! sender itself but returns the answer to the plugin or the stream, so no `RefCell` is
+//! borrowed while Envoy runs the local reply.
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use super::redelivery::{self, Redelivery};
-use super::telemetry::Telemetry;
 use crate::answer::Answer;
 use crate::config::{Channel, Config, Mode};
 use crate::delivery::{honours_retry_after, parse_retry_after};
@@ -24,7 +22,9 @@ use crate::fanout::{
     classify, is_success, CallEnd, Failure, FanOut, Leg, ReplyEvent, BODY_PEEK_BYTES,
 };
 use crate::host::Host;
+use crate::redelivery::{self, Redelivery};
 use crate::reply::{self, Answered, PREFER_REPLY};
+use crate::telemetry::Telemetry;
 
 /// The host's clock, read at most once per callback and only if something needs the time:
 /// a plain success with metrics off costs no clock read (each read is a host call).
@@ -97,7 +97,8 @@ pub struct Finished {
     pub answer: Answer,
 }
 
-pub struct Engine {
+/// Every fan-out of one worker still under way, and the calls it waits for.
+pub struct Deliveries {
     jobs: HashMap<u64, Job>,
     /// Pending call token -> job and subscriber index.
     tokens: HashMap<u32, (u64, usize)>,
@@ -105,9 +106,9 @@ pub struct Engine {
     telemetry: Rc<RefCell<Telemetry>>,
 }
 
-impl Engine {
+impl Deliveries {
     pub fn new(telemetry: Rc<RefCell<Telemetry>>) -> Self {
-        Engine {
+        Deliveries {
             jobs: HashMap::new(),
             tokens: HashMap::new(),
             next_job: 1,

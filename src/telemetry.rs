@@ -1,7 +1,9 @@
 //! Hands the counts of [`crate::metrics::Tally`] to Envoy's stats: defines each metric once,
 //! then on every root-context tick adds what was counted since the last one.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use crate::host::Host;
 use crate::metrics::{self, Kind, Tally};
@@ -66,6 +68,29 @@ impl Telemetry {
             if let Some(id) = self.id(host, Kind::Histogram, name) {
                 for value in samples {
                     host.record_metric(id, value);
+                }
+            }
+        }
+    }
+}
+
+/// How a stream counts: into its worker's [`Telemetry`], or not at all when the configuration
+/// turns metrics off.
+#[derive(Clone, Default)]
+pub struct Counter(Option<Rc<RefCell<Telemetry>>>);
+
+impl Counter {
+    pub fn new(telemetry: Option<Rc<RefCell<Telemetry>>>) -> Self {
+        Counter(telemetry)
+    }
+
+    /// Counts something, and flushes at once if a histogram buffer is full.
+    pub fn count<H: Host>(&self, host: &H, record: impl FnOnce(&mut Tally)) {
+        if let Some(telemetry) = &self.0 {
+            if let Ok(mut telemetry) = telemetry.try_borrow_mut() {
+                record(&mut telemetry.tally);
+                if telemetry.tally.wants_flush() {
+                    telemetry.flush(host);
                 }
             }
         }

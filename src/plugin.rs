@@ -1,0 +1,213 @@
+//! The plugin: what Envoy's root context does, without proxy-wasm. It reads and validates the
+//! configuration (`on_configure`), keeps the timer the deliveries and the metrics need
+//! (`on_tick`), takes the answers to the calls made from the root context (retries, async
+//! deliveries) and creates a [`Stream`] for every request.
+//!
+//! The glue (`filter/`) forwards each root-context callback here and nothing else. Calls,
+//! their answers and retries belong to [`Deliveries`], shared by the plugin and its streams;
+//! see there for who sends what.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::deliveries::{Deliveries, Finished};
+use crate::host::Host;
+use crate::redelivery;
+use crate::stream::{answer_stream, Stream};
+use crate::telemetry::{Counter, Telemetry};
+
+/// How often the root context hands the counts to Envoy's stats.
+const METRICS_FLUSH: Duration = Duration::from_secs(1);
+/// The root context's timer while deliveries may need it (retries, async): the resolution of
+/// backoff delays, and the most an async event waits before its calls go out.
+const DELIVERY_TICK: Duration = Duration::from_millis(10);
+
+/// The plugin: holds the configuration, parsed once per `on_configure`, shared (`Rc`) with
+/// every stream created after it. A stream keeps the configuration it started with.
+pub struct Plugin<H> {
+    id: u32,
+    host: H,
+    config: Option<Rc<Config>>,
+    /// This worker's counts, shared with its streams; flushed to Envoy on the timer.
+    telemetry: Rc<RefCell<Telemetry>>,
+    deliveries: Rc<RefCell<Deliveries>>,
+    tick: Duration,
+    last_flush_ms: u64,
+}
+
+/// What every root context of one VM shares. A configuration update (e.g. through ECDS)
+/// starts a new root context in the same VM while the old one's streams and deliveries are
+/// still under way: they must go on counting into the same tally, and the new root's timer
+/// must carry on the old one's retries.
+#[derive(Clone)]
+pub struct VmShared {
+    telemetry: Rc<RefCell<Telemetry>>,
+    deliveries: Rc<RefCell<Deliveries>>,
+}
+
+impl Default for VmShared {
+    fn default() -> Self {
+        let telemetry: Rc<RefCell<Telemetry>> = Rc::default();
+        VmShared {
+            deliveries: Rc::new(RefCell::new(Deliveries::new(telemetry.clone()))),
+            telemetry,
+        }
+    }
+}
+
+thread_local! {
+    /// One per VM: Envoy runs each VM on one thread.
+    static VM_SHARED: VmShared = VmShared::default();
+}
+
+impl VmShared {
+    /// This VM's.
+    pub fn of_this_vm() -> VmShared {
+        VM_SHARED.with(VmShared::clone)
+    }
+}
+
+impl<H: Host + Clone> Plugin<H> {
+    /// A root context with state of its own (tests).
+    pub fn new(id: u32, host: H) -> Self {
+        Plugin::with_shared(id, host, VmShared::default())
+    }
+
+    /// A root context sharing `shared` with the VM's other root contexts.
+    pub fn with_shared(id: u32, host: H, shared: VmShared) -> Self {
+        Plugin {
+            id,
+            host,
+            config: None,
+            deliveries: shared.deliveries,
+            telemetry: shared.telemetry,
+            tick: Duration::ZERO,
+            last_flush_ms: 0,
+        }
+    }
+
+    pub fn on_vm_start(&mut self) -> bool {
+        self.host.follow_log_level();
+        true
+    }
+
+    /// A configuration that does not validate is refused: Envoy does not start with it, and
+    /// on an update keeps serving the previous one.
+    pub fn on_configure(&mut self) -> bool {
+        self.host.follow_log_level();
+        let bytes = self.host.plugin_configuration().unwrap_or_default();
+        match Config::from_json(&bytes) {
+            Ok(config) => {
+                for name in config.forward.sensitive_entries() {
+                    log::warn!(
+                        "forward_headers lists \"{name}\": it is forwarded to every \
+                         subscriber"
+                    );
+                }
+                for warning in &config.warnings {
+                    log::warn!("{warning}");
+                }
+                let subscribers: usize = config.channels.iter().map(|c| c.subscribers.len()).sum();
+                log::info!(
+                    "configured {} channel(s), {} subscriber(s)",
+                    config.channels.len(),
+                    subscribers
+                );
+                if config.metrics {
+                    let mut telemetry = self.telemetry.borrow_mut();
+                    telemetry.tally.register_requests();
+                    if config.dedupe.is_some() {
+                        telemetry.tally.register_dedupe();
+                    }
+                    for subscriber in config.channels.iter().flat_map(|c| &c.subscribers) {
+                        telemetry.tally.register_subscriber(&subscriber.cluster);
+                        if subscriber.reply.is_some() {
+                            telemetry.tally.register_replies(&subscriber.cluster);
+                        }
+                    }
+                    telemetry.define_all(&self.host);
+                }
+                redelivery::prepare(&self.host, &config);
+                self.config = Some(Rc::new(config));
+                self.retune_timer();
+                true
+            }
+            Err(error) => {
+                log::error!("invalid plugin configuration: {error}");
+                false
+            }
+        }
+    }
+
+    pub fn on_tick(&mut self) {
+        let finished = self.deliveries.borrow_mut().tick(&self.host);
+        self.deliver(finished);
+        let now = self.host.now_ms();
+        if self.tick >= METRICS_FLUSH || now.saturating_sub(self.last_flush_ms) >= 1000 {
+            self.telemetry.borrow_mut().flush(&self.host);
+            self.last_flush_ms = now;
+        }
+        self.retune_timer();
+    }
+
+    /// Answers to the calls the root made (retries, async deliveries).
+    pub fn on_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
+        let finished =
+            self.deliveries
+                .borrow_mut()
+                .on_response(&self.host, token, num_headers, body_size);
+        self.deliver(finished.into_iter().collect());
+    }
+
+    /// The plugin is being retired (a newer configuration took over, or Envoy stops): hand
+    /// over what was counted since the last tick.
+    pub fn on_done(&mut self) -> bool {
+        if let Ok(mut telemetry) = self.telemetry.try_borrow_mut() {
+            telemetry.flush(&self.host);
+        }
+        true
+    }
+
+    /// A new request, with the configuration of now.
+    pub fn create_stream(&self, context_id: u32) -> Stream<H> {
+        let metrics = self.config.as_ref().is_some_and(|c| c.metrics);
+        Stream::new(
+            context_id,
+            self.host.clone(),
+            self.config.clone(),
+            Counter::new(metrics.then(|| self.telemetry.clone())),
+            self.deliveries.clone(),
+        )
+    }
+
+    /// The timer the current configuration and the deliveries in flight need.
+    fn retune_timer(&mut self) {
+        let config = self.config.as_deref();
+        let busy = self
+            .deliveries
+            .try_borrow()
+            .is_ok_and(|deliveries| deliveries.has_timed_work());
+        let wanted = if busy || config.is_some_and(|c| c.needs_timer) {
+            DELIVERY_TICK
+        } else if config.is_some_and(|c| c.metrics) {
+            METRICS_FLUSH
+        } else {
+            Duration::ZERO
+        };
+        if wanted != self.tick {
+            self.host.set_tick_period(wanted);
+            self.tick = wanted;
+        }
+    }
+
+    /// Answers the streams whose fan-outs ended during a root callback.
+    fn deliver(&self, finished: Vec<Finished>) {
+        for done in finished {
+            if let Some(stream) = done.answer_to {
+                answer_stream(&self.host, stream, self.id, &done.answer);
+            }
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! Where a delivery meets [`crate::dedupe`]'s store (Envoy's shared data, through the
+//! [`Host`]) besides the claims `recipients` makes: at configure time (the shard
+//! keys), and when a fan-out ends, sync or async, from whichever context ends it (recording
+//! who took the event, releasing the rest; also when a sync sender goes away).
+//!
+//! Cost per request with dedupe on and a key: the claim's get and set before the calls, one
+//! get and one set after (a retry per CAS conflict with another worker). Off, or without a
+//! key: no host call.
+
+use std::hash::BuildHasher;
+
+use crate::config::Config;
+use crate::dedupe::{self, shard_key, update, Event, Limits};
+use crate::fanout::FanOut;
+use crate::host::{Host, HostStore};
+use crate::metrics::Tally;
+
+/// What a request claimed, to settle when its fan-out ends: carried in the delivery's job, so
+/// that whichever context ends the fan-out (the stream, or the root context for retries and
+/// async deliveries) records it.
+pub struct Redelivery {
+    shard: u32,
+    channel: String,
+    key: Vec<u8>,
+    owner: u64,
+    /// Index in the channel and identity of each subscriber this request calls.
+    subscribers: Vec<(usize, u64)>,
+}
+
+/// At configure time: creates the shard keys, so that no request meets a missing one, and
+/// says how much memory the store may take.
+pub fn prepare<H: Host>(host: &H, config: &Config) {
+    let Some(dedupe) = &config.dedupe else {
+        return;
+    };
+    dedupe::create_shards(&HostStore(host), dedupe);
+    let channel_bytes = config.channels.iter().map(|c| c.name.len()).max();
+    let subscribers = config.channels.iter().map(|c| c.subscribers.len()).max();
+    log::info!(
+        "dedupe on {}: up to {} events for {} ms, in {} shared-data keys of at most {} \
+         bytes in all",
+        dedupe.key,
+        dedupe.max_entries,
+        dedupe.ttl_ms,
+        dedupe.shards(),
+        dedupe.max_bytes(channel_bytes.unwrap_or(0), subscribers.unwrap_or(0))
+    );
+}
+
+/// Tells this request's claims from any other's, across workers: std's random hasher keys
+/// differ per VM and per call.
+pub fn owner_id(context_id: u32, now_ms: u64) -> u64 {
+    std::collections::hash_map::RandomState::new().hash_one((context_id, now_ms))
+}
+
+impl Redelivery {
+    /// The claims a request made on `subscribers` (index in the channel, identity) of the
+    /// event `key` of `channel`, in `shard`, as `owner`.
+    pub fn new(
+        shard: u32,
+        channel: String,
+        key: Vec<u8>,
+        owner: u64,
+        subscribers: Vec<(usize, u64)>,
+    ) -> Self {
+        Redelivery {
+            shard,
+            channel,
+            key,
+            owner,
+            subscribers,
+        }
+    }
+}
+
+/// What settling did to the store, for the metrics.
+pub struct Settled {
+    entries_delta: i64,
+    store_error: bool,
+}
+
+impl Settled {
+    pub fn record(&self, tally: &mut Tally) {
+        tally.dedupe_entries(self.entries_delta);
+        if self.store_error {
+            tally.dedupe_store_error();
+        }
+    }
+}
+
+/// The fan-out ended (all calls ended, given up, or the sender went away): records the
+/// subscribers this request delivered to (2xx, or taken by their dead-letter target) and
+/// releases its claims on the others, so that a retry calls them again.
+pub fn settle<H: Host>(
+    host: &H,
+    now: u64,
+    config: &Config,
+    claimed: Redelivery,
+    fanout: &FanOut,
+    log_id: u32,
+) -> Settled {
+    let Some(dedupe) = &config.dedupe else {
+        return Settled {
+            entries_delta: 0,
+            store_error: false,
+        };
+    };
+    let outcomes: Vec<(u64, bool)> = claimed
+        .subscribers
+        .iter()
+        .map(|(index, id)| (*id, fanout.is_delivered(*index)))
+        .collect();
+    let event = Event {
+        channel: &claimed.channel,
+        key: &claimed.key,
+    };
+    let limits = Limits {
+        capacity: dedupe.capacity(claimed.shard),
+        ttl_ms: dedupe.ttl_ms,
+    };
+    let store = HostStore(host);
+    let settled = update(&store, &shard_key(claimed.shard), |s| {
+        ((), s.settle(&event, &outcomes, claimed.owner, now, limits))
+    });
+    match settled {
+        Ok(done) => Settled {
+            entries_delta: done.entries_delta,
+            store_error: false,
+        },
+        Err(_) => {
+            // The claims lapse on their own; deliveries not recorded may be repeated.
+            log::warn!("[#{log_id}] dedupe: could not record the outcome (store contended)");
+            Settled {
+                entries_delta: 0,
+                store_error: true,
+            }
+        }
+    }
+}

@@ -1,0 +1,375 @@
+//! One request, in the order Envoy calls its http context: the headers (admission), the body,
+//! the trailers, the answers to the calls made from this stream, the end of the stream, and a
+//! response coming back through the filter. The glue (`filter/`) forwards each callback here
+//! and turns the returned [`Flow`] into proxy-wasm's `Action`.
+//!
+//! Read top to bottom, a request goes: [`request::admit`] on the headers (an [`Admitted`] or
+//! the answer), the body held until end of stream, then [`Stream::fan_out`]: the event,
+//! [`recipients::choose`] (who gets it), and [`Deliveries::start`] (the calls). The answer
+//! comes back from [`Deliveries`] as a [`Finished`], and [`Stream::answer`] sends it, once.
+//!
+//! How Envoy behaves here: the body reaches a filter that paused in the headers callback only
+//! with `allow_on_headers_stop_iteration: true`; a call to a cluster Envoy does not know fails
+//! at dispatch and gets no callback; a local reply is applied after the callback returns, and
+//! a second one would hang the client, so a stream answers once and ignores what comes after.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use crate::answer::Answer;
+use crate::config::{BodyWait, Config, Mode};
+use crate::deliveries::{Deliveries, Finished, Job};
+use crate::host::Host;
+use crate::recipients::{self, Request};
+use crate::request::{admit, too_large, Admitted};
+use crate::telemetry::Counter;
+
+/// What Envoy should do with the request after a callback: what proxy-wasm calls `Action`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Let it go on to the next filter.
+    Continue,
+    /// Hold it here.
+    Pause,
+}
+
+/// Where one request is.
+enum Stage {
+    /// Nothing seen yet.
+    Headers,
+    /// Admitted; buffering the body until end of stream.
+    Body { admitted: Admitted, received: usize },
+    /// A sync fan-out in the deliveries, answered when it ends.
+    Delivering { job: u64 },
+    /// The answer is sent; whatever comes now is ignored.
+    Answered,
+}
+
+/// One request.
+pub struct Stream<H> {
+    id: u32,
+    host: H,
+    config: Option<Rc<Config>>,
+    counter: Counter,
+    deliveries: Rc<RefCell<Deliveries>>,
+    stage: Stage,
+    /// When the request's headers arrived, on the host's clock.
+    started_ms: u64,
+}
+
+impl<H: Host> Stream<H> {
+    /// A request on the context `id`, served with `config` (`None`: the plugin has no valid
+    /// configuration).
+    pub fn new(
+        id: u32,
+        host: H,
+        config: Option<Rc<Config>>,
+        counter: Counter,
+        deliveries: Rc<RefCell<Deliveries>>,
+    ) -> Self {
+        Stream {
+            id,
+            host,
+            config,
+            counter,
+            deliveries,
+            stage: Stage::Headers,
+            started_ms: 0,
+        }
+    }
+
+    pub fn on_request_headers(&mut self, end_of_stream: bool) -> Flow {
+        self.started_ms = self.host.now_ms();
+        self.count(|tally| tally.received());
+        let Some(config) = self.config.clone() else {
+            self.reject(Answer::rejected(
+                500,
+                "fanout has no valid configuration; see Envoy's log",
+            ));
+            return Flow::Pause;
+        };
+        match admit(&config, self.host.request_headers()) {
+            Err(answer) => self.reject(answer),
+            // A request without a body: its headers are all there is.
+            Ok(admitted) if end_of_stream => self.fan_out(&config, admitted, Vec::new()),
+            Ok(admitted) => {
+                self.stage = Stage::Body {
+                    admitted,
+                    received: 0,
+                };
+                if config.body_wait == BodyWait::Continue {
+                    // The headers go on to the buffer filter that must follow this one; it
+                    // keeps them from the router until the body is complete, while the body
+                    // still reaches this filter first and is held here.
+                    return Flow::Continue;
+                }
+            }
+        }
+        // Nothing goes on to the router. With `allow_on_headers_stop_iteration`, Envoy still
+        // delivers the body.
+        Flow::Pause
+    }
+
+    pub fn on_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Flow {
+        let Some(config) = self.config.clone() else {
+            return Flow::Pause;
+        };
+        let Stage::Body { received, .. } = &mut self.stage else {
+            return Flow::Pause;
+        };
+        // `body_size` is all that Envoy has buffered so far, since every call paused.
+        *received = body_size;
+        if body_size as u64 > config.max_body_bytes {
+            self.reject(too_large(config.max_body_bytes));
+            return Flow::Pause;
+        }
+        if end_of_stream {
+            self.body_complete(&config);
+        }
+        Flow::Pause
+    }
+
+    pub fn on_request_trailers(&mut self) -> Flow {
+        // Trailers end the request: the body is complete without an end_of_stream body call.
+        if let Some(config) = self.config.clone() {
+            if matches!(self.stage, Stage::Body { .. }) {
+                self.body_complete(&config);
+            }
+        }
+        Flow::Pause
+    }
+
+    /// The answer to a call this stream made.
+    pub fn on_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
+        let finished =
+            self.deliveries
+                .borrow_mut()
+                .on_response(&self.host, token, num_headers, body_size);
+        if let Some(finished) = finished {
+            self.finished(finished);
+        }
+    }
+
+    /// The stream ended (its client may have left before the answer).
+    pub fn on_done(&mut self) -> bool {
+        if let Stage::Delivering { job } = self.stage {
+            let mut deliveries = self.deliveries.borrow_mut();
+            if deliveries.contains(job) {
+                log::info!(
+                    "[#{}] the client went away before the fan-out ended; its calls are \
+                     cancelled",
+                    self.id
+                );
+                deliveries.abandon(&self.host, job);
+            }
+        }
+        true
+    }
+
+    /// The filter answers every request itself, so a response coming back through it before
+    /// that answer was made elsewhere: by the router, when `body_wait: continue` is used
+    /// without a buffer filter after this one (the router acted on the headers alone), or by
+    /// Envoy itself (a stream timeout). Either way the sender got another answer: do not fan
+    /// out after it, and say why.
+    pub fn on_response_headers(&mut self) -> Flow {
+        match self.stage {
+            Stage::Answered => {}
+            // The root context answered for this stream: the fan-out is over.
+            Stage::Delivering { job }
+                if self
+                    .deliveries
+                    .try_borrow()
+                    .is_ok_and(|deliveries| !deliveries.contains(job)) =>
+            {
+                self.stage = Stage::Answered;
+            }
+            Stage::Body { .. }
+                if self.config.as_ref().map(|c| c.body_wait) == Some(BodyWait::Continue) =>
+            {
+                log::error!(
+                    "[#{}] the request reached the router before fanout answered it: with \
+                     \"body_wait\": \"continue\" an Envoy buffer filter must follow fanout; \
+                     this request was not fanned out",
+                    self.id
+                );
+                self.count(|tally| tally.reached_router());
+                self.stage = Stage::Answered;
+            }
+            _ => {
+                log::info!(
+                    "[#{}] Envoy answered the request before fanout did (e.g. a stream timeout)",
+                    self.id
+                );
+                if let Stage::Delivering { job } = self.stage {
+                    if let Ok(mut deliveries) = self.deliveries.try_borrow_mut() {
+                        deliveries.abandon(&self.host, job);
+                    }
+                }
+                self.stage = Stage::Answered;
+            }
+        }
+        Flow::Continue
+    }
+
+    fn body_complete(&mut self, config: &Rc<Config>) {
+        if let Stage::Body { admitted, received } =
+            std::mem::replace(&mut self.stage, Stage::Headers)
+        {
+            let body = if received > 0 {
+                self.host.request_body(received)
+            } else {
+                Vec::new()
+            };
+            self.fan_out(config, admitted, body);
+        }
+    }
+
+    /// The request is complete: decide who gets the event and hand it to the deliveries.
+    /// Sync: the calls go out now, from this stream, and the answer comes when they end.
+    /// Async: 202 now, the root context delivers.
+    fn fan_out(&mut self, config: &Rc<Config>, admitted: Admitted, body: Vec<u8>) {
+        let Some(channel) = config.channel(admitted.channel) else {
+            self.reject(Answer::rejected(500, "fanout: channel index out of range"));
+            return;
+        };
+        // Parses a structured body only if a filter, `require_cloudevents` or dedupe's
+        // identity needs it; attributes `None` match only subscribers without a filter.
+        let event = match admitted.event.complete(&body) {
+            Ok(event) => event,
+            Err(answer) => {
+                self.reject(answer);
+                return;
+            }
+        };
+        let request = Request {
+            log_id: self.id,
+            started_ms: self.started_ms,
+            channel_index: admitted.channel,
+            channel,
+            event: &event,
+        };
+        let deliveries = &self.deliveries;
+        let chosen = recipients::choose(&self.host, &self.counter, config, &request, || {
+            deliveries.borrow().async_in_flight()
+        });
+        let recipients = match chosen {
+            Ok(recipients) => recipients,
+            Err(answer) => {
+                self.reject(answer);
+                return;
+            }
+        };
+        let in_progress = recipients.fanout.in_progress();
+        // Nothing to send (every subscriber skipped, or already delivered): the deliveries
+        // end the job at once.
+        let nothing_to_send = recipients.fanout.is_done();
+        let job = Job {
+            config: config.clone(),
+            fanout: recipients.fanout,
+            body,
+            forwarded: admitted.forwarded,
+            answer_to: None,
+            log_id: self.id,
+            started_ms: self.started_ms,
+            redelivery: recipients.claims,
+        };
+        match config.mode {
+            Mode::Async => {
+                let (_, finished) =
+                    self.deliveries
+                        .borrow_mut()
+                        .start(&self.host, job, nothing_to_send);
+                let answer = match finished {
+                    // Nothing to send: the verdict is already known (202, with the report
+                    // when dedupe found every subscriber had the event; 409 when another
+                    // request is delivering to the rest).
+                    Some(finished) => finished.answer,
+                    // What this request claimed is delivered in the background; the
+                    // subscribers another request is delivering to are that request's. The
+                    // sender retries, and the retry is answered from the records.
+                    None if in_progress > 0 => Answer::rejected(
+                        409,
+                        &format!(
+                            "another request is delivering this event to {in_progress} \
+                             subscriber(s); try again later"
+                        ),
+                    )
+                    .with_header("retry-after", "1".into()),
+                    None => Answer::accepted(),
+                };
+                if answer.status == 202 {
+                    self.answer(answer, false);
+                } else {
+                    self.reject(answer);
+                }
+            }
+            Mode::Sync => {
+                let job = Job {
+                    answer_to: Some(self.id),
+                    ..job
+                };
+                let (id, finished) = self.deliveries.borrow_mut().start(&self.host, job, true);
+                self.stage = Stage::Delivering { job: id };
+                if let Some(finished) = finished {
+                    self.finished(finished);
+                }
+            }
+        }
+    }
+
+    /// A fan-out ended while this stream's callback runs.
+    fn finished(&mut self, finished: Finished) {
+        match finished.answer_to {
+            Some(stream) if stream == self.id => self.answer(finished.answer, true),
+            Some(stream) => answer_stream(&self.host, stream, self.id, &finished.answer),
+            None => {}
+        }
+    }
+
+    /// Sends the answer (once), counting it unless the deliveries did.
+    fn answer(&mut self, answer: Answer, counted: bool) {
+        if matches!(self.stage, Stage::Answered) {
+            return;
+        }
+        self.host.respond(&answer);
+        self.stage = Stage::Answered;
+        if !counted {
+            self.count(|tally| tally.answered(answer.status));
+        }
+    }
+
+    /// Reject with a log line a user can act on (at debug for what is no error: OPTIONS).
+    fn reject(&mut self, answer: Answer) {
+        let level = if answer.status >= 400 {
+            log::Level::Info
+        } else {
+            log::Level::Debug
+        };
+        log::log!(
+            level,
+            "[#{}] answered {}: {}",
+            self.id,
+            answer.status,
+            String::from_utf8_lossy(&answer.body)
+        );
+        self.answer(answer, false);
+    }
+
+    fn count(&self, record: impl FnOnce(&mut crate::metrics::Tally)) {
+        self.counter.count(&self.host, record);
+    }
+}
+
+/// Answers `stream` from another context: Envoy applies host calls to the effective context.
+/// A stream that is gone (its client left) cannot be answered, and that is all.
+pub fn answer_stream<H: Host>(host: &H, stream: u32, current: u32, answer: &Answer) {
+    if host.set_effective_context(stream) {
+        host.respond(answer);
+    } else {
+        log::debug!(
+            "[#{stream}] the client left before its answer ({})",
+            answer.status
+        );
+    }
+    host.set_effective_context(current);
+}
