@@ -28,8 +28,8 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 use serde::de::IgnoredAny;
 
 use crate::answer::sanitize;
+use crate::call::{Failure, Leg, BODY_PEEK_BYTES};
 use crate::cloudevents::{media_type, STRUCTURED_JSON};
-use crate::fanout::{Failure, Leg, BODY_PEEK_BYTES};
 
 /// Headers on a dead letter: which subscriber failed, how, and the start of its answer.
 pub const DEAD_LETTER_CLUSTER: &str = "x-fanout-failed-cluster";

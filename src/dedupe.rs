@@ -41,18 +41,10 @@
 //! See [`DedupeConfig::max_bytes`]: `max_entries × (14 + channel + key + 25 × subscribers)`
 //! bytes of values, plus Envoy's per-key overhead for `shards` keys.
 
-use crate::config::Channel;
+use crate::config::{DedupeConfig, MAX_KEY_BYTES, SHARD_CAPACITY};
 
 /// Prefix of the shard keys in Envoy's shared data.
 pub const SHARD_PREFIX: &str = "fanout.dedupe.slot.";
-/// Events per shard at most: bounds the bytes copied per store access.
-pub const SHARD_CAPACITY: u32 = 32;
-/// Event keys longer than this are not deduplicated (fanned out as if they had no key).
-pub const MAX_KEY_BYTES: usize = 256;
-/// The largest `max_entries` accepted.
-pub const MAX_ENTRIES_LIMIT: u32 = 1_000_000;
-/// The longest `ttl_ms` accepted: 7 days.
-pub const MAX_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
 /// Get/set rounds before a store update gives up (only contention makes it retry).
 pub const MAX_ATTEMPTS: u32 = 32;
 /// How long a claim outlives its call's timeout, for a request that never settles it.
@@ -62,36 +54,6 @@ pub const CLAIM_MARGIN_MS: u64 = 5_000;
 const FORMAT: u8 = 1;
 const TAG_DELIVERED: u8 = 1;
 const TAG_CLAIMED: u8 = 2;
-
-/// The validated `dedupe` configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DedupeConfig {
-    /// What names an event.
-    pub key: Identity,
-    pub ttl_ms: u64,
-    pub max_entries: u32,
-}
-
-/// What names an event for `dedupe`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Identity {
-    /// The CloudEvent's `source` and `id` together, which the CloudEvents spec makes unique
-    /// (and Knative's data-plane spec requires for duplicate detection): `ce-source` and `ce-id`
-    /// in binary mode, the members `source` and `id` of a structured body. The default.
-    CloudEvent,
-    /// The value of this request header (lower case): `key` in the configuration, for
-    /// traffic that is not CloudEvents.
-    Header(String),
-}
-
-impl std::fmt::Display for Identity {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Identity::CloudEvent => f.write_str("the CloudEvents identity (source, id)"),
-            Identity::Header(name) => write!(f, "header {name}"),
-        }
-    }
-}
 
 /// The store key of a CloudEvent: its `source` and `id`, the source's length first
 /// (`<length>:<source><id>`), so that two different pairs never make the same key (`("/a",
@@ -114,87 +76,8 @@ pub fn header_key(value: &[u8]) -> Option<Vec<u8>> {
     (!value.is_empty() && value.len() <= MAX_KEY_BYTES).then(|| value.to_vec())
 }
 
-impl DedupeConfig {
-    pub fn shards(&self) -> u32 {
-        self.max_entries.div_ceil(SHARD_CAPACITY).max(1)
-    }
-
-    /// How many events shard `shard` may hold; the shards' capacities add up to
-    /// `max_entries`, and none is 0.
-    pub fn capacity(&self, shard: u32) -> usize {
-        let shards = self.shards();
-        let base = self.max_entries / shards;
-        let extra = u32::from(shard < self.max_entries % shards);
-        (base + extra) as usize
-    }
-
-    /// The shard an event belongs to. FNV-1a: the same on every worker and every run.
-    pub fn shard_of(&self, channel: &str, key: &[u8]) -> u32 {
-        let mut h = Fnv::new();
-        h.write(channel.as_bytes());
-        h.write(&[0]);
-        h.write(key);
-        (h.finish() % u64::from(self.shards())) as u32
-    }
-
-    /// Upper bound of the bytes of all shard values, for events of channels named with at
-    /// most `channel_bytes` bytes and with at most `subscribers` subscribers: per event 14
-    /// bytes of framing, the channel name, the key (at most [`MAX_KEY_BYTES`]) and 25 bytes per
-    /// subscriber (a claim; a delivery takes 17).
-    pub fn max_bytes(&self, channel_bytes: usize, subscribers: usize) -> u64 {
-        let entry = 8 + 2 + channel_bytes + 2 + MAX_KEY_BYTES + 2 + 25 * subscribers;
-        let framing = 5 * u64::from(self.shards());
-        u64::from(self.max_entries) * entry as u64 + framing
-    }
-}
-
 pub fn shard_key(shard: u32) -> String {
     format!("{SHARD_PREFIX}{shard}")
-}
-
-/// 64-bit FNV-1a: stable across processes, unlike std's randomly keyed hasher.
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// Stable identities of a channel's subscribers, in order: a hash of what makes a delivery
-/// target (cluster, authority, path, its own headers), so that records survive a
-/// configuration update that reorders or adds subscribers. Two identical subscribers get
-/// different identities (the second hashes its occurrence too).
-pub fn subscriber_ids(channel: &Channel) -> Vec<u64> {
-    let mut ids: Vec<u64> = Vec::with_capacity(channel.subscribers.len());
-    for sub in &channel.subscribers {
-        let mut h = Fnv::new();
-        for (name, value) in &sub.call_headers {
-            h.write(name.as_bytes());
-            h.write(&[0]);
-            h.write(value.as_bytes());
-            h.write(&[0]);
-        }
-        h.write(sub.cluster.as_bytes());
-        let mut id = h.finish();
-        let mut occurrence = 0u8;
-        while ids.contains(&id) {
-            occurrence = occurrence.wrapping_add(1);
-            h.write(&[occurrence]);
-            id = h.finish();
-        }
-        ids.push(id);
-    }
-    ids
 }
 
 /// One event as the store knows it.
@@ -609,6 +492,7 @@ pub fn create_shards<S: SharedStore + ?Sized>(store: &S, config: &DedupeConfig) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Identity;
     use std::cell::{Cell, RefCell};
     use std::collections::HashMap;
     #[cfg(target_arch = "wasm32")]
@@ -823,52 +707,6 @@ mod tests {
         }
         let keys: Vec<&[u8]> = shard.entries.iter().map(|e| e.key.as_slice()).collect();
         assert_eq!(keys, [b"e6", b"e7", b"e8", b"e9"]);
-    }
-
-    #[test]
-    fn shards_add_up_to_max_entries() {
-        for max_entries in [1, 31, 32, 33, 100, 1000, 100_000, MAX_ENTRIES_LIMIT] {
-            let config = DedupeConfig {
-                key: Identity::CloudEvent,
-                ttl_ms: 1,
-                max_entries,
-            };
-            let total: usize = (0..config.shards()).map(|s| config.capacity(s)).sum();
-            assert_eq!(total, max_entries as usize);
-            assert!((0..config.shards()).all(|s| (1..=32).contains(&config.capacity(s))));
-        }
-        let config = DedupeConfig {
-            key: Identity::CloudEvent,
-            ttl_ms: 1,
-            max_entries: 100_000,
-        };
-        assert_eq!(config.shards(), 3125);
-        // 100 000 events, channel names up to 32 bytes, 5 subscribers: about 42 MB at most.
-        assert_eq!(
-            config.max_bytes(32, 5),
-            100_000 * (8 + 2 + 32 + 2 + 256 + 2 + 125) + 5 * 3125
-        );
-        // The shard is a pure function of (channel, key).
-        assert_eq!(config.shard_of("a", b"k"), config.shard_of("a", b"k"));
-        assert_ne!(config.shard_of("a", b"k1"), config.shard_of("a", b"k2"));
-    }
-
-    #[test]
-    fn subscriber_ids_are_stable_and_distinct() {
-        let config = crate::config::Config::from_json(
-            br#"{"channels": [
-                {"name": "a", "hosts": ["a"], "subscribers": [{"cluster": "x"}, {"cluster": "y"}, {"cluster": "x"}]},
-                {"name": "b", "hosts": ["b"], "subscribers": [{"cluster": "y"}, {"cluster": "x", "path": "/p"}]}
-            ]}"#,
-        )
-        .unwrap();
-        let a = subscriber_ids(&config.channels[0]);
-        let b = subscriber_ids(&config.channels[1]);
-        assert_eq!(a.len(), 3);
-        assert!(a[0] != a[1] && a[0] != a[2] && a[1] != a[2]);
-        // Reordered, a subscriber keeps its identity; a different path is another target.
-        assert_eq!(a[1], b[0]);
-        assert_ne!(a[0], b[1]);
     }
 
     #[test]

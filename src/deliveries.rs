@@ -16,11 +16,10 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use crate::answer::Answer;
+use crate::call::{classify, is_success, Failure, Leg, BODY_PEEK_BYTES};
 use crate::config::{Channel, Config, Mode};
 use crate::delivery::{honours_retry_after, parse_retry_after};
-use crate::fanout::{
-    classify, is_success, CallEnd, Failure, FanOut, Leg, ReplyEvent, BODY_PEEK_BYTES,
-};
+use crate::fanout::{CallEnd, FanOut, ReplyEvent};
 use crate::host::Host;
 use crate::redelivery::{self, Redelivery};
 use crate::reply::{self, Answered, PREFER_REPLY};

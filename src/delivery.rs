@@ -14,7 +14,7 @@
 
 use serde::Deserialize;
 
-use crate::fanout::Failure;
+use crate::call::Failure;
 
 /// How the delay grows with each retry.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

@@ -12,6 +12,7 @@
 //! The `filter` module is the thin proxy-wasm layer on top.
 
 pub mod answer;
+pub mod call;
 pub mod cloudevents;
 pub mod config;
 pub mod dead_letter;

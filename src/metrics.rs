@@ -35,7 +35,7 @@
 
 use std::collections::HashMap;
 
-use crate::fanout::Failure;
+use crate::call::Failure;
 
 /// Samples per histogram at which the root context flushes at once instead of at its next
 /// tick (see [`Tally::wants_flush`]).

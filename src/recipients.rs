@@ -14,9 +14,7 @@
 
 use crate::answer::Answer;
 use crate::config::{Channel, Config, Mode, ReportDetail};
-use crate::dedupe::{
-    shard_key, subscriber_ids, update, Event as StoredEvent, Limits, Seen, CLAIM_MARGIN_MS,
-};
+use crate::dedupe::{shard_key, update, Event as StoredEvent, Limits, Seen, CLAIM_MARGIN_MS};
 use crate::fanout::FanOut;
 use crate::host::{Host, HostStore};
 use crate::redelivery::{owner_id, Redelivery};
@@ -103,16 +101,13 @@ fn claim<H: Host>(
     if wanted.is_empty() {
         return None;
     }
-    let all_ids = subscriber_ids(channel);
     // The request's start, read when its headers came: no clock read of its own.
     let now = request.started_ms;
     let mut ids = Vec::with_capacity(wanted.len());
     let mut until = Vec::with_capacity(wanted.len());
     for &index in wanted {
-        let (Some(id), Some(sub)) = (all_ids.get(index), channel.subscribers.get(index)) else {
-            return None;
-        };
-        ids.push(*id);
+        let sub = channel.subscribers.get(index)?;
+        ids.push(sub.dedupe_id);
         // Retries, a dead letter and a reply all happen under the claim.
         until.push(
             now.saturating_add(sub.worst_case_ms())

@@ -10,12 +10,12 @@
 //!   else is discarded, as Knative's dispatcher discards what does not decode as an event: the
 //!   delivery is done. A 2xx with neither a body nor `ce-*` headers is simply done.
 //! - A reply larger than `max_body_bytes` is not passed on cut short: it is a failed reply
-//!   ([`crate::fanout::Failure::TooLarge`]).
+//!   ([`crate::call::Failure::TooLarge`]).
 //!
 //! It knows nothing of proxy-wasm; the glue reads an answer's headers and body only when
 //! these functions say it must.
 
-use crate::fanout::{is_success, Failure};
+use crate::call::{is_success, Failure};
 
 /// The `prefer` header of a call to a subscriber with a reply target.
 pub const PREFER_REPLY: (&str, &str) = ("prefer", "reply");

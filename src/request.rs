@@ -9,8 +9,9 @@
 
 use crate::answer::Answer;
 use crate::cloudevents::{self, percent_decode, Attributes, EventError, Mode};
+use crate::config::Identity;
 use crate::config::{Config, OPTIONS};
-use crate::dedupe::{self, Identity};
+use crate::dedupe::{self};
 use crate::headers;
 
 /// A request that passed admission: the body still decides (it may turn out too large).
@@ -256,7 +257,7 @@ fn find<'h>(headers: &'h [(String, Vec<u8>)], name: &str) -> Option<&'h [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dedupe::MAX_KEY_BYTES;
+    use crate::config::MAX_KEY_BYTES;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -29,10 +29,8 @@ use std::collections::BTreeSet;
 use arbitrary::{Arbitrary, Unstructured};
 use fanout::answer::FAILED_HEADER;
 use fanout::config::{Channel, Config};
-use fanout::fanout::{
-    classify, CallEnd, Failure, FanOut, ReplyEvent, BODY_PEEK_BYTES, DEAD_LETTERED_HEADER,
-    DETAIL_BYTES,
-};
+use fanout::fanout::{CallEnd, FanOut, ReplyEvent, DEAD_LETTERED_HEADER};
+use fanout::call::{classify, Failure, BODY_PEEK_BYTES, DETAIL_BYTES};
 use fanout::headers::{is_token_byte, is_valid_value};
 use fanout::metrics::Tally;
 use libfuzzer_sys::fuzz_target;

@@ -17,13 +17,18 @@ use serde::Deserialize;
 use serde_json::error::Category;
 
 use crate::cloudevents::Attributes;
-use crate::dedupe::{DedupeConfig, Identity, MAX_ENTRIES_LIMIT, MAX_TTL_MS};
 use crate::delivery::{
     BackoffPolicy, RetryPolicy, DEFAULT_BACKOFF_DELAY_MS, DEFAULT_BACKOFF_MAX_MS, MAX_RETRY,
 };
 use crate::filters::{self, Filter};
 use crate::headers::{self, HeaderSelector};
 use crate::routing::Router;
+
+mod dedupe;
+pub use dedupe::{
+    DedupeConfig, Identity, DEFAULT_DEDUPE_MAX_ENTRIES, DEFAULT_DEDUPE_TTL_MS, MAX_ENTRIES_LIMIT,
+    MAX_KEY_BYTES, MAX_TTL_MS, SHARD_CAPACITY,
+};
 
 /// Per-call timeout when neither the subscriber nor the top level sets one.
 pub const DEFAULT_TIMEOUT_MS: u32 = 60_000;
@@ -289,6 +294,8 @@ pub struct Subscriber {
     pub reply: Option<Target>,
     /// Which events it wants; `None`: every request, CloudEvent or not.
     pub filter: Option<Filter>,
+    /// Its identity in `dedupe`'s records (see [`dedupe::subscriber_ids`]).
+    pub dedupe_id: u64,
 }
 
 /// A dead-letter or reply target.
@@ -498,6 +505,10 @@ impl RawConfig {
                     &defaults,
                 )?);
             }
+            let ids = dedupe::subscriber_ids(&subscribers);
+            for (sub, id) in subscribers.iter_mut().zip(ids) {
+                sub.dedupe_id = id;
+            }
             let filtered = subscribers.iter().any(|s| s.filter.is_some());
             channels.push(Channel {
                 name,
@@ -546,50 +557,6 @@ impl RawConfig {
             warnings,
             dedupe: self.dedupe.map(RawDedupe::validate).transpose()?,
             require_cloudevents: self.require_cloudevents.unwrap_or(false),
-        })
-    }
-}
-
-/// Defaults of `dedupe` (without `key`, events are named by their CloudEvents identity).
-pub const DEFAULT_DEDUPE_TTL_MS: u64 = 600_000;
-pub const DEFAULT_DEDUPE_MAX_ENTRIES: u32 = 100_000;
-
-impl RawDedupe {
-    fn validate(self) -> Result<DedupeConfig, ConfigError> {
-        let key = match self.key {
-            None => Identity::CloudEvent,
-            Some(name) => {
-                let name = name.to_ascii_lowercase();
-                if name.is_empty() || !name.bytes().all(headers::is_token_byte) {
-                    return Err(ConfigError::new(
-                        "dedupe.key",
-                        format!(
-                            "\"{name}\" is not a header name, e.g. \"x-event-id\" (leave `key` out \
-                             to name events by their CloudEvents source and id)"
-                        ),
-                    ));
-                }
-                Identity::Header(name)
-            }
-        };
-        let ttl_ms = self.ttl_ms.unwrap_or(DEFAULT_DEDUPE_TTL_MS);
-        if !(1..=MAX_TTL_MS).contains(&ttl_ms) {
-            return Err(ConfigError::new(
-                "dedupe.ttl_ms",
-                format!("must be from 1 to {MAX_TTL_MS} (7 days), got {ttl_ms}"),
-            ));
-        }
-        let max_entries = self.max_entries.unwrap_or(DEFAULT_DEDUPE_MAX_ENTRIES);
-        if !(1..=MAX_ENTRIES_LIMIT).contains(&max_entries) {
-            return Err(ConfigError::new(
-                "dedupe.max_entries",
-                format!("must be from 1 to {MAX_ENTRIES_LIMIT}, got {max_entries}"),
-            ));
-        }
-        Ok(DedupeConfig {
-            key,
-            ttl_ms,
-            max_entries,
         })
     }
 }
@@ -715,6 +682,8 @@ impl RawSubscriber {
             dead_letter,
             reply,
             filter,
+            // Set with its channel's others (an identity depends on its duplicates).
+            dedupe_id: 0,
         })
     }
 }
@@ -1169,7 +1138,7 @@ mod tests {
     /// The example of the README's "Subscription filters" section, as it is printed there.
     #[test]
     fn readme_filter_example_is_accepted_and_means_what_it_says() {
-        let readme = include_str!("../README.md");
+        let readme = include_str!("../../README.md");
         let section = &readme[readme.find("## Subscription filters").unwrap()..];
         let start = section.find("```json\n").unwrap() + "```json\n".len();
         let example = &section[start..start + section[start..].find("```").unwrap()];
