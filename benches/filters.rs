@@ -9,7 +9,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use fanout::cloudevents::{self, Mode};
+use fanout::cloudevents::{self, ContentMode};
 use fanout::config::{Channel, Config};
 use fanout::request::PendingEvent;
 
@@ -59,7 +59,7 @@ fn main() {
 /// What the filter does at end of stream for a structured event of a filtered channel.
 fn filter_structured(channel: &Channel, body: &[u8]) -> usize {
     let pending = PendingEvent {
-        mode: Some(Mode::Structured),
+        mode: Some(ContentMode::Structured),
         strict: true,
         ..PendingEvent::default()
     };

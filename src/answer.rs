@@ -1,7 +1,7 @@
 //! What the filter answers the sender with: 202, the 500 failure report, or a rejection
 //! (400/404/405/413) that says what was wrong with the request.
 //!
-//! Answers are plain data; the glue hands them to Envoy as a local reply.
+//! Answers are plain data; the stream hands them to Envoy as a local reply.
 
 use serde::Serialize;
 

@@ -13,7 +13,7 @@
 //!   cannot be filtered: [`EventError::Unsupported`].
 //!
 //! The headers decide the mode ([`read_headers`]); the body is parsed only for structured mode
-//! and only when asked ([`Mode::attributes`]), once the body is complete.
+//! and only when asked ([`ContentMode::attributes`]), once the body is complete.
 //!
 //! Reading does not validate: a missing attribute simply matches no filter that names it.
 //! Validation (the required attributes, `specversion`) is asked for separately, for
@@ -78,7 +78,7 @@ impl<const N: usize> From<[(&str, &str); N]> for Attributes {
 
 /// How a request carries its event, as its headers tell.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Mode {
+pub enum ContentMode {
     /// Neither `ce-type` nor a CloudEvents content type: not a CloudEvent.
     NotCloudEvent,
     /// Binary mode: the attributes were in the headers, already decoded.
@@ -108,11 +108,11 @@ impl fmt::Display for EventError {
 
 /// The mode of a request, from its headers (lower-case names, as Envoy gives them). Binary
 /// attributes are decoded here; nothing is read for other modes.
-pub fn read_headers(headers: &[(String, Vec<u8>)]) -> Result<Mode, EventError> {
+pub fn read_headers(headers: &[(String, Vec<u8>)]) -> Result<ContentMode, EventError> {
     let content_type = header(headers, "content-type");
     if let Some(media_type) = content_type.map(media_type) {
         if media_type == STRUCTURED_JSON {
-            return Ok(Mode::Structured);
+            return Ok(ContentMode::Structured);
         }
         if media_type.starts_with("application/cloudevents-batch") {
             return Err(EventError::Unsupported(format!(
@@ -128,7 +128,7 @@ pub fn read_headers(headers: &[(String, Vec<u8>)]) -> Result<Mode, EventError> {
         }
     }
     if !headers.iter().any(|(name, _)| name == "ce-type") {
-        return Ok(Mode::NotCloudEvent);
+        return Ok(ContentMode::NotCloudEvent);
     }
     let mut attributes = Attributes::default();
     for (name, value) in headers {
@@ -152,17 +152,17 @@ pub fn read_headers(headers: &[(String, Vec<u8>)]) -> Result<Mode, EventError> {
             attributes.insert("datacontenttype".to_string(), value.to_string());
         }
     }
-    Ok(Mode::Binary(attributes))
+    Ok(ContentMode::Binary(attributes))
 }
 
-impl Mode {
+impl ContentMode {
     /// The event's attributes once the body is complete: `None` for a request that is not a
     /// CloudEvent. Parses the body in structured mode only.
     pub fn attributes(self, body: &[u8]) -> Result<Option<Attributes>, EventError> {
         match self {
-            Mode::NotCloudEvent => Ok(None),
-            Mode::Binary(attributes) => Ok(Some(attributes)),
-            Mode::Structured => parse_structured(body).map(Some),
+            ContentMode::NotCloudEvent => Ok(None),
+            ContentMode::Binary(attributes) => Ok(Some(attributes)),
+            ContentMode::Structured => parse_structured(body).map(Some),
         }
     }
 }
@@ -492,7 +492,7 @@ mod tests {
 
     fn binary(pairs: &[(&str, &str)]) -> Attributes {
         match read_headers(&headers(pairs)) {
-            Ok(Mode::Binary(attributes)) => attributes,
+            Ok(ContentMode::Binary(attributes)) => attributes,
             other => panic!("not binary mode: {other:?}"),
         }
     }
@@ -579,7 +579,7 @@ mod tests {
         for pairs in cases {
             assert_eq!(
                 read_headers(&headers(pairs)),
-                Ok(Mode::NotCloudEvent),
+                Ok(ContentMode::NotCloudEvent),
                 "{pairs:?}"
             );
         }
@@ -588,10 +588,13 @@ mod tests {
     #[test]
     fn content_type_decides_structured_and_batched() {
         let mode = |ct: &str| read_headers(&headers(&[("content-type", ct), ("ce-type", "t")]));
-        assert_eq!(mode("application/cloudevents+json"), Ok(Mode::Structured));
+        assert_eq!(
+            mode("application/cloudevents+json"),
+            Ok(ContentMode::Structured)
+        );
         assert_eq!(
             mode("Application/CloudEvents+JSON; charset=UTF-8"),
-            Ok(Mode::Structured)
+            Ok(ContentMode::Structured)
         );
         let batch = mode("application/cloudevents-batch+json").unwrap_err();
         assert!(
@@ -603,7 +606,10 @@ mod tests {
             Err(EventError::Unsupported(_))
         ));
         // Any other content type with ce-type is binary mode.
-        assert!(matches!(mode("application/json"), Ok(Mode::Binary(_))));
+        assert!(matches!(
+            mode("application/json"),
+            Ok(ContentMode::Binary(_))
+        ));
     }
 
     #[test]
@@ -732,16 +738,19 @@ mod tests {
 
     #[test]
     fn attributes_are_read_from_the_body_only_in_structured_mode() {
-        assert_eq!(Mode::NotCloudEvent.attributes(b"{not json"), Ok(None));
+        assert_eq!(
+            ContentMode::NotCloudEvent.attributes(b"{not json"),
+            Ok(None)
+        );
         let binary = Attributes::from([("type", "t")]);
         assert_eq!(
-            Mode::Binary(binary.clone()).attributes(b"{not json"),
+            ContentMode::Binary(binary.clone()).attributes(b"{not json"),
             Ok(Some(binary))
         );
         assert_eq!(
-            Mode::Structured.attributes(br#"{"type": "t", "data": 1}"#),
+            ContentMode::Structured.attributes(br#"{"type": "t", "data": 1}"#),
             Ok(Some(Attributes::from([("type", "t")])))
         );
-        assert!(Mode::Structured.attributes(b"{not json").is_err());
+        assert!(ContentMode::Structured.attributes(b"{not json").is_err());
     }
 }

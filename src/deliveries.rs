@@ -17,12 +17,12 @@ use std::rc::Rc;
 
 use crate::answer::Answer;
 use crate::call::{classify, is_success, Failure, Leg, BODY_PEEK_BYTES};
-use crate::config::{Channel, Config, Mode};
-use crate::delivery::{honours_retry_after, parse_retry_after};
+use crate::config::{AnswerMode, Channel, Config};
 use crate::fanout::{CallEnd, FanOut, ReplyEvent};
 use crate::host::Host;
 use crate::redelivery::{self, Redelivery};
 use crate::reply::{self, Answered, PREFER_REPLY};
+use crate::retry::{honours_retry_after, parse_retry_after};
 use crate::telemetry::Telemetry;
 
 /// The host's clock, read at most once per callback and only if something needs the time:
@@ -119,7 +119,7 @@ impl Deliveries {
     pub fn async_in_flight(&self) -> usize {
         self.jobs
             .values()
-            .filter(|job| job.config.mode == Mode::Async)
+            .filter(|job| job.config.mode == AnswerMode::Async)
             .count()
     }
 
@@ -152,7 +152,7 @@ impl Deliveries {
     /// claims are settled: what was delivered so far is recorded, the rest released.
     pub fn abandon<H: Host>(&mut self, host: &H, id: u64) {
         if let Some(job) = self.jobs.get(&id) {
-            if job.config.mode == Mode::Async {
+            if job.config.mode == AnswerMode::Async {
                 return;
             }
         }
@@ -412,7 +412,7 @@ impl Deliveries {
             0
         };
         match job.config.mode {
-            Mode::Sync => {
+            AnswerMode::Sync => {
                 if answer.status != 202 {
                     log::info!(
                         "[#{}] channel {}: answered {}: {} of {} subscriber(s) failed, {} skipped",
@@ -430,7 +430,7 @@ impl Deliveries {
                     tally.fanout_ended(Some(duration));
                 });
             }
-            Mode::Async => {
+            AnswerMode::Async => {
                 if answer.status == 500 {
                     // The sender already has its 202: this is the only trace of the loss.
                     log::warn!(

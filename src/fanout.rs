@@ -1,8 +1,8 @@
 //! The state of one fan-out: one call per subscriber, each pending until it ends, and the
 //! verdict once all have ended.
 //!
-//! It knows nothing of who performs the calls (the stream's context today; the root context
-//! once deliveries outlive a request) nor of proxy-wasm: the glue reports what happened to
+//! It knows nothing of who performs the calls (the stream's context, or the root context for
+//! retries and async deliveries) nor of proxy-wasm: `deliveries` reports what happened to
 //! each call (dispatched with a token, refused at dispatch, answered) and asks for the
 //! verdict when [`FanOut::is_done`]. Tokens it does not know, or knows as already ended, are
 //! ignored, so a late or duplicate callback cannot change an answer.
@@ -13,9 +13,9 @@ use crate::answer::{sanitize, Answer, ALREADY_DELIVERED_HEADER, FAILED_HEADER};
 use crate::call::{Failure, Leg, DETAIL_BYTES};
 use crate::config::Channel;
 use crate::dead_letter::{Cause, DeadLetter};
-use crate::delivery::is_retryable;
+use crate::retry::is_retryable;
 
-/// A call the glue should make now.
+/// A call to make now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Send {
     pub index: usize,
@@ -30,13 +30,13 @@ pub struct ReplyEvent {
     pub body: Vec<u8>,
 }
 
-/// How a call ended, as the glue saw it.
+/// How a call ended, as the deliveries saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallEnd {
     pub result: Result<(), Failure>,
     /// How long the answer's `retry-after` asks to wait, in ms.
     pub retry_after_ms: Option<u64>,
-    /// The start of a failed answer's body (at most [`BODY_PEEK_BYTES`]), for the dead
+    /// The start of a failed answer's body (at most [`crate::call::BODY_PEEK_BYTES`]), for the dead
     /// letter's `knativeerrordata`.
     pub body: Vec<u8>,
     /// A 2xx answer that is a reply event, when the subscriber has a reply target (see
@@ -82,7 +82,7 @@ struct LegFailure {
 enum CallState {
     /// To be sent now.
     Ready,
-    /// Handed to the glue by [`FanOut::take_ready`]; it reports `dispatched` or
+    /// Handed out by [`FanOut::take_ready`]; it reports `dispatched` or
     /// `dispatch_failed`.
     Sending,
     Pending {
@@ -262,7 +262,7 @@ impl FanOut {
     }
 
     /// The calls to make now: every subscriber ready to be sent something, and every retry
-    /// whose wait is over at `now_ms`. The glue reports each back with
+    /// whose wait is over at `now_ms`. The caller reports each back with
     /// [`FanOut::dispatched`] or [`FanOut::dispatch_failed`].
     pub fn take_ready(&mut self, now_ms: u64) -> Vec<Send> {
         let mut sends = Vec::new();
@@ -348,7 +348,7 @@ impl FanOut {
             .and_then(|index| self.leg_at(index, token).map(|leg| (index, leg)))
     }
 
-    /// The leg subscriber `index` is waiting on with `token`, if it is: the glue remembers
+    /// The leg subscriber `index` is waiting on with `token`, if it is: the deliveries remember
     /// which subscriber a token went to, so a large fan-out need not search.
     pub fn leg_at(&self, index: usize, token: u32) -> Option<Leg> {
         self.calls
@@ -371,7 +371,7 @@ impl FanOut {
         self.completed_at(index, token, end, now_ms, channel)
     }
 
-    /// [`FanOut::completed`] for a token the glue knows belongs to subscriber `index`.
+    /// [`FanOut::completed`] for a token the caller knows belongs to subscriber `index`.
     pub fn completed_at(
         &mut self,
         index: usize,

@@ -2,36 +2,44 @@
 //! subscriber of a channel and answers 202 when all of them took it, 500 with a report when
 //! any did not.
 //!
-//! The fan-out logic is plain Rust with no proxy-wasm in it, tested natively and inside
-//! wasm32: [`config`] (the JSON contract), [`routing`] (channel by host), [`headers`] (what is
-//! forwarded), [`request`] (admission), [`fanout`] (one request's calls and verdict),
-//! [`answer`] and [`metrics`]; [`delivery`] (retries), [`reply`] (which answers are reply
-//! events) and [`dead_letter`] (what a dead letter carries) serve delivery; subscription
-//! filters are [`cloudevents`] (an event's attributes) and [`filters`] (the matcher);
-//! [`dedupe`] is redelivery without duplicates.
-//! The `filter` module is the thin proxy-wasm layer on top.
+//! Everything but [`filter`] is plain Rust without proxy-wasm, built and tested natively and
+//! inside wasm32 (`--no-default-features`): values at the bottom, the policies over them, the
+//! configuration, the per-request state, the [`host::Host`] seam, and on top the
+//! orchestration ([`plugin`], [`stream`], [`recipients`], [`deliveries`]) that Envoy's
+//! callbacks drive. [`filter`] is the proxy-wasm adapter: it forwards each callback to the
+//! orchestration and performs host calls for it. docs/design.md has the module map and one
+//! request's walk through it; README.md is the user contract.
 
+// Values: an answer, one call, an event's attributes, header rules, channel routing.
 pub mod answer;
 pub mod call;
 pub mod cloudevents;
-pub mod config;
-pub mod dead_letter;
-pub mod dedupe;
-pub mod deliveries;
-pub mod delivery;
-pub mod fanout;
-pub mod filters;
 pub mod headers;
-pub mod host;
+pub mod routing;
+// Policies over them: retries, replies, dead letters, subscription filters.
+pub mod dead_letter;
+pub mod event_filter;
+pub mod reply;
+pub mod retry;
+// The configuration, validated into what a request needs.
+pub mod config;
+// Per-request state, pure: admission, the fan-out state and its verdict, dedupe's records,
+// the counts.
+pub mod dedupe;
+pub mod fanout;
 pub mod metrics;
+pub mod request;
+// The seam to Envoy, and what goes through it: the stats.
+pub mod host;
+pub mod telemetry;
+// The orchestration, generic over the host: the plugin, one request, who gets its event,
+// the deliveries in flight, dedupe's claims settled.
+pub mod deliveries;
 pub mod plugin;
 pub mod recipients;
 pub mod redelivery;
-pub mod reply;
-pub mod request;
-pub mod routing;
 pub mod stream;
-pub mod telemetry;
+
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! costs one get. Off, or without a key: no host call.
 
 use crate::answer::Answer;
-use crate::config::{Channel, Config, Mode, ReportDetail};
+use crate::config::{AnswerMode, Channel, Config, ReportDetail};
 use crate::dedupe::{shard_key, update, Event as StoredEvent, Limits, Seen, CLAIM_MARGIN_MS};
 use crate::fanout::FanOut;
 use crate::host::{Host, HostStore};
@@ -65,7 +65,7 @@ pub fn choose<H: Host>(
         }
     }
     // Before anything is claimed: a refused request must leave no claim behind.
-    if config.mode == Mode::Async {
+    if config.mode == AnswerMode::Async {
         let in_flight = async_in_flight();
         if in_flight >= config.max_in_flight {
             let message = format!(

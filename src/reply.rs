@@ -12,7 +12,7 @@
 //! - A reply larger than `max_body_bytes` is not passed on cut short: it is a failed reply
 //!   ([`crate::call::Failure::TooLarge`]).
 //!
-//! It knows nothing of proxy-wasm; the glue reads an answer's headers and body only when
+//! It knows nothing of proxy-wasm; `deliveries` reads an answer's headers and body only when
 //! these functions say it must.
 
 use crate::call::{is_success, Failure};

@@ -8,7 +8,7 @@
 //! 400), then header values (400). Nothing here calls a subscriber.
 
 use crate::answer::Answer;
-use crate::cloudevents::{self, percent_decode, Attributes, EventError, Mode};
+use crate::cloudevents::{self, percent_decode, Attributes, ContentMode, EventError};
 use crate::config::Identity;
 use crate::config::{Config, OPTIONS};
 use crate::dedupe::{self};
@@ -31,7 +31,7 @@ pub struct Admitted {
 pub struct PendingEvent {
     /// How the request carries its CloudEvent (binary attributes already decoded); `None`:
     /// nobody looks at it.
-    pub mode: Option<Mode>,
+    pub mode: Option<ContentMode>,
     /// A structured body that does not parse is rejected (400): a filter or
     /// `require_cloudevents` needs it. When only dedupe reads it, such a request has no
     /// identity and is fanned out to everyone.
@@ -116,7 +116,7 @@ pub fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitte
     let mode = if filtered {
         Some(cloudevents::read_headers(&headers).map_err(|e| event_rejection(&e))?)
     } else if structured && (config.require_cloudevents || key == EventKey::InBody) {
-        Some(Mode::Structured)
+        Some(ContentMode::Structured)
     } else {
         None
     };
@@ -208,9 +208,9 @@ impl PendingEvent {
             EventKey::None | EventKey::InBody => None,
         };
         let attributes = match self.mode {
-            None | Some(Mode::NotCloudEvent) => None,
-            Some(Mode::Binary(attributes)) => Some(attributes),
-            Some(Mode::Structured) => match cloudevents::parse_structured_event(body) {
+            None | Some(ContentMode::NotCloudEvent) => None,
+            Some(ContentMode::Binary(attributes)) => Some(attributes),
+            Some(ContentMode::Structured) => match cloudevents::parse_structured_event(body) {
                 Ok(event) => {
                     if self.validate {
                         event.validate().map_err(|e| Answer::rejected(400, &e))?;
@@ -393,17 +393,17 @@ mod tests {
         let binary = request("f", &[("ce-type", "t%21"), ("ce-id", "1")]).unwrap();
         assert_eq!(
             binary.event.mode,
-            Some(Mode::Binary(Attributes::from([
+            Some(ContentMode::Binary(Attributes::from([
                 ("type", "t!"),
                 ("id", "1")
             ])))
         );
         assert!(binary.event.strict);
         let structured = request("f", &[("content-type", "application/cloudevents+json")]).unwrap();
-        assert_eq!(structured.event.mode, Some(Mode::Structured));
+        assert_eq!(structured.event.mode, Some(ContentMode::Structured));
         assert_eq!(
             request("f", &[]).unwrap().event.mode,
-            Some(Mode::NotCloudEvent)
+            Some(ContentMode::NotCloudEvent)
         );
         // A channel without filters never looks: no mode, no 415, no 400.
         assert_eq!(
@@ -426,7 +426,7 @@ mod tests {
 
     fn structured() -> PendingEvent {
         PendingEvent {
-            mode: Some(Mode::Structured),
+            mode: Some(ContentMode::Structured),
             strict: true,
             ..PendingEvent::default()
         }
@@ -520,7 +520,7 @@ mod tests {
         )];
         let admitted = admit_with(&on, &ct).unwrap();
         assert_eq!(admitted.event.key, EventKey::InBody);
-        assert_eq!(admitted.event.mode, Some(Mode::Structured));
+        assert_eq!(admitted.event.mode, Some(ContentMode::Structured));
         assert!(!admitted.event.strict);
         let body = |json: &str| key(&on, &ct, json.as_bytes());
         assert_eq!(
@@ -634,7 +634,7 @@ mod tests {
         let config = strict();
         let ct = [("content-type", "application/cloudevents+json")];
         let admitted = admit_with(&config, &ct).unwrap();
-        assert_eq!(admitted.event.mode, Some(Mode::Structured));
+        assert_eq!(admitted.event.mode, Some(ContentMode::Structured));
         assert!(admitted.event.strict && admitted.event.validate);
         let complete = |body: &str| {
             admit_with(&config, &ct)

@@ -3,10 +3,10 @@
 //! response coming back through the filter. The glue (`filter/`) forwards each callback here
 //! and turns the returned [`Flow`] into proxy-wasm's `Action`.
 //!
-//! Read top to bottom, a request goes: [`request::admit`] on the headers (an [`Admitted`] or
-//! the answer), the body held until end of stream, then [`Stream::fan_out`]: the event,
+//! Read top to bottom, a request goes: [`admit`] on the headers (an [`Admitted`] or
+//! the answer), the body held until end of stream, then `Stream::fan_out`: the event,
 //! [`recipients::choose`] (who gets it), and [`Deliveries::start`] (the calls). The answer
-//! comes back from [`Deliveries`] as a [`Finished`], and [`Stream::answer`] sends it, once.
+//! comes back from [`Deliveries`] as a [`Finished`], and `Stream::answer` sends it, once.
 //!
 //! How Envoy behaves here: the body reaches a filter that paused in the headers callback only
 //! with `allow_on_headers_stop_iteration: true`; a call to a cluster Envoy does not know fails
@@ -17,7 +17,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use crate::answer::Answer;
-use crate::config::{BodyWait, Config, Mode};
+use crate::config::{AnswerMode, BodyWait, Config};
 use crate::deliveries::{Deliveries, Finished, Job};
 use crate::host::Host;
 use crate::recipients::{self, Request};
@@ -274,7 +274,7 @@ impl<H: Host> Stream<H> {
             redelivery: recipients.claims,
         };
         match config.mode {
-            Mode::Async => {
+            AnswerMode::Async => {
                 let (_, finished) =
                     self.deliveries
                         .borrow_mut()
@@ -303,7 +303,7 @@ impl<H: Host> Stream<H> {
                     self.reject(answer);
                 }
             }
-            Mode::Sync => {
+            AnswerMode::Sync => {
                 let job = Job {
                     answer_to: Some(self.id),
                     ..job

@@ -17,11 +17,11 @@ use serde::Deserialize;
 use serde_json::error::Category;
 
 use crate::cloudevents::Attributes;
-use crate::delivery::{
+use crate::event_filter::{self, Filter};
+use crate::headers::{self, HeaderSelector};
+use crate::retry::{
     BackoffPolicy, RetryPolicy, DEFAULT_BACKOFF_DELAY_MS, DEFAULT_BACKOFF_MAX_MS, MAX_RETRY,
 };
-use crate::filters::{self, Filter};
-use crate::headers::{self, HeaderSelector};
 use crate::routing::Router;
 
 mod dedupe;
@@ -96,7 +96,7 @@ struct RawConfig {
     delivery: Option<RawDelivery>,
     reply: Option<RawTarget>,
     #[serde(default)]
-    mode: Mode,
+    mode: AnswerMode,
     max_in_flight: Option<u32>,
     #[serde(default)]
     report: ReportDetail,
@@ -145,9 +145,9 @@ struct RawSubscriber {
     headers: BTreeMap<String, String>,
     delivery: Option<RawDelivery>,
     reply: Option<RawTarget>,
-    /// The filter dialect, compiled by [`filters::compile_list`].
+    /// The filter dialect, compiled by [`event_filter::compile_list`].
     filters: Option<Vec<serde_json::Value>>,
-    /// The older `{"attributes": {...}}` form, compiled by [`filters::compile_legacy`].
+    /// The older `{"attributes": {...}}` form, compiled by [`event_filter::compile_legacy`].
     filter: Option<serde_json::Value>,
 }
 
@@ -210,7 +210,7 @@ impl RawDelivery {
 /// Whether the 202/500 answer waits for the deliveries.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Mode {
+pub enum AnswerMode {
     /// Answer when every subscriber has taken the event or failed for good.
     #[default]
     Sync,
@@ -251,7 +251,7 @@ pub struct Config {
     /// Whether to count requests and calls in Envoy's stats (default true).
     pub metrics: bool,
     pub body_wait: BodyWait,
-    pub mode: Mode,
+    pub mode: AnswerMode,
     pub report: ReportDetail,
     /// Async mode: events one worker holds at once; past it a request gets 503.
     pub max_in_flight: usize,
@@ -294,7 +294,7 @@ pub struct Subscriber {
     pub reply: Option<Target>,
     /// Which events it wants; `None`: every request, CloudEvent or not.
     pub filter: Option<Filter>,
-    /// Its identity in `dedupe`'s records (see [`dedupe::subscriber_ids`]).
+    /// Its identity in `dedupe`'s records (see `config::dedupe::subscriber_ids`).
     pub dedupe_id: u64,
 }
 
@@ -312,7 +312,7 @@ impl Subscriber {
     /// Does it want the event with these attributes (`None`: the request is not a
     /// CloudEvent, or the channel has no filters and nobody looked)?
     pub fn accepts(&self, event: Option<&Attributes>) -> bool {
-        filters::accepts(self.filter.as_ref(), event)
+        event_filter::accepts(self.filter.as_ref(), event)
     }
 
     /// Whether this subscriber needs more than one call per event at times: retries, a dead
@@ -518,7 +518,7 @@ impl RawConfig {
         }
 
         let mut warnings = Vec::new();
-        if self.mode == Mode::Sync {
+        if self.mode == AnswerMode::Sync {
             for channel in &channels {
                 for sub in &channel.subscribers {
                     let worst = sub.worst_case_ms();
@@ -534,7 +534,7 @@ impl RawConfig {
                 }
             }
         }
-        let needs_timer = self.mode == Mode::Async
+        let needs_timer = self.mode == AnswerMode::Async
             || channels
                 .iter()
                 .flat_map(|c| &c.subscribers)
@@ -640,8 +640,8 @@ impl RawSubscriber {
                      as `exact` filters",
                 ))
             }
-            (Some(list), None) => filters::compile_list(list),
-            (None, Some(legacy)) => filters::compile_legacy(legacy),
+            (Some(list), None) => event_filter::compile_list(list),
+            (None, Some(legacy)) => event_filter::compile_legacy(legacy),
             (None, None) => Ok(None),
         }
         .map_err(|e| ConfigError::new(format!("{at}.{}", e.path), e.message))?;
@@ -1002,7 +1002,7 @@ mod tests {
         assert_eq!(subs[1].dead_letter.as_ref().unwrap().cluster, "dlq");
         assert_eq!(subs[2].reply.as_ref().unwrap().path, "/r");
         assert!(config.needs_timer);
-        assert_eq!(config.mode, Mode::Sync);
+        assert_eq!(config.mode, AnswerMode::Sync);
     }
 
     #[test]
@@ -1014,7 +1014,7 @@ mod tests {
         );
         let config = parse(r#"{"mode": "async", "subscribers": [{"cluster": "a"}]}"#).unwrap();
         assert!(config.needs_timer);
-        assert_eq!(config.mode, Mode::Async);
+        assert_eq!(config.mode, AnswerMode::Async);
         assert_eq!(config.max_in_flight, DEFAULT_MAX_IN_FLIGHT as usize);
     }
 

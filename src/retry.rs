@@ -9,8 +9,8 @@
 //! overloaded (429, 503) asks for more with `Retry-After` (seconds or an HTTP date), as
 //! Knative's dispatcher reads it: never shorter than the backoff, never longer than `max_ms`.
 //!
-//! Nothing here knows about timers or proxy-wasm: the fan-out state asks for a delay, the glue
-//! keeps it with the root context's timer.
+//! Nothing here knows about timers or proxy-wasm: the fan-out state asks for a delay,
+//! `deliveries` keeps it with the root context's timer.
 
 use serde::Deserialize;
 
