@@ -13,6 +13,8 @@ pub const FAILED_HEADER: &str = "x-fanout-failed";
 /// Header on an answer that skipped subscribers because `dedupe` recorded that they already
 /// took the event: how many.
 pub const ALREADY_DELIVERED_HEADER: &str = "x-fanout-already-delivered";
+/// Header on an answer when some subscribers' events went to their dead-letter target.
+pub const DEAD_LETTERED_HEADER: &str = "x-fanout-dead-lettered";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {

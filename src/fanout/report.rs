@@ -1,0 +1,229 @@
+//! The answer a fan-out ends with: 202, or the report (500, and the 202 or 409 that name
+//! what `dedupe` did not call), built from the state of every subscriber's delivery.
+
+use serde::Serialize;
+
+use super::{Call, CallState, FanOut};
+use crate::answer::{
+    sanitize, Answer, ALREADY_DELIVERED_HEADER, DEAD_LETTERED_HEADER, FAILED_HEADER,
+};
+use crate::call::{Failure, Leg, DETAIL_BYTES};
+use crate::config::{Channel, Subscriber};
+
+impl FanOut {
+    /// The answer for the sender: 202 when every subscriber that wanted the event took it
+    /// (directly or through its dead-letter target; also when every one was skipped), else
+    /// the 500 report. With `dedupe`, subscribers that already had the event count as having
+    /// taken it (202 with a report naming them), and subscribers another request is
+    /// delivering to make it a 409 (retry) when nothing failed. Meaningful once
+    /// [`FanOut::is_done`].
+    pub fn verdict(&self, channel: &Channel) -> Answer {
+        let clusters = |which: &dyn Fn(&CallState) -> bool| -> Vec<&str> {
+            self.calls
+                .iter()
+                .zip(&channel.subscribers)
+                .filter(|(call, _)| which(&call.state))
+                .map(|(_, sub)| sub.cluster.as_str())
+                .collect()
+        };
+        let dead_lettered = clusters(&|s| *s == CallState::DeadLettered);
+        let failed: Vec<FailedSubscriber<'_>> = self
+            .calls
+            .iter()
+            .zip(&channel.subscribers)
+            .filter_map(|(call, sub)| match &call.state {
+                CallState::Failed { elapsed_ms } => {
+                    Some(FailedSubscriber::new(sub, call, *elapsed_ms))
+                }
+                _ => None,
+            })
+            .collect();
+        let already_delivered = clusters(&|s| *s == CallState::AlreadyDelivered);
+        let in_progress = clusters(&|s| *s == CallState::InProgress);
+        let answer = if failed.is_empty() && already_delivered.is_empty() && in_progress.is_empty()
+        {
+            Answer::accepted()
+        } else {
+            let (failed_count, already_count) = (failed.len(), already_delivered.len());
+            // A failure outranks a delivery in progress elsewhere: both mean "retry", but a
+            // failure is what a sender's operator needs to see.
+            let status = match (failed_count, in_progress.is_empty()) {
+                (0, true) => 202,
+                (0, false) => 409,
+                _ => 500,
+            };
+            let report = Report {
+                channel: &channel.name,
+                subscribers: self.calls.len(),
+                delivered: self.count(|s| *s == CallState::Delivered),
+                failed,
+                dead_lettered: dead_lettered.clone(),
+                skipped: clusters(&|s| *s == CallState::Skipped),
+                already_delivered,
+                in_progress,
+                succeeded: self.full_report.then(|| {
+                    self.calls
+                        .iter()
+                        .zip(&channel.subscribers)
+                        .filter(|(call, _)| {
+                            matches!(call.state, CallState::Delivered | CallState::DeadLettered)
+                        })
+                        .map(|(call, sub)| Succeeded {
+                            cluster: &sub.cluster,
+                            authority: &sub.authority,
+                            path: &sub.path,
+                            dead_lettered: call.state == CallState::DeadLettered,
+                            attempts: call.event_attempts,
+                        })
+                        .collect()
+                }),
+            };
+            let mut answer = Answer::json(status, &report);
+            if failed_count > 0 {
+                answer = answer.with_header(FAILED_HEADER, failed_count.to_string());
+            }
+            if already_count > 0 {
+                answer = answer.with_header(ALREADY_DELIVERED_HEADER, already_count.to_string());
+            }
+            if status == 409 {
+                answer = answer.with_header("retry-after", "1".to_string());
+            }
+            answer
+        };
+        if dead_lettered.is_empty() {
+            answer
+        } else {
+            answer.with_header(DEAD_LETTERED_HEADER, dead_lettered.len().to_string())
+        }
+    }
+}
+
+/// The body of a 500: which subscribers did not take the event, and why.
+/// `subscribers` = `delivered` + `failed` + `dead_lettered` + `skipped` + `already_delivered`
+/// + `in_progress`. Also the body of a 202 or 409 when `dedupe` did not call some subscribers.
+#[derive(Serialize)]
+struct Report<'a> {
+    channel: &'a str,
+    subscribers: usize,
+    delivered: usize,
+    failed: Vec<FailedSubscriber<'a>>,
+    /// Failed, but their dead-letter target took the event: they count as delivered.
+    dead_lettered: Vec<&'a str>,
+    /// Their filter did not want the event: not called.
+    skipped: Vec<&'a str>,
+    /// `dedupe`: they already took this event (an earlier request delivered it): not called.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    already_delivered: Vec<&'a str>,
+    /// `dedupe`: another request for the same event is delivering it to them right now.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    in_progress: Vec<&'a str>,
+    /// With `"report": "full"`: every subscriber that took the event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    succeeded: Option<Vec<Succeeded<'a>>>,
+}
+
+#[derive(Serialize)]
+struct Succeeded<'a> {
+    cluster: &'a str,
+    authority: &'a str,
+    path: &'a str,
+    /// Taken by its dead-letter target, not by the subscriber.
+    dead_lettered: bool,
+    attempts: u32,
+}
+
+#[derive(Serialize)]
+struct FailedSubscriber<'a> {
+    cluster: &'a str,
+    authority: &'a str,
+    path: &'a str,
+    /// The call that failed last: `event`, `reply` or `dead_letter`.
+    leg: &'static str,
+    outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<u16>,
+    detail: String,
+    /// Attempts to deliver the event itself.
+    attempts: u32,
+    elapsed_ms: u64,
+    /// How the event leg failed, when the dead-letter target then failed too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    event: Option<FailureReport>,
+    /// How the reply leg failed, when the dead-letter target then failed too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reply: Option<FailureReport>,
+}
+
+/// How one failure reads in the report (and in a dead letter).
+#[derive(Serialize)]
+pub(super) struct FailureReport {
+    outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<u16>,
+    pub(super) detail: String,
+}
+
+impl FailureReport {
+    pub(super) fn new(failure: &Failure, timeout: std::time::Duration) -> Self {
+        let (status, detail) = match failure {
+            Failure::Status { status, detail } => {
+                (Some(*status), sanitize(detail.as_bytes(), DETAIL_BYTES))
+            }
+            Failure::Timeout => (
+                None,
+                format!("no answer within the timeout of {} ms", timeout.as_millis()),
+            ),
+            Failure::Reset { detail } => (None, sanitize(detail.as_bytes(), DETAIL_BYTES)),
+            Failure::NoResponse => (None, "the call ended without an answer".to_string()),
+            Failure::DispatchError { detail } => (None, detail.clone()),
+            // Its display is the whole sentence.
+            Failure::TooLarge { .. } => (None, failure.to_string()),
+        };
+        FailureReport {
+            outcome: failure.kind(),
+            status,
+            detail,
+        }
+    }
+}
+
+impl<'a> FailedSubscriber<'a> {
+    fn new(sub: &'a Subscriber, call: &Call, elapsed_ms: u64) -> Self {
+        let leg_timeout = |leg: Leg| match leg {
+            Leg::Event => sub.timeout,
+            Leg::Reply => sub.reply.as_ref().map_or(sub.timeout, |t| t.timeout),
+            Leg::DeadLetter => sub.dead_letter.as_ref().map_or(sub.timeout, |t| t.timeout),
+        };
+        let report = call
+            .failure(call.leg)
+            .map(|f| FailureReport::new(f, leg_timeout(call.leg)));
+        // What sent the event to a dead-letter target that then failed too.
+        let (event, reply) = match (call.leg, call.dead_letter_cause()) {
+            (Leg::DeadLetter, (cause, Some(failure))) => {
+                let report = Some(FailureReport::new(&failure.failure, leg_timeout(cause)));
+                match cause {
+                    Leg::Reply => (None, report),
+                    _ => (report, None),
+                }
+            }
+            _ => (None, None),
+        };
+        let (outcome, status, detail) = match report {
+            Some(r) => (r.outcome, r.status, r.detail),
+            None => ("no_response", None, String::new()),
+        };
+        FailedSubscriber {
+            cluster: &sub.cluster,
+            authority: &sub.authority,
+            path: &sub.path,
+            leg: call.leg.name(),
+            outcome,
+            status,
+            detail,
+            attempts: call.event_attempts,
+            elapsed_ms,
+            event,
+            reply,
+        }
+    }
+}
