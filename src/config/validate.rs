@@ -1,0 +1,420 @@
+//! The validation of the JSON document into a [`Config`]: one function per part, each
+//! error naming the field's path. Everything a request needs that can be worked out once is
+//! worked out here: the call headers of every target, the routing table, the retry
+//! policies, the filters, the subscribers' dedupe identities.
+
+use std::time::Duration;
+
+use super::{
+    dedupe, AnswerMode, Channel, Config, ConfigError, RawChannel, RawConfig, RawDedupe,
+    RawDelivery, RawSubscriber, RawTarget, Subscriber, Target, DEFAULT_FORWARD_HEADERS,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT_MS, OPTIONS, SUBSCRIBER_METHOD,
+    SYNC_DEADLINE_WARNING_MS,
+};
+use crate::event_filter;
+use crate::headers::{self, HeaderSelector};
+use crate::retry::{RetryPolicy, DEFAULT_BACKOFF_DELAY_MS, DEFAULT_BACKOFF_MAX_MS, MAX_RETRY};
+use crate::routing::Router;
+
+impl RawDelivery {
+    /// This subscriber's fields, falling back to the top level's.
+    fn or(self, default: &RawDelivery) -> RawDelivery {
+        RawDelivery {
+            retry: self.retry.or(default.retry),
+            backoff_policy: self.backoff_policy.or(default.backoff_policy),
+            backoff_delay_ms: self.backoff_delay_ms.or(default.backoff_delay_ms),
+            backoff_max_ms: self.backoff_max_ms.or(default.backoff_max_ms),
+            dead_letter: self.dead_letter.or_else(|| default.dead_letter.clone()),
+        }
+    }
+
+    fn policy(&self, at: &str) -> Result<RetryPolicy, ConfigError> {
+        let retry = self.retry.unwrap_or(0);
+        if retry > MAX_RETRY {
+            return Err(ConfigError::new(
+                format!("{at}.retry"),
+                format!("at most {MAX_RETRY} retries, got {retry}"),
+            ));
+        }
+        Ok(RetryPolicy {
+            retry,
+            policy: self.backoff_policy.unwrap_or_default(),
+            delay_ms: self
+                .backoff_delay_ms
+                .map_or(DEFAULT_BACKOFF_DELAY_MS, u64::from),
+            max_ms: self
+                .backoff_max_ms
+                .map_or(DEFAULT_BACKOFF_MAX_MS, u64::from),
+        })
+    }
+}
+
+impl RawConfig {
+    /// Every field in the order the document names them, so that the first error a user
+    /// meets is the first in their file.
+    pub(super) fn validate(self) -> Result<Config, ConfigError> {
+        let default_timeout = match self.timeout_ms {
+            Some(ms) => timeout("timeout_ms", ms)?,
+            None => Duration::from_millis(u64::from(DEFAULT_TIMEOUT_MS)),
+        };
+        let methods = match self.methods {
+            Some(methods) => validate_methods(methods)?,
+            None => vec![SUBSCRIBER_METHOD.to_string()],
+        };
+        let forward = forward_headers(self.forward_headers)?;
+        let (raw_channels, shorthand) = channel_list(self.channels, self.subscribers)?;
+        let defaults = Defaults::validate(self.delivery, self.reply, default_timeout)?;
+        let max_in_flight = max_in_flight(self.max_in_flight)?;
+        let (channels, router) = channels(raw_channels, shorthand, default_timeout, &defaults)?;
+        let warnings = sync_warnings(self.mode, &channels);
+        let needs_timer = self.mode == AnswerMode::Async
+            || channels
+                .iter()
+                .flat_map(|c| &c.subscribers)
+                .any(Subscriber::has_follow_ups);
+
+        Ok(Config {
+            // OPTIONS is answered by the filter itself (request.rs), whatever `methods` says.
+            allow: format!("{}, {OPTIONS}", methods.join(", ")),
+            methods,
+            max_body_bytes: self.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
+            forward,
+            channels,
+            router,
+            metrics: self.metrics.unwrap_or(true),
+            body_wait: self.body_wait,
+            mode: self.mode,
+            report: self.report,
+            max_in_flight,
+            needs_timer,
+            warnings,
+            dedupe: self.dedupe.map(RawDedupe::validate).transpose()?,
+            require_cloudevents: self.require_cloudevents.unwrap_or(false),
+        })
+    }
+}
+
+fn forward_headers(list: Option<Vec<String>>) -> Result<HeaderSelector, ConfigError> {
+    match list {
+        Some(list) => HeaderSelector::new(&list),
+        None => HeaderSelector::new(DEFAULT_FORWARD_HEADERS),
+    }
+    .map_err(|(i, msg)| ConfigError::new(format!("forward_headers[{i}]"), msg))
+}
+
+/// `channels`, or the `subscribers` shorthand as one channel for every host (then `true`:
+/// the shorthand's errors say `subscribers[i]`, a channel's `channels[c].subscribers[i]`).
+fn channel_list(
+    channels: Option<Vec<RawChannel>>,
+    subscribers: Option<Vec<RawSubscriber>>,
+) -> Result<(Vec<RawChannel>, bool), ConfigError> {
+    match (channels, subscribers) {
+        (Some(_), Some(_)) => Err(ConfigError::new(
+            "subscribers",
+            "cannot be used together with `channels`: top-level `subscribers` is the \
+             shorthand for one channel that matches every host",
+        )),
+        (Some(channels), None) => Ok((channels, false)),
+        (None, Some(subscribers)) => Ok((
+            vec![RawChannel {
+                name: Some("default".to_string()),
+                hosts: Some(vec!["*".to_string()]),
+                subscribers,
+            }],
+            true,
+        )),
+        (None, None) => Err(ConfigError::new(
+            "",
+            "no channels: give `channels` (a list of channels, each with hosts and \
+             subscribers) or `subscribers` (one channel for every host)",
+        )),
+    }
+}
+
+fn max_in_flight(max: Option<u32>) -> Result<usize, ConfigError> {
+    match max {
+        Some(0) => Err(ConfigError::new(
+            "max_in_flight",
+            "must be at least 1 (events one worker holds at once in async mode)",
+        )),
+        Some(n) => Ok(n as usize),
+        None => Ok(DEFAULT_MAX_IN_FLIGHT as usize),
+    }
+}
+
+/// Every channel, and the host routing table that leads to them.
+fn channels(
+    raw_channels: Vec<RawChannel>,
+    shorthand: bool,
+    default_timeout: Duration,
+    defaults: &Defaults,
+) -> Result<(Vec<Channel>, Router), ConfigError> {
+    let mut router = Router::default();
+    let mut channels = Vec::with_capacity(raw_channels.len());
+    for (c, raw) in raw_channels.into_iter().enumerate() {
+        let at = if shorthand {
+            String::new()
+        } else {
+            format!("channels[{c}].")
+        };
+        let name = match raw.name {
+            Some(name) if name.trim().is_empty() => {
+                return Err(ConfigError::new(
+                    format!("{at}name"),
+                    "must not be empty (leave it out for a default name)",
+                ))
+            }
+            Some(name) => name,
+            None => format!("channels[{c}]"),
+        };
+        if let Some(other) = channels.iter().position(|ch: &Channel| ch.name == name) {
+            return Err(ConfigError::new(
+                format!("{at}name"),
+                format!("\"{name}\" is already the name of channels[{other}]"),
+            ));
+        }
+        let hosts = raw.hosts.unwrap_or_else(|| vec!["*".to_string()]);
+        if hosts.is_empty() {
+            return Err(ConfigError::new(
+                format!("{at}hosts"),
+                "must list at least one host (\"*\" matches every host)",
+            ));
+        }
+        for (h, host) in hosts.iter().enumerate() {
+            router
+                .add(host, c)
+                .map_err(|msg| ConfigError::new(format!("{at}hosts[{h}]"), msg))?;
+        }
+        let mut subscribers = Vec::with_capacity(raw.subscribers.len());
+        for (s, sub) in raw.subscribers.into_iter().enumerate() {
+            subscribers.push(sub.validate(
+                &format!("{at}subscribers[{s}]"),
+                default_timeout,
+                defaults,
+            )?);
+        }
+        let ids = dedupe::subscriber_ids(&subscribers);
+        for (sub, id) in subscribers.iter_mut().zip(ids) {
+            sub.dedupe_id = id;
+        }
+        let filtered = subscribers.iter().any(|s| s.filter.is_some());
+        channels.push(Channel {
+            name,
+            subscribers,
+            filtered,
+        });
+    }
+    Ok((channels, router))
+}
+
+/// Valid, but probably not what the user wants: a sync delivery that can outlast Envoy's
+/// default stream idle timeout.
+fn sync_warnings(mode: AnswerMode, channels: &[Channel]) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if mode != AnswerMode::Sync {
+        return warnings;
+    }
+    for channel in channels {
+        for sub in &channel.subscribers {
+            let worst = sub.worst_case_ms();
+            if worst > SYNC_DEADLINE_WARNING_MS {
+                warnings.push(format!(
+                    "channel {}: subscriber {} may take up to {worst} ms to deliver in \
+                     sync mode, longer than Envoy's default stream idle timeout \
+                     ({SYNC_DEADLINE_WARNING_MS} ms); raise that timeout or lower \
+                     timeouts and retries",
+                    channel.name, sub.cluster
+                ));
+            }
+        }
+    }
+    warnings
+}
+
+impl RawTarget {
+    fn validate(self, at: &str, default_timeout: Duration) -> Result<Target, ConfigError> {
+        let field = |name: &str| format!("{at}.{name}");
+        if self.cluster.trim().is_empty() {
+            return Err(ConfigError::new(field("cluster"), "must not be empty"));
+        }
+        if self.cluster.chars().any(char::is_control) {
+            return Err(ConfigError::new(
+                field("cluster"),
+                "must not contain control characters",
+            ));
+        }
+        let authority = self.authority.unwrap_or_else(|| self.cluster.clone());
+        if authority.is_empty() || !headers::is_valid_value(&authority) || authority.contains(' ') {
+            return Err(ConfigError::new(
+                field("authority"),
+                "must be a host name, optionally with a port, e.g. \"billing.default.svc\"",
+            ));
+        }
+        let path = self.path.unwrap_or_else(|| "/".to_string());
+        if !path.starts_with('/') {
+            return Err(ConfigError::new(
+                field("path"),
+                format!("must start with \"/\", got \"{path}\""),
+            ));
+        }
+        if path.bytes().any(|b| b <= b' ' || b == 0x7f) {
+            return Err(ConfigError::new(
+                field("path"),
+                "must not contain spaces or control characters (percent-encode them)",
+            ));
+        }
+        let timeout = match self.timeout_ms {
+            Some(ms) => timeout(&field("timeout_ms"), ms)?,
+            None => default_timeout,
+        };
+
+        let mut call_headers = Vec::with_capacity(3 + self.headers.len());
+        call_headers.push((":method".to_string(), SUBSCRIBER_METHOD.to_string()));
+        call_headers.push((":path".to_string(), path.clone()));
+        call_headers.push((":authority".to_string(), authority.clone()));
+        for (name, value) in self.headers {
+            let at = field(&format!("headers.{name}"));
+            let name = headers::validate_extra_header(&name, &value)
+                .map_err(|msg| ConfigError::new(at, msg))?;
+            call_headers.push((name, value));
+        }
+
+        Ok(Target {
+            cluster: self.cluster,
+            authority,
+            path,
+            timeout,
+            call_headers,
+        })
+    }
+}
+
+/// The top-level defaults a subscriber falls back to.
+struct Defaults {
+    delivery: RawDelivery,
+    reply: Option<RawTarget>,
+}
+
+impl Defaults {
+    /// The top-level ones are checked once, by name, even when every subscriber has its own.
+    fn validate(
+        delivery: Option<RawDelivery>,
+        reply: Option<RawTarget>,
+        default_timeout: Duration,
+    ) -> Result<Defaults, ConfigError> {
+        let defaults = Defaults {
+            delivery: delivery.unwrap_or_default(),
+            reply,
+        };
+        defaults.delivery.policy("delivery")?;
+        if let Some(dlq) = &defaults.delivery.dead_letter {
+            dlq.clone()
+                .validate("delivery.dead_letter", default_timeout)?;
+        }
+        if let Some(reply) = &defaults.reply {
+            reply.clone().validate("reply", default_timeout)?;
+        }
+        Ok(defaults)
+    }
+}
+
+impl RawSubscriber {
+    fn validate(
+        self,
+        at: &str,
+        default_timeout: Duration,
+        defaults: &Defaults,
+    ) -> Result<Subscriber, ConfigError> {
+        let filter = match (&self.filters, &self.filter) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    format!("{at}.filter"),
+                    "cannot be used together with `filters`: put its attributes in `filters` \
+                     as `exact` filters",
+                ))
+            }
+            (Some(list), None) => event_filter::compile_list(list),
+            (None, Some(legacy)) => event_filter::compile_legacy(legacy),
+            (None, None) => Ok(None),
+        }
+        .map_err(|e| ConfigError::new(format!("{at}.{}", e.path), e.message))?;
+        let target = RawTarget {
+            cluster: self.cluster,
+            authority: self.authority,
+            path: self.path,
+            timeout_ms: self.timeout_ms,
+            headers: self.headers,
+        }
+        .validate(at, default_timeout)?;
+        // Errors name the subscriber's own field when it has one, else the top-level one.
+        let delivery_at = if self.delivery.is_some() {
+            format!("{at}.delivery")
+        } else {
+            "delivery".to_string()
+        };
+        let delivery = self.delivery.unwrap_or_default().or(&defaults.delivery);
+        let retry = delivery.policy(&delivery_at)?;
+        let dead_letter = match delivery.dead_letter {
+            Some(dlq) => {
+                Some(dlq.validate(&format!("{delivery_at}.dead_letter"), default_timeout)?)
+            }
+            None => None,
+        };
+        let reply = match (self.reply, &defaults.reply) {
+            (Some(reply), _) => Some(reply.validate(&format!("{at}.reply"), default_timeout)?),
+            (None, Some(reply)) => Some(reply.clone().validate("reply", default_timeout)?),
+            (None, None) => None,
+        };
+        Ok(Subscriber {
+            cluster: target.cluster,
+            authority: target.authority,
+            path: target.path,
+            timeout: target.timeout,
+            call_headers: target.call_headers,
+            retry,
+            dead_letter,
+            reply,
+            filter,
+            // Set with its channel's others (an identity depends on its duplicates).
+            dedupe_id: 0,
+        })
+    }
+}
+
+fn timeout(path: &str, ms: u32) -> Result<Duration, ConfigError> {
+    if ms == 0 {
+        return Err(ConfigError::new(
+            path,
+            "must be at least 1: Envoy reads a timeout of 0 as \"no timeout\"",
+        ));
+    }
+    Ok(Duration::from_millis(u64::from(ms)))
+}
+
+fn validate_methods(methods: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    if methods.is_empty() {
+        return Err(ConfigError::new(
+            "methods",
+            "must list at least one method, e.g. [\"POST\"]",
+        ));
+    }
+    for (i, method) in methods.iter().enumerate() {
+        if method == OPTIONS {
+            return Err(ConfigError::new(
+                format!("methods[{i}]"),
+                "OPTIONS is answered by fanout itself (200 with `allow` and the CloudEvents \
+                 webhook headers) and never fanned out: leave it out",
+            ));
+        }
+        let token = !method.is_empty() && method.bytes().all(headers::is_token_byte);
+        if !token || method.bytes().any(|b| b.is_ascii_lowercase()) {
+            return Err(ConfigError::new(
+                format!("methods[{i}]"),
+                format!(
+                    "\"{method}\" is not an upper-case HTTP method such as \"POST\" or \"PUT\""
+                ),
+            ));
+        }
+    }
+    Ok(methods)
+}
