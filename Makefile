@@ -116,7 +116,7 @@ bench: build envoy
 bench-filters:
 	$(CARGO) bench --bench filters
 
-# Hostile conditions, long versions (issue 8). The short soak runs in `make test`
+# Hostile conditions, long versions. The short soak runs in `make test`
 # (tests/e2e_soak.rs); this one sends SOAK_REQUESTS (default 100,000) at SOAK_RATE per second
 # through N = 4 subscribers: every answer 202, every subscriber counts every event, Envoy's
 # RSS after warm-up grows by less than 5 %.

@@ -5,29 +5,8 @@
 //! no host call for its counters; only the durations need the host's clock. Envoy keeps stats
 //! by name for the whole process, so the workers' tallies add up there.
 //!
-//! Names (Envoy shows them with its `wasmcustom.` prefix in `/stats`):
-//!
-//! | name | kind |
-//! |---|---|
-//! | `fanout.requests.received` | counter |
-//! | `fanout.requests.accepted` (202) / `fanout.requests.failed` (500 report) | counter |
-//! | `fanout.requests.rejected.<status>` (400, 404, 405, 413, ...) | counter |
-//! | `fanout.requests.options`: OPTIONS answered (200, nothing fanned out) | counter |
-//! | `fanout.requests.reached_router`: a request the filter did not hold (a misconfiguration) | counter |
-//! | `fanout.requests.undelivered`: async events a subscriber never took, after their 202 | counter |
-//! | `fanout.in_flight` | gauge |
-//! | `fanout.duration_ms`: request start to answer | histogram |
-//! | `fanout.call_duration_ms`: one subscriber call | histogram |
-//! | `fanout.subscriber.<cluster>.calls` / `.delivered` / `.retries` / `.dead_lettered` | counter |
-//! | `fanout.subscriber.<cluster>.skipped`: its filter did not want the event (not called) | counter |
-//! | `fanout.subscriber.<cluster>.failed.<kind>` (`status_4xx`, `status_5xx`, `status_other`, `timeout`, `reset`, `no_response`, `dispatch_error`) | counter |
-//! | `fanout.subscriber.<cluster>.reply_discarded`: 2xx bodies that were not a CloudEvent, not passed on | counter |
-//! | `fanout.subscriber.<cluster>.reply_failed.<kind>` (the kinds above, and `too_large`): replies that failed for good | counter |
-//! | `fanout.dedupe.missing_key`: requests fanned out without dedupe (no usable key) | counter |
-//! | `fanout.dedupe.skipped`: subscribers not called because they already had the event | counter |
-//! | `fanout.dedupe.in_progress`: subscribers not called because another request was calling them | counter |
-//! | `fanout.dedupe.store_errors`: store updates given up under contention | counter |
-//! | `fanout.dedupe.entries`: events in the store (a debug view of its bound) | gauge |
+//! The names, their kinds and what each counts are the README's table ("Metrics"); Envoy
+//! shows them with its `wasmcustom.` prefix in `/stats`.
 //!
 //! `<cluster>` is the cluster name with every character other than letters, digits, `_` and
 //! `-` replaced by `_`: Envoy splits stat names on `.`, and an Istio cluster name such as

@@ -1,6 +1,6 @@
 //! End-to-end: the real Envoy runs the built `fanout.wasm` in front of real subscriber
-//! servers on loopback. One test per behaviour (issue 3, `make test` scenarios 1-12, and a
-//! few more from the contract). Run with `make test-e2e`, which builds the filter and
+//! servers on loopback. One test per behaviour of the
+//! contract. Run with `make test-e2e`, which builds the filter and
 //! installs Envoy first; or `cargo test --test e2e` with ENVOY_BIN and FANOUT_WASM set (or
 //! their defaults present).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

@@ -1,4 +1,4 @@
-//! Hostile conditions in the real Envoy (issue 8): subscribers that die, hang, flood or speak
+//! Hostile conditions in the real Envoy: subscribers that die, hang, flood or speak
 //! broken HTTP; clients that leave mid-fan-out by the thousand; a channel of 1000
 //! subscribers; and requests that try to reach what they should not.
 //!

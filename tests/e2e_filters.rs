@@ -1,4 +1,4 @@
-//! End-to-end: subscription filters (issue 5) in the real Envoy running the built
+//! End-to-end: subscription filters in the real Envoy running the built
 //! `fanout.wasm`, with real subscribers on loopback. Run with `make test-e2e`, or
 //! `cargo test --test e2e_filters` with ENVOY_BIN and FANOUT_WASM set (or their defaults
 //! present).

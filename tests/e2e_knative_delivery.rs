@@ -1,4 +1,4 @@
-//! Knative's data-plane contract on the delivery side (issue 14), in the real Envoy, with the
+//! Knative's data-plane contract on the delivery side, in the real Envoy, with the
 //! CloudEvents Python SDK as the sender and as the dead-letter consumer: replies asked for with
 //! `Prefer: reply`; a `202`, or a 2xx body that is not a CloudEvent, is no reply; a reply
 //! larger than `max_body_bytes` is a failed reply, never a truncated one; a reply that failed

@@ -1,4 +1,4 @@
-//! Live reconfiguration the way a mounted ConfigMap delivers it (issue 7): the real Envoy on
+//! Live reconfiguration the way a mounted ConfigMap delivers it: the real Envoy on
 //! the shipped `envoy/configmap/envoy.yaml` gets the filter's config through ECDS and the
 //! clusters through CDS, both from files in a watched directory, and each test replaces those
 //! files with the kubelet's atomic `..data` symlink flip. Files are written by the shipped

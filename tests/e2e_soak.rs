@@ -1,4 +1,4 @@
-//! Soak (issue 8): requests at a steady rate through the real Envoy to a channel of N = 4
+//! Soak: requests at a steady rate through the real Envoy to a channel of N = 4
 //! subscribers. Every answer must be 202, every subscriber must count exactly every event,
 //! fanout's own counters must agree, and Envoy's RSS after warm-up must grow by less than 5 %.
 //!

@@ -134,7 +134,7 @@ fn the_timing_checks_allow_a_timer_a_tick_early_and_refuse_one_at_half_or_never(
         Duration::from_millis(n)
     }
     let nominal = ms(700);
-    // What Envoy did under load (issue 17): passes.
+    // What Envoy did under load: passes.
     assert_waited_at_least(Duration::from_micros(699_450), nominal, "a tick early");
     assert_waited_about(nominal + ms(2500), nominal, "late on a loaded machine");
     // A timeout at half its value, a retry with no backoff, a timer that never fired: fail.

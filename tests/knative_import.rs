@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! `envoy/knative-import.py` (issue 19): Knative Channels, InMemoryChannels and Subscriptions
+//! `envoy/knative-import.py`: Knative Channels, InMemoryChannels and Subscriptions
 //! as `kubectl get channels,inmemorychannels,subscriptions -A -o json` prints them, into the
 //! files fanout's live reconfiguration reads.
 //!

@@ -6,41 +6,11 @@
 //! ([`update`], in `store.rs`); neither knows proxy-wasm. The store is behind [`SharedStore`],
 //! which Envoy's shared data implements (through the `Host`) and the tests fake.
 //!
-//! # Store layout
-//!
-//! Records live in a fixed ring of **shard keys** `fanout.dedupe.slot.<i>`, `i` in
-//! `0..shards`, `shards = ceil(max_entries / 32)`. An event `(channel, key)` belongs to shard
-//! `fnv1a(channel, key) % shards`; a shard's value is the list of its events ([`Shard`]),
-//! each with the per-subscriber state: *delivered at t* or *claimed until t by owner o*.
-//! Shard `i` holds at most its share of `max_entries` (they add up to exactly
-//! `max_entries`); a full shard evicts its oldest event (by first record) first. So the store
-//! never holds more than `max_entries` events, in a number of keys that never grows: Envoy's
-//! shared data has no delete, and a key per event would be a leak.
-//!
-//! Why shards and not one index key: every update is a read-modify-write of a whole value
-//! under CAS; one key with 100 000 events would copy megabytes per request and make every
-//! worker contend on it. Eviction is therefore oldest-first *per shard* (an event is kept
-//! until about `max_entries` newer events have arrived, fewer for an unlucky shard).
-//!
-//! # Concurrency
-//!
-//! Every change is get → change → set-with-CAS, retried on a mismatch ([`update`]). Envoy's
-//! CAS does not cover creation (a `set` on an absent key succeeds whatever CAS it carries), so
-//! a shard key is first created *empty* and only then updated under CAS; the filter creates
-//! all of them at configure time, before any request.
-//!
-//! Two requests for the same event racing before either has recorded anything: the first
-//! one's CAS write turns each subscriber it will call into a **claim** (owner, expiry). The
-//! second sees the claims and does not call those subscribers; it answers 409 (*in
-//! progress*, retry) unless it has nothing else to wait for. A claim is settled when its
-//! request ends: *delivered* on 2xx, removed otherwise (also when the client went away and
-//! Envoy cancelled the calls), so a retry calls that subscriber again. A claim whose request
-//! never settled (a crashed VM) expires at its call's timeout plus [`CLAIM_MARGIN_MS`].
-//!
-//! # Memory bound
-//!
-//! See [`DedupeConfig::max_bytes`]: `max_entries × (14 + channel + key + 25 × subscribers)`
-//! bytes of values, plus Envoy's per-key overhead for `shards` keys.
+//! In short: records live in a fixed ring of shard keys of Envoy's shared data, created at
+//! configure time (shared data has no delete); every change is get, change, set under CAS
+//! ([`update`]), retried on a mismatch; a request claims the subscribers it calls before
+//! calling them, and settles the claims when its fan-out ends. docs/dedupe.md has the
+//! layout, the concurrency, the memory bound and the cost.
 
 use crate::config::MAX_KEY_BYTES;
 

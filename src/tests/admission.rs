@@ -5,8 +5,6 @@
 use super::*;
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
-
-// Rule 1.
 #[test]
 fn method_not_allowed_is_405_with_allow_and_no_call() {
     let plugin = FakeEnvoy::configured(THREE);
@@ -93,7 +91,7 @@ fn unknown_host_is_404_and_no_call() {
     assert!(plugin.state().dispatched.is_empty());
 }
 
-// Rule 2: declared or counted, a body over the limit is 413 and nobody is called.
+// Declared or counted, a body over the limit is 413 and nobody is called.
 #[test]
 fn declared_body_over_the_limit_is_413_before_the_body() {
     let plugin = FakeEnvoy::configured(THREE);

@@ -5,7 +5,7 @@ use super::*;
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
-// Rule 3: one call per subscriber, POST, its path and authority, the body, the selected
+// One call per subscriber, POST, its path and authority, the body, the selected
 // headers, its own headers.
 #[test]
 fn every_subscriber_gets_one_call_with_body_and_headers() {
@@ -60,7 +60,7 @@ fn every_subscriber_gets_one_call_with_body_and_headers() {
     assert_eq!(calls[1].timeout, Duration::from_millis(60_000));
 }
 
-// Rules 4 and 5: the answer waits for every call; all 2xx gives 202.
+// The answer waits for every call; all 2xx gives 202.
 #[test]
 fn all_subscribers_2xx_answers_202_after_the_last() {
     let plugin = FakeEnvoy::configured(THREE);
@@ -74,7 +74,7 @@ fn all_subscribers_2xx_answers_202_after_the_last() {
     assert_eq!(plugin.state().call_body_reads, 0);
 }
 
-// Rule 5: any failure gives 500 with a report; the others are still called.
+// Any failure gives 500 with a report; the others are still called.
 #[test]
 fn one_failure_answers_500_naming_it() {
     let plugin = FakeEnvoy::configured(THREE);
@@ -127,7 +127,7 @@ fn outcome_kinds_in_the_report() {
     }
 }
 
-// Rule 5: a call Envoy refuses counts at once; if all are refused the answer is immediate.
+// A call Envoy refuses counts at once; if all are refused the answer is immediate.
 #[test]
 fn unknown_cluster_fails_at_dispatch_and_others_are_still_called() {
     let plugin = FakeEnvoy::configured(THREE);
@@ -172,7 +172,7 @@ fn no_subscribers_answers_202_at_once() {
     assert!(plugin.state().dispatched.is_empty());
 }
 
-// Rule 6: answered once; late, duplicate and unknown callbacks are ignored.
+// Answered once; late, duplicate and unknown callbacks are ignored.
 #[test]
 fn late_duplicate_and_unknown_callbacks_change_nothing() {
     let plugin = FakeEnvoy::configured(THREE);
@@ -191,7 +191,7 @@ fn late_duplicate_and_unknown_callbacks_change_nothing() {
     assert_eq!(plugin.answers().len(), 1);
 }
 
-// Rule 6: a client that goes away leaves other streams alone.
+// A client that goes away leaves other streams alone.
 #[test]
 fn a_stream_that_ends_early_does_not_disturb_another() {
     let plugin = FakeEnvoy::configured(r#"{"subscribers": [{"cluster": "a"}]}"#);

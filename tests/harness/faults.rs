@@ -1,4 +1,4 @@
-//! Subscribers that misbehave at the transport level, for the fault tests (issue 8): one that
+//! Subscribers that misbehave at the transport level, for the fault tests: one that
 //! accepts and never answers, one that answers with bytes of the test's choosing (a huge
 //! body, malformed HTTP, a response cut short), and one that can be killed and restarted on
 //! the same port. (What the fault tests read about Envoy itself, its RSS and its stats, is

@@ -5,7 +5,7 @@
 //! libevent reads CLOCK_MONOTONIC_COARSE (one kernel tick: 4 ms at HZ=250, as on the machine
 //! this was measured on, 10 ms at HZ=100) and counts a new timer from the event loop's cached
 //! time, so by a client's precise clock a timer may fire a little early: a 700 ms call
-//! timeout was seen to end 699.45 ms after the client sent the request (issue 17).
+//! timeout was seen to end 699.45 ms after the client sent the request.
 //! Late, a loaded machine can make it anything: lower bounds are tight, upper bounds are only
 //! there to tell "the timer fired" from "the timer never fired", and stay well apart from it.
 
