@@ -47,6 +47,47 @@ impl Answer {
         }
     }
 
+    /// The 413 for a body over `max_body_bytes`, whether declared or counted.
+    pub fn too_large(max_body_bytes: u64) -> Answer {
+        Answer::rejected(
+            413,
+            &format!("the body is larger than max_body_bytes ({max_body_bytes} bytes)"),
+        )
+    }
+
+    /// The plugin has no configuration it could accept: Envoy's log says why.
+    pub fn no_configuration() -> Answer {
+        Answer::rejected(500, "fanout has no valid configuration; see Envoy's log")
+    }
+
+    /// Admission picked a channel the configuration does not have: a bug, said as one.
+    pub fn no_such_channel() -> Answer {
+        Answer::rejected(500, "fanout: channel index out of range")
+    }
+
+    /// Async mode: this worker already holds `in_flight` events, its `max_in_flight`.
+    pub fn busy(in_flight: usize) -> Answer {
+        let message = format!(
+            "fanout holds {in_flight} events in flight on this worker (max_in_flight); try \
+             again later"
+        );
+        Answer::rejected(503, &message).with_header("retry-after", "1".into())
+    }
+
+    /// Async mode, `dedupe`: another request is delivering this event to `subscribers` of
+    /// the channel's subscribers. The sender retries, and the retry is answered from the
+    /// records.
+    pub fn in_progress_elsewhere(subscribers: usize) -> Answer {
+        Answer::rejected(
+            409,
+            &format!(
+                "another request is delivering this event to {subscribers} subscriber(s); try \
+                 again later"
+            ),
+        )
+        .with_header("retry-after", "1".into())
+    }
+
     pub fn with_header(mut self, name: &'static str, value: String) -> Answer {
         self.headers.push((name, value));
         self
@@ -117,6 +158,46 @@ mod tests {
             a.header_pairs(),
             vec![("content-type", JSON), ("allow", "POST")]
         );
+    }
+
+    #[test]
+    fn the_filters_own_answers() {
+        let error = |a: &Answer| -> String {
+            let doc: serde_json::Value = serde_json::from_slice(&a.body).unwrap();
+            doc["error"].as_str().unwrap().to_string()
+        };
+        let cases = [
+            (
+                Answer::too_large(64),
+                413,
+                "the body is larger than max_body_bytes (64 bytes)",
+            ),
+            (
+                Answer::no_configuration(),
+                500,
+                "fanout has no valid configuration; see Envoy's log",
+            ),
+            (
+                Answer::no_such_channel(),
+                500,
+                "fanout: channel index out of range",
+            ),
+            (
+                Answer::busy(3),
+                503,
+                "fanout holds 3 events in flight on this worker (max_in_flight); try again later",
+            ),
+            (
+                Answer::in_progress_elsewhere(2),
+                409,
+                "another request is delivering this event to 2 subscriber(s); try again later",
+            ),
+        ];
+        for (answer, status, message) in cases {
+            assert_eq!((answer.status, error(&answer).as_str()), (status, message));
+            let retry_after = answer.headers.contains(&("retry-after", "1".to_string()));
+            assert_eq!(retry_after, status == 503 || status == 409, "{answer:?}");
+        }
     }
 
     #[test]

@@ -68,11 +68,7 @@ pub fn choose<H: Host>(
     if config.mode == AnswerMode::Async {
         let in_flight = async_in_flight();
         if in_flight >= config.max_in_flight {
-            let message = format!(
-                "fanout holds {in_flight} events in flight on this worker \
-                 (max_in_flight); try again later"
-            );
-            return Err(Answer::rejected(503, &message).with_header("retry-after", "1".into()));
+            return Err(Answer::busy(in_flight));
         }
     }
     let claims = claim(host, counter, config, request, &wanted, &mut fanout);

@@ -98,7 +98,7 @@ pub fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitte
             .and_then(|s| s.trim().parse::<u64>().ok());
         if let Some(declared) = declared {
             if declared > config.max_body_bytes {
-                return Err(too_large(config.max_body_bytes));
+                return Err(Answer::too_large(config.max_body_bytes));
             }
         }
     }
@@ -237,14 +237,6 @@ fn event_rejection(error: &EventError) -> Answer {
         EventError::Malformed(_) => 400,
     };
     Answer::rejected(status, &error.to_string())
-}
-
-/// The 413 for a body over `max_body_bytes`, whether declared or counted.
-pub fn too_large(max_body_bytes: u64) -> Answer {
-    Answer::rejected(
-        413,
-        &format!("the body is larger than max_body_bytes ({max_body_bytes} bytes)"),
-    )
 }
 
 fn find<'h>(headers: &'h [(String, Vec<u8>)], name: &str) -> Option<&'h [u8]> {

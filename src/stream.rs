@@ -21,7 +21,7 @@ use crate::config::{AnswerMode, BodyWait, Config};
 use crate::deliveries::{Deliveries, Finished, Job};
 use crate::host::Host;
 use crate::recipients::{self, Request};
-use crate::request::{admit, too_large, Admitted};
+use crate::request::{admit, Admitted};
 use crate::telemetry::Counter;
 
 /// What Envoy should do with the request after a callback: what proxy-wasm calls `Action`.
@@ -82,10 +82,7 @@ impl<H: Host> Stream<H> {
         self.started_ms = self.host.now_ms();
         self.count(|tally| tally.received());
         let Some(config) = self.config.clone() else {
-            self.reject(Answer::rejected(
-                500,
-                "fanout has no valid configuration; see Envoy's log",
-            ));
+            self.reject(Answer::no_configuration());
             return Flow::Pause;
         };
         match admit(&config, self.host.request_headers()) {
@@ -120,7 +117,7 @@ impl<H: Host> Stream<H> {
         // `body_size` is all that Envoy has buffered so far, since every call paused.
         *received = body_size;
         if body_size as u64 > config.max_body_bytes {
-            self.reject(too_large(config.max_body_bytes));
+            self.reject(Answer::too_large(config.max_body_bytes));
             return Flow::Pause;
         }
         if end_of_stream {
@@ -229,7 +226,7 @@ impl<H: Host> Stream<H> {
     /// Async: 202 now, the root context delivers.
     fn fan_out(&mut self, config: &Rc<Config>, admitted: Admitted, body: Vec<u8>) {
         let Some(channel) = config.channel(admitted.channel) else {
-            self.reject(Answer::rejected(500, "fanout: channel index out of range"));
+            self.reject(Answer::no_such_channel());
             return;
         };
         // Parses a structured body only if a filter, `require_cloudevents` or dedupe's
@@ -287,14 +284,7 @@ impl<H: Host> Stream<H> {
                     // What this request claimed is delivered in the background; the
                     // subscribers another request is delivering to are that request's. The
                     // sender retries, and the retry is answered from the records.
-                    None if in_progress > 0 => Answer::rejected(
-                        409,
-                        &format!(
-                            "another request is delivering this event to {in_progress} \
-                             subscriber(s); try again later"
-                        ),
-                    )
-                    .with_header("retry-after", "1".into()),
+                    None if in_progress > 0 => Answer::in_progress_elsewhere(in_progress),
                     None => Answer::accepted(),
                 };
                 if answer.status == 202 {

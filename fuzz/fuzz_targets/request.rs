@@ -21,7 +21,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use fanout::answer::Answer;
 use fanout::config::{Config, DEFAULT_FORWARD_HEADERS};
 use fanout::headers::is_valid_value;
-use fanout::request::{admit, too_large};
+use fanout::request::admit;
 use fanout::routing::normalize_host;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
@@ -423,7 +423,7 @@ fuzz_target!(|input: Input| {
             }
             // The body decides last: over max_body_bytes it is a 413 as well.
             if input.body_len > config.max_body_bytes {
-                let answer = too_large(config.max_body_bytes);
+                let answer = Answer::too_large(config.max_body_bytes);
                 assert_eq!(answer.status, 413);
                 check_rejection(&answer);
             }
