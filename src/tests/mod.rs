@@ -9,6 +9,8 @@ mod dedupe;
 mod delivery;
 mod filters;
 mod metrics;
+mod replies;
+mod retries;
 
 use std::cell::RefCell;
 use std::rc::Rc;
