@@ -10,7 +10,6 @@
 //! sender itself but returns the answer to the plugin or the stream, so no `RefCell` is
 //! borrowed while Envoy runs the local reply.
 
-use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -21,9 +20,12 @@ use crate::config::{AnswerMode, Channel, Config};
 use crate::fanout::{CallEnd, FanOut, ReplyEvent};
 use crate::host::Host;
 use crate::redelivery::{self, Redelivery};
-use crate::reply::{self, Answered, PREFER_REPLY};
+use crate::reply::{self, Answered};
 use crate::retry::{honours_retry_after, parse_retry_after};
 use crate::telemetry::Telemetry;
+use call_plan::CallPlan;
+
+mod call_plan;
 
 /// The host's clock, read at most once per callback and only if something needs the time:
 /// a plain success with metrics off costs no clock read (each read is a host call).
@@ -524,87 +526,5 @@ fn log_failure(job: &Job, channel: &Channel, index: usize, leg: Leg, failure: &F
             job.log_id,
             channel.name
         );
-    }
-}
-
-/// One call, as it is handed to Envoy.
-struct CallPlan<'a> {
-    cluster: &'a str,
-    timeout: std::time::Duration,
-    base: &'a [(String, String)],
-    /// `Prefer: reply`: the call is to a subscriber whose replies are passed on.
-    prefer_reply: bool,
-    extra: Vec<(String, String)>,
-    forwarded: &'a [(String, String)],
-    /// Forwarded headers the `extra` ones replace (a dead letter's error attributes).
-    replaced: fn(&str) -> bool,
-    body: Cow<'a, [u8]>,
-}
-
-impl<'a> CallPlan<'a> {
-    fn new(job: &'a Job, channel: &'a Channel, index: usize, leg: Leg) -> Option<CallPlan<'a>> {
-        let sub = channel.subscribers.get(index)?;
-        Some(match leg {
-            Leg::Event => CallPlan {
-                cluster: &sub.cluster,
-                timeout: sub.timeout,
-                base: &sub.call_headers,
-                prefer_reply: sub.reply.is_some(),
-                extra: Vec::new(),
-                forwarded: &job.forwarded,
-                replaced: |_| false,
-                body: Cow::Borrowed(&job.body),
-            },
-            Leg::DeadLetter => {
-                let target = sub.dead_letter.as_ref()?;
-                let letter = job
-                    .fanout
-                    .dead_letter(index, channel, &job.forwarded, &job.body);
-                CallPlan {
-                    cluster: &target.cluster,
-                    timeout: target.timeout,
-                    base: &target.call_headers,
-                    prefer_reply: false,
-                    extra: letter.headers,
-                    forwarded: &job.forwarded,
-                    replaced: crate::dead_letter::replaces,
-                    body: letter.body.map_or(Cow::Borrowed(&job.body[..]), Cow::Owned),
-                }
-            }
-            Leg::Reply => {
-                let target = sub.reply.as_ref()?;
-                let reply = job.fanout.reply_event(index)?;
-                CallPlan {
-                    cluster: &target.cluster,
-                    timeout: target.timeout,
-                    base: &target.call_headers,
-                    prefer_reply: false,
-                    extra: Vec::new(),
-                    forwarded: &reply.headers,
-                    replaced: |_| false,
-                    body: Cow::Borrowed(&reply.body),
-                }
-            }
-        })
-    }
-
-    fn headers(&self) -> Vec<(&str, &str)> {
-        let prefer = self.prefer_reply.then_some(PREFER_REPLY);
-        self.base
-            .iter()
-            .map(|(name, value)| (name.as_str(), value.as_str()))
-            .chain(prefer)
-            .chain(
-                self.extra
-                    .iter()
-                    .map(|(name, value)| (name.as_str(), value.as_str())),
-            )
-            .chain(
-                self.forwarded
-                    .iter()
-                    .filter(|(name, _)| !(self.replaced)(name))
-                    .map(|(name, value)| (name.as_str(), value.as_str())),
-            )
-            .collect()
     }
 }

@@ -1,0 +1,98 @@
+//! One call as it is handed to Envoy: the cluster, the timeout, the header list and the body,
+//! for each leg of a subscriber's delivery (the event, its dead letter, its reply). The
+//! headers that do not depend on the request were made at configure time; a call adds the
+//! forwarded ones, `Prefer: reply` and a dead letter's own.
+
+use std::borrow::Cow;
+
+use super::Job;
+use crate::call::Leg;
+use crate::config::Channel;
+use crate::reply::PREFER_REPLY;
+
+/// One call, as it is handed to Envoy.
+pub(super) struct CallPlan<'a> {
+    pub(super) cluster: &'a str,
+    pub(super) timeout: std::time::Duration,
+    base: &'a [(String, String)],
+    /// `Prefer: reply`: the call is to a subscriber whose replies are passed on.
+    prefer_reply: bool,
+    extra: Vec<(String, String)>,
+    forwarded: &'a [(String, String)],
+    /// Forwarded headers the `extra` ones replace (a dead letter's error attributes).
+    replaced: fn(&str) -> bool,
+    pub(super) body: Cow<'a, [u8]>,
+}
+
+impl<'a> CallPlan<'a> {
+    pub(super) fn new(
+        job: &'a Job,
+        channel: &'a Channel,
+        index: usize,
+        leg: Leg,
+    ) -> Option<CallPlan<'a>> {
+        let sub = channel.subscribers.get(index)?;
+        Some(match leg {
+            Leg::Event => CallPlan {
+                cluster: &sub.cluster,
+                timeout: sub.timeout,
+                base: &sub.call_headers,
+                prefer_reply: sub.reply.is_some(),
+                extra: Vec::new(),
+                forwarded: &job.forwarded,
+                replaced: |_| false,
+                body: Cow::Borrowed(&job.body),
+            },
+            Leg::DeadLetter => {
+                let target = sub.dead_letter.as_ref()?;
+                let letter = job
+                    .fanout
+                    .dead_letter(index, channel, &job.forwarded, &job.body);
+                CallPlan {
+                    cluster: &target.cluster,
+                    timeout: target.timeout,
+                    base: &target.call_headers,
+                    prefer_reply: false,
+                    extra: letter.headers,
+                    forwarded: &job.forwarded,
+                    replaced: crate::dead_letter::replaces,
+                    body: letter.body.map_or(Cow::Borrowed(&job.body[..]), Cow::Owned),
+                }
+            }
+            Leg::Reply => {
+                let target = sub.reply.as_ref()?;
+                let reply = job.fanout.reply_event(index)?;
+                CallPlan {
+                    cluster: &target.cluster,
+                    timeout: target.timeout,
+                    base: &target.call_headers,
+                    prefer_reply: false,
+                    extra: Vec::new(),
+                    forwarded: &reply.headers,
+                    replaced: |_| false,
+                    body: Cow::Borrowed(&reply.body),
+                }
+            }
+        })
+    }
+
+    pub(super) fn headers(&self) -> Vec<(&str, &str)> {
+        let prefer = self.prefer_reply.then_some(PREFER_REPLY);
+        self.base
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .chain(prefer)
+            .chain(
+                self.extra
+                    .iter()
+                    .map(|(name, value)| (name.as_str(), value.as_str())),
+            )
+            .chain(
+                self.forwarded
+                    .iter()
+                    .filter(|(name, _)| !(self.replaced)(name))
+                    .map(|(name, value)| (name.as_str(), value.as_str())),
+            )
+            .collect()
+    }
+}
