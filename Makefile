@@ -126,13 +126,13 @@ soak: build envoy
 	FANOUT_SOAK_REQUESTS=$(SOAK_REQUESTS) FANOUT_SOAK_RATE=$(SOAK_RATE) \
 	  $(CARGO) test --release --test e2e_soak -- --ignored --nocapture soak_full
 
-# cargo-fuzz targets on the pure core (fuzz/, its own workspace, nightly toolchain): each
+# cargo-fuzz targets on the core (fuzz/, its own workspace, nightly toolchain): each
 # runs FUZZ_SECONDS from the checked-in seeds (fuzz/seeds/<target>) and what earlier runs
 # found (fuzz/corpus/<target>, not checked in). Findings go to fuzz/artifacts/<target>/; the
 # target fails if any was found. FANOUT_FUZZ_ALLOW_KNOWN=<name,...> lets a run go past a
 # finding already reported (see fuzz/README.md).
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= config request fanout_state
+FUZZ_TARGETS ?= config request fanout_state plugin
 CARGO_FUZZ := $(TOOLS)/bin/cargo-fuzz
 fuzz: $(CARGO_FUZZ)
 	@rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal
