@@ -6,10 +6,13 @@
 //! wasm32: [`config`] (the JSON contract), [`routing`] (channel by host), [`headers`] (what is
 //! forwarded), [`request`] (admission), [`fanout`] (one request's calls and verdict),
 //! [`answer`] and [`metrics`]; subscription filters are [`cloudevents`] (an event's
-//! attributes) and [`filters`] (the matcher); [`dedupe`] is redelivery without duplicates.
+//! attributes) and [`filters`] (the matcher); [`dedupe`] is redelivery without duplicates;
+//! [`call_slots`] (per-subscriber caps on calls in flight) and [`jitter`] (spread retry waits)
+//! are flow control.
 //! The `filter` module is the thin proxy-wasm layer on top.
 
 pub mod answer;
+pub mod call_slots;
 pub mod cloudevents;
 pub mod config;
 pub mod dedupe;
@@ -17,6 +20,7 @@ pub mod delivery;
 pub mod fanout;
 pub mod filters;
 pub mod headers;
+pub mod jitter;
 pub mod metrics;
 pub mod request;
 pub mod routing;
