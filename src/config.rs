@@ -9,13 +9,14 @@
 //!
 //! This module does not know about proxy-wasm.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::error::Category;
 
+use crate::call_slots::{CallCap, DEFAULT_MAX_QUEUED_CALLS};
 use crate::cloudevents::Attributes;
 use crate::dedupe::{DedupeConfig, MAX_ENTRIES_LIMIT, MAX_TTL_MS};
 use crate::delivery::{
@@ -23,6 +24,7 @@ use crate::delivery::{
 };
 use crate::filters::{self, Filter};
 use crate::headers::{self, HeaderSelector};
+use crate::jitter::Jitter;
 use crate::routing::Router;
 
 /// Per-call timeout when neither the subscriber nor the top level sets one.
@@ -91,6 +93,9 @@ struct RawConfig {
     #[serde(default)]
     mode: Mode,
     max_in_flight: Option<u32>,
+    /// Defaults of every subscriber's own.
+    max_concurrent_calls: Option<u32>,
+    max_queued_calls: Option<u32>,
     #[serde(default)]
     report: ReportDetail,
     dedupe: Option<RawDedupe>,
@@ -140,6 +145,10 @@ struct RawSubscriber {
     filters: Option<Vec<serde_json::Value>>,
     /// The older `{"attributes": {...}}` form, compiled by [`filters::compile_legacy`].
     filter: Option<serde_json::Value>,
+    max_concurrent_calls: Option<u32>,
+    max_queued_calls: Option<u32>,
+    /// `false`: best-effort, the sender's answer does not wait for it (default true).
+    required: Option<bool>,
 }
 
 /// Where a dead letter or a reply goes: a call target like a subscriber.
@@ -162,6 +171,7 @@ struct RawDelivery {
     backoff_policy: Option<BackoffPolicy>,
     backoff_delay_ms: Option<u32>,
     backoff_max_ms: Option<u32>,
+    backoff_jitter: Option<f64>,
     dead_letter: Option<RawTarget>,
 }
 
@@ -173,6 +183,7 @@ impl RawDelivery {
             backoff_policy: self.backoff_policy.or(default.backoff_policy),
             backoff_delay_ms: self.backoff_delay_ms.or(default.backoff_delay_ms),
             backoff_max_ms: self.backoff_max_ms.or(default.backoff_max_ms),
+            backoff_jitter: self.backoff_jitter.or(default.backoff_jitter),
             dead_letter: self.dead_letter.or_else(|| default.dead_letter.clone()),
         }
     }
@@ -194,6 +205,13 @@ impl RawDelivery {
             max_ms: self
                 .backoff_max_ms
                 .map_or(DEFAULT_BACKOFF_MAX_MS, u64::from),
+        })
+    }
+
+    fn jitter(&self, at: &str) -> Result<Jitter, ConfigError> {
+        self.backoff_jitter.map_or(Ok(Jitter::NONE), |fraction| {
+            Jitter::new(fraction)
+                .map_err(|msg| ConfigError::new(format!("{at}.backoff_jitter"), msg))
         })
     }
 }
@@ -246,6 +264,9 @@ pub struct Config {
     pub report: ReportDetail,
     /// Async mode: events one worker holds at once; past it a request gets 503.
     pub max_in_flight: usize,
+    /// Every cluster whose subscribers have `max_concurrent_calls`, with its cap (one per
+    /// cluster: its subscribers share it), for [`crate::call_slots::CallSlots::set_caps`].
+    pub call_caps: Vec<(String, CallCap)>,
     /// Some subscriber retries, dead-letters or replies: the root context's timer is needed.
     pub needs_timer: bool,
     /// Things that are valid but probably not what the user wants, for configure() to log.
@@ -282,6 +303,12 @@ pub struct Subscriber {
     pub reply: Option<Target>,
     /// Which events it wants; `None`: every request, CloudEvent or not.
     pub filter: Option<Filter>,
+    /// `max_concurrent_calls` and `max_queued_calls` of its cluster (`None`: no cap).
+    pub call_cap: Option<CallCap>,
+    /// `false`: best-effort; the sender's answer does not depend on it.
+    pub required: bool,
+    /// `delivery.backoff_jitter`: how much its retry waits are spread.
+    pub backoff_jitter: Jitter,
 }
 
 /// A dead-letter or reply target.
@@ -424,9 +451,12 @@ impl RawConfig {
         let defaults = Defaults {
             delivery: self.delivery.unwrap_or_default(),
             reply: self.reply,
+            max_concurrent_calls: self.max_concurrent_calls,
+            max_queued_calls: self.max_queued_calls,
         };
         // The top-level ones are checked once, by name, even when every subscriber has its own.
         defaults.delivery.policy("delivery")?;
+        defaults.delivery.jitter("delivery")?;
         if let Some(dlq) = &defaults.delivery.dead_letter {
             dlq.clone()
                 .validate("delivery.dead_letter", default_timeout)?;
@@ -444,6 +474,12 @@ impl RawConfig {
             Some(n) => n as usize,
             None => DEFAULT_MAX_IN_FLIGHT as usize,
         };
+        if self.max_concurrent_calls == Some(0) {
+            return Err(ConfigError::new("max_concurrent_calls", NO_CALLS));
+        }
+        // The cap of each capped cluster, and the subscriber that set it first.
+        let mut caps_by_cluster: HashMap<String, (Option<CallCap>, String)> = HashMap::new();
+        let mut call_caps = Vec::new();
 
         let mut router = Router::default();
         let mut channels = Vec::with_capacity(raw_channels.len());
@@ -483,11 +519,21 @@ impl RawConfig {
             }
             let mut subscribers = Vec::with_capacity(raw.subscribers.len());
             for (s, sub) in raw.subscribers.into_iter().enumerate() {
-                subscribers.push(sub.validate(
-                    &format!("{at}subscribers[{s}]"),
-                    default_timeout,
-                    &defaults,
-                )?);
+                let sub_at = format!("{at}subscribers[{s}]");
+                let sub = sub.validate(&sub_at, default_timeout, &defaults)?;
+                match caps_by_cluster.get(&sub.cluster) {
+                    Some((cap, first)) if *cap != sub.call_cap => {
+                        return Err(cap_conflict(&sub_at, &sub, *cap, first));
+                    }
+                    Some(_) => {}
+                    None => {
+                        if let Some(cap) = sub.call_cap {
+                            call_caps.push((sub.cluster.clone(), cap));
+                        }
+                        caps_by_cluster.insert(sub.cluster.clone(), (sub.call_cap, sub_at));
+                    }
+                }
+                subscribers.push(sub);
             }
             let filtered = subscribers.iter().any(|s| s.filter.is_some());
             channels.push(Channel {
@@ -495,6 +541,10 @@ impl RawConfig {
                 subscribers,
                 filtered,
             });
+        }
+
+        if self.max_queued_calls.is_some() && call_caps.is_empty() {
+            return Err(ConfigError::new("max_queued_calls", QUEUE_WITHOUT_CAP));
         }
 
         let mut warnings = Vec::new();
@@ -532,6 +582,7 @@ impl RawConfig {
             mode: self.mode,
             report: self.report,
             max_in_flight,
+            call_caps,
             needs_timer,
             warnings,
             dedupe: self.dedupe.map(RawDedupe::validate).transpose()?,
@@ -640,6 +691,76 @@ impl RawTarget {
 struct Defaults {
     delivery: RawDelivery,
     reply: Option<RawTarget>,
+    max_concurrent_calls: Option<u32>,
+    max_queued_calls: Option<u32>,
+}
+
+const NO_CALLS: &str = "must be at least 1 (calls in flight to one subscriber on one Envoy \
+                        worker); leave it out for no cap";
+const QUEUE_WITHOUT_CAP: &str = "has no effect without max_concurrent_calls: it bounds the \
+                                 calls waiting for a free one; set max_concurrent_calls too, \
+                                 or leave it out";
+
+/// A subscriber's cap: its own fields, else the top-level ones.
+fn call_cap(
+    at: &str,
+    max_concurrent_calls: Option<u32>,
+    max_queued_calls: Option<u32>,
+    defaults: &Defaults,
+) -> Result<Option<CallCap>, ConfigError> {
+    if max_concurrent_calls == Some(0) {
+        return Err(ConfigError::new(
+            format!("{at}.max_concurrent_calls"),
+            NO_CALLS,
+        ));
+    }
+    let Some(max_concurrent_calls) = max_concurrent_calls.or(defaults.max_concurrent_calls) else {
+        return match max_queued_calls {
+            Some(_) => Err(ConfigError::new(
+                format!("{at}.max_queued_calls"),
+                QUEUE_WITHOUT_CAP,
+            )),
+            None => Ok(None),
+        };
+    };
+    Ok(Some(CallCap {
+        max_concurrent_calls,
+        max_queued_calls: max_queued_calls
+            .or(defaults.max_queued_calls)
+            .unwrap_or(DEFAULT_MAX_QUEUED_CALLS),
+    }))
+}
+
+/// Two subscribers of one cluster with different caps: the cap is the cluster's.
+fn cap_conflict(
+    at: &str,
+    sub: &Subscriber,
+    first_cap: Option<CallCap>,
+    first_at: &str,
+) -> ConfigError {
+    let describe = |cap: Option<CallCap>| match cap {
+        Some(cap) => format!(
+            "max_concurrent_calls {} and max_queued_calls {}",
+            cap.max_concurrent_calls, cap.max_queued_calls
+        ),
+        None => "no max_concurrent_calls".to_string(),
+    };
+    let field = match (first_cap, sub.call_cap) {
+        (Some(a), Some(b)) if a.max_concurrent_calls == b.max_concurrent_calls => {
+            "max_queued_calls"
+        }
+        _ => "max_concurrent_calls",
+    };
+    ConfigError::new(
+        format!("{at}.{field}"),
+        format!(
+            "cluster \"{}\" has {} here but {} in {first_at}: the subscribers of one cluster \
+             share its cap, give them the same values",
+            sub.cluster,
+            describe(sub.call_cap),
+            describe(first_cap)
+        ),
+    )
 }
 
 impl RawSubscriber {
@@ -678,6 +799,13 @@ impl RawSubscriber {
         };
         let delivery = self.delivery.unwrap_or_default().or(&defaults.delivery);
         let retry = delivery.policy(&delivery_at)?;
+        let backoff_jitter = delivery.jitter(&delivery_at)?;
+        let call_cap = call_cap(
+            at,
+            self.max_concurrent_calls,
+            self.max_queued_calls,
+            defaults,
+        )?;
         let dead_letter = match delivery.dead_letter {
             Some(dlq) => {
                 Some(dlq.validate(&format!("{delivery_at}.dead_letter"), default_timeout)?)
@@ -699,6 +827,9 @@ impl RawSubscriber {
             dead_letter,
             reply,
             filter,
+            call_cap,
+            required: self.required.unwrap_or(true),
+            backoff_jitter,
         })
     }
 }
@@ -1275,6 +1406,205 @@ mod tests {
                 "{dedupe}\n  gave: {message}\n  want: {expected}"
             );
         }
+    }
+
+    #[test]
+    fn call_caps_are_off_by_default_and_fall_back_to_the_top_level() {
+        let config = parse(r#"{"subscribers": [{"cluster": "a"}]}"#).unwrap();
+        assert_eq!(config.channels[0].subscribers[0].call_cap, None);
+        assert!(config.call_caps.is_empty());
+
+        let config = parse(
+            r#"{
+              "max_concurrent_calls": 4,
+              "channels": [
+                { "name": "orders", "hosts": ["orders"], "subscribers": [
+                  { "cluster": "a" },
+                  { "cluster": "b", "max_concurrent_calls": 2, "max_queued_calls": 5 },
+                  { "cluster": "c", "max_queued_calls": 0 },
+                  { "cluster": "a", "path": "/other" }
+                ] },
+                { "name": "audit", "hosts": ["audit"], "subscribers": [
+                  { "cluster": "b", "max_concurrent_calls": 2, "max_queued_calls": 5 }
+                ] }
+              ]
+            }"#,
+        )
+        .unwrap();
+        let cap = |max_concurrent_calls, max_queued_calls| {
+            Some(CallCap {
+                max_concurrent_calls,
+                max_queued_calls,
+            })
+        };
+        let caps: Vec<Option<CallCap>> = config
+            .channels
+            .iter()
+            .flat_map(|c| &c.subscribers)
+            .map(|s| s.call_cap)
+            .collect();
+        assert_eq!(
+            caps,
+            [
+                cap(4, DEFAULT_MAX_QUEUED_CALLS),
+                cap(2, 5),
+                cap(4, 0),
+                cap(4, DEFAULT_MAX_QUEUED_CALLS),
+                cap(2, 5),
+            ]
+        );
+        // One entry per cluster, in the order the clusters first appear.
+        let by_cluster: Vec<(&str, Option<CallCap>)> = config
+            .call_caps
+            .iter()
+            .map(|(cluster, cap)| (cluster.as_str(), Some(*cap)))
+            .collect();
+        assert_eq!(
+            by_cluster,
+            [
+                ("a", cap(4, DEFAULT_MAX_QUEUED_CALLS)),
+                ("b", cap(2, 5)),
+                ("c", cap(4, 0))
+            ]
+        );
+
+        // A top-level queue limit applies to the subscribers that have a cap of their own.
+        let config = parse(
+            r#"{"max_queued_calls": 7, "subscribers": [
+                 {"cluster": "a", "max_concurrent_calls": 1}, {"cluster": "b"}]}"#,
+        )
+        .unwrap();
+        let subs = &config.channels[0].subscribers;
+        assert_eq!((subs[0].call_cap, subs[1].call_cap), (cap(1, 7), None));
+    }
+
+    #[test]
+    fn subscribers_are_required_unless_they_say_otherwise() {
+        let config = parse(
+            r#"{"subscribers": [{"cluster": "a"}, {"cluster": "b", "required": false},
+                                {"cluster": "c", "required": true}]}"#,
+        )
+        .unwrap();
+        let required: Vec<bool> = config.channels[0]
+            .subscribers
+            .iter()
+            .map(|s| s.required)
+            .collect();
+        assert_eq!(required, [true, false, true]);
+    }
+
+    #[test]
+    fn backoff_jitter_is_none_unless_set_and_a_subscriber_overrides_it() {
+        let config = parse(
+            r#"{"delivery": {"retry": 2, "backoff_jitter": 0.2}, "subscribers": [
+                 {"cluster": "a"},
+                 {"cluster": "b", "delivery": {"backoff_jitter": 1}},
+                 {"cluster": "c", "delivery": {"retry": 1}}]}"#,
+        )
+        .unwrap();
+        let jitter: Vec<f64> = config.channels[0]
+            .subscribers
+            .iter()
+            .map(|s| s.backoff_jitter.fraction())
+            .collect();
+        assert_eq!(jitter, [0.2, 1.0, 0.2]);
+        let config = parse(r#"{"subscribers": [{"cluster": "a"}]}"#).unwrap();
+        assert_eq!(
+            config.channels[0].subscribers[0].backoff_jitter,
+            Jitter::NONE
+        );
+    }
+
+    #[test]
+    fn flow_control_rejections_name_the_field() {
+        let cases: &[(&str, &str)] = &[
+            (
+                r#"{"max_concurrent_calls": 0, "subscribers": [{"cluster": "a"}]}"#,
+                "max_concurrent_calls: must be at least 1",
+            ),
+            (
+                r#"{"max_concurrent_calls": -1, "subscribers": []}"#,
+                "max_concurrent_calls: invalid value: integer `-1`",
+            ),
+            (
+                r#"{"max_concurrent_calls": 4294967296, "subscribers": []}"#,
+                "max_concurrent_calls: invalid value: integer `4294967296`",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a"}, {"cluster": "b", "max_concurrent_calls": 0}]}"#,
+                "subscribers[1].max_concurrent_calls: must be at least 1",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a", "max_concurrent_calls": 1, "max_queued_calls": -5}]}"#,
+                "subscribers[0].max_queued_calls: invalid value: integer `-5`",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a", "max_queued_calls": 10}]}"#,
+                "subscribers[0].max_queued_calls: has no effect without max_concurrent_calls",
+            ),
+            (
+                r#"{"max_queued_calls": 10, "subscribers": [{"cluster": "a"}]}"#,
+                "max_queued_calls: has no effect without max_concurrent_calls",
+            ),
+            (
+                r#"{"channels": [
+                     {"name": "x", "hosts": ["x"], "subscribers": [{"cluster": "billing", "max_concurrent_calls": 4}]},
+                     {"name": "y", "hosts": ["y"], "subscribers": [{"cluster": "billing"}]}]}"#,
+                "channels[1].subscribers[0].max_concurrent_calls: cluster \"billing\" has no \
+                 max_concurrent_calls here but max_concurrent_calls 4 and max_queued_calls 1000 \
+                 in channels[0].subscribers[0]: the subscribers of one cluster share its cap",
+            ),
+            (
+                r#"{"max_concurrent_calls": 2, "subscribers": [
+                     {"cluster": "a"}, {"cluster": "a", "path": "/b", "max_queued_calls": 3}]}"#,
+                "subscribers[1].max_queued_calls: cluster \"a\" has max_concurrent_calls 2 and \
+                 max_queued_calls 3 here but max_concurrent_calls 2 and max_queued_calls 1000 in \
+                 subscribers[0]",
+            ),
+            (
+                r#"{"delivery": {"backoff_jitter": 1.5}, "subscribers": []}"#,
+                "delivery.backoff_jitter: must be from 0.0 (no jitter) to 1.0",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a", "delivery": {"backoff_jitter": -0.1}}]}"#,
+                "subscribers[0].delivery.backoff_jitter: must be from 0.0",
+            ),
+            (
+                r#"{"channels": [{"subscribers": [{"cluster": "a", "delivery": {"backoff_jitter": 2}}]}]}"#,
+                "channels[0].subscribers[0].delivery.backoff_jitter: must be from 0.0",
+            ),
+            (
+                r#"{"delivery": {"backoff_jitter": "0.5"}, "subscribers": []}"#,
+                "delivery.backoff_jitter: invalid type: string \"0.5\", expected f64",
+            ),
+            (
+                r#"{"delivery": {"backoff_jitter": NaN}, "subscribers": []}"#,
+                "the plugin configuration is not valid JSON",
+            ),
+            (
+                r#"{"delivery": {"backoff_jitter": 1e999}, "subscribers": []}"#,
+                "the plugin configuration is not valid JSON: number out of range",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a", "required": "no"}]}"#,
+                "subscribers[0].required: invalid type: string \"no\", expected a boolean",
+            ),
+            (
+                r#"{"required": false, "subscribers": []}"#,
+                "required: unknown field `required`",
+            ),
+            (
+                r#"{"channels": [{"required": false, "subscribers": []}]}"#,
+                "channels[0].required: unknown field `required`",
+            ),
+            // A channel of best-effort subscribers is bounded by max_in_flight like async
+            // mode, and max_in_flight cannot be 0 in any mode.
+            (
+                r#"{"max_in_flight": 0, "subscribers": [{"cluster": "a", "required": false}]}"#,
+                "max_in_flight: must be at least 1",
+            ),
+        ];
+        assert_rejected(cases);
     }
 
     #[test]
