@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -94,6 +94,27 @@ struct Shared {
     conns: Mutex<HashMap<u64, TcpStream>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     next_conn: AtomicU64,
+    /// Requests received and not yet answered (or reset), and the most there were at once.
+    active: AtomicUsize,
+    max_active: AtomicUsize,
+}
+
+/// Counts one request as active from when it is read until its answer is written or the
+/// connection ends, whichever way `serve` leaves.
+struct ActiveRequest<'a>(&'a Shared);
+
+impl<'a> ActiveRequest<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        let now = shared.active.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.max_active.fetch_max(now, Ordering::SeqCst);
+        ActiveRequest(shared)
+    }
+}
+
+impl Drop for ActiveRequest<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -122,6 +143,8 @@ impl Subscriber {
             conns: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
             next_conn: AtomicU64::new(0),
+            active: AtomicUsize::new(0),
+            max_active: AtomicUsize::new(0),
         });
         let s = Arc::clone(&shared);
         let acceptor = std::thread::Builder::new()
@@ -165,6 +188,17 @@ impl Subscriber {
     /// How many requests were received so far.
     pub fn count(&self) -> usize {
         lock(&self.shared.requests).len()
+    }
+
+    /// The most requests this subscriber was handling at once (received, not yet answered),
+    /// over its life: the concurrency it saw.
+    pub fn max_concurrent(&self) -> usize {
+        self.shared.max_active.load(Ordering::SeqCst)
+    }
+
+    /// Requests received and not yet answered now.
+    pub fn active(&self) -> usize {
+        self.shared.active.load(Ordering::SeqCst)
     }
 
     /// The only request received; panics unless there was exactly one.
@@ -262,6 +296,9 @@ fn serve(stream: TcpStream, id: u64, shared: &Shared) {
         let keep_alive = !request
             .header("connection")
             .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        // Active before it is visible as received, so a test that saw the request also sees
+        // it counted.
+        let active = ActiveRequest::new(shared);
         let index = {
             let mut requests = lock(&shared.requests);
             requests.push(request);
@@ -331,6 +368,7 @@ fn serve(stream: TcpStream, id: u64, shared: &Shared) {
         {
             return;
         }
+        drop(active);
     }
 }
 
