@@ -14,8 +14,10 @@ mod harness;
 
 use std::time::{Duration, Instant};
 
-use harness::timing::{poll_until, LOADED_LATE_SLACK, TIMER_EARLY_SLACK};
-use harness::{send, Behavior, Client, Envoy, Reply, Subscriber};
+use harness::timing::{assert_waited_at_least, LOADED_LATE_SLACK, TIMER_EARLY_SLACK};
+use harness::{
+    assert_202, assert_rejected, assert_status, send, Behavior, Client, Envoy, Reply, Subscriber,
+};
 use serde_json::{json, Value};
 
 const fn ms(n: u64) -> Duration {
@@ -24,11 +26,11 @@ const fn ms(n: u64) -> Duration {
 
 /// Envoy with the filter configured by `config`, a cluster per subscriber, `workers` workers.
 fn envoy(config: &Value, subscribers: &[&Subscriber], workers: u32) -> Envoy {
-    let mut builder = Envoy::builder().fanout(config).concurrency(workers);
-    for s in subscribers {
-        builder = builder.cluster(s.name(), s.port());
-    }
-    builder.start()
+    Envoy::builder()
+        .fanout(config)
+        .subscribers(subscribers)
+        .concurrency(workers)
+        .start()
 }
 
 /// Sends `body` from a thread of its own (its own client, so its own connection).
@@ -37,15 +39,14 @@ fn send_in_background(envoy: &Envoy, body: String) -> std::thread::JoinHandle<Re
     std::thread::spawn(move || send(Client::http1().post(&url).body(body)))
 }
 
-/// A fanout stat (`wasmcustom.<name>`) once it has `value`, within a generous deadline
-/// (stats are flushed on the root context's timer).
-fn wait_for_stat(envoy: &Envoy, name: &str, value: u64) -> bool {
-    let line = format!("wasmcustom.{name}: {value}");
-    poll_until(Duration::from_secs(15), ms(100), || {
-        let (_, stats) = envoy.admin_get(&format!("/stats?filter=wasmcustom.{name}$"));
-        stats.lines().any(|l| l.trim() == line).then_some(())
-    })
-    .is_some()
+/// Waits (bounded, generously: stats are flushed on the root context's timer) until the
+/// fanout stat `wasmcustom.<name>` is `value`; panics if it does not get there.
+fn expect_stat(envoy: &Envoy, name: &str, value: u64) {
+    envoy.expect_stat(
+        &format!("wasmcustom.{name}"),
+        |v| v == value,
+        Duration::from_secs(15),
+    );
 }
 
 /// Asserts that `sub` gets no more than `n` requests within `wait`. (A fixed wait: it looks for
@@ -81,9 +82,7 @@ fn the_cap_holds_and_every_event_is_delivered(mode: &str) {
         .map(|i| send_in_background(&envoy, format!("event {i}")))
         .collect();
     for sender in senders {
-        let reply = sender.join().unwrap();
-        reply.assert_not_tripwire();
-        assert_eq!(reply.status, 202, "{mode}: {}", reply.text());
+        assert_202(&sender.join().unwrap());
     }
     // Every event, plus the four retries of the failed calls.
     let want = EVENTS + 4;
@@ -105,10 +104,7 @@ fn the_cap_holds_and_every_event_is_delivered(mode: &str) {
         EVENTS,
         "{mode}: every event reached the capped subscriber"
     );
-    assert!(
-        wait_for_stat(&envoy, "fanout.in_flight", 0),
-        "{mode}: deliveries still in flight"
-    );
+    expect_stat(&envoy, "fanout.in_flight", 0);
     assert_eq!(
         capped.max_concurrent(),
         2,
@@ -156,8 +152,7 @@ fn a_full_queue_refuses_the_event_and_calls_nobody(mode: &str) {
     assert_eq!(other.wait_for(2, Duration::from_secs(10)), 2, "{mode}");
 
     let refused = send(Client::http1().post(&envoy.url("/")).body("third"));
-    refused.assert_not_tripwire();
-    assert_eq!(refused.status, 503, "{mode}: {}", refused.text());
+    assert_rejected(&refused, 503);
     let retry_after = refused.header("retry-after").unwrap_or_default();
     assert!(
         retry_after.parse::<u64>().is_ok_and(|secs| secs >= 1),
@@ -171,10 +166,10 @@ fn a_full_queue_refuses_the_event_and_calls_nobody(mode: &str) {
     );
 
     for reply in [first.join().unwrap(), second.join().unwrap()] {
-        assert_eq!(reply.status, 202, "{mode}: {}", reply.text());
+        assert_202(&reply);
     }
     assert_eq!(slow.wait_for(2, Duration::from_secs(15)), 2, "{mode}");
-    assert!(wait_for_stat(&envoy, "fanout.in_flight", 0), "{mode}");
+    expect_stat(&envoy, "fanout.in_flight", 0);
     for sub in [&other, &slow] {
         let bodies: Vec<Vec<u8>> = sub.requests().into_iter().map(|r| r.body).collect();
         assert_eq!(
@@ -185,8 +180,7 @@ fn a_full_queue_refuses_the_event_and_calls_nobody(mode: &str) {
         );
     }
     // Room again: the next event is taken.
-    let reply = send(Client::http1().post(&envoy.url("/")).body("fourth"));
-    assert_eq!(reply.status, 202, "{mode}: {}", reply.text());
+    assert_202(&send(Client::http1().post(&envoy.url("/")).body("fourth")));
 }
 
 #[test]
@@ -208,7 +202,7 @@ fn behind_a_tiny_circuit_breaker(
     tiny: &Subscriber,
     others: &[&Subscriber],
 ) -> Envoy {
-    let mut builder = Envoy::builder()
+    Envoy::builder()
         .fanout(config)
         .cluster("tiny", tiny.port())
         .cluster_field(
@@ -216,11 +210,9 @@ fn behind_a_tiny_circuit_breaker(
             "circuit_breakers",
             json!({ "thresholds": [{ "max_requests": 1, "max_pending_requests": 1 }] }),
         )
-        .concurrency(1);
-    for s in others {
-        builder = builder.cluster(s.name(), s.port());
-    }
-    builder.start()
+        .subscribers(others)
+        .concurrency(1)
+        .start()
 }
 
 /// Envoy 1.40 refuses a call past a full circuit breaker in two ways (measured, issue 16):
@@ -238,14 +230,14 @@ fn a_circuit_breaker_overflow_is_reported_as_its_own_outcome() {
     let client = Client::http1();
     for attempt in ["answered by Envoy", "refused at dispatch"] {
         let reply = send(client.post(&envoy.url("/")).body(attempt));
-        assert_eq!(reply.status, 500, "{attempt}: {}", reply.text());
+        assert_status(&reply, 500);
         let failed = &reply.json()["failed"][0];
         assert_eq!(failed["cluster"], "tiny", "{attempt}: {failed}");
         assert_eq!(failed["outcome"], "overflow", "{attempt}: {failed}");
         let detail = failed["detail"].as_str().unwrap_or_default();
         assert!(detail.contains("circuit breaker"), "{attempt}: {failed}");
     }
-    assert_eq!(holder.join().unwrap().status, 202);
+    assert_202(&holder.join().unwrap());
     assert_eq!(tiny.count(), 1, "a refused call reached the subscriber");
 }
 
@@ -262,9 +254,8 @@ fn a_circuit_breaker_overflow_is_retried_and_dead_lettered_as_overflow() {
     let envoy = behind_a_tiny_circuit_breaker(&config, &tiny, &[]);
     let holder = send_in_background(&envoy, "holds the only request".into());
     assert_eq!(tiny.wait_for(1, Duration::from_secs(10)), 1);
-    let reply = send(Client::http1().post(&envoy.url("/")).body("retried"));
-    assert_eq!(reply.status, 202, "{}", reply.text());
-    assert_eq!(holder.join().unwrap().status, 202);
+    assert_202(&send(Client::http1().post(&envoy.url("/")).body("retried")));
+    assert_202(&holder.join().unwrap());
     let bodies: Vec<Vec<u8>> = tiny.requests().into_iter().map(|r| r.body).collect();
     assert_eq!(
         bodies,
@@ -284,12 +275,12 @@ fn a_circuit_breaker_overflow_is_retried_and_dead_lettered_as_overflow() {
     let holder = send_in_background(&envoy, "holds the only request".into());
     assert_eq!(tiny.wait_for(1, Duration::from_secs(10)), 1);
     let reply = send(Client::http1().post(&envoy.url("/")).body("dead-lettered"));
-    assert_eq!(reply.status, 202, "{}", reply.text());
+    assert_202(&reply);
     assert_eq!(reply.header("x-fanout-dead-lettered").as_deref(), Some("1"));
     let letter = dlq.only_request();
     assert_eq!(letter.body, b"dead-lettered");
     assert_eq!(letter.header("x-fanout-failed-outcome"), Some("overflow"));
-    assert_eq!(holder.join().unwrap().status, 202);
+    assert_202(&holder.join().unwrap());
     assert_eq!(tiny.count(), 1);
 }
 
@@ -308,9 +299,7 @@ fn a_failing_best_effort_subscriber_leaves_the_answer_202_and_is_dead_lettered()
         ]
     });
     let envoy = envoy(&config, &[&billing, &audit, &dlq], 2);
-    let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
-    reply.assert_not_tripwire();
-    assert_eq!(reply.status, 202, "{}", reply.text());
+    assert_202(&send(Client::http1().post(&envoy.url("/")).body("event")));
     assert_eq!(billing.only_request().body, b"event");
     // The best-effort delivery goes on after the answer: its retries, then the dead letter.
     assert_eq!(audit.wait_for(3, Duration::from_secs(10)), 3);
@@ -327,13 +316,8 @@ fn a_failing_best_effort_subscriber_leaves_the_answer_202_and_is_dead_lettered()
         "subscribers": [{ "cluster": "billing" }, { "cluster": "audit", "required": false }]
     });
     let envoy = self::envoy(&config, &[&billing, &audit], 2);
-    let reply = send(Client::http1().post(&envoy.url("/")).body("again"));
-    assert_eq!(reply.status, 202, "{}", reply.text());
-    assert!(wait_for_stat(
-        &envoy,
-        "fanout.subscriber.audit.failed.status_5xx",
-        1
-    ));
+    assert_202(&send(Client::http1().post(&envoy.url("/")).body("again")));
+    expect_stat(&envoy, "fanout.subscriber.audit.failed.status_5xx", 1);
 }
 
 #[test]
@@ -349,7 +333,7 @@ fn a_slow_best_effort_subscriber_does_not_delay_the_answer_which_says_it_is_pend
     let started = Instant::now();
     {
         let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
-        assert_eq!(reply.status, 202, "{}", reply.text());
+        assert_202(&reply);
         assert_eq!(reply.header("x-fanout-pending").as_deref(), Some("1"));
         // The client and its connection go away here: the delivery goes on from the root.
     }
@@ -361,10 +345,8 @@ fn a_slow_best_effort_subscriber_does_not_delay_the_answer_which_says_it_is_pend
     );
     assert_eq!(billing.only_request().body, b"event");
     assert_eq!(search.wait_for(1, Duration::from_secs(10)), 1);
-    assert!(
-        wait_for_stat(&envoy, "fanout.subscriber.search.delivered", 1),
-        "the best-effort delivery did not complete after the answer"
-    );
+    // The best-effort delivery completes after the answer.
+    expect_stat(&envoy, "fanout.subscriber.search.delivered", 1);
 
     // A required failure is answered 500 at once too, listing the best-effort subscriber
     // apart from the failed ones.
@@ -372,7 +354,7 @@ fn a_slow_best_effort_subscriber_does_not_delay_the_answer_which_says_it_is_pend
     let started = Instant::now();
     let reply = send(Client::http1().post(&envoy.url("/")).body("second"));
     assert!(started.elapsed() < SLOW - LOADED_LATE_SLACK);
-    assert_eq!(reply.status, 500, "{}", reply.text());
+    assert_status(&reply, 500);
     let report = reply.json();
     let failed: Vec<&str> = report["failed"]
         .as_array()
@@ -405,7 +387,7 @@ fn a_channel_of_best_effort_subscribers_answers_at_once_like_async_mode() {
     let envoy = envoy(&config, &[&a, &b], 1);
     let client = Client::http1();
     let reply = send(client.post(&envoy.url("/")).body("event"));
-    assert_eq!(reply.status, 202, "{}", reply.text());
+    assert_202(&reply);
     assert_eq!(reply.header("x-fanout-pending").as_deref(), Some("2"));
     assert!(
         reply.elapsed < SLOW - LOADED_LATE_SLACK,
@@ -414,7 +396,7 @@ fn a_channel_of_best_effort_subscribers_answers_at_once_like_async_mode() {
     );
     // Bounded by max_in_flight, like async mode.
     let second = send(client.post(&envoy.url("/")).body("second"));
-    assert_eq!(second.status, 503, "{}", second.text());
+    assert_rejected(&second, 503);
     assert!(second.header("retry-after").is_some());
     assert_eq!(a.wait_for(1, Duration::from_secs(10)), 1);
     assert_eq!(b.wait_for(1, Duration::from_secs(10)), 1);
@@ -446,7 +428,7 @@ fn jitter_spreads_retry_gaps() {
         });
         let envoy = envoy(&config, &[&down], 1);
         let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
-        assert_eq!(reply.status, 500, "{}", reply.text());
+        assert_status(&reply, 500);
         assert_eq!(reply.json()["failed"][0]["attempts"], RETRIES + 1);
         gaps(&down)
     };
@@ -492,11 +474,13 @@ fn jitter_never_waits_less_than_retry_after_asked() {
         "subscribers": [{ "cluster": "busy" }]
     });
     let envoy = envoy(&config, &[&busy], 1);
-    let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
-    assert_eq!(reply.status, 500, "{}", reply.text());
+    assert_status(
+        &send(Client::http1().post(&envoy.url("/")).body("event")),
+        500,
+    );
     let gaps = gaps(&busy);
     assert_eq!(gaps.len(), 3);
     for gap in &gaps {
-        harness::timing::assert_waited_at_least(*gap, Duration::from_secs(1), "retry-after 1");
+        assert_waited_at_least(*gap, Duration::from_secs(1), "retry-after 1");
     }
 }
