@@ -41,6 +41,11 @@ pub trait Host {
     fn respond(&self, answer: &Answer);
     /// Milliseconds on the host's clock.
     fn now_ms(&self) -> u64;
+    /// Nanoseconds on the host's clock: what seeds the jitter (two workers configured in the
+    /// same millisecond still differ).
+    fn now_nanos(&self) -> u64 {
+        self.now_ms().saturating_mul(1_000_000)
+    }
     /// Defines (or finds, by name) a metric; `None` if Envoy refused.
     fn define_metric(&self, kind: Kind, name: &str) -> Option<u32>;
     fn increment_metric(&self, id: u32, delta: i64);

@@ -16,9 +16,10 @@ pub mod call;
 pub mod cloudevents;
 pub mod headers;
 pub mod routing;
-// Policies over them: retries, replies, dead letters, subscription filters.
+// Policies over them: retries and their jitter, replies, dead letters, subscription filters.
 pub mod dead_letter;
 pub mod event_filter;
+pub mod jitter;
 pub mod reply;
 pub mod retry;
 // The configuration, validated into what a request needs.

@@ -14,6 +14,7 @@ use std::time::Duration;
 use crate::config::Config;
 use crate::deliveries::{Deliveries, Finished};
 use crate::host::Host;
+use crate::jitter::Jitter;
 use crate::redelivery;
 use crate::stream::{answer_stream, Stream};
 use crate::telemetry::{Counter, Telemetry};
@@ -130,6 +131,16 @@ impl<H: Host + Clone> Plugin<H> {
                     telemetry.define_all(&self.host);
                 }
                 redelivery::prepare(&self.host, &config);
+                if config
+                    .channels
+                    .iter()
+                    .flat_map(|c| &c.subscribers)
+                    .any(|s| s.backoff_jitter != Jitter::NONE)
+                {
+                    self.deliveries
+                        .borrow_mut()
+                        .seed_jitter(&self.host, self.id);
+                }
                 self.config = Some(Rc::new(config));
                 self.retune_timer();
                 true

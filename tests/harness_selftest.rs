@@ -116,6 +116,60 @@ fn dropping_a_subscriber_with_a_request_in_flight_returns_promptly() {
 }
 
 #[test]
+fn a_subscriber_measures_the_requests_it_handles_at_once() {
+    let slow = Subscriber::start("slow", Behavior::Delay(Duration::from_millis(300), 200));
+    let url = format!("http://{}/", slow.addr());
+    let client = Client::http1();
+    for _ in 0..2 {
+        assert_eq!(send(client.post(&url).body("one at a time")).status, 200);
+    }
+    assert_eq!(slow.max_concurrent(), 1);
+    // Long enough that a loaded machine still starts all three before the first is answered.
+    slow.set_behavior(Behavior::Delay(Duration::from_secs(2), 200));
+    let senders: Vec<_> = (0..3)
+        .map(|_| {
+            let url = url.clone();
+            // A client each: a connection each, so the three are in flight together.
+            std::thread::spawn(move || send(Client::http1().post(&url).body("together")).status)
+        })
+        .collect();
+    assert_eq!(slow.wait_for(5, Duration::from_secs(5)), 5);
+    for sender in senders {
+        assert_eq!(sender.join().unwrap(), 200);
+    }
+    // All three were received before the first answer.
+    assert_eq!(slow.max_concurrent(), 3);
+    assert_eq!(slow.active(), 0);
+}
+
+#[test]
+fn cluster_fields_and_the_worker_count_reach_envoy() {
+    let sub = Subscriber::ok("tiny");
+    let envoy = Envoy::builder()
+        .cluster("tiny", sub.port())
+        .cluster_field(
+            "tiny",
+            "circuit_breakers",
+            serde_json::json!({ "thresholds": [{ "max_requests": 3, "max_pending_requests": 2 }] }),
+        )
+        .concurrency(1)
+        .plain_proxy_to("tiny")
+        .start();
+    let (_, clusters) = envoy.admin_get("/clusters");
+    assert!(
+        clusters.contains("tiny::default_priority::max_requests::3"),
+        "{clusters}"
+    );
+    assert!(
+        clusters.contains("tiny::default_priority::max_pending_requests::2"),
+        "{clusters}"
+    );
+    let (_, info) = envoy.admin_get("/server_info");
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["command_line_options"]["concurrency"], 1, "{info}");
+}
+
+#[test]
 fn an_invalid_envoy_config_is_reported_with_its_log() {
     // A route to a cluster that does not exist: Envoy refuses the bootstrap.
     let (status, log) = Envoy::builder()

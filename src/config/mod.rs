@@ -19,6 +19,7 @@ use serde_json::error::Category;
 use crate::cloudevents::Attributes;
 use crate::event_filter::{self, Filter};
 use crate::headers::HeaderSelector;
+use crate::jitter::Jitter;
 use crate::retry::{BackoffPolicy, RetryPolicy};
 use crate::routing::Router;
 
@@ -170,6 +171,7 @@ struct RawDelivery {
     backoff_policy: Option<BackoffPolicy>,
     backoff_delay_ms: Option<u32>,
     backoff_max_ms: Option<u32>,
+    backoff_jitter: Option<f64>,
     dead_letter: Option<RawTarget>,
 }
 
@@ -262,6 +264,8 @@ pub struct Subscriber {
     pub filter: Option<Filter>,
     /// Its identity in `dedupe`'s records (see `config::dedupe::subscriber_ids`).
     pub dedupe_id: u64,
+    /// `delivery.backoff_jitter`: how much its retry waits are spread.
+    pub backoff_jitter: Jitter,
 }
 
 /// A dead-letter or reply target.
@@ -384,6 +388,59 @@ mod tests {
                 "config {json}\n  gave: {message}\n  want: ...{expected}..."
             );
         }
+    }
+
+    #[test]
+    fn backoff_jitter_is_none_unless_set_and_a_subscriber_overrides_it() {
+        let config = parse(
+            r#"{"delivery": {"retry": 2, "backoff_jitter": 0.2}, "subscribers": [
+                 {"cluster": "a"},
+                 {"cluster": "b", "delivery": {"backoff_jitter": 1}},
+                 {"cluster": "c", "delivery": {"retry": 1}}]}"#,
+        )
+        .unwrap();
+        let jitter: Vec<f64> = config.channels[0]
+            .subscribers
+            .iter()
+            .map(|s| s.backoff_jitter.fraction())
+            .collect();
+        assert_eq!(jitter, [0.2, 1.0, 0.2]);
+        let config = parse(r#"{"subscribers": [{"cluster": "a"}]}"#).unwrap();
+        assert_eq!(
+            config.channels[0].subscribers[0].backoff_jitter,
+            Jitter::NONE
+        );
+    }
+
+    #[test]
+    fn backoff_jitter_rejections_name_the_field() {
+        let cases: &[(&str, &str)] = &[
+            (
+                r#"{"delivery": {"backoff_jitter": 1.5}, "subscribers": []}"#,
+                "delivery.backoff_jitter: must be from 0.0 (no jitter) to 1.0",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a", "delivery": {"backoff_jitter": -0.1}}]}"#,
+                "subscribers[0].delivery.backoff_jitter: must be from 0.0",
+            ),
+            (
+                r#"{"channels": [{"subscribers": [{"cluster": "a", "delivery": {"backoff_jitter": 2}}]}]}"#,
+                "channels[0].subscribers[0].delivery.backoff_jitter: must be from 0.0",
+            ),
+            (
+                r#"{"delivery": {"backoff_jitter": "0.5"}, "subscribers": []}"#,
+                "delivery.backoff_jitter: invalid type: string \"0.5\", expected f64",
+            ),
+            (
+                r#"{"delivery": {"backoff_jitter": NaN}, "subscribers": []}"#,
+                "the plugin configuration is not valid JSON",
+            ),
+            (
+                r#"{"delivery": {"backoff_jitter": 1e999}, "subscribers": []}"#,
+                "the plugin configuration is not valid JSON: number out of range",
+            ),
+        ];
+        assert_rejected(cases);
     }
 
     #[test]

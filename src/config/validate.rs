@@ -13,6 +13,7 @@ use super::{
 };
 use crate::event_filter;
 use crate::headers::{self, HeaderSelector};
+use crate::jitter::Jitter;
 use crate::retry::{RetryPolicy, DEFAULT_BACKOFF_DELAY_MS, DEFAULT_BACKOFF_MAX_MS, MAX_RETRY};
 use crate::routing::Router;
 
@@ -24,6 +25,7 @@ impl RawDelivery {
             backoff_policy: self.backoff_policy.or(default.backoff_policy),
             backoff_delay_ms: self.backoff_delay_ms.or(default.backoff_delay_ms),
             backoff_max_ms: self.backoff_max_ms.or(default.backoff_max_ms),
+            backoff_jitter: self.backoff_jitter.or(default.backoff_jitter),
             dead_letter: self.dead_letter.or_else(|| default.dead_letter.clone()),
         }
     }
@@ -45,6 +47,13 @@ impl RawDelivery {
             max_ms: self
                 .backoff_max_ms
                 .map_or(DEFAULT_BACKOFF_MAX_MS, u64::from),
+        })
+    }
+
+    fn jitter(&self, at: &str) -> Result<Jitter, ConfigError> {
+        self.backoff_jitter.map_or(Ok(Jitter::NONE), |fraction| {
+            Jitter::new(fraction)
+                .map_err(|msg| ConfigError::new(format!("{at}.backoff_jitter"), msg))
         })
     }
 }
@@ -307,6 +316,7 @@ impl Defaults {
             reply,
         };
         defaults.delivery.policy("delivery")?;
+        defaults.delivery.jitter("delivery")?;
         if let Some(dlq) = &defaults.delivery.dead_letter {
             dlq.clone()
                 .validate("delivery.dead_letter", default_timeout)?;
@@ -354,6 +364,7 @@ impl RawSubscriber {
         };
         let delivery = self.delivery.unwrap_or_default().or(&defaults.delivery);
         let retry = delivery.policy(&delivery_at)?;
+        let backoff_jitter = delivery.jitter(&delivery_at)?;
         let dead_letter = match delivery.dead_letter {
             Some(dlq) => {
                 Some(dlq.validate(&format!("{delivery_at}.dead_letter"), default_timeout)?)
@@ -377,6 +388,7 @@ impl RawSubscriber {
             filter,
             // Set with its channel's others (an identity depends on its duplicates).
             dedupe_id: 0,
+            backoff_jitter,
         })
     }
 }

@@ -19,6 +19,7 @@ use crate::call::{classify, is_success, Failure, Leg, BODY_PEEK_BYTES};
 use crate::config::{AnswerMode, Channel, Config};
 use crate::fanout::{CallEnd, FanOut, ReplyEvent};
 use crate::host::Host;
+use crate::jitter::{self, JitterRng};
 use crate::redelivery::{self, Redelivery};
 use crate::reply::{self, Answered};
 use crate::retry::{honours_retry_after, parse_retry_after};
@@ -105,6 +106,9 @@ pub struct Deliveries {
     tokens: HashMap<u32, (u64, usize)>,
     next_job: u64,
     telemetry: Rc<RefCell<Telemetry>>,
+    /// The VM's generator for retry jitter: each fan-out draws its own seed from it. Seeded
+    /// by [`Deliveries::seed_jitter`] when the plugin is configured.
+    jitter_rng: JitterRng,
 }
 
 impl Deliveries {
@@ -114,7 +118,15 @@ impl Deliveries {
             tokens: HashMap::new(),
             next_job: 1,
             telemetry,
+            jitter_rng: JitterRng::with_seed(0),
         }
+    }
+
+    /// Seeds the retry jitter from the host's clock and the root context's id (proxy-wasm
+    /// has no random source; the VMs of several workers differ by the clock's nanoseconds).
+    pub fn seed_jitter<H: Host>(&mut self, host: &H, root_id: u32) {
+        let seed = jitter::seed(&[host.now_nanos(), u64::from(root_id), self.next_job]);
+        self.jitter_rng = JitterRng::with_seed(seed);
     }
 
     /// Async fan-outs still delivering (what `max_in_flight` bounds).
@@ -139,6 +151,8 @@ impl Deliveries {
     ) -> (u64, Option<Finished>) {
         let id = self.next_job;
         self.next_job += 1;
+        let mut job = job;
+        job.fanout.seed_jitter(self.jitter_rng.next_seed());
         self.count(&job.config, |tally| tally.fanout_started());
         self.jobs.insert(id, job);
         let finished = if send_now {

@@ -10,6 +10,7 @@
 use crate::call::{Failure, Leg};
 use crate::config::Channel;
 use crate::dead_letter::{Cause, DeadLetter};
+use crate::jitter::JitterRng;
 use crate::retry::is_retryable;
 use report::FailureReport;
 
@@ -171,6 +172,9 @@ pub struct FanOut {
     calls: Vec<Call>,
     /// Subscribers whose delivery has not ended.
     open: usize,
+    /// Draws the jitter of its retry waits; seeded by [`FanOut::seed_jitter`] from the
+    /// VM's generator when the fan-out starts (tests leave the fixed default).
+    jitter_rng: JitterRng,
 }
 
 impl FanOut {
@@ -196,7 +200,13 @@ impl FanOut {
                 subscribers
             ],
             open: subscribers,
+            jitter_rng: JitterRng::with_seed(0),
         }
+    }
+
+    /// Seeds the draws of its retry waits' jitter (`delivery.backoff_jitter`).
+    pub fn seed_jitter(&mut self, seed: u64) {
+        self.jitter_rng = JitterRng::with_seed(seed);
     }
 
     pub fn channel(&self) -> usize {
@@ -451,9 +461,14 @@ impl FanOut {
             body: end.body,
         });
         if retryable && call.leg_attempts <= sub.retry.retry {
-            let delay = sub
-                .retry
-                .delay_before(call.leg_attempts, end.retry_after_ms);
+            // The computed backoff spread by the jitter, capped, and never below what
+            // `retry-after` asked for.
+            let delay = sub.backoff_jitter.apply(
+                sub.retry.delay_before(call.leg_attempts, None),
+                end.retry_after_ms.unwrap_or(0),
+                sub.retry.max_ms,
+                &mut self.jitter_rng,
+            );
             call.state = CallState::Waiting {
                 until_ms: now_ms.saturating_add(delay),
             };

@@ -104,6 +104,13 @@ impl Host for ProxyHost {
             .map_or(0, |d| d.as_millis() as u64)
     }
 
+    fn now_nanos(&self) -> u64 {
+        hostcalls::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos() as u64)
+    }
+
     fn define_metric(&self, kind: Kind, name: &str) -> Option<u32> {
         let kind = match kind {
             Kind::Counter => MetricType::Counter,

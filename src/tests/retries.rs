@@ -223,3 +223,78 @@ fn retry_after_as_an_http_date_is_read_against_the_hosts_wall_clock() {
     plugin.tick_at(now + 3000);
     assert_eq!(plugin.state().dispatched.len(), 2);
 }
+
+/// The wait before the retry of one request's only call, which fails at `t0` with `status`
+/// and `headers`: found by ticking every 5 ms (the retry then succeeds).
+fn retry_wait(plugin: &mut FakeEnvoy, t0: u64, status: u16, headers: &[(&str, &str)]) -> u64 {
+    plugin.host.0.borrow_mut().now_ms = t0;
+    let mut ctx = send(plugin, &post("x"), b"event");
+    let sent = plugin.state().dispatched.len();
+    plugin.answer_call_with(&mut ctx, plugin.last_call().token, status, headers, b"");
+    let mut t = t0;
+    while plugin.state().dispatched.len() == sent {
+        t += 5;
+        assert!(t < t0 + 100_000, "never retried");
+        plugin.tick_at(t);
+    }
+    plugin.answer_root_call(plugin.last_call().token, Some(200), "", &[]);
+    t - t0
+}
+
+const JITTERED: &str = r#"{"delivery": {"retry": 1, "backoff_policy": "linear",
+    "backoff_delay_ms": 1000, "backoff_max_ms": 60000, "backoff_jitter": 0.5},
+    "subscribers": [{"cluster": "a"}]}"#;
+
+#[test]
+fn jitter_spreads_each_fan_outs_retry_wait_over_its_factor() {
+    let mut plugin = FakeEnvoy::configured(JITTERED);
+    let waits: Vec<u64> = (0..40)
+        .map(|i| retry_wait(&mut plugin, 10_000 * (i + 1), 503, &[]))
+        .collect();
+    // 1000 ms spread over [500, 1500], seen to the next 5 ms tick.
+    assert!(waits.iter().all(|w| (500..=1505).contains(w)), "{waits:?}");
+    let low = waits.iter().filter(|w| **w < 900).count();
+    let high = waits.iter().filter(|w| **w > 1100).count();
+    assert!(low >= 5 && high >= 5, "not spread: {waits:?}");
+    let mut distinct = waits.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert!(distinct.len() >= 20, "{waits:?}");
+}
+
+#[test]
+fn without_jitter_every_retry_waits_the_computed_backoff() {
+    let mut plugin = FakeEnvoy::configured(&JITTERED.replace("0.5", "0"));
+    for i in 0..5 {
+        assert_eq!(retry_wait(&mut plugin, 10_000 * (i + 1), 503, &[]), 1000);
+    }
+}
+
+#[test]
+fn a_jittered_wait_is_never_shorter_than_retry_after_asked() {
+    let mut plugin = FakeEnvoy::configured(JITTERED);
+    for i in 0..20 {
+        let wait = retry_wait(&mut plugin, 10_000 * (i + 1), 429, &[("retry-after", "2")]);
+        // The jitter draws at most 1500 ms: Retry-After's 2 s wins every time.
+        assert!((2000..=2005).contains(&wait), "{wait}");
+    }
+}
+
+#[test]
+fn workers_configured_at_different_times_draw_different_waits() {
+    let mut waits = Vec::new();
+    for configured_at in [1, 2] {
+        let host = FakeHost::default();
+        host.0.borrow_mut().config = Some(JITTERED.as_bytes().to_vec());
+        host.0.borrow_mut().now_ms = configured_at;
+        let mut root = Plugin::new(ROOT, host.clone());
+        assert!(root.on_configure());
+        let mut plugin = FakeEnvoy { host, root };
+        waits.push(
+            (0..8)
+                .map(|i| retry_wait(&mut plugin, 10_000 * (i + 1), 503, &[]))
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_ne!(waits[0], waits[1]);
+}

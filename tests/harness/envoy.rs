@@ -143,6 +143,10 @@ pub struct EnvoyBuilder {
     without_buffer_filter: bool,
     /// Extra top-level bootstrap fields (e.g. `stats_config`).
     bootstrap_fields: Vec<(String, Value)>,
+    /// Extra fields of one cluster (cluster name, field, value), e.g. `circuit_breakers`.
+    cluster_fields: Vec<(String, String, Value)>,
+    /// Envoy's worker threads (`--concurrency`; default 2).
+    concurrency: Option<u32>,
     /// HTTP filters before the router given as they are, instead of fanout's own stanza.
     http_filters: Option<Vec<Value>>,
 }
@@ -173,6 +177,21 @@ impl EnvoyBuilder {
     /// names but nobody declares is simply unknown to Envoy.
     pub fn cluster(mut self, name: &str, port: u16) -> Self {
         self.clusters.push((name.to_owned(), port));
+        self
+    }
+
+    /// A field of the cluster `cluster` (declared with [`EnvoyBuilder::cluster`]), e.g.
+    /// `circuit_breakers`.
+    pub fn cluster_field(mut self, cluster: &str, field: &str, value: Value) -> Self {
+        self.cluster_fields
+            .push((cluster.to_owned(), field.to_owned(), value));
+        self
+    }
+
+    /// Envoy's worker threads (default 2). Each worker runs its own VM of the filter, with
+    /// its own per-worker limits.
+    pub fn concurrency(mut self, workers: u32) -> Self {
+        self.concurrency = Some(workers);
         self
     }
 
@@ -293,7 +312,7 @@ impl EnvoyBuilder {
             .clusters
             .iter()
             .map(|(name, port)| {
-                json!({
+                let mut cluster = json!({
                     "name": name,
                     "type": "STATIC",
                     "connect_timeout": "1s",
@@ -303,7 +322,11 @@ impl EnvoyBuilder {
                             "address": loopback(*port)
                         } }] }]
                     }
-                })
+                });
+                for (_, field, value) in self.cluster_fields.iter().filter(|(c, _, _)| c == name) {
+                    cluster[field.as_str()] = value.clone();
+                }
+                cluster
             })
             .collect();
         let mut bootstrap = json!({
@@ -431,7 +454,8 @@ impl EnvoyBuilder {
         command
             .arg("--config-path")
             .arg(&config_path)
-            .args(["--concurrency", "2", "--use-dynamic-base-id"])
+            .args(["--concurrency", &self.concurrency.unwrap_or(2).to_string()])
+            .arg("--use-dynamic-base-id")
             .arg("--admin-address-path")
             .arg(dir.path().join("admin.address"))
             .arg("--log-path")

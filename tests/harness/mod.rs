@@ -11,7 +11,7 @@
 //! | to ... | use |
 //! | --- | --- |
 //! | start Envoy with the filter and a cluster per subscriber | [`Envoy::with_subscribers`]`(&config, &[&a, &b])`, [`Envoy::with_clusters`]`(&config, &[("a", port)])` |
-//! | start it with more (log level, route, buffer limit, bootstrap fields, other HTTP filters) | [`Envoy::builder`]`()` ([`EnvoyBuilder`]): `.fanout(&config)`, `.subscribers(..)`, `.clusters(..)`, `.cluster(name, port)`, ..., `.start()` |
+//! | start it with more (log level, route, buffer limit, bootstrap fields, other HTTP filters, a cluster's circuit breakers, the number of workers) | [`Envoy::builder`]`()` ([`EnvoyBuilder`]): `.fanout(&config)`, `.subscribers(..)`, `.clusters(..)`, `.cluster(name, port)`, `.cluster_field(name, field, value)`, `.concurrency(workers)`, ..., `.start()` |
 //! | check that Envoy refuses a config | [`EnvoyBuilder::start_expecting_failure`] (exit status and log) |
 //! | check a bootstrap with `envoy --mode validate` | [`validate_config`]`(text, what)`, [`EnvoyBuilder::validate`] |
 //! | find Envoy and the filter | [`envoy_bin`], [`wasm_path`] (`ENVOY_BIN`, `FANOUT_WASM`); [`body_wait`] (`FANOUT_E2E_BODY_WAIT`) |
@@ -20,7 +20,7 @@
 //! | wait (bounded) for a stat | [`Envoy::wait_for_stat`]`(name, pred, timeout)` (last value), [`Envoy::expect_stat`] (panics), [`Envoy::wait_for_stats`]`(prefix, pred, timeout)` |
 //! | check a wait Envoy timed; poll anything with a deadline | [`timing::assert_waited_at_least`], [`timing::assert_waited_about`] (Envoy's coarse timer clock), [`timing::poll_until`] |
 //! | read Envoy's memory | [`Envoy::rss_kib`], [`Envoy::heap_allocated`] |
-//! | run subscribers | [`Subscriber::ok`]`(name)`, [`Subscriber::start`]`(name, `[`Behavior`]`)`: status, delay, reset, custom answer, sequence; [`Recorded`] requests, [`Subscriber::wait_for`] |
+//! | run subscribers | [`Subscriber::ok`]`(name)`, [`Subscriber::start`]`(name, `[`Behavior`]`)`: status, delay, reset, custom answer, sequence; [`Recorded`] requests, [`Subscriber::wait_for`]; the concurrency it saw, [`Subscriber::max_concurrent`] |
 //! | misbehave at the transport level | [`faults::FaultServer`] (silent, raw bytes, huge bodies, kill and restart), [`faults::raw_request`] |
 //! | send requests | [`Client::http1`], [`Client::h2c`] (and `_resolving` for host names), [`send`] -> [`Reply`], [`chunked_body`] |
 //! | check an answer | [`assert_202`], [`assert_202_empty`], [`assert_status`], [`assert_rejected`] (4xx with `{"error": ...}`), [`Reply::assert_not_tripwire`] |

@@ -5,6 +5,7 @@
 
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -87,6 +88,27 @@ struct Shared {
     behavior: Mutex<Behavior>,
     requests: Mutex<Vec<Recorded>>,
     received: Condvar,
+    /// Requests received and not yet answered (or reset), and the most there were at once.
+    active: AtomicUsize,
+    max_active: AtomicUsize,
+}
+
+/// Counts one request as active from when it is read until its answer is written or the
+/// connection ends, whichever way `serve` leaves.
+struct ActiveRequest<'a>(&'a Shared);
+
+impl<'a> ActiveRequest<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        let now = shared.active.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.max_active.fetch_max(now, Ordering::SeqCst);
+        ActiveRequest(shared)
+    }
+}
+
+impl Drop for ActiveRequest<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A subscriber server on 127.0.0.1:<its own free port>.
@@ -104,6 +126,8 @@ impl Subscriber {
             behavior: Mutex::new(behavior),
             requests: Mutex::new(Vec::new()),
             received: Condvar::new(),
+            active: AtomicUsize::new(0),
+            max_active: AtomicUsize::new(0),
         });
         let s = Arc::clone(&shared);
         let server = Server::start(
@@ -144,6 +168,17 @@ impl Subscriber {
     /// How many requests were received so far.
     pub fn count(&self) -> usize {
         lock(&self.shared.requests).len()
+    }
+
+    /// The most requests this subscriber was handling at once (received, not yet answered),
+    /// over its life: the concurrency it saw.
+    pub fn max_concurrent(&self) -> usize {
+        self.shared.max_active.load(Ordering::SeqCst)
+    }
+
+    /// Requests received and not yet answered now.
+    pub fn active(&self) -> usize {
+        self.shared.active.load(Ordering::SeqCst)
     }
 
     /// The only request received; panics unless there was exactly one.
@@ -193,6 +228,9 @@ fn serve(stream: TcpStream, id: u64, shared: &Shared, connections: &Connections)
         let keep_alive = !request
             .header("connection")
             .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        // Active before it is visible as received, so a test that saw the request also sees
+        // it counted.
+        let active = ActiveRequest::new(shared);
         let index = {
             let mut requests = lock(&shared.requests);
             requests.push(request);
@@ -263,6 +301,7 @@ fn serve(stream: TcpStream, id: u64, shared: &Shared, connections: &Connections)
         {
             return;
         }
+        drop(active);
     }
 }
 
