@@ -148,7 +148,9 @@ fn fanout_headers(cause: &Cause<'_>) -> Vec<(String, String)> {
             headers.push((DEAD_LETTER_STATUS.to_string(), status.to_string()));
             detail.as_str()
         }
-        Failure::Reset { detail } | Failure::DispatchError { detail } => detail.as_str(),
+        Failure::Reset { detail }
+        | Failure::DispatchError { detail }
+        | Failure::Overflow { detail } => detail.as_str(),
         Failure::TooLarge { .. } => cause.detail,
         Failure::Timeout | Failure::NoResponse => "",
     };
@@ -170,7 +172,8 @@ fn error_code(failure: &Failure) -> u16 {
         Failure::Timeout
         | Failure::Reset { .. }
         | Failure::NoResponse
-        | Failure::DispatchError { .. } => 500,
+        | Failure::DispatchError { .. }
+        | Failure::Overflow { .. } => 500,
     }
 }
 

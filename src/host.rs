@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use crate::answer::Answer;
+use crate::call::Failure;
 use crate::dedupe::{CasMismatch, SharedStore};
 use crate::metrics::Kind;
 
@@ -19,14 +20,15 @@ pub trait Host {
     /// All request headers at once: one host call.
     fn request_headers(&self) -> Vec<(String, Vec<u8>)>;
     fn request_body(&self, size: usize) -> Vec<u8>;
-    /// Starts a call; `Err` carries the reason Envoy refused it (no callback will come).
+    /// Starts a call; `Err` is how Envoy refused it (no callback will come): a
+    /// `DispatchError`, or an `Overflow` when the cluster's circuit breaker is full.
     fn dispatch(
         &self,
         cluster: &str,
         headers: Vec<(&str, &str)>,
         body: &[u8],
         timeout: Duration,
-    ) -> Result<u32, String>;
+    ) -> Result<u32, Failure>;
     /// `:status` of the call answer being delivered to `on_http_call_response`.
     fn call_status(&self) -> Option<u16>;
     /// Up to `max` bytes of that answer's body.

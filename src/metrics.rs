@@ -44,7 +44,8 @@ fn failure_index(failure: &Failure) -> usize {
         Failure::Reset { .. } => 4,
         Failure::NoResponse => 5,
         Failure::DispatchError { .. } => 6,
-        Failure::TooLarge { .. } => 7,
+        Failure::Overflow { .. } => 7,
+        Failure::TooLarge { .. } => 8,
     }
 }
 
@@ -103,7 +104,7 @@ struct ReplyCounters {
     failed: [usize; FAILURE_KINDS.len()],
 }
 
-const FAILURE_KINDS: [&str; 8] = [
+const FAILURE_KINDS: [&str; 9] = [
     "status_4xx",
     "status_5xx",
     "status_other",
@@ -111,10 +112,11 @@ const FAILURE_KINDS: [&str; 8] = [
     "reset",
     "no_response",
     "dispatch_error",
+    "overflow",
     "too_large",
 ];
 /// The first kinds: those a call can fail with (`too_large` is a reply's own).
-const CALL_FAILURE_KINDS: usize = 7;
+const CALL_FAILURE_KINDS: usize = 8;
 
 /// What a flush hands to Envoy.
 #[derive(Debug, Default, PartialEq)]

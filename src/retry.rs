@@ -59,7 +59,9 @@ pub fn is_retryable(failure: &Failure) -> bool {
         Failure::NoResponse
         | Failure::Reset { .. }
         | Failure::Timeout
-        | Failure::DispatchError { .. } => true,
+        | Failure::DispatchError { .. }
+        // The circuit breaker frees up as the cluster's calls end.
+        | Failure::Overflow { .. } => true,
         Failure::Status { status, .. } => {
             matches!(status, 500..=599 | 404 | 408 | 409 | 429)
         }

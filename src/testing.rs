@@ -12,6 +12,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crate::answer::Answer;
+use crate::call::Failure;
 use crate::dedupe::{CasMismatch, Shard};
 use crate::host::Host;
 use crate::metrics::Kind;
@@ -34,6 +35,8 @@ pub struct FakeState {
     pub request_body: Vec<u8>,
     pub body_reads: usize,
     pub unknown_clusters: HashSet<String>,
+    /// Clusters whose circuit breaker is full: `dispatch` refuses their calls as Envoy does.
+    pub overflowing_clusters: HashSet<String>,
     pub next_token: u32,
     pub dispatched: Vec<Dispatched>,
     /// The answer to the call being delivered: `:status` and body.
@@ -136,11 +139,16 @@ impl Host for FakeHost {
         headers: Vec<(&str, &str)>,
         body: &[u8],
         timeout: Duration,
-    ) -> Result<u32, String> {
+    ) -> Result<u32, Failure> {
         self.hit("dispatch_http_call");
         let mut state = self.0.borrow_mut();
         if state.unknown_clusters.contains(cluster) {
-            return Err(format!("unknown cluster {cluster}"));
+            return Err(Failure::DispatchError {
+                detail: format!("unknown cluster {cluster}"),
+            });
+        }
+        if state.overflowing_clusters.contains(cluster) {
+            return Err(crate::call::overflow(cluster, "refused at dispatch"));
         }
         state.next_token += 1;
         let token = state.next_token;

@@ -98,7 +98,7 @@ type ReplyParts = (Vec<(u8, Vec<u8>)>, Vec<u8>);
 
 impl End {
     fn call_end(&self) -> CallEnd {
-        let (status, body): (Option<u16>, &[u8]) = match self.kind % 7 {
+        let (status, body): (Option<u16>, &[u8]) = match self.kind % 8 {
             0 | 1 => (Some(200), b""),
             2 => (Some(504), b"upstream request timeout"),
             3 => (
@@ -106,10 +106,14 @@ impl End {
                 b"upstream connect error or disconnect/reset before headers. reset reason: connection failure",
             ),
             4 => (None, b""),
+            5 => (
+                Some(503),
+                b"upstream connect error or disconnect/reset before headers. reset reason: overflow",
+            ),
             _ => (self.status, &self.body),
         };
         let body = &body[..body.len().min(BODY_PEEK_BYTES)];
-        let result = classify(status, body);
+        let result = classify("fuzzed", status, body);
         match (&result, status) {
             (Ok(()), Some(s)) => assert!((200..300).contains(&s)),
             (Ok(()), None) => panic!("no status counted as a success"),
@@ -337,7 +341,14 @@ fn step(
                 for (k, send) in sends.iter().enumerate() {
                     tally.call_started(&channel.subscribers[send.index].cluster);
                     if k < 64 && refuse >> k & 1 == 1 {
-                        f.dispatch_failed(send.index, "unknown cluster".into(), *now, channel);
+                        f.dispatch_failed(
+                            send.index,
+                            Failure::DispatchError {
+                                detail: "unknown cluster".into(),
+                            },
+                            *now,
+                            channel,
+                        );
                         m.sending.remove(&send.index);
                     } else {
                         *next_token += 1;
@@ -365,7 +376,7 @@ fn step(
             }
             let index = pick_index(m, *pick, *raw);
             let detail = String::from_utf8_lossy(detail).into_owned();
-            f.dispatch_failed(index, detail, *now, channel);
+            f.dispatch_failed(index, Failure::DispatchError { detail }, *now, channel);
             m.sending.remove(&index);
         }
         Op::Skip { index } => {

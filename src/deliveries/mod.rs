@@ -254,12 +254,13 @@ impl Deliveries {
                         job.fanout.dispatched(send.index, token);
                         self.tokens.insert(token, (id, send.index));
                     }
-                    Err(detail) => {
-                        let failure = Failure::DispatchError {
-                            detail: detail.clone(),
-                        };
-                        job.fanout
-                            .dispatch_failed(send.index, detail, clock.now(), channel);
+                    Err(failure) => {
+                        job.fanout.dispatch_failed(
+                            send.index,
+                            failure.clone(),
+                            clock.now(),
+                            channel,
+                        );
                         log_failure(job, channel, send.index, send.leg, &failure);
                         let reply_gave_up =
                             send.leg == Leg::Reply && !job.fanout.is_retrying(send.index);
@@ -302,6 +303,13 @@ impl Deliveries {
             host.call_status()
         };
         let clock = Clock::new(host);
+        // The cluster this leg called.
+        let cluster = match leg {
+            Leg::Event => sub.cluster.as_str(),
+            Leg::Reply => sub.reply.as_ref().map_or("", |t| t.cluster.as_str()),
+            Leg::DeadLetter => sub.dead_letter.as_ref().map_or("", |t| t.cluster.as_str()),
+        }
+        .to_string();
         let mut discarded = false;
         let end = match status {
             Some(status) if is_success(status) => {
@@ -347,7 +355,7 @@ impl Deliveries {
                         None
                     };
                 CallEnd {
-                    result: classify(status, &body),
+                    result: classify(&cluster, status, &body),
                     retry_after_ms,
                     body,
                     reply: None,
@@ -375,12 +383,6 @@ impl Deliveries {
         } else {
             0
         };
-        let cluster = match leg {
-            Leg::Event => sub.cluster.as_str(),
-            Leg::Reply => sub.reply.as_ref().map_or("", |t| t.cluster.as_str()),
-            Leg::DeadLetter => sub.dead_letter.as_ref().map_or("", |t| t.cluster.as_str()),
-        }
-        .to_string();
         let result = end.result.clone();
         job.fanout.completed_at(index, token, end, now, channel)?;
         // A reply that failed for good: the reply leg's own failure, or one too large to send.

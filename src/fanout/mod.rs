@@ -327,7 +327,7 @@ impl FanOut {
     pub fn dispatch_failed(
         &mut self,
         index: usize,
-        detail: String,
+        failure: Failure,
         now_ms: u64,
         channel: &Channel,
     ) {
@@ -341,13 +341,7 @@ impl FanOut {
         if call.leg == Leg::Event {
             call.event_attempts += 1;
         }
-        self.fail(
-            index,
-            Failure::DispatchError { detail },
-            CallEnd::ok(),
-            now_ms,
-            channel,
-        );
+        self.fail(index, failure, CallEnd::ok(), now_ms, channel);
     }
 
     /// Which subscriber and leg a token belongs to, if it is pending.
@@ -602,6 +596,12 @@ mod tests {
         DEAD_LETTER_OUTCOME, DEAD_LETTER_STATUS,
     };
     use base64::Engine;
+
+    fn dispatch_error(detail: &str) -> Failure {
+        Failure::DispatchError {
+            detail: detail.into(),
+        }
+    }
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -759,7 +759,7 @@ mod tests {
         let sends = f.take_ready(0);
         assert_eq!(sends.len(), 2);
         f.dispatched(0, 1);
-        f.dispatch_failed(1, "unknown cluster".into(), 3, &ch);
+        f.dispatch_failed(1, dispatch_error("unknown cluster"), 3, &ch);
         assert_eq!(f.open(), 1);
         f.completed(1, CallEnd::ok(), 4, &ch);
         let doc = report(&f.verdict(&ch));
@@ -874,14 +874,14 @@ mod tests {
         let mut f = FanOut::new(0, 1, 0);
         f.take_ready(0);
         f.dispatched(0, 1);
-        f.dispatch_failed(0, "late".into(), 0, &ch);
+        f.dispatch_failed(0, dispatch_error("late"), 0, &ch);
         f.dispatched(0, 2);
         assert_eq!(f.completed(2, CallEnd::ok(), 0, &ch), None);
         assert_eq!(f.completed(1, CallEnd::ok(), 0, &ch), Some(0));
         assert!(f.is_done());
         // out-of-range indexes change nothing
         f.dispatched(5, 3);
-        f.dispatch_failed(5, "x".into(), 0, &ch);
+        f.dispatch_failed(5, dispatch_error("x"), 0, &ch);
         assert!(f.is_done());
     }
 
@@ -1021,7 +1021,7 @@ mod tests {
         let ch = channel_from(RETRYING);
         let mut f = FanOut::new(0, 1, 0);
         f.take_ready(0);
-        f.dispatch_failed(0, "no such cluster".into(), 0, &ch);
+        f.dispatch_failed(0, dispatch_error("no such cluster"), 0, &ch);
         assert!(!f.is_done());
         assert_eq!(f.next_wakeup(), Some(100));
     }

@@ -175,7 +175,9 @@ impl FailureReport {
             ),
             Failure::Reset { detail } => (None, sanitize(detail.as_bytes(), DETAIL_BYTES)),
             Failure::NoResponse => (None, "the call ended without an answer".to_string()),
-            Failure::DispatchError { detail } => (None, detail.clone()),
+            Failure::DispatchError { detail } | Failure::Overflow { detail } => {
+                (None, detail.clone())
+            }
             // Its display is the whole sentence.
             Failure::TooLarge { .. } => (None, failure.to_string()),
         };

@@ -10,6 +10,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, MetricType};
 
 use crate::answer::Answer;
+use crate::call::{self, Failure};
 use crate::dedupe::CasMismatch;
 use crate::host::Host;
 use crate::metrics::Kind;
@@ -47,14 +48,26 @@ impl Host for ProxyHost {
         headers: Vec<(&str, &str)>,
         body: &[u8],
         timeout: Duration,
-    ) -> Result<u32, String> {
+    ) -> Result<u32, Failure> {
         let body = (!body.is_empty()).then_some(body);
         hostcalls::dispatch_http_call(cluster, headers, body, Vec::new(), timeout).map_err(
             |status| match status {
-                proxy_wasm::types::Status::BadArgument => format!(
-                    "Envoy refused the call (BadArgument): is \"{cluster}\" a cluster Envoy knows?"
+                proxy_wasm::types::Status::BadArgument => Failure::DispatchError {
+                    detail: format!(
+                        "Envoy refused the call (BadArgument): is \"{cluster}\" a cluster \
+                         Envoy knows?"
+                    ),
+                },
+                // Envoy 1.40 fails a call inline (its async client gives no request back)
+                // when the cluster's circuit breaker is full; a cluster with no endpoint at
+                // all fails the same way, and the two cannot be told apart here.
+                proxy_wasm::types::Status::InternalFailure => call::overflow(
+                    cluster,
+                    "refused at dispatch, InternalFailure; or the cluster has no endpoint",
                 ),
-                other => format!("Envoy refused the call ({other:?})"),
+                other => Failure::DispatchError {
+                    detail: format!("Envoy refused the call ({other:?})"),
+                },
             },
         )
     }

@@ -276,3 +276,71 @@ fn a_root_call_that_never_comes_back_is_given_up_after_its_worst_case() {
     assert_eq!(state.value("fanout.requests.undelivered"), 1);
     assert_eq!(state.value("fanout.in_flight"), 0);
 }
+
+/// Envoy's answer to a call its circuit breaker refused once the call had a connection.
+const OVERFLOW_BODY: &str =
+    "upstream connect error or disconnect/reset before headers. reset reason: overflow";
+
+// Envoy 1.40 refuses a call past a full circuit breaker in two forms: a callback 503 with
+// "reset reason: overflow", or `dispatch_http_call` failing inline. Both are `overflow`.
+#[test]
+fn a_circuit_breaker_overflow_in_either_form_is_reported_and_counted_as_overflow() {
+    let mut plugin =
+        FakeEnvoy::configured(r#"{"subscribers": [{"cluster": "a"}, {"cluster": "b"}]}"#);
+    plugin
+        .host
+        .0
+        .borrow_mut()
+        .overflowing_clusters
+        .insert("b".into());
+    let mut ctx = send(&plugin, &post("x"), b"e");
+    assert_eq!(clusters(&plugin), ["a"], "a refused call was sent");
+    plugin.answer_call(&mut ctx, 1, Some(503), OVERFLOW_BODY);
+    let doc = report(&plugin.only_answer());
+    for (failed, cluster) in doc["failed"].as_array().unwrap().iter().zip(["a", "b"]) {
+        assert_eq!(failed["cluster"], cluster);
+        assert_eq!(failed["outcome"], "overflow", "{failed}");
+        let detail = failed["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(&format!("circuit breaker of cluster \"{cluster}\" is full")),
+            "{detail}"
+        );
+    }
+    assert_eq!(plugin.flushed("fanout.subscriber.a.failed.overflow"), 1);
+    assert_eq!(
+        plugin.state().value("fanout.subscriber.b.failed.overflow"),
+        1
+    );
+    assert_eq!(plugin.state().value("fanout.subscriber.a.failed.reset"), 0);
+}
+
+#[test]
+fn an_overflow_is_retried_and_dead_lettered_as_overflow() {
+    let mut plugin = FakeEnvoy::configured(
+        r#"{"delivery": {"retry": 1, "backoff_delay_ms": 100,
+             "dead_letter": {"cluster": "dlq"}}, "subscribers": [{"cluster": "a"}]}"#,
+    );
+    let mut ctx = send(&plugin, &post("x"), b"e");
+    plugin.answer_call(&mut ctx, 1, Some(503), OVERFLOW_BODY);
+    plugin
+        .host
+        .0
+        .borrow_mut()
+        .overflowing_clusters
+        .insert("a".into());
+    // The retry is refused at dispatch: the dead letter goes out, naming the outcome.
+    plugin.tick_at(10_000);
+    let letter = plugin.last_call();
+    assert_eq!(letter.cluster, "dlq");
+    assert_eq!(
+        header_of(&letter, "x-fanout-failed-outcome").as_deref(),
+        Some("overflow")
+    );
+    assert_eq!(
+        header_of(&letter, "x-fanout-failed-attempts").as_deref(),
+        Some("2")
+    );
+    plugin.answer_root_call(letter.token, Some(200), "", &[]);
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 202);
+}
