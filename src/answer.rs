@@ -15,6 +15,9 @@ pub const FAILED_HEADER: &str = "x-fanout-failed";
 pub const ALREADY_DELIVERED_HEADER: &str = "x-fanout-already-delivered";
 /// Header on an answer when some subscribers' events went to their dead-letter target.
 pub const DEAD_LETTERED_HEADER: &str = "x-fanout-dead-lettered";
+/// Header on an answer sent while best-effort subscribers were still being delivered to: how
+/// many.
+pub const PENDING_HEADER: &str = "x-fanout-pending";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {

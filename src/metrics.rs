@@ -333,7 +333,8 @@ impl Tally {
         self.bump(ids.dead_lettered);
     }
 
-    /// An async fan-out ended with a subscriber that failed for good, after its 202.
+    /// A fan-out ended with a subscriber that failed for good after the sender's answer: in
+    /// async mode, or a best-effort subscriber.
     pub fn undelivered(&mut self) {
         let id = self.counter(UNDELIVERED);
         self.bump(id);

@@ -165,10 +165,13 @@ impl<H: Host + Clone> Plugin<H> {
 
     /// Answers to the calls the root made (retries, async deliveries).
     pub fn on_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        let finished =
-            self.deliveries
-                .borrow_mut()
-                .on_response(&self.host, token, num_headers, body_size);
+        let finished = self.deliveries.borrow_mut().on_response(
+            &self.host,
+            token,
+            num_headers,
+            body_size,
+            true,
+        );
         self.deliver(finished.into_iter().collect());
     }
 

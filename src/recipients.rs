@@ -65,7 +65,7 @@ pub fn choose<H: Host>(
         }
     }
     // Before anything is claimed: a refused request must leave no claim behind.
-    if config.mode == AnswerMode::Async {
+    if config.mode == AnswerMode::Async || channel.all_best_effort() {
         let in_flight = async_in_flight();
         if in_flight >= config.max_in_flight {
             return Err(Answer::busy(in_flight));

@@ -16,7 +16,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use crate::answer::Answer;
+use crate::answer::{Answer, PENDING_HEADER};
 use crate::config::{AnswerMode, BodyWait, Config};
 use crate::deliveries::{Deliveries, Finished, Job};
 use crate::host::Host;
@@ -138,10 +138,13 @@ impl<H: Host> Stream<H> {
 
     /// The answer to a call this stream made.
     pub fn on_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        let finished =
-            self.deliveries
-                .borrow_mut()
-                .on_response(&self.host, token, num_headers, body_size);
+        let finished = self.deliveries.borrow_mut().on_response(
+            &self.host,
+            token,
+            num_headers,
+            body_size,
+            false,
+        );
         if let Some(finished) = finished {
             self.finished(finished);
         }
@@ -151,7 +154,7 @@ impl<H: Host> Stream<H> {
     pub fn on_done(&mut self) -> bool {
         if let Stage::Delivering { job } = self.stage {
             let mut deliveries = self.deliveries.borrow_mut();
-            if deliveries.contains(job) {
+            if deliveries.awaits_answer(job) {
                 log::info!(
                     "[#{}] the client went away before the fan-out ended; its calls are \
                      cancelled",
@@ -171,12 +174,13 @@ impl<H: Host> Stream<H> {
     pub fn on_response_headers(&mut self) -> Flow {
         match self.stage {
             Stage::Answered => {}
-            // The root context answered for this stream: the fan-out is over.
+            // The root context answered for this stream: the fan-out is over, or goes on
+            // with best-effort deliveries only.
             Stage::Delivering { job }
                 if self
                     .deliveries
                     .try_borrow()
-                    .is_ok_and(|deliveries| !deliveries.contains(job)) =>
+                    .is_ok_and(|deliveries| !deliveries.awaits_answer(job)) =>
             {
                 self.stage = Stage::Answered;
             }
@@ -257,6 +261,8 @@ impl<H: Host> Stream<H> {
             }
         };
         let in_progress = recipients.fanout.in_progress();
+        // Subscribers to call: in a channel of best-effort ones, all still pending at the 202.
+        let to_call = recipients.fanout.open();
         // Nothing to send (every subscriber skipped, or already delivered): the deliveries
         // end the job at once.
         let nothing_to_send = recipients.fanout.is_done();
@@ -270,39 +276,41 @@ impl<H: Host> Stream<H> {
             started_ms: self.started_ms,
             redelivery: recipients.claims,
         };
-        match config.mode {
-            AnswerMode::Async => {
-                let (_, finished) =
-                    self.deliveries
-                        .borrow_mut()
-                        .start(&self.host, job, nothing_to_send);
-                let answer = match finished {
-                    // Nothing to send: the verdict is already known (202, with the report
-                    // when dedupe found every subscriber had the event; 409 when another
-                    // request is delivering to the rest).
-                    Some(finished) => finished.answer,
-                    // What this request claimed is delivered in the background; the
-                    // subscribers another request is delivering to are that request's. The
-                    // sender retries, and the retry is answered from the records.
-                    None if in_progress > 0 => Answer::in_progress_elsewhere(in_progress),
-                    None => Answer::accepted(),
-                };
-                if answer.status == 202 {
-                    self.answer(answer, false);
-                } else {
-                    self.reject(answer);
+        // A channel of best-effort subscribers only answers at once, like async mode.
+        let answer_now = config.mode == AnswerMode::Async || channel.all_best_effort();
+        if answer_now {
+            let (_, finished) =
+                self.deliveries
+                    .borrow_mut()
+                    .start(&self.host, job, nothing_to_send);
+            let answer = match finished {
+                // Nothing to send: the verdict is already known (202, with the report
+                // when dedupe found every subscriber had the event; 409 when another
+                // request is delivering to the rest).
+                Some(finished) => finished.answer,
+                // What this request claimed is delivered in the background; the
+                // subscribers another request is delivering to are that request's. The
+                // sender retries, and the retry is answered from the records.
+                None if in_progress > 0 => Answer::in_progress_elsewhere(in_progress),
+                None if channel.all_best_effort() => {
+                    Answer::accepted().with_header(PENDING_HEADER, to_call.to_string())
                 }
+                None => Answer::accepted(),
+            };
+            if answer.status == 202 {
+                self.answer(answer, false);
+            } else {
+                self.reject(answer);
             }
-            AnswerMode::Sync => {
-                let job = Job {
-                    answer_to: Some(self.id),
-                    ..job
-                };
-                let (id, finished) = self.deliveries.borrow_mut().start(&self.host, job, true);
-                self.stage = Stage::Delivering { job: id };
-                if let Some(finished) = finished {
-                    self.finished(finished);
-                }
+        } else {
+            let job = Job {
+                answer_to: Some(self.id),
+                ..job
+            };
+            let (id, finished) = self.deliveries.borrow_mut().start(&self.host, job, true);
+            self.stage = Stage::Delivering { job: id };
+            if let Some(finished) = finished {
+                self.finished(finished);
             }
         }
     }

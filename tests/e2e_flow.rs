@@ -1,16 +1,19 @@
-//! Flow control in the real Envoy (issue 16): jittered retry waits; Envoy's own circuit
-//! breaker reported as its own outcome, `overflow`.
+//! Flow control in the real Envoy (issue 16): Envoy's own circuit breaker reported as its own
+//! outcome, `overflow`; best-effort subscribers, which the sender's answer does not wait for;
+//! jittered retry waits.
 //!
-//! The per-subscriber cap and best-effort subscribers are not in this file yet (branch
-//! `t16-rest` has their tests, written before the behaviour).
+//! The per-subscriber cap (`max_concurrent_calls`) is not in this file yet: branch
+//! `t16-rest` has its tests, written before the behaviour.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod harness;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use harness::timing::{assert_waited_at_least, TIMER_EARLY_SLACK};
-use harness::{assert_202, assert_status, send, Behavior, Client, Envoy, Reply, Subscriber};
+use harness::timing::{assert_waited_at_least, LOADED_LATE_SLACK, TIMER_EARLY_SLACK};
+use harness::{
+    assert_202, assert_rejected, assert_status, send, Behavior, Client, Envoy, Reply, Subscriber,
+};
 use serde_json::{json, Value};
 
 const fn ms(n: u64) -> Duration {
@@ -117,6 +120,139 @@ fn a_circuit_breaker_overflow_is_retried_and_dead_lettered_as_overflow() {
     assert_eq!(letter.header("x-fanout-failed-outcome"), Some("overflow"));
     assert_202(&holder.join().unwrap());
     assert_eq!(tiny.count(), 1);
+}
+
+/// Waits (bounded, generously: stats are flushed on the root context's timer) until the
+/// fanout stat `wasmcustom.<name>` is `value`; panics if it does not get there.
+fn expect_stat(envoy: &Envoy, name: &str, value: u64) {
+    envoy.expect_stat(
+        &format!("wasmcustom.{name}"),
+        |v| v == value,
+        Duration::from_secs(15),
+    );
+}
+
+/// Asserts that `sub` gets no more than `n` requests within `wait`. (A fixed wait: it looks for
+/// something that must not happen; a loaded machine can only make it miss, never fail.)
+fn stays_at(sub: &Subscriber, n: usize, wait: Duration) {
+    std::thread::sleep(wait);
+    assert_eq!(sub.count(), n, "{}: {:#?}", sub.name(), sub.requests());
+}
+
+#[test]
+fn a_failing_best_effort_subscriber_leaves_the_answer_202_and_is_dead_lettered() {
+    let billing = Subscriber::ok("billing");
+    let audit = Subscriber::start("audit", Behavior::Status(503));
+    let dlq = Subscriber::ok("dlq");
+    let config = json!({
+        "subscribers": [
+            { "cluster": "billing" },
+            { "cluster": "audit", "required": false,
+              "delivery": { "retry": 2, "backoff_delay_ms": 50,
+                            "dead_letter": { "cluster": "dlq", "path": "/audit" } } }
+        ]
+    });
+    let envoy = envoy(&config, &[&billing, &audit, &dlq], 2);
+    assert_202(&send(Client::http1().post(&envoy.url("/")).body("event")));
+    assert_eq!(billing.only_request().body, b"event");
+    // The best-effort delivery goes on after the answer: its retries, then the dead letter.
+    assert_eq!(audit.wait_for(3, Duration::from_secs(10)), 3);
+    assert_eq!(dlq.wait_for(1, Duration::from_secs(10)), 1);
+    let letter = dlq.only_request();
+    assert_eq!(letter.path, "/audit");
+    assert_eq!(letter.body, b"event");
+    assert_eq!(letter.header("x-fanout-failed-cluster"), Some("audit"));
+    assert_eq!(letter.header("x-fanout-failed-attempts"), Some("3"));
+    stays_at(&audit, 3, ms(300));
+
+    // Without a dead letter, its failure still leaves a 202, and is counted.
+    let config = json!({
+        "subscribers": [{ "cluster": "billing" }, { "cluster": "audit", "required": false }]
+    });
+    let envoy = self::envoy(&config, &[&billing, &audit], 2);
+    assert_202(&send(Client::http1().post(&envoy.url("/")).body("again")));
+    expect_stat(&envoy, "fanout.subscriber.audit.failed.status_5xx", 1);
+}
+
+#[test]
+fn a_slow_best_effort_subscriber_does_not_delay_the_answer_which_says_it_is_pending() {
+    const SLOW: Duration = Duration::from_secs(6);
+    let billing = Subscriber::ok("billing");
+    let search = Subscriber::start("search", Behavior::Delay(SLOW, 200));
+    let config = json!({
+        "subscribers": [{ "cluster": "billing" }, { "cluster": "search", "required": false }]
+    });
+    let envoy = envoy(&config, &[&billing, &search], 2);
+    let started = Instant::now();
+    {
+        let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
+        assert_202(&reply);
+        assert_eq!(reply.header("x-fanout-pending").as_deref(), Some("1"));
+        // The client and its connection go away here: the delivery goes on from the root.
+    }
+    let answered = started.elapsed();
+    // Waiting for the slow one would take SLOW; a loaded machine adds less than this.
+    assert!(
+        answered < SLOW - LOADED_LATE_SLACK,
+        "answered after {answered:?}"
+    );
+    assert_eq!(billing.only_request().body, b"event");
+    assert_eq!(search.wait_for(1, Duration::from_secs(10)), 1);
+    // The best-effort delivery completes after the answer.
+    expect_stat(&envoy, "fanout.subscriber.search.delivered", 1);
+
+    // A required failure is answered 500 at once too, listing the best-effort subscriber
+    // apart from the failed ones.
+    billing.set_behavior(Behavior::Status(400));
+    let started = Instant::now();
+    let reply = send(Client::http1().post(&envoy.url("/")).body("second"));
+    assert!(started.elapsed() < SLOW - LOADED_LATE_SLACK);
+    assert_status(&reply, 500);
+    let report = reply.json();
+    let failed: Vec<&str> = report["failed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["cluster"].as_str().unwrap())
+        .collect();
+    assert_eq!(failed, ["billing"], "{report}");
+    let mut rest = report.clone();
+    rest["failed"] = json!([]);
+    assert!(
+        rest.to_string().contains("\"search\""),
+        "the report does not name the best-effort subscriber: {report}"
+    );
+}
+
+#[test]
+fn a_channel_of_best_effort_subscribers_answers_at_once_like_async_mode() {
+    const SLOW: Duration = Duration::from_secs(6);
+    let a = Subscriber::start("a", Behavior::Delay(SLOW, 200));
+    let b = Subscriber::start("b", Behavior::Delay(SLOW, 200));
+    let config = json!({
+        "max_in_flight": 1,
+        "subscribers": [
+            { "cluster": "a", "required": false },
+            { "cluster": "b", "required": false }
+        ]
+    });
+    let envoy = envoy(&config, &[&a, &b], 1);
+    let client = Client::http1();
+    let reply = send(client.post(&envoy.url("/")).body("event"));
+    assert_202(&reply);
+    assert_eq!(reply.header("x-fanout-pending").as_deref(), Some("2"));
+    assert!(
+        reply.elapsed < SLOW - LOADED_LATE_SLACK,
+        "{:?}",
+        reply.elapsed
+    );
+    // Bounded by max_in_flight, like async mode.
+    let second = send(client.post(&envoy.url("/")).body("second"));
+    assert_rejected(&second, 503);
+    assert!(second.header("retry-after").is_some());
+    assert_eq!(a.wait_for(1, Duration::from_secs(10)), 1);
+    assert_eq!(b.wait_for(1, Duration::from_secs(10)), 1);
+    stays_at(&a, 1, ms(300));
 }
 
 /// The gaps between a subscriber's attempts, as it received them.

@@ -149,6 +149,8 @@ struct RawSubscriber {
     filters: Option<Vec<serde_json::Value>>,
     /// The older `{"attributes": {...}}` form, compiled by [`event_filter::compile_legacy`].
     filter: Option<serde_json::Value>,
+    /// `false`: best-effort, the sender's answer does not wait for it (default true).
+    required: Option<bool>,
 }
 
 /// Where a dead letter or a reply goes: a call target like a subscriber.
@@ -244,6 +246,13 @@ pub struct Channel {
     pub filtered: bool,
 }
 
+impl Channel {
+    /// Every subscriber is best-effort: the channel answers 202 at once, like async mode.
+    pub fn all_best_effort(&self) -> bool {
+        !self.subscribers.is_empty() && self.subscribers.iter().all(|s| !s.required)
+    }
+}
+
 /// One delivery target: an Envoy cluster, the request line it expects, and what to do when
 /// it fails or answers with an event.
 #[derive(Debug)]
@@ -266,6 +275,9 @@ pub struct Subscriber {
     pub dedupe_id: u64,
     /// `delivery.backoff_jitter`: how much its retry waits are spread.
     pub backoff_jitter: Jitter,
+    /// `false`: best-effort; the sender's answer does not depend on it, and its calls go out
+    /// from the root context.
+    pub required: bool,
 }
 
 /// A dead-letter or reply target.
@@ -388,6 +400,44 @@ mod tests {
                 "config {json}\n  gave: {message}\n  want: ...{expected}..."
             );
         }
+    }
+
+    #[test]
+    fn subscribers_are_required_unless_they_say_otherwise() {
+        let config = parse(
+            r#"{"subscribers": [{"cluster": "a"}, {"cluster": "b", "required": false},
+                                {"cluster": "c", "required": true}]}"#,
+        )
+        .unwrap();
+        let required: Vec<bool> = config.channels[0]
+            .subscribers
+            .iter()
+            .map(|s| s.required)
+            .collect();
+        assert_eq!(required, [true, false, true]);
+        assert!(!config.channels[0].all_best_effort());
+        // Best-effort calls go out on the root context's timer.
+        assert!(config.needs_timer);
+        let config = parse(r#"{"subscribers": [{"cluster": "a", "required": false}]}"#).unwrap();
+        assert!(config.channels[0].all_best_effort());
+    }
+
+    #[test]
+    fn required_rejections_name_the_field() {
+        assert_rejected(&[
+            (
+                r#"{"subscribers": [{"cluster": "a", "required": "no"}]}"#,
+                "subscribers[0].required: invalid type: string \"no\", expected a boolean",
+            ),
+            (
+                r#"{"required": false, "subscribers": []}"#,
+                "required: unknown field `required`",
+            ),
+            (
+                r#"{"channels": [{"required": false, "subscribers": []}]}"#,
+                "channels[0].required: unknown field `required`",
+            ),
+        ]);
     }
 
     #[test]

@@ -76,11 +76,12 @@ impl RawConfig {
         let max_in_flight = max_in_flight(self.max_in_flight)?;
         let (channels, router) = channels(raw_channels, shorthand, default_timeout, &defaults)?;
         let warnings = sync_warnings(self.mode, &channels);
+        // Best-effort subscribers are called from the root context, by its timer.
         let needs_timer = self.mode == AnswerMode::Async
             || channels
                 .iter()
                 .flat_map(|c| &c.subscribers)
-                .any(Subscriber::has_follow_ups);
+                .any(|s| s.has_follow_ups() || !s.required);
 
         Ok(Config {
             // OPTIONS is answered by the filter itself (request.rs), whatever `methods` says.
@@ -389,6 +390,7 @@ impl RawSubscriber {
             // Set with its channel's others (an identity depends on its duplicates).
             dedupe_id: 0,
             backoff_jitter,
+            required: self.required.unwrap_or(true),
         })
     }
 }

@@ -129,12 +129,21 @@ impl Deliveries {
         self.jitter_rng = JitterRng::with_seed(seed);
     }
 
-    /// Async fan-outs still delivering (what `max_in_flight` bounds).
+    /// Fan-outs delivering in the background, their sender answered (async mode, channels
+    /// of best-effort subscribers, best-effort deliveries after the answer): what
+    /// `max_in_flight` bounds.
     pub fn async_in_flight(&self) -> usize {
         self.jobs
             .values()
-            .filter(|job| job.config.mode == AnswerMode::Async)
+            .filter(|job| job.answer_to.is_none())
             .count()
+    }
+
+    /// Whether job `id`'s sender still waits for its answer.
+    pub fn awaits_answer(&self, id: u64) -> bool {
+        self.jobs
+            .get(&id)
+            .is_some_and(|job| job.answer_to.is_some())
     }
 
     pub fn contains(&self, job: u64) -> bool {
@@ -156,7 +165,7 @@ impl Deliveries {
         self.count(&job.config, |tally| tally.fanout_started());
         self.jobs.insert(id, job);
         let finished = if send_now {
-            self.pump(host, &Clock::new(host), id)
+            self.pump(host, &Clock::new(host), id, false)
         } else {
             None
         };
@@ -168,7 +177,8 @@ impl Deliveries {
     /// claims are settled: what was delivered so far is recorded, the rest released.
     pub fn abandon<H: Host>(&mut self, host: &H, id: u64) {
         if let Some(job) = self.jobs.get(&id) {
-            if job.config.mode == AnswerMode::Async {
+            // Async, or answered already with best-effort deliveries still going on.
+            if job.config.mode == AnswerMode::Async || job.answer_to.is_none() {
                 return;
             }
         }
@@ -219,13 +229,23 @@ impl Deliveries {
             })
             .map(|(id, _)| *id)
             .collect();
-        finished.extend(due.into_iter().filter_map(|id| self.pump(host, &clock, id)));
+        finished.extend(
+            due.into_iter()
+                .filter_map(|id| self.pump(host, &clock, id, true)),
+        );
         finished
     }
 
     /// Sends every call of job `id` that is due, until none is (a refused call may turn into
     /// a dead letter at once); returns the answer if the fan-out ended.
-    fn pump<H: Host>(&mut self, host: &H, clock: &Clock<'_, H>, id: u64) -> Option<Finished> {
+    /// `from_root`: the root context is the current one (else a stream's).
+    fn pump<H: Host>(
+        &mut self,
+        host: &H,
+        clock: &Clock<'_, H>,
+        id: u64,
+        from_root: bool,
+    ) -> Option<Finished> {
         loop {
             let job = self.jobs.get_mut(&id)?;
             // The time matters only to retries waiting for it.
@@ -234,12 +254,20 @@ impl Deliveries {
             } else {
                 0
             };
-            let sends = job.fanout.take_ready(now);
+            let config = job.config.clone();
+            let channel = config.channel(job.fanout.channel())?;
+            // Best-effort subscribers are called from the root context only: Envoy cancels a
+            // stream's calls when the stream ends, and their delivery outlives the answer.
+            let sends = if from_root {
+                job.fanout.take_ready(now)
+            } else {
+                job.fanout.take_ready_where(now, |index| {
+                    channel.subscribers.get(index).is_some_and(|s| s.required)
+                })
+            };
             if sends.is_empty() {
                 break;
             }
-            let config = job.config.clone();
-            let channel = config.channel(job.fanout.channel())?;
             let telemetry = self.telemetry.clone();
             for send in sends {
                 let job = self.jobs.get_mut(&id)?;
@@ -284,12 +312,14 @@ impl Deliveries {
     }
 
     /// The answer to call `token` is being delivered (to whichever context made the call).
+    /// `from_root`: it is delivered to the root context (else to the stream that made it).
     pub fn on_response<H: Host>(
         &mut self,
         host: &H,
         token: u32,
         num_headers: usize,
         body_size: usize,
+        from_root: bool,
     ) -> Option<Finished> {
         let (id, index) = self.tokens.remove(&token)?;
         let job = self.jobs.get_mut(&id)?;
@@ -413,12 +443,13 @@ impl Deliveries {
             }
         });
         // A leg that just changed (reply, dead letter) goes out at once.
-        self.pump(host, &clock, id)
+        self.pump(host, &clock, id, from_root)
     }
 
     fn finish_if_done<H: Host>(&mut self, clock: &Clock<'_, H>, id: u64) -> Option<Finished> {
-        if !self.jobs.get(&id)?.fanout.is_done() {
-            return None;
+        let job = self.jobs.get_mut(&id)?;
+        if !job.fanout.is_done() {
+            return self.answer_if_due(id);
         }
         let mut job = self.jobs.remove(&id)?;
         self.settle(clock, &mut job);
@@ -429,7 +460,26 @@ impl Deliveries {
         } else {
             0
         };
+        let best_effort_failed = job.fanout.best_effort_failed(channel);
+        if best_effort_failed > 0 {
+            // Never in the answer's status: logged and counted here, dead-lettered if
+            // configured (a dead-lettered one is not failed).
+            log::warn!(
+                "[#{}] channel {}: {best_effort_failed} best-effort subscriber(s) failed for good",
+                job.log_id,
+                channel.name
+            );
+            // Async mode counts every failure after the 202 below.
+            if job.config.mode == AnswerMode::Sync {
+                self.count(&job.config, |tally| tally.undelivered());
+            }
+        }
         match job.config.mode {
+            // Answered already (best-effort deliveries went on after it): it ends like an
+            // async one.
+            AnswerMode::Sync if job.answer_to.is_none() => {
+                self.count(&job.config, |tally| tally.fanout_ended(Some(duration)));
+            }
             AnswerMode::Sync => {
                 if answer.status != 202 {
                     log::info!(
@@ -472,6 +522,23 @@ impl Deliveries {
             answer_to: job.answer_to,
             answer,
         })
+    }
+
+    /// A sync fan-out whose required subscribers have all ended while best-effort ones are
+    /// still being delivered to: the sender is answered now (202 with `x-fanout-pending`, or
+    /// the 500 of a required failure) and the rest goes on from the root context.
+    fn answer_if_due(&mut self, id: u64) -> Option<Finished> {
+        let job = self.jobs.get_mut(&id)?;
+        let channel = job.config.channel(job.fanout.channel())?;
+        if job.answer_to.is_none() || !job.fanout.required_done(channel) {
+            return None;
+        }
+        let answer = job.fanout.verdict(channel);
+        let answer_to = job.answer_to.take();
+        let config = job.config.clone();
+        let status = answer.status;
+        self.count(&config, |tally| tally.answered(status));
+        Some(Finished { answer_to, answer })
     }
 
     /// Records `dedupe`'s outcome of a job that ended (async too: at the end of the background

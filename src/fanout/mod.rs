@@ -275,8 +275,16 @@ impl FanOut {
     /// whose wait is over at `now_ms`. The caller reports each back with
     /// [`FanOut::dispatched`] or [`FanOut::dispatch_failed`].
     pub fn take_ready(&mut self, now_ms: u64) -> Vec<Send> {
+        self.take_ready_where(now_ms, |_| true)
+    }
+
+    /// [`FanOut::take_ready`] for the subscribers `wanted` accepts; the others stay ready.
+    pub fn take_ready_where(&mut self, now_ms: u64, wanted: impl Fn(usize) -> bool) -> Vec<Send> {
         let mut sends = Vec::new();
         for (index, call) in self.calls.iter_mut().enumerate() {
+            if !wanted(index) {
+                continue;
+            }
             let due = match call.state {
                 CallState::Ready => true,
                 CallState::Waiting { until_ms } => until_ms <= now_ms,
@@ -496,6 +504,32 @@ impl FanOut {
     }
 
     /// Every subscriber's delivery has ended.
+    /// Every required subscriber of `channel` has ended: the sender's answer is due.
+    pub fn required_done(&self, channel: &Channel) -> bool {
+        self.calls
+            .iter()
+            .zip(&channel.subscribers)
+            .all(|(call, sub)| !sub.required || call.ended())
+    }
+
+    /// Best-effort subscribers of `channel` whose delivery is still going on.
+    pub fn best_effort_pending(&self, channel: &Channel) -> usize {
+        self.calls
+            .iter()
+            .zip(&channel.subscribers)
+            .filter(|(call, sub)| !sub.required && !call.ended())
+            .count()
+    }
+
+    /// Best-effort subscribers of `channel` that failed for good.
+    pub fn best_effort_failed(&self, channel: &Channel) -> usize {
+        self.calls
+            .iter()
+            .zip(&channel.subscribers)
+            .filter(|(call, sub)| !sub.required && matches!(call.state, CallState::Failed { .. }))
+            .count()
+    }
+
     pub fn is_done(&self) -> bool {
         self.open == 0
     }

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::{Call, CallState, FanOut};
 use crate::answer::{
-    sanitize, Answer, ALREADY_DELIVERED_HEADER, DEAD_LETTERED_HEADER, FAILED_HEADER,
+    sanitize, Answer, ALREADY_DELIVERED_HEADER, DEAD_LETTERED_HEADER, FAILED_HEADER, PENDING_HEADER,
 };
 use crate::call::{Failure, Leg, DETAIL_BYTES};
 use crate::config::{Channel, Subscriber};
@@ -27,17 +27,30 @@ impl FanOut {
                 .collect()
         };
         let dead_lettered = clusters(&|s| *s == CallState::DeadLettered);
-        let failed: Vec<FailedSubscriber<'_>> = self
+        // A best-effort subscriber's failure is reported apart and never makes a 500.
+        let failed_where = |required: bool| -> Vec<FailedSubscriber<'_>> {
+            self.calls
+                .iter()
+                .zip(&channel.subscribers)
+                .filter(|(_, sub)| sub.required == required)
+                .filter_map(|(call, sub)| match &call.state {
+                    CallState::Failed { elapsed_ms } => {
+                        Some(FailedSubscriber::new(sub, call, *elapsed_ms))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let failed = failed_where(true);
+        let best_effort_failed = failed_where(false);
+        let best_effort_pending: Vec<&str> = self
             .calls
             .iter()
             .zip(&channel.subscribers)
-            .filter_map(|(call, sub)| match &call.state {
-                CallState::Failed { elapsed_ms } => {
-                    Some(FailedSubscriber::new(sub, call, *elapsed_ms))
-                }
-                _ => None,
-            })
+            .filter(|(call, sub)| !sub.required && !call.ended())
+            .map(|(_, sub)| sub.cluster.as_str())
             .collect();
+        let pending = best_effort_pending.len();
         let already_delivered = clusters(&|s| *s == CallState::AlreadyDelivered);
         let in_progress = clusters(&|s| *s == CallState::InProgress);
         let answer = if failed.is_empty() && already_delivered.is_empty() && in_progress.is_empty()
@@ -61,6 +74,8 @@ impl FanOut {
                 skipped: clusters(&|s| *s == CallState::Skipped),
                 already_delivered,
                 in_progress,
+                best_effort_failed,
+                best_effort_pending,
                 succeeded: self.full_report.then(|| {
                     self.calls
                         .iter()
@@ -90,17 +105,22 @@ impl FanOut {
             }
             answer
         };
-        if dead_lettered.is_empty() {
+        let answer = if dead_lettered.is_empty() {
             answer
         } else {
             answer.with_header(DEAD_LETTERED_HEADER, dead_lettered.len().to_string())
+        };
+        if pending == 0 {
+            answer
+        } else {
+            answer.with_header(PENDING_HEADER, pending.to_string())
         }
     }
 }
 
 /// The body of a 500: which subscribers did not take the event, and why.
 /// `subscribers` = `delivered` + `failed` + `dead_lettered` + `skipped` + `already_delivered`
-/// + `in_progress`. Also the body of a 202 or 409 when `dedupe` did not call some subscribers.
+/// + `in_progress` + `best_effort_failed` + `best_effort_pending`. Also the body of a 202 or 409 when `dedupe` did not call some subscribers.
 #[derive(Serialize)]
 struct Report<'a> {
     channel: &'a str,
@@ -117,6 +137,13 @@ struct Report<'a> {
     /// `dedupe`: another request for the same event is delivering it to them right now.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     in_progress: Vec<&'a str>,
+    /// Best-effort subscribers that failed for good (apart from `failed`: they never make
+    /// the answer a 500).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    best_effort_failed: Vec<FailedSubscriber<'a>>,
+    /// Best-effort subscribers still being delivered to when the answer was sent.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    best_effort_pending: Vec<&'a str>,
     /// With `"report": "full"`: every subscriber that took the event.
     #[serde(skip_serializing_if = "Option::is_none")]
     succeeded: Option<Vec<Succeeded<'a>>>,

@@ -4,6 +4,7 @@
 //! They run natively and inside wasm32 (`make test-wasm`).
 
 mod admission;
+mod best_effort;
 mod configure;
 mod dedupe;
 mod delivery;
