@@ -20,6 +20,8 @@ pub mod routing;
 pub mod dead_letter;
 pub mod event_filter;
 pub mod jitter;
+// Per-cluster caps on calls in flight (issue 16, not wired yet).
+pub mod call_slots;
 pub mod reply;
 pub mod retry;
 // The configuration, validated into what a request needs.

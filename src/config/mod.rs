@@ -16,6 +16,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::error::Category;
 
+use crate::call_slots::CallCap;
 use crate::cloudevents::Attributes;
 use crate::event_filter::{self, Filter};
 use crate::headers::HeaderSelector;
@@ -98,6 +99,9 @@ struct RawConfig {
     #[serde(default)]
     mode: AnswerMode,
     max_in_flight: Option<u32>,
+    /// Defaults of every subscriber's own.
+    max_concurrent_calls: Option<u32>,
+    max_queued_calls: Option<u32>,
     #[serde(default)]
     report: ReportDetail,
     dedupe: Option<RawDedupe>,
@@ -151,6 +155,8 @@ struct RawSubscriber {
     filter: Option<serde_json::Value>,
     /// `false`: best-effort, the sender's answer does not wait for it (default true).
     required: Option<bool>,
+    max_concurrent_calls: Option<u32>,
+    max_queued_calls: Option<u32>,
 }
 
 /// Where a dead letter or a reply goes: a call target like a subscriber.
@@ -225,6 +231,9 @@ pub struct Config {
     pub report: ReportDetail,
     /// Async mode: events one worker holds at once; past it a request gets 503.
     pub max_in_flight: usize,
+    /// Every cluster whose subscribers have `max_concurrent_calls`, with its cap (one per
+    /// cluster: its subscribers share it), for [`crate::call_slots::CallSlots::set_caps`].
+    pub call_caps: Vec<(String, CallCap)>,
     /// Some subscriber retries, dead-letters or replies: the root context's timer is needed.
     pub needs_timer: bool,
     /// Things that are valid but probably not what the user wants, for configure() to log.
@@ -278,6 +287,8 @@ pub struct Subscriber {
     /// `false`: best-effort; the sender's answer does not depend on it, and its calls go out
     /// from the root context.
     pub required: bool,
+    /// `max_concurrent_calls` and `max_queued_calls` of its cluster (`None`: no cap).
+    pub call_cap: Option<CallCap>,
 }
 
 /// A dead-letter or reply target.
@@ -376,6 +387,7 @@ fn without_position(e: &serde_json::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::call_slots::DEFAULT_MAX_QUEUED_CALLS;
     use crate::retry::DEFAULT_BACKOFF_MAX_MS;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -438,6 +450,126 @@ mod tests {
                 "channels[0].required: unknown field `required`",
             ),
         ]);
+    }
+
+    #[test]
+    fn call_caps_are_off_by_default_and_fall_back_to_the_top_level() {
+        let config = parse(r#"{"subscribers": [{"cluster": "a"}]}"#).unwrap();
+        assert_eq!(config.channels[0].subscribers[0].call_cap, None);
+        assert!(config.call_caps.is_empty());
+
+        let config = parse(
+            r#"{
+              "max_concurrent_calls": 4,
+              "channels": [
+                { "name": "orders", "hosts": ["orders"], "subscribers": [
+                  { "cluster": "a" },
+                  { "cluster": "b", "max_concurrent_calls": 2, "max_queued_calls": 5 },
+                  { "cluster": "c", "max_queued_calls": 0 },
+                  { "cluster": "a", "path": "/other" }
+                ] },
+                { "name": "audit", "hosts": ["audit"], "subscribers": [
+                  { "cluster": "b", "max_concurrent_calls": 2, "max_queued_calls": 5 }
+                ] }
+              ]
+            }"#,
+        )
+        .unwrap();
+        let cap = |max_concurrent_calls, max_queued_calls| {
+            Some(CallCap {
+                max_concurrent_calls,
+                max_queued_calls,
+            })
+        };
+        let caps: Vec<Option<CallCap>> = config
+            .channels
+            .iter()
+            .flat_map(|c| &c.subscribers)
+            .map(|s| s.call_cap)
+            .collect();
+        assert_eq!(
+            caps,
+            [
+                cap(4, DEFAULT_MAX_QUEUED_CALLS),
+                cap(2, 5),
+                cap(4, 0),
+                cap(4, DEFAULT_MAX_QUEUED_CALLS),
+                cap(2, 5),
+            ]
+        );
+        // One entry per cluster, in the order the clusters first appear.
+        let by_cluster: Vec<(&str, Option<CallCap>)> = config
+            .call_caps
+            .iter()
+            .map(|(cluster, cap)| (cluster.as_str(), Some(*cap)))
+            .collect();
+        assert_eq!(
+            by_cluster,
+            [
+                ("a", cap(4, DEFAULT_MAX_QUEUED_CALLS)),
+                ("b", cap(2, 5)),
+                ("c", cap(4, 0))
+            ]
+        );
+
+        // A top-level queue limit applies to the subscribers that have a cap of their own.
+        let config = parse(
+            r#"{"max_queued_calls": 7, "subscribers": [
+                 {"cluster": "a", "max_concurrent_calls": 1}, {"cluster": "b"}]}"#,
+        )
+        .unwrap();
+        let subs = &config.channels[0].subscribers;
+        assert_eq!((subs[0].call_cap, subs[1].call_cap), (cap(1, 7), None));
+    }
+
+    #[test]
+    fn call_cap_rejections_name_the_field() {
+        let cases: &[(&str, &str)] = &[
+            (
+                r#"{"max_concurrent_calls": 0, "subscribers": [{"cluster": "a"}]}"#,
+                "max_concurrent_calls: must be at least 1",
+            ),
+            (
+                r#"{"max_concurrent_calls": -1, "subscribers": []}"#,
+                "max_concurrent_calls: invalid value: integer `-1`",
+            ),
+            (
+                r#"{"max_concurrent_calls": 4294967296, "subscribers": []}"#,
+                "max_concurrent_calls: invalid value: integer `4294967296`",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a"}, {"cluster": "b", "max_concurrent_calls": 0}]}"#,
+                "subscribers[1].max_concurrent_calls: must be at least 1",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a", "max_concurrent_calls": 1, "max_queued_calls": -5}]}"#,
+                "subscribers[0].max_queued_calls: invalid value: integer `-5`",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a", "max_queued_calls": 10}]}"#,
+                "subscribers[0].max_queued_calls: has no effect without max_concurrent_calls",
+            ),
+            (
+                r#"{"max_queued_calls": 10, "subscribers": [{"cluster": "a"}]}"#,
+                "max_queued_calls: has no effect without max_concurrent_calls",
+            ),
+            (
+                r#"{"channels": [
+                     {"name": "x", "hosts": ["x"], "subscribers": [{"cluster": "billing", "max_concurrent_calls": 4}]},
+                     {"name": "y", "hosts": ["y"], "subscribers": [{"cluster": "billing"}]}]}"#,
+                "channels[1].subscribers[0].max_concurrent_calls: cluster \"billing\" has no \
+                 max_concurrent_calls here but max_concurrent_calls 4 and max_queued_calls 1000 \
+                 in channels[0].subscribers[0]: the subscribers of one cluster share its cap",
+            ),
+            (
+                r#"{"max_concurrent_calls": 2, "subscribers": [
+                     {"cluster": "a"}, {"cluster": "a", "path": "/b", "max_queued_calls": 3}]}"#,
+                "subscribers[1].max_queued_calls: cluster \"a\" has max_concurrent_calls 2 and \
+                 max_queued_calls 3 here but max_concurrent_calls 2 and max_queued_calls 1000 in \
+                 subscribers[0]",
+            ),
+        ];
+        assert_rejected(cases);
     }
 
     #[test]

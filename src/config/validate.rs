@@ -3,6 +3,7 @@
 //! worked out here: the call headers of every target, the routing table, the retry
 //! policies, the filters, the subscribers' dedupe identities.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use super::{
@@ -11,6 +12,7 @@ use super::{
     DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT_MS, OPTIONS, SUBSCRIBER_METHOD,
     SYNC_DEADLINE_WARNING_MS,
 };
+use crate::call_slots::{CallCap, DEFAULT_MAX_QUEUED_CALLS};
 use crate::event_filter;
 use crate::headers::{self, HeaderSelector};
 use crate::jitter::Jitter;
@@ -72,9 +74,18 @@ impl RawConfig {
         };
         let forward = forward_headers(self.forward_headers)?;
         let (raw_channels, shorthand) = channel_list(self.channels, self.subscribers)?;
-        let defaults = Defaults::validate(self.delivery, self.reply, default_timeout)?;
+        let mut defaults = Defaults::validate(self.delivery, self.reply, default_timeout)?;
+        if self.max_concurrent_calls == Some(0) {
+            return Err(ConfigError::new("max_concurrent_calls", NO_CALLS));
+        }
+        defaults.max_concurrent_calls = self.max_concurrent_calls;
+        defaults.max_queued_calls = self.max_queued_calls;
         let max_in_flight = max_in_flight(self.max_in_flight)?;
         let (channels, router) = channels(raw_channels, shorthand, default_timeout, &defaults)?;
+        let call_caps = call_caps(&channels, shorthand)?;
+        if self.max_queued_calls.is_some() && call_caps.is_empty() {
+            return Err(ConfigError::new("max_queued_calls", QUEUE_WITHOUT_CAP));
+        }
         let warnings = sync_warnings(self.mode, &channels);
         // Best-effort subscribers are called from the root context, by its timer.
         let needs_timer = self.mode == AnswerMode::Async
@@ -96,6 +107,7 @@ impl RawConfig {
             mode: self.mode,
             report: self.report,
             max_in_flight,
+            call_caps,
             needs_timer,
             warnings,
             dedupe: self.dedupe.map(RawDedupe::validate).transpose()?,
@@ -303,6 +315,8 @@ impl RawTarget {
 struct Defaults {
     delivery: RawDelivery,
     reply: Option<RawTarget>,
+    max_concurrent_calls: Option<u32>,
+    max_queued_calls: Option<u32>,
 }
 
 impl Defaults {
@@ -315,6 +329,8 @@ impl Defaults {
         let defaults = Defaults {
             delivery: delivery.unwrap_or_default(),
             reply,
+            max_concurrent_calls: None,
+            max_queued_calls: None,
         };
         defaults.delivery.policy("delivery")?;
         defaults.delivery.jitter("delivery")?;
@@ -366,6 +382,12 @@ impl RawSubscriber {
         let delivery = self.delivery.unwrap_or_default().or(&defaults.delivery);
         let retry = delivery.policy(&delivery_at)?;
         let backoff_jitter = delivery.jitter(&delivery_at)?;
+        let call_cap = call_cap(
+            at,
+            self.max_concurrent_calls,
+            self.max_queued_calls,
+            defaults,
+        )?;
         let dead_letter = match delivery.dead_letter {
             Some(dlq) => {
                 Some(dlq.validate(&format!("{delivery_at}.dead_letter"), default_timeout)?)
@@ -391,8 +413,106 @@ impl RawSubscriber {
             dedupe_id: 0,
             backoff_jitter,
             required: self.required.unwrap_or(true),
+            call_cap,
         })
     }
+}
+
+const NO_CALLS: &str = "must be at least 1 (calls in flight to one subscriber on one Envoy \
+                        worker); leave it out for no cap";
+const QUEUE_WITHOUT_CAP: &str = "has no effect without max_concurrent_calls: it bounds the \
+                                 calls waiting for a free one; set max_concurrent_calls too, \
+                                 or leave it out";
+
+/// A subscriber's cap: its own fields, else the top-level ones.
+fn call_cap(
+    at: &str,
+    max_concurrent_calls: Option<u32>,
+    max_queued_calls: Option<u32>,
+    defaults: &Defaults,
+) -> Result<Option<CallCap>, ConfigError> {
+    if max_concurrent_calls == Some(0) {
+        return Err(ConfigError::new(
+            format!("{at}.max_concurrent_calls"),
+            NO_CALLS,
+        ));
+    }
+    let Some(max_concurrent_calls) = max_concurrent_calls.or(defaults.max_concurrent_calls) else {
+        return match max_queued_calls {
+            Some(_) => Err(ConfigError::new(
+                format!("{at}.max_queued_calls"),
+                QUEUE_WITHOUT_CAP,
+            )),
+            None => Ok(None),
+        };
+    };
+    Ok(Some(CallCap {
+        max_concurrent_calls,
+        max_queued_calls: max_queued_calls
+            .or(defaults.max_queued_calls)
+            .unwrap_or(DEFAULT_MAX_QUEUED_CALLS),
+    }))
+}
+
+/// The cap of every capped cluster, once per cluster in the order they first appear; two
+/// subscribers of one cluster with different caps are refused (the cap is the cluster's).
+fn call_caps(channels: &[Channel], shorthand: bool) -> Result<Vec<(String, CallCap)>, ConfigError> {
+    let mut first: HashMap<&str, (Option<CallCap>, String)> = HashMap::new();
+    let mut caps = Vec::new();
+    for (c, channel) in channels.iter().enumerate() {
+        for (s, sub) in channel.subscribers.iter().enumerate() {
+            let at = if shorthand {
+                format!("subscribers[{s}]")
+            } else {
+                format!("channels[{c}].subscribers[{s}]")
+            };
+            match first.get(sub.cluster.as_str()) {
+                Some((cap, first_at)) if *cap != sub.call_cap => {
+                    return Err(cap_conflict(&at, sub, *cap, first_at));
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(cap) = sub.call_cap {
+                        caps.push((sub.cluster.clone(), cap));
+                    }
+                    first.insert(&sub.cluster, (sub.call_cap, at));
+                }
+            }
+        }
+    }
+    Ok(caps)
+}
+
+/// Two subscribers of one cluster with different caps: the cap is the cluster's.
+fn cap_conflict(
+    at: &str,
+    sub: &Subscriber,
+    first_cap: Option<CallCap>,
+    first_at: &str,
+) -> ConfigError {
+    let describe = |cap: Option<CallCap>| match cap {
+        Some(cap) => format!(
+            "max_concurrent_calls {} and max_queued_calls {}",
+            cap.max_concurrent_calls, cap.max_queued_calls
+        ),
+        None => "no max_concurrent_calls".to_string(),
+    };
+    let field = match (first_cap, sub.call_cap) {
+        (Some(a), Some(b)) if a.max_concurrent_calls == b.max_concurrent_calls => {
+            "max_queued_calls"
+        }
+        _ => "max_concurrent_calls",
+    };
+    ConfigError::new(
+        format!("{at}.{field}"),
+        format!(
+            "cluster \"{}\" has {} here but {} in {first_at}: the subscribers of one cluster \
+             share its cap, give them the same values",
+            sub.cluster,
+            describe(sub.call_cap),
+            describe(first_cap)
+        ),
+    )
 }
 
 fn timeout(path: &str, ms: u32) -> Result<Duration, ConfigError> {
