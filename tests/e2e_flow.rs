@@ -272,13 +272,6 @@ fn expect_stat(envoy: &Envoy, name: &str, value: u64) {
     );
 }
 
-/// Asserts that `sub` gets no more than `n` requests within `wait`. (A fixed wait: it looks for
-/// something that must not happen; a loaded machine can only make it miss, never fail.)
-fn stays_at(sub: &Subscriber, n: usize, wait: Duration) {
-    std::thread::sleep(wait);
-    assert_eq!(sub.count(), n, "{}: {:#?}", sub.name(), sub.requests());
-}
-
 #[test]
 fn a_failing_best_effort_subscriber_leaves_the_answer_202_and_is_dead_lettered() {
     let billing = Subscriber::ok("billing");
@@ -303,7 +296,7 @@ fn a_failing_best_effort_subscriber_leaves_the_answer_202_and_is_dead_lettered()
     assert_eq!(letter.body, b"event");
     assert_eq!(letter.header("x-fanout-failed-cluster"), Some("audit"));
     assert_eq!(letter.header("x-fanout-failed-attempts"), Some("3"));
-    stays_at(&audit, 3, ms(300));
+    audit.stays_at(3, ms(300));
 
     // Without a dead letter, its failure still leaves a 202, and is counted.
     let config = json!({
@@ -392,7 +385,7 @@ fn a_channel_of_best_effort_subscribers_answers_at_once_like_async_mode() {
     assert!(second.header("retry-after").is_some());
     assert_eq!(a.wait_for(1, Duration::from_secs(10)), 1);
     assert_eq!(b.wait_for(1, Duration::from_secs(10)), 1);
-    stays_at(&a, 1, ms(300));
+    a.stays_at(1, ms(300));
 }
 
 /// The gaps between a subscriber's attempts, as it received them.

@@ -194,6 +194,14 @@ impl Subscriber {
         requests.into_iter().next().expect("one request")
     }
 
+    /// Asserts that no more than `n` requests arrive within `wait`. (A fixed wait: it looks
+    /// for something that must not happen; a loaded machine can only make it miss, never
+    /// fail.)
+    pub fn stays_at(&self, n: usize, wait: Duration) {
+        std::thread::sleep(wait);
+        assert_eq!(self.count(), n, "{}: {:#?}", self.name(), self.requests());
+    }
+
     /// Wait (bounded) until at least `n` requests arrived; returns the count then.
     pub fn wait_for(&self, n: usize, timeout: Duration) -> usize {
         let deadline = Instant::now() + timeout;
