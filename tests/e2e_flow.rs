@@ -96,7 +96,7 @@ fn the_cap_holds_and_every_event_is_delivered(mode: &str) {
          sent concurrently, so this test showed nothing",
         free.max_concurrent()
     );
-    stays_at(&capped, want, ms(300));
+    capped.stays_at(want, ms(300));
 }
 
 #[test]
