@@ -12,7 +12,7 @@
 //! `-` replaced by `_`: Envoy splits stat names on `.`, and an Istio cluster name such as
 //! `outbound|80||billing.default.svc.cluster.local` would otherwise become many segments.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::call::Failure;
 
@@ -82,6 +82,9 @@ pub struct Tally {
     call_ms: Vec<u64>,
     dedupe: bool,
     dedupe_entries_delta: i64,
+    /// Gauges by name (the per-subscriber calls in flight and waiting, with
+    /// `max_concurrent_calls`) and their change since the last flush.
+    gauges: BTreeMap<String, i64>,
 }
 
 /// Counter numbers of one subscriber cluster.
@@ -129,6 +132,8 @@ pub struct Flush {
     pub call_ms: Vec<u64>,
     /// Change of the dedupe entries gauge.
     pub dedupe_entries_delta: i64,
+    /// Other gauges that changed: name and change.
+    pub gauges: Vec<(String, i64)>,
 }
 
 pub const IN_FLIGHT: &str = "fanout.in_flight";
@@ -340,6 +345,42 @@ impl Tally {
         self.bump(id);
     }
 
+    /// Makes a capped subscriber's gauges and refusal counter exist (at zero).
+    pub fn register_call_cap(&mut self, cluster: &str) {
+        let prefix = format!("fanout.subscriber.{}", stat_segment(cluster));
+        self.counter(&format!("{prefix}.refused"));
+        for gauge in ["calls_in_flight", "calls_queued"] {
+            self.gauges.entry(format!("{prefix}.{gauge}")).or_insert(0);
+        }
+    }
+
+    /// The gauges' names, to define them.
+    pub fn gauge_names(&self) -> impl Iterator<Item = &String> {
+        self.gauges.keys()
+    }
+
+    /// A capped subscriber's calls in flight and waiting changed by these amounts.
+    pub fn call_gauges(&mut self, cluster: &str, in_flight_delta: i64, queued_delta: i64) {
+        let prefix = format!("fanout.subscriber.{}", stat_segment(cluster));
+        for (gauge, delta) in [
+            ("calls_in_flight", in_flight_delta),
+            ("calls_queued", queued_delta),
+        ] {
+            if delta != 0 {
+                *self.gauges.entry(format!("{prefix}.{gauge}")).or_insert(0) += delta;
+            }
+        }
+    }
+
+    /// A request refused because subscriber `cluster`'s line (`max_queued_calls`) was full.
+    pub fn refused(&mut self, cluster: &str) {
+        let id = self.counter(&format!(
+            "fanout.subscriber.{}.refused",
+            stat_segment(cluster)
+        ));
+        self.bump(id);
+    }
+
     pub fn call_started(&mut self, cluster: &str) {
         let ids = self.subscriber(cluster);
         self.bump(ids.calls);
@@ -392,6 +433,12 @@ impl Tally {
             fanout_ms: std::mem::take(&mut self.fanout_ms),
             call_ms: std::mem::take(&mut self.call_ms),
             dedupe_entries_delta: std::mem::take(&mut self.dedupe_entries_delta),
+            gauges: self
+                .gauges
+                .iter_mut()
+                .filter(|(_, delta)| **delta != 0)
+                .map(|(name, delta)| (name.clone(), std::mem::take(delta)))
+                .collect(),
         }
     }
 }

@@ -122,6 +122,9 @@ impl<H: Host + Clone> Plugin<H> {
                     if config.dedupe.is_some() {
                         telemetry.tally.register_dedupe();
                     }
+                    for (cluster, _) in &config.call_caps {
+                        telemetry.tally.register_call_cap(cluster);
+                    }
                     for subscriber in config.channels.iter().flat_map(|c| &c.subscribers) {
                         telemetry.tally.register_subscriber(&subscriber.cluster);
                         if subscriber.reply.is_some() {
@@ -131,6 +134,7 @@ impl<H: Host + Clone> Plugin<H> {
                     telemetry.define_all(&self.host);
                 }
                 redelivery::prepare(&self.host, &config);
+                self.deliveries.borrow_mut().set_caps(&config.call_caps);
                 if config
                     .channels
                     .iter()

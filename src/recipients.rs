@@ -47,6 +47,7 @@ pub fn choose<H: Host>(
     config: &Config,
     request: &Request<'_>,
     async_in_flight: impl FnOnce() -> usize,
+    admit_calls: impl FnOnce(&[&str]) -> Result<(), Answer>,
 ) -> Result<Recipients, Answer> {
     let channel = request.channel;
     let mut fanout = FanOut::new(
@@ -70,6 +71,16 @@ pub fn choose<H: Host>(
         if in_flight >= config.max_in_flight {
             return Err(Answer::busy(in_flight));
         }
+    }
+    // `max_concurrent_calls`: a first call that would wait beyond `max_queued_calls` refuses
+    // the whole event, before anything is claimed or sent.
+    if !config.call_caps.is_empty() {
+        let clusters: Vec<&str> = wanted
+            .iter()
+            .filter_map(|&index| channel.subscribers.get(index))
+            .map(|sub| sub.cluster.as_str())
+            .collect();
+        admit_calls(&clusters)?;
     }
     let claims = claim(host, counter, config, request, &wanted, &mut fanout);
     Ok(Recipients { fanout, claims })

@@ -250,9 +250,15 @@ impl<H: Host> Stream<H> {
             event: &event,
         };
         let deliveries = &self.deliveries;
-        let chosen = recipients::choose(&self.host, &self.counter, config, &request, || {
-            deliveries.borrow().async_in_flight()
-        });
+        let host = &self.host;
+        let chosen = recipients::choose(
+            &self.host,
+            &self.counter,
+            config,
+            &request,
+            || deliveries.borrow().async_in_flight(),
+            |clusters| deliveries.borrow_mut().admit(host, config, clusters),
+        );
         let recipients = match chosen {
             Ok(recipients) => recipients,
             Err(answer) => {

@@ -38,6 +38,10 @@ impl Telemetry {
         if self.tally.has_dedupe() {
             self.id(host, Kind::Gauge, metrics::DEDUPE_ENTRIES);
         }
+        let gauges: Vec<String> = self.tally.gauge_names().cloned().collect();
+        for name in gauges {
+            self.id(host, Kind::Gauge, &name);
+        }
     }
 
     /// Adds what was counted since the last flush to Envoy's stats.
@@ -56,6 +60,11 @@ impl Telemetry {
         if flush.dedupe_entries_delta != 0 {
             if let Some(id) = self.id(host, Kind::Gauge, metrics::DEDUPE_ENTRIES) {
                 host.increment_metric(id, flush.dedupe_entries_delta);
+            }
+        }
+        for (name, delta) in flush.gauges {
+            if let Some(id) = self.id(host, Kind::Gauge, &name) {
+                host.increment_metric(id, delta);
             }
         }
         for (name, samples) in [

@@ -100,13 +100,11 @@ fn the_cap_holds_and_every_event_is_delivered(mode: &str) {
 }
 
 #[test]
-#[ignore = "issue 16: max_concurrent_calls is not wired yet"]
 fn sync_the_concurrency_a_subscriber_sees_never_exceeds_its_cap_and_every_event_is_delivered() {
     the_cap_holds_and_every_event_is_delivered("sync");
 }
 
 #[test]
-#[ignore = "issue 16: max_concurrent_calls is not wired yet"]
 fn async_the_concurrency_a_subscriber_sees_never_exceeds_its_cap_and_every_event_is_delivered() {
     the_cap_holds_and_every_event_is_delivered("async");
 }
@@ -164,13 +162,11 @@ fn a_full_queue_refuses_the_event_and_calls_nobody(mode: &str) {
 }
 
 #[test]
-#[ignore = "issue 16: max_concurrent_calls is not wired yet"]
 fn sync_a_full_queue_answers_503_with_retry_after_and_no_subscriber_is_called() {
     a_full_queue_refuses_the_event_and_calls_nobody("sync");
 }
 
 #[test]
-#[ignore = "issue 16: max_concurrent_calls is not wired yet"]
 fn async_a_full_queue_answers_503_with_retry_after_and_no_subscriber_is_called() {
     a_full_queue_refuses_the_event_and_calls_nobody("async");
 }

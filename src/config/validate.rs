@@ -87,8 +87,11 @@ impl RawConfig {
             return Err(ConfigError::new("max_queued_calls", QUEUE_WITHOUT_CAP));
         }
         let warnings = sync_warnings(self.mode, &channels);
+        let capped = !call_caps.is_empty();
         // Best-effort subscribers are called from the root context, by its timer.
-        let needs_timer = self.mode == AnswerMode::Async
+        // Calls that waited for a slot are sent by the root context's timer.
+        let needs_timer = capped
+            || self.mode == AnswerMode::Async
             || channels
                 .iter()
                 .flat_map(|c| &c.subscribers)

@@ -11,12 +11,13 @@
 //! borrowed while Envoy runs the local reply.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 
 use crate::answer::Answer;
 use crate::call::{classify, is_success, Failure, Leg, BODY_PEEK_BYTES};
-use crate::config::{AnswerMode, Channel, Config};
+use crate::call_slots::{CallCap, CallSlots, Slot, Start};
+use crate::config::{AnswerMode, Channel, Config, Subscriber};
 use crate::fanout::{CallEnd, FanOut, ReplyEvent};
 use crate::host::Host;
 use crate::jitter::{self, JitterRng};
@@ -109,6 +110,19 @@ pub struct Deliveries {
     /// The VM's generator for retry jitter: each fan-out draws its own seed from it. Seeded
     /// by [`Deliveries::seed_jitter`] when the plugin is configured.
     jitter_rng: JitterRng,
+    /// Calls in flight and waiting per cluster (`max_concurrent_calls`), keyed by cluster;
+    /// a waiting call is its job, subscriber and leg.
+    slots: CallSlots<String, (u64, usize, Leg)>,
+    /// The slot each call in flight holds.
+    slot_of: HashMap<u32, Slot>,
+    /// Calls that got a slot, to be sent by the root context's next tick.
+    released: VecDeque<((u64, usize, Leg), Slot)>,
+    /// Per job, its calls waiting in line (a job with calls waiting is never lost).
+    queued_by_job: HashMap<u64, usize>,
+    /// Per job, when a call of it last left the line (its deadline runs from then).
+    sent_from_line: HashMap<u64, u64>,
+    /// The capped clusters' calls in flight and waiting as last counted into the gauges.
+    reported: HashMap<String, (u32, usize)>,
 }
 
 impl Deliveries {
@@ -119,6 +133,12 @@ impl Deliveries {
             next_job: 1,
             telemetry,
             jitter_rng: JitterRng::with_seed(0),
+            slots: CallSlots::new(),
+            slot_of: HashMap::new(),
+            released: VecDeque::new(),
+            queued_by_job: HashMap::new(),
+            sent_from_line: HashMap::new(),
+            reported: HashMap::new(),
         }
     }
 
@@ -137,6 +157,31 @@ impl Deliveries {
             .values()
             .filter(|job| job.answer_to.is_none())
             .count()
+    }
+
+    /// Whether a new event whose first calls go to `clusters` fits every capped cluster's
+    /// line (`max_queued_calls`); else the 503 naming the subscriber, counted and warned of
+    /// (at most once per cluster per 10 s).
+    pub fn admit<H: Host>(
+        &mut self,
+        host: &H,
+        config: &Config,
+        clusters: &[&str],
+    ) -> Result<(), Answer> {
+        let keys: Vec<String> = clusters.iter().map(|c| (*c).to_string()).collect();
+        let Err(refusal) = self.slots.check(&keys) else {
+            return Ok(());
+        };
+        if let Some(unlogged) = self.slots.note_refusal(&refusal.key, host.now_ms()) {
+            let earlier = if unlogged > 0 {
+                format!(" ({unlogged} more since the last warning)")
+            } else {
+                String::new()
+            };
+            log::warn!("request refused: {}{earlier}", refusal.message());
+        }
+        self.count(config, |tally| tally.refused(&refusal.key));
+        Err(refusal.answer())
     }
 
     /// Whether job `id`'s sender still waits for its answer.
@@ -183,7 +228,13 @@ impl Deliveries {
             }
         }
         if let Some(mut job) = self.jobs.remove(&id) {
-            self.tokens.retain(|_, (j, _)| *j != id);
+            // Its waiting calls leave the line before its calls in flight free their slots,
+            // so that none of them takes one.
+            self.slots.cancel(|waiting| waiting.0 == id);
+            self.queued_by_job.remove(&id);
+            self.sent_from_line.remove(&id);
+            self.released.retain(|(waiting, _)| waiting.0 != id);
+            self.forget_calls(id);
             self.settle(&Clock::new(host), &mut job);
             self.count(&job.config, |tally| tally.fanout_ended(None));
         }
@@ -194,6 +245,7 @@ impl Deliveries {
         self.jobs
             .values()
             .any(|job| job.fanout.has_ready() || job.fanout.waiting() > 0)
+            || !self.released.is_empty()
     }
 
     /// The root context's timer: sends what is due in every fan-out, and gives up on those
@@ -204,7 +256,15 @@ impl Deliveries {
         let lost: Vec<u64> = self
             .jobs
             .iter()
-            .filter(|(_, job)| now > job.deadline_ms())
+            .filter(|(id, job)| {
+                // A job with calls waiting in line is not lost; its deadline runs from the
+                // last call that left the line.
+                let from_line = self
+                    .sent_from_line
+                    .get(id)
+                    .map_or(0, |sent| job.deadline_ms() - job.started_ms + sent);
+                !self.queued_by_job.contains_key(id) && now > job.deadline_ms().max(from_line)
+            })
             .map(|(id, _)| *id)
             .collect();
         let mut finished = Vec::new();
@@ -218,7 +278,7 @@ impl Deliveries {
                 );
                 job.fanout.give_up(now);
             }
-            self.tokens.retain(|_, (job, _)| *job != id);
+            self.forget_calls(id);
             finished.extend(self.finish_if_done(&clock, id));
         }
         let due: Vec<u64> = self
@@ -233,6 +293,8 @@ impl Deliveries {
             due.into_iter()
                 .filter_map(|id| self.pump(host, &clock, id, true)),
         );
+        finished.extend(self.send_released(host, &clock));
+        self.report_gauges();
         finished
     }
 
@@ -268,47 +330,156 @@ impl Deliveries {
             if sends.is_empty() {
                 break;
             }
-            let telemetry = self.telemetry.clone();
             for send in sends {
-                let job = self.jobs.get_mut(&id)?;
-                let sub_cluster = channel.subscribers.get(send.index)?.cluster.as_str();
-                let call = CallPlan::new(job, channel, send.index, send.leg)?;
-                let result = host.dispatch(call.cluster, call.headers(), &call.body, call.timeout);
-                let cluster = call.cluster.to_string();
-                drop(call);
-                let retry = send.leg == Leg::Event && job_attempts(job, send.index) > 0;
-                match result {
-                    Ok(token) => {
-                        job.fanout.dispatched(send.index, token);
-                        self.tokens.insert(token, (id, send.index));
-                    }
-                    Err(failure) => {
-                        job.fanout.dispatch_failed(
-                            send.index,
-                            failure.clone(),
-                            clock.now(),
-                            channel,
-                        );
-                        log_failure(job, channel, send.index, send.leg, &failure);
-                        let reply_gave_up =
-                            send.leg == Leg::Reply && !job.fanout.is_retrying(send.index);
-                        count(&telemetry, &config, |tally| {
-                            if reply_gave_up {
-                                tally.reply_failed(sub_cluster, &failure);
-                            }
-                            tally.call_ended(&cluster, &Err(failure), None)
-                        });
+                let cluster = leg_cluster(channel.subscribers.get(send.index)?, send.leg);
+                // Every leg to a capped cluster waits for a slot; an uncapped one always
+                // gets one at once.
+                match self
+                    .slots
+                    .start(&cluster.to_string(), (id, send.index, send.leg))
+                {
+                    Start::Now(slot) => self.send_one(host, clock, id, send.index, send.leg, slot),
+                    Start::Queued => {
+                        *self.queued_by_job.entry(id).or_default() += 1;
                     }
                 }
-                count(&telemetry, &config, |tally| {
-                    tally.call_started(&cluster);
-                    if retry {
-                        tally.retried(sub_cluster);
-                    }
-                });
             }
         }
         self.finish_if_done(clock, id)
+    }
+
+    /// Sends the `leg` call of subscriber `index` of job `id`, which holds `slot`.
+    fn send_one<H: Host>(
+        &mut self,
+        host: &H,
+        clock: &Clock<'_, H>,
+        id: u64,
+        index: usize,
+        leg: Leg,
+        slot: Slot,
+    ) {
+        let telemetry = self.telemetry.clone();
+        let Some(job) = self.jobs.get_mut(&id) else {
+            self.release(slot);
+            return;
+        };
+        let config = job.config.clone();
+        let Some(channel) = config.channel(job.fanout.channel()) else {
+            self.release(slot);
+            return;
+        };
+        let Some(sub_cluster) = channel.subscribers.get(index).map(|s| s.cluster.as_str()) else {
+            self.release(slot);
+            return;
+        };
+        let Some(call) = CallPlan::new(job, channel, index, leg) else {
+            self.release(slot);
+            return;
+        };
+        let result = host.dispatch(call.cluster, call.headers(), &call.body, call.timeout);
+        let cluster = call.cluster.to_string();
+        drop(call);
+        let retry = leg == Leg::Event && job_attempts(job, index) > 0;
+        match result {
+            Ok(token) => {
+                job.fanout.dispatched(index, token);
+                self.tokens.insert(token, (id, index));
+                self.slot_of.insert(token, slot);
+            }
+            Err(failure) => {
+                job.fanout
+                    .dispatch_failed(index, failure.clone(), clock.now(), channel);
+                log_failure(job, channel, index, leg, &failure);
+                let reply_gave_up = leg == Leg::Reply && !job.fanout.is_retrying(index);
+                count(&telemetry, &config, |tally| {
+                    if reply_gave_up {
+                        tally.reply_failed(sub_cluster, &failure);
+                    }
+                    tally.call_ended(&cluster, &Err(failure.clone()), None)
+                });
+                self.release(slot);
+            }
+        }
+        count(&telemetry, &config, |tally| {
+            tally.call_started(&cluster);
+            if retry {
+                tally.retried(sub_cluster);
+            }
+        });
+    }
+
+    /// A call's slot is free: the next call waiting for its cluster, if any, takes it and is
+    /// sent by the root context's next tick (Envoy ties a call to the context that makes it,
+    /// and the root's calls outlive every stream).
+    fn release(&mut self, slot: Slot) {
+        if let Some((waiting, slot)) = self.slots.end(slot) {
+            self.left_line(waiting.0);
+            self.released.push_back((waiting, slot));
+        }
+    }
+
+    fn left_line(&mut self, id: u64) {
+        if let Some(n) = self.queued_by_job.get_mut(&id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.queued_by_job.remove(&id);
+            }
+        }
+    }
+
+    /// Forgets job `id`'s calls in flight (abandoned, or lost): their slots are free.
+    fn forget_calls(&mut self, id: u64) {
+        let tokens: Vec<u32> = self
+            .tokens
+            .iter()
+            .filter(|(_, (job, _))| *job == id)
+            .map(|(token, _)| *token)
+            .collect();
+        for token in tokens {
+            self.tokens.remove(&token);
+            if let Some(slot) = self.slot_of.remove(&token) {
+                self.release(slot);
+            }
+        }
+    }
+
+    /// Sends the calls that got a slot since the last tick, in the order they got it.
+    fn send_released<H: Host>(&mut self, host: &H, clock: &Clock<'_, H>) -> Vec<Finished> {
+        let mut finished = Vec::new();
+        while let Some(((id, index, leg), slot)) = self.released.pop_front() {
+            self.sent_from_line.insert(id, clock.now());
+            self.send_one(host, clock, id, index, leg, slot);
+            finished.extend(self.pump(host, clock, id, true));
+        }
+        finished
+    }
+
+    /// Counts how the capped clusters' calls in flight and waiting changed since the last tick.
+    fn report_gauges(&mut self) {
+        let Ok(mut telemetry) = self.telemetry.try_borrow_mut() else {
+            return;
+        };
+        for gauges in self.slots.gauges() {
+            let last = self.reported.get(gauges.key).copied().unwrap_or((0, 0));
+            let now = (gauges.in_flight, gauges.queued);
+            if now == last || (self.slots.cap(gauges.key).is_none() && last == (0, 0)) {
+                continue;
+            }
+            telemetry.tally.call_gauges(
+                gauges.key,
+                i64::from(now.0) - i64::from(last.0),
+                now.1 as i64 - last.1 as i64,
+            );
+            self.reported.insert(gauges.key.clone(), now);
+        }
+    }
+
+    /// The caps of a (new) configuration; calls that now have room go out at the next tick.
+    pub fn set_caps(&mut self, caps: &[(String, CallCap)]) {
+        for (waiting, slot) in self.slots.set_caps(caps.iter().cloned()) {
+            self.left_line(waiting.0);
+            self.released.push_back((waiting, slot));
+        }
     }
 
     /// The answer to call `token` is being delivered (to whichever context made the call).
@@ -321,6 +492,9 @@ impl Deliveries {
         body_size: usize,
         from_root: bool,
     ) -> Option<Finished> {
+        if let Some(slot) = self.slot_of.remove(&token) {
+            self.release(slot);
+        }
         let (id, index) = self.tokens.remove(&token)?;
         let job = self.jobs.get_mut(&id)?;
         let config = job.config.clone();
@@ -334,12 +508,7 @@ impl Deliveries {
         };
         let clock = Clock::new(host);
         // The cluster this leg called.
-        let cluster = match leg {
-            Leg::Event => sub.cluster.as_str(),
-            Leg::Reply => sub.reply.as_ref().map_or("", |t| t.cluster.as_str()),
-            Leg::DeadLetter => sub.dead_letter.as_ref().map_or("", |t| t.cluster.as_str()),
-        }
-        .to_string();
+        let cluster = leg_cluster(sub, leg).to_string();
         let mut discarded = false;
         let end = match status {
             Some(status) if is_success(status) => {
@@ -573,6 +742,15 @@ fn count(
         if let Ok(mut telemetry) = telemetry.try_borrow_mut() {
             record(&mut telemetry.tally);
         }
+    }
+}
+
+/// The cluster the `leg` call of `sub` goes to.
+fn leg_cluster(sub: &Subscriber, leg: Leg) -> &str {
+    match leg {
+        Leg::Event => sub.cluster.as_str(),
+        Leg::Reply => sub.reply.as_ref().map_or("", |t| t.cluster.as_str()),
+        Leg::DeadLetter => sub.dead_letter.as_ref().map_or("", |t| t.cluster.as_str()),
     }
 }
 

@@ -9,6 +9,7 @@ mod configure;
 mod dedupe;
 mod delivery;
 mod filters;
+mod flow_control;
 mod metrics;
 mod replies;
 mod retries;
