@@ -211,7 +211,7 @@ def sub_clusters(n, sub_port):
     return [cluster(f"sub_{i}", sub_port) for i in range(max(n, 1))]
 
 
-def fanout_json(n, metrics=True, timeout_ms=30000, dedupe=False):
+def fanout_json(n, metrics=True, timeout_ms=30000, dedupe=False, call_cap=None):
     conf = {
         "timeout_ms": timeout_ms,
         "metrics": metrics,
@@ -219,17 +219,21 @@ def fanout_json(n, metrics=True, timeout_ms=30000, dedupe=False):
     }
     if dedupe:
         conf["dedupe"] = {"key": "ce-id", "ttl_ms": 600000, "max_entries": 100000}
+    if call_cap is not None:
+        # Per worker: a cap above the load's connections never binds; it measures the
+        # bookkeeping of every call taking and giving back a slot.
+        conf["max_concurrent_calls"] = call_cap
     return json.dumps(conf)
 
 
 def system(kind, n, port, admin_port, sub_port, fanout_wasm, noop_wasm, metrics=True,
-           timeout_ms=30000, dedupe=False):
+           timeout_ms=30000, dedupe=False, call_cap=None):
     """The Envoy configuration of one system under test."""
     name = "bench"
     clusters = sub_clusters(n, sub_port)
     names = [c["name"] for c in clusters]
     if kind == "fanout":
-        conf = fanout_json(n, metrics, timeout_ms, dedupe)
+        conf = fanout_json(n, metrics, timeout_ms, dedupe, call_cap)
         filters, routes = [wasm_filter("fanout", fanout_wasm, conf)], TRIPWIRE
     elif kind == "mirror":
         filters, routes = [], to_cluster(names[0], names[1:n])

@@ -430,6 +430,7 @@ def throughput_phase(bench, ports, bodies, sub_port):
               ("fanout-nometrics/4", "fanout", 4, {"metrics": False}),
               ("fanout-nometrics/16", "fanout", 16, {"metrics": False}),
               ("fanout-dedupe/4", "fanout", 4, {"dedupe": True}),
+              ("fanout-cap/4", "fanout", 4, {"call_cap": 100000}),
               ("fanout-64k/4", "fanout", 4, {}), ("mirror-64k/4", "mirror", 4, {}),
               ("proxy-64k/1", "proxy", 1, {})]
     log(f"throughput: starting {len(specs)} Envoys")
