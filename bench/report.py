@@ -62,9 +62,9 @@ def _verdict(spread, limit):
     if spread is None:
         return None
     met = spread["median"] <= limit
-    if spread["max"] <= limit:
-        how = "every round"
-    elif spread["min"] > limit:
+    if spread["rounds"] == 1:
+        how = "one round"
+    elif spread["max"] <= limit or spread["min"] > limit:
         how = "every round"
     else:
         how = "rounds straddle the limit"
@@ -178,7 +178,7 @@ def derive(results):
 
     def floor_target(name, spread, limit, verdict):
         value = None if spread is None else spread["median"]
-        fmt = "{:.3f}" if spread is None else \
+        fmt = "{:.3f}" if spread is None or spread["rounds"] == 1 else \
             "{:.3f}" + f" ({spread['min']:.3f}–{spread['max']:.3f})"
         target(name, value, f"<= {limit:.2f}x", lambda v: v <= limit, fmt, "targets",
                None if verdict is None else verdict["how"])
