@@ -141,7 +141,7 @@ test-e2e: build envoy sdk
 
 # The e2e suite in both body_wait modes, on the pinned Envoy and on the oldest one offered.
 # (tests/configs.rs checks the shipped files against the pinned version, so it is left out.)
-COMPAT_TESTS := --test e2e --test e2e_compat --test e2e_metrics --test e2e_delivery --test e2e_filters --test e2e_dedupe
+COMPAT_TESTS := --test e2e --test e2e_compat --test e2e_metrics --test e2e_delivery --test e2e_filters --test e2e_dedupe --test e2e_knative_delivery
 test-compat: build sdk
 	$(MAKE) --no-print-directory envoy ENVOY_VERSION=$(ENVOY_OLDEST)
 	@set -e; for version in $(ENVOY_VERSION) $(ENVOY_OLDEST); do \
@@ -214,3 +214,15 @@ ecds:
 	$(PYTHON) envoy/render-ecds.py filter $(CONFIG) --wasm $(ECDS_WASM) -o $(ECDS_OUT)/fanout.yaml
 	$(PYTHON) envoy/render-ecds.py clusters $(CLUSTERS) -o $(ECDS_OUT)/clusters.yaml
 	@echo "wrote $(ECDS_OUT)/fanout.yaml and $(ECDS_OUT)/clusters.yaml"
+
+# Knative channels onto fanout (README: "Coming from Knative"): from what
+#   kubectl get channels,inmemorychannels,subscriptions -A -o json > objects.json
+# prints, envoy/knative-import.py writes $(KNATIVE_OUT)/fanout.json (the fan-out config, for
+# review), fanout.yaml (ECDS) and clusters.yaml (CDS). Errors (what would change who gets an
+# event) write nothing and fail. KNATIVE_ARGS: more options, e.g. "--resolve HOST=127.0.0.1:PORT"
+# to try the result against local servers.
+KNATIVE_OUT ?= $(ECDS_OUT)
+.PHONY: knative-import
+knative-import:
+	@test -n "$(KNATIVE)" || { echo 'usage: make knative-import KNATIVE=objects.json [KNATIVE_OUT=dir] [ECDS_WASM=path] [KNATIVE_ARGS="--resolve HOST=ADDRESS:PORT ..."]' >&2; exit 2; }
+	$(PYTHON) envoy/knative-import.py $(KNATIVE) -o $(KNATIVE_OUT) --wasm $(ECDS_WASM) $(KNATIVE_ARGS)

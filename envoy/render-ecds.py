@@ -86,7 +86,12 @@ def cluster_resource(spec, connect_timeout):
         fail(f"cluster {spec!r}: the port is not a number")
     if not 0 < port < 65536:
         fail(f"cluster {spec!r}: port out of range")
-    host = host.strip("[]")
+    return cluster(name, host.strip("[]"), port, connect_timeout)
+
+
+def cluster(name, host, port, connect_timeout):
+    """One cluster with one endpoint: STATIC for an IP address, STRICT_DNS for a host name.
+    (envoy/knative-import.py builds its clusters with this too.)"""
     try:
         ipaddress.ip_address(host)
         kind = "STATIC"

@@ -164,7 +164,7 @@ impl Mode {
 }
 
 /// The media type of a content-type value: lower case, without parameters.
-fn media_type(value: &[u8]) -> String {
+pub fn media_type(value: &[u8]) -> String {
     let end = value.iter().position(|&b| b == b';').unwrap_or(value.len());
     String::from_utf8_lossy(&value[..end])
         .trim()

@@ -310,16 +310,18 @@ impl Subscriber {
     }
 
     /// The longest this subscriber's delivery can take (every attempt timing out, every wait
-    /// at its longest, then the dead letter, or a reply).
+    /// at its longest, then its reply, then the dead letter: a reply that fails for good sends
+    /// the event there too).
     pub fn worst_case_ms(&self) -> u64 {
         let call = |timeout: Duration| self.retry.worst_case_ms(timeout.as_millis() as u64);
-        let event = call(self.timeout);
-        let after = match (&self.dead_letter, &self.reply) {
-            (Some(dlq), Some(reply)) => call(dlq.timeout).max(call(reply.timeout)),
-            (Some(t), None) | (None, Some(t)) => call(t.timeout),
-            (None, None) => 0,
-        };
-        event.saturating_add(after)
+        [
+            Some(self.timeout),
+            self.reply.as_ref().map(|t| t.timeout),
+            self.dead_letter.as_ref().map(|t| t.timeout),
+        ]
+        .into_iter()
+        .flatten()
+        .fold(0, |total: u64, timeout| total.saturating_add(call(timeout)))
     }
 }
 

@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::answer::{sanitize, Answer, ALREADY_DELIVERED_HEADER, FAILED_HEADER};
 use crate::config::Channel;
+use crate::dead_letter::{Cause, DeadLetter};
 use crate::delivery::is_retryable;
 
 /// How much of a failed subscriber's answer the report quotes (a dead letter carries up to
@@ -32,6 +33,9 @@ pub enum Failure {
     NoResponse,
     /// Envoy refused the call, e.g. for a cluster it does not know.
     DispatchError { detail: String },
+    /// A subscriber's reply was larger than `max_body_bytes`: a failed reply, never a
+    /// truncated one.
+    TooLarge { size: usize, limit: u64 },
 }
 
 impl Failure {
@@ -42,6 +46,7 @@ impl Failure {
             Failure::Reset { .. } => "reset",
             Failure::NoResponse => "no_response",
             Failure::DispatchError { .. } => "dispatch_error",
+            Failure::TooLarge { .. } => "too_large",
         }
     }
 }
@@ -54,8 +59,13 @@ impl std::fmt::Display for Failure {
             Failure::Reset { detail } => write!(f, "reset: {detail}"),
             Failure::NoResponse => write!(f, "no response"),
             Failure::DispatchError { detail } => write!(f, "dispatch error: {detail}"),
+            Failure::TooLarge { size, limit } => write!(f, "{}", too_large_detail(*size, *limit)),
         }
     }
+}
+
+fn too_large_detail(size: usize, limit: u64) -> String {
+    format!("the reply of {size} bytes is larger than max_body_bytes ({limit}): not passed on")
 }
 
 /// Envoy answers a call itself when the subscriber did not: these are its bodies (the router's
@@ -127,17 +137,22 @@ pub struct ReplyEvent {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallEnd {
     pub result: Result<(), Failure>,
-    /// The answer's `retry-after`, in seconds.
-    pub retry_after_secs: Option<u64>,
-    /// A 2xx answer with a body, when the subscriber has a reply target.
-    pub reply: Option<ReplyEvent>,
+    /// How long the answer's `retry-after` asks to wait, in ms.
+    pub retry_after_ms: Option<u64>,
+    /// The start of a failed answer's body (at most [`BODY_PEEK_BYTES`]), for the dead
+    /// letter's `knativeerrordata`.
+    pub body: Vec<u8>,
+    /// A 2xx answer that is a reply event, when the subscriber has a reply target (see
+    /// [`crate::reply`]); `Err` when it cannot be passed on (too large).
+    pub reply: Option<Result<ReplyEvent, Failure>>,
 }
 
 impl CallEnd {
     pub fn ok() -> CallEnd {
         CallEnd {
             result: Ok(()),
-            retry_after_secs: None,
+            retry_after_ms: None,
+            body: Vec::new(),
             reply: None,
         }
     }
@@ -145,10 +160,25 @@ impl CallEnd {
     pub fn failed(failure: Failure) -> CallEnd {
         CallEnd {
             result: Err(failure),
-            retry_after_secs: None,
-            reply: None,
+            ..CallEnd::ok()
         }
     }
+
+    /// A 2xx whose reply event goes to the subscriber's reply target.
+    pub fn replied(reply: ReplyEvent) -> CallEnd {
+        CallEnd {
+            reply: Some(Ok(reply)),
+            ..CallEnd::ok()
+        }
+    }
+}
+
+/// A failed attempt of one leg, as the dead letter needs it.
+#[derive(Debug, Clone)]
+struct LegFailure {
+    failure: Failure,
+    /// The start of the answer's body.
+    body: Vec<u8>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,14 +217,40 @@ struct Call {
     leg_attempts: u32,
     /// Attempts of the event leg (what the report calls attempts).
     event_attempts: u32,
-    /// Last failure of the event leg.
-    event_failure: Option<Failure>,
-    /// Last failure of the reply or dead-letter leg.
-    leg_failure: Option<Failure>,
+    /// Last failure of each leg.
+    event_failure: Option<LegFailure>,
+    reply_failure: Option<LegFailure>,
+    dead_letter_failure: Option<LegFailure>,
     reply: Option<ReplyEvent>,
 }
 
 impl Call {
+    fn failure_slot(&mut self, leg: Leg) -> &mut Option<LegFailure> {
+        match leg {
+            Leg::Event => &mut self.event_failure,
+            Leg::Reply => &mut self.reply_failure,
+            Leg::DeadLetter => &mut self.dead_letter_failure,
+        }
+    }
+
+    fn failure(&self, leg: Leg) -> Option<&Failure> {
+        match leg {
+            Leg::Event => self.event_failure.as_ref(),
+            Leg::Reply => self.reply_failure.as_ref(),
+            Leg::DeadLetter => self.dead_letter_failure.as_ref(),
+        }
+        .map(|f| &f.failure)
+    }
+
+    /// The leg whose failure sent the event to the dead-letter target: the reply's, when
+    /// the subscriber took the event and its reply failed for good.
+    fn dead_letter_cause(&self) -> (Leg, Option<&LegFailure>) {
+        match &self.reply_failure {
+            Some(reply) => (Leg::Reply, Some(reply)),
+            None => (Leg::Event, self.event_failure.as_ref()),
+        }
+    }
+
     fn ended(&self) -> bool {
         matches!(
             self.state,
@@ -236,7 +292,8 @@ impl FanOut {
                     leg_attempts: 0,
                     event_attempts: 0,
                     event_failure: None,
-                    leg_failure: None,
+                    reply_failure: None,
+                    dead_letter_failure: None,
                     reply: None,
                 };
                 subscribers
@@ -380,7 +437,7 @@ impl FanOut {
         self.fail(
             index,
             Failure::DispatchError { detail },
-            None,
+            CallEnd::ok(),
             now_ms,
             channel,
         );
@@ -428,13 +485,23 @@ impl FanOut {
     ) -> Option<usize> {
         let leg = self.leg_at(index, token)?;
         match end.result {
-            Ok(()) => self.succeed(index, leg, end.reply, channel),
-            Err(failure) => self.fail(index, failure, end.retry_after_secs, now_ms, channel),
+            Ok(()) => self.succeed(index, leg, end.reply, now_ms, channel),
+            Err(ref failure) => {
+                let failure = failure.clone();
+                self.fail(index, failure, end, now_ms, channel);
+            }
         }
         Some(index)
     }
 
-    fn succeed(&mut self, index: usize, leg: Leg, reply: Option<ReplyEvent>, channel: &Channel) {
+    fn succeed(
+        &mut self,
+        index: usize,
+        leg: Leg,
+        reply: Option<Result<ReplyEvent, Failure>>,
+        now_ms: u64,
+        channel: &Channel,
+    ) {
         let wants_reply = channel
             .subscribers
             .get(index)
@@ -442,30 +509,36 @@ impl FanOut {
         let Some(call) = self.calls.get_mut(index) else {
             return;
         };
-        call.state = match leg {
-            Leg::Event => match reply {
-                // An empty 2xx means done: nothing to pass on.
-                Some(reply) if wants_reply && !reply.body.is_empty() => {
-                    call.leg = Leg::Reply;
-                    call.leg_attempts = 0;
-                    call.reply = Some(reply);
-                    CallState::Ready
+        call.state = match (leg, reply) {
+            (Leg::Event, Some(reply)) if wants_reply => {
+                call.leg = Leg::Reply;
+                call.leg_attempts = 0;
+                match reply {
+                    Ok(reply) => {
+                        call.reply = Some(reply);
+                        CallState::Ready
+                    }
+                    // The reply leg fails before any call: too large to pass on.
+                    Err(failure) => {
+                        return self.fail(index, failure, CallEnd::ok(), now_ms, channel)
+                    }
                 }
-                _ => CallState::Delivered,
-            },
-            Leg::Reply => CallState::Delivered,
-            Leg::DeadLetter => CallState::DeadLettered,
+            }
+            (Leg::Event | Leg::Reply, _) => CallState::Delivered,
+            (Leg::DeadLetter, _) => CallState::DeadLettered,
         };
         if call.ended() {
             self.open -= 1;
         }
     }
 
+    /// The current leg of subscriber `index` failed with `failure` (`end` says the rest of
+    /// how the call ended): retry it, send the event to the dead-letter target, or fail.
     fn fail(
         &mut self,
         index: usize,
         failure: Failure,
-        retry_after_secs: Option<u64>,
+        end: CallEnd,
         now_ms: u64,
         channel: &Channel,
     ) {
@@ -476,19 +549,21 @@ impl FanOut {
             return;
         };
         let retryable = is_retryable(&failure);
-        if call.leg == Leg::Event {
-            call.event_failure = Some(failure);
-        } else {
-            call.leg_failure = Some(failure);
-        }
+        *call.failure_slot(call.leg) = Some(LegFailure {
+            failure,
+            body: end.body,
+        });
         if retryable && call.leg_attempts <= sub.retry.retry {
-            let delay = sub.retry.delay_before(call.leg_attempts, retry_after_secs);
+            let delay = sub
+                .retry
+                .delay_before(call.leg_attempts, end.retry_after_ms);
             call.state = CallState::Waiting {
                 until_ms: now_ms.saturating_add(delay),
             };
             return;
         }
-        if call.leg == Leg::Event && sub.dead_letter.is_some() {
+        // The event, or its reply, failed for good.
+        if call.leg != Leg::DeadLetter && sub.dead_letter.is_some() {
             call.leg = Leg::DeadLetter;
             call.leg_attempts = 0;
             call.state = CallState::Ready;
@@ -505,11 +580,10 @@ impl FanOut {
     pub fn give_up(&mut self, now_ms: u64) {
         let elapsed_ms = now_ms.saturating_sub(self.started_ms);
         for call in self.calls.iter_mut().filter(|call| !call.ended()) {
-            if call.leg == Leg::Event {
-                call.event_failure = Some(Failure::NoResponse);
-            } else {
-                call.leg_failure = Some(Failure::NoResponse);
-            }
+            *call.failure_slot(call.leg) = Some(LegFailure {
+                failure: Failure::NoResponse,
+                body: Vec::new(),
+            });
             call.state = CallState::Failed { elapsed_ms };
             self.open -= 1;
         }
@@ -528,6 +602,13 @@ impl FanOut {
     /// Attempts so far to deliver the event itself to subscriber `index`.
     pub fn event_attempts(&self, index: usize) -> u32 {
         self.calls.get(index).map_or(0, |call| call.event_attempts)
+    }
+
+    /// Whether subscriber `index` is waiting to retry its current leg.
+    pub fn is_retrying(&self, index: usize) -> bool {
+        self.calls
+            .get(index)
+            .is_some_and(|call| matches!(call.state, CallState::Waiting { .. }))
     }
 
     /// Whether subscriber `index` has failed for good.
@@ -549,9 +630,8 @@ impl FanOut {
             .enumerate()
             .filter_map(|(i, call)| match &call.state {
                 CallState::Failed { .. } => call
-                    .leg_failure
-                    .as_ref()
-                    .or(call.event_failure.as_ref())
+                    .failure(call.leg)
+                    .or(call.failure(Leg::Event))
                     .map(|f| (i, f)),
                 _ => None,
             })
@@ -562,39 +642,41 @@ impl FanOut {
         self.calls.get(index).and_then(|call| call.reply.as_ref())
     }
 
-    /// Headers a dead letter carries about the failure, safe as header values.
-    pub fn dead_letter_headers(&self, index: usize, channel: &Channel) -> Vec<(String, String)> {
-        let mut headers = Vec::new();
+    /// What subscriber `index`'s dead letter carries: its failure (of the event, or of the
+    /// reply when the subscriber took the event and its reply failed for good) as headers,
+    /// and in structured mode the event's body with Knative's error attributes in it.
+    /// `forwarded` and `event` are the request's forwarded headers and body.
+    pub fn dead_letter(
+        &self,
+        index: usize,
+        channel: &Channel,
+        forwarded: &[(String, String)],
+        event: &[u8],
+    ) -> DeadLetter {
         let (Some(call), Some(sub)) = (self.calls.get(index), channel.subscribers.get(index))
         else {
-            return headers;
+            return DeadLetter::default();
         };
-        headers.push((
-            DEAD_LETTER_CLUSTER.to_string(),
-            sanitize(sub.cluster.as_bytes(), 256),
-        ));
-        if let Some(failure) = &call.event_failure {
-            headers.push((DEAD_LETTER_OUTCOME.to_string(), failure.kind().to_string()));
-            let (status, detail) = match failure {
-                Failure::Status { status, detail } => (Some(*status), detail.as_str()),
-                Failure::Reset { detail } | Failure::DispatchError { detail } => {
-                    (None, detail.as_str())
-                }
-                Failure::Timeout | Failure::NoResponse => (None, ""),
-            };
-            if let Some(status) = status {
-                headers.push((DEAD_LETTER_STATUS.to_string(), status.to_string()));
-            }
-            headers.push((
-                DEAD_LETTER_BODY.to_string(),
-                sanitize(detail.as_bytes(), BODY_PEEK_BYTES),
-            ));
-        }
-        headers.push((
-            DEAD_LETTER_ATTEMPTS.to_string(),
-            call.event_attempts.to_string(),
-        ));
-        headers
+        let (leg, cause) = call.dead_letter_cause();
+        let (authority, path, timeout) = match (leg, &sub.reply) {
+            (Leg::Reply, Some(target)) => (&target.authority, &target.path, target.timeout),
+            _ => (&sub.authority, &sub.path, sub.timeout),
+        };
+        let failure = cause.map_or(&Failure::NoResponse, |c| &c.failure);
+        crate::dead_letter::dead_letter(
+            &Cause {
+                cluster: &sub.cluster,
+                leg,
+                failure,
+                answer: cause.map_or(&[][..], |c| c.body.as_slice()),
+                detail: &FailureReport::new(failure, timeout).detail,
+                authority,
+                path,
+                attempts: call.event_attempts,
+            },
+            forwarded,
+            event,
+        )
     }
 
     /// The answer for the sender: 202 when every subscriber that wanted the event took it
@@ -684,12 +766,6 @@ impl FanOut {
     }
 }
 
-/// Headers on a dead letter: which subscriber failed, how, and the start of its answer.
-pub const DEAD_LETTER_CLUSTER: &str = "x-fanout-failed-cluster";
-pub const DEAD_LETTER_OUTCOME: &str = "x-fanout-failed-outcome";
-pub const DEAD_LETTER_STATUS: &str = "x-fanout-failed-status";
-pub const DEAD_LETTER_BODY: &str = "x-fanout-failed-body";
-pub const DEAD_LETTER_ATTEMPTS: &str = "x-fanout-failed-attempts";
 /// Header on an answer when some subscribers' events went to their dead-letter target.
 pub const DEAD_LETTERED_HEADER: &str = "x-fanout-dead-lettered";
 
@@ -744,6 +820,9 @@ struct FailedSubscriber<'a> {
     /// How the event leg failed, when the dead-letter target then failed too.
     #[serde(skip_serializing_if = "Option::is_none")]
     event: Option<FailureReport>,
+    /// How the reply leg failed, when the dead-letter target then failed too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reply: Option<FailureReport>,
 }
 
 #[derive(Serialize)]
@@ -767,6 +846,7 @@ impl FailureReport {
             Failure::Reset { detail } => (None, sanitize(detail.as_bytes(), DETAIL_BYTES)),
             Failure::NoResponse => (None, "the call ended without an answer".to_string()),
             Failure::DispatchError { detail } => (None, detail.clone()),
+            Failure::TooLarge { size, limit } => (None, too_large_detail(*size, *limit)),
         };
         FailureReport {
             outcome: failure.kind(),
@@ -783,17 +863,19 @@ impl<'a> FailedSubscriber<'a> {
             Leg::Reply => sub.reply.as_ref().map_or(sub.timeout, |t| t.timeout),
             Leg::DeadLetter => sub.dead_letter.as_ref().map_or(sub.timeout, |t| t.timeout),
         };
-        let last = match call.leg {
-            Leg::Event => call.event_failure.as_ref(),
-            _ => call.leg_failure.as_ref(),
-        };
-        let report = last.map(|f| FailureReport::new(f, leg_timeout(call.leg)));
-        let event = match call.leg {
-            Leg::DeadLetter => call
-                .event_failure
-                .as_ref()
-                .map(|f| FailureReport::new(f, sub.timeout)),
-            _ => None,
+        let report = call
+            .failure(call.leg)
+            .map(|f| FailureReport::new(f, leg_timeout(call.leg)));
+        // What sent the event to a dead-letter target that then failed too.
+        let (event, reply) = match (call.leg, call.dead_letter_cause()) {
+            (Leg::DeadLetter, (cause, Some(failure))) => {
+                let report = Some(FailureReport::new(&failure.failure, leg_timeout(cause)));
+                match cause {
+                    Leg::Reply => (None, report),
+                    _ => (report, None),
+                }
+            }
+            _ => (None, None),
         };
         let (outcome, status, detail) = match report {
             Some(r) => (r.outcome, r.status, r.detail),
@@ -810,6 +892,7 @@ impl<'a> FailedSubscriber<'a> {
             attempts: call.event_attempts,
             elapsed_ms,
             event,
+            reply,
         }
     }
 }
@@ -818,6 +901,11 @@ impl<'a> FailedSubscriber<'a> {
 mod tests {
     use super::*;
     use crate::config::Config;
+    use crate::dead_letter::{
+        DEAD_LETTER_ATTEMPTS, DEAD_LETTER_BODY, DEAD_LETTER_CLUSTER, DEAD_LETTER_LEG,
+        DEAD_LETTER_OUTCOME, DEAD_LETTER_STATUS,
+    };
+    use base64::Engine;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -1251,15 +1339,24 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_sets_the_wait_capped_by_the_maximum() {
+    fn retry_after_lengthens_the_wait_capped_by_the_maximum_and_never_shortens_it() {
         let ch = channel_from(RETRYING);
         let mut f = FanOut::new(0, 1, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
         let mut end = status(429);
-        end.retry_after_secs = Some(30);
+        end.retry_after_ms = Some(30_000);
         f.completed(1, end, 0, &ch);
         assert_eq!(f.next_wakeup(), Some(1000), "30 s capped at backoff_max_ms");
+        send_all(&mut f, 1000, &mut next);
+        let mut end = status(503);
+        end.retry_after_ms = Some(0);
+        f.completed(2, end, 1000, &ch);
+        assert_eq!(
+            f.next_wakeup(),
+            Some(1200),
+            "linear: 200 ms before retry 2, not shortened by retry-after: 0"
+        );
     }
 
     #[test]
@@ -1270,6 +1367,16 @@ mod tests {
         f.dispatch_failed(0, "no such cluster".into(), 0, &ch);
         assert!(!f.is_done());
         assert_eq!(f.next_wakeup(), Some(100));
+    }
+
+    /// Subscriber 0's dead-letter target took the event: it counts as delivered, 202.
+    fn assert_dead_lettered_and_202(f: &FanOut, ch: &Channel) {
+        assert!(f.is_done() && f.is_delivered(0));
+        let answer = f.verdict(ch);
+        assert_eq!(answer.status, 202);
+        assert!(answer
+            .headers
+            .contains(&(DEAD_LETTERED_HEADER, "1".to_string())));
     }
 
     const DEAD_LETTER: &str = r#"{"delivery": {"retry": 1, "backoff_delay_ms": 10,
@@ -1287,8 +1394,9 @@ mod tests {
         send_all(&mut f, 100, &mut next); // a retry: 3
         let mut end = status(502);
         if let Err(Failure::Status { detail, .. }) = &mut end.result {
-            *detail = "bad\r\ngateway".to_string();
+            *detail = "bad  gateway".to_string();
         }
+        end.body = b"bad\r\ngateway".to_vec();
         f.completed(3, end, 101, &ch);
         // Now the dead letter is ready at once.
         assert!(f.has_ready());
@@ -1300,25 +1408,28 @@ mod tests {
                 leg: Leg::DeadLetter
             }
         );
-        let headers = f.dead_letter_headers(0, &ch);
-        let header = |name: &str| {
-            headers
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_str())
-        };
+        let letter = f.dead_letter(0, &ch, &[], b"event");
+        assert_eq!(letter.body, None);
+        let header = |name: &str| letter.header(name);
         assert_eq!(header(DEAD_LETTER_CLUSTER), Some("a"));
+        assert_eq!(header(DEAD_LETTER_LEG), Some("event"));
         assert_eq!(header(DEAD_LETTER_OUTCOME), Some("status"));
         assert_eq!(header(DEAD_LETTER_STATUS), Some("502"));
         assert_eq!(header(DEAD_LETTER_BODY), Some("bad  gateway"));
         assert_eq!(header(DEAD_LETTER_ATTEMPTS), Some("2"));
+        assert_eq!(header("ce-knativeerrordest"), Some("http://a/"));
+        assert_eq!(header("ce-knativeerrorcode"), Some("502"));
+        // The raw answer of the last attempt, not the sanitized detail.
+        assert_eq!(
+            header("ce-knativeerrordata"),
+            Some(
+                base64::engine::general_purpose::STANDARD
+                    .encode("bad\r\ngateway")
+                    .as_str()
+            )
+        );
         f.completed(4, CallEnd::ok(), 102, &ch);
-        assert!(f.is_done());
-        let answer = f.verdict(&ch);
-        assert_eq!(answer.status, 202);
-        assert!(answer
-            .headers
-            .contains(&(DEAD_LETTERED_HEADER, "1".to_string())));
+        assert_dead_lettered_and_202(&f, &ch);
     }
 
     #[test]
@@ -1356,9 +1467,7 @@ mod tests {
             headers: vec![("ce-type".into(), "reply".into())],
             body: b"answer".to_vec(),
         };
-        let mut end = CallEnd::ok();
-        end.reply = Some(reply.clone());
-        f.completed(1, end, 1, &ch);
+        f.completed(1, CallEnd::replied(reply.clone()), 1, &ch);
         assert!(!f.is_done());
         let sends = send_all(&mut f, 1, &mut next);
         assert_eq!(
@@ -1375,29 +1484,146 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_2xx_needs_no_reply_and_a_failed_reply_is_a_failed_delivery() {
+    fn a_2xx_without_a_reply_is_done_and_a_failed_reply_is_a_failed_delivery() {
         let ch = channel_from(REPLY);
         let mut f = FanOut::new(0, 1, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
-        let mut end = CallEnd::ok();
-        end.reply = Some(ReplyEvent::default());
-        f.completed(1, end, 1, &ch);
-        assert!(f.is_done(), "an empty answer means done");
+        f.completed(1, CallEnd::ok(), 1, &ch);
+        assert!(f.is_done(), "no reply event means done");
 
         let mut f = FanOut::new(0, 1, 0);
         send_all(&mut f, 0, &mut next);
-        let mut end = CallEnd::ok();
-        end.reply = Some(ReplyEvent {
-            headers: Vec::new(),
+        let reply = ReplyEvent {
+            headers: vec![("ce-type".into(), "t".into())],
             body: b"x".to_vec(),
-        });
-        f.completed(next, end, 1, &ch);
+        };
+        f.completed(next, CallEnd::replied(reply), 1, &ch);
         send_all(&mut f, 1, &mut next);
         f.completed(next, status(503), 2, &ch);
         assert!(f.is_done());
         let doc = report(&f.verdict(&ch));
         assert_eq!(doc["failed"][0]["leg"], "reply");
         assert_eq!(doc["failed"][0]["status"], 503);
+    }
+
+    #[test]
+    fn a_reply_event_without_data_is_passed_on_too() {
+        let ch = channel_from(REPLY);
+        let mut f = FanOut::new(0, 1, 0);
+        let mut next = 0;
+        send_all(&mut f, 0, &mut next);
+        let reply = ReplyEvent {
+            headers: vec![("ce-type".into(), "t".into())],
+            body: Vec::new(),
+        };
+        f.completed(1, CallEnd::replied(reply), 1, &ch);
+        assert_eq!(f.take_ready(1)[0].leg, Leg::Reply);
+    }
+
+    /// A 2xx whose reply of 2000 bytes is over a limit of 1000.
+    fn too_large_reply() -> CallEnd {
+        CallEnd {
+            reply: Some(Err(Failure::TooLarge {
+                size: 2000,
+                limit: 1000,
+            })),
+            ..CallEnd::ok()
+        }
+    }
+
+    #[test]
+    fn a_reply_too_large_is_a_failed_reply_never_sent() {
+        let ch = channel_from(REPLY);
+        let mut f = FanOut::new(0, 1, 0);
+        let mut next = 0;
+        send_all(&mut f, 0, &mut next);
+        f.completed(1, too_large_reply(), 7, &ch);
+        assert!(f.is_done(), "too large is not retried");
+        assert!(
+            f.take_ready(7).is_empty(),
+            "nothing goes to the reply target"
+        );
+        let answer = f.verdict(&ch);
+        assert_eq!(answer.status, 500);
+        let failed = &report(&answer)["failed"][0];
+        assert_eq!(failed["leg"], "reply");
+        assert_eq!(failed["outcome"], "too_large");
+        assert_eq!(
+            failed["detail"],
+            "the reply of 2000 bytes is larger than max_body_bytes (1000): not passed on"
+        );
+        assert_eq!(failed["attempts"], 1);
+        assert_eq!(failed["elapsed_ms"], 7);
+        assert!(failed.get("status").is_none());
+    }
+
+    const REPLY_AND_DEAD_LETTER: &str = r#"{"delivery": {"retry": 1, "backoff_delay_ms": 10,
+        "dead_letter": {"cluster": "dlq"}},
+        "subscribers": [{"cluster": "a", "authority": "a.local", "path": "/in",
+                         "reply": {"cluster": "r", "authority": "r.local", "path": "/replies"}}]}"#;
+
+    #[test]
+    fn a_reply_that_failed_for_good_sends_the_original_event_to_the_dead_letter() {
+        let ch = channel_from(REPLY_AND_DEAD_LETTER);
+        let mut f = FanOut::new(0, 1, 0);
+        let mut next = 0;
+        send_all(&mut f, 0, &mut next); // a: 1
+        let reply = ReplyEvent {
+            headers: vec![("ce-type".into(), "t".into())],
+            body: b"answer".to_vec(),
+        };
+        f.completed(1, CallEnd::replied(reply), 1, &ch);
+        send_all(&mut f, 1, &mut next); // r: 2
+        let mut end = status(503);
+        end.body = b"replies down".to_vec();
+        f.completed(2, end.clone(), 2, &ch);
+        assert!(f.is_retrying(0), "the reply is retried like the event");
+        send_all(&mut f, 100, &mut next); // r retry: 3
+        f.completed(3, end, 101, &ch);
+        assert!(!f.is_retrying(0) && !f.is_failed(0));
+        let sends = send_all(&mut f, 101, &mut next); // dlq: 4
+        assert_eq!(sends[0].0.leg, Leg::DeadLetter);
+        let letter = f.dead_letter(0, &ch, &[], b"event");
+        let header = |name: &str| letter.header(name);
+        assert_eq!(header(DEAD_LETTER_CLUSTER), Some("a"));
+        assert_eq!(header(DEAD_LETTER_LEG), Some("reply"));
+        assert_eq!(header(DEAD_LETTER_STATUS), Some("503"));
+        assert_eq!(header(DEAD_LETTER_ATTEMPTS), Some("1"));
+        assert_eq!(
+            header("ce-knativeerrordest"),
+            Some("http://r.local/replies"),
+            "the reply target failed, not the subscriber"
+        );
+        assert_eq!(header("ce-knativeerrorcode"), Some("503"));
+        f.completed(4, CallEnd::ok(), 102, &ch);
+        assert_dead_lettered_and_202(&f, &ch);
+    }
+
+    #[test]
+    fn a_reply_too_large_goes_to_the_dead_letter_and_a_failing_one_reports_both() {
+        let ch = channel_from(REPLY_AND_DEAD_LETTER);
+        let mut f = FanOut::new(0, 1, 0);
+        let mut next = 0;
+        send_all(&mut f, 0, &mut next);
+        f.completed(1, too_large_reply(), 1, &ch);
+        let sends = send_all(&mut f, 1, &mut next); // dlq: 2
+        assert_eq!(sends[0].0.leg, Leg::DeadLetter);
+        let letter = f.dead_letter(0, &ch, &[], b"event");
+        assert!(letter
+            .headers
+            .contains(&("ce-knativeerrorcode".to_string(), "413".to_string())));
+        assert!(letter
+            .headers
+            .contains(&(DEAD_LETTER_OUTCOME.to_string(), "too_large".to_string())));
+        f.completed(2, status(500), 2, &ch);
+        send_all(&mut f, 100, &mut next); // dlq retry: 3
+        f.completed(3, status(500), 101, &ch);
+        assert!(f.is_done());
+        let failed = &report(&f.verdict(&ch))["failed"][0];
+        assert_eq!(failed["leg"], "dead_letter");
+        assert_eq!(failed["status"], 500);
+        assert_eq!(failed["reply"]["outcome"], "too_large");
+        assert!(failed.get("event").is_none());
     }
 }

@@ -5,19 +5,23 @@
 //! The fan-out logic is plain Rust with no proxy-wasm in it, tested natively and inside
 //! wasm32: [`config`] (the JSON contract), [`routing`] (channel by host), [`headers`] (what is
 //! forwarded), [`request`] (admission), [`fanout`] (one request's calls and verdict),
-//! [`answer`] and [`metrics`]; subscription filters are [`cloudevents`] (an event's
-//! attributes) and [`filters`] (the matcher); [`dedupe`] is redelivery without duplicates.
+//! [`answer`] and [`metrics`]; [`delivery`] (retries), [`reply`] (which answers are reply
+//! events) and [`dead_letter`] (what a dead letter carries) serve delivery; subscription
+//! filters are [`cloudevents`] (an event's attributes) and [`filters`] (the matcher);
+//! [`dedupe`] is redelivery without duplicates.
 //! The `filter` module is the thin proxy-wasm layer on top.
 
 pub mod answer;
 pub mod cloudevents;
 pub mod config;
+pub mod dead_letter;
 pub mod dedupe;
 pub mod delivery;
 pub mod fanout;
 pub mod filters;
 pub mod headers;
 pub mod metrics;
+pub mod reply;
 pub mod request;
 pub mod routing;
 

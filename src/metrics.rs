@@ -20,6 +20,8 @@
 //! | `fanout.subscriber.<cluster>.calls` / `.delivered` / `.retries` / `.dead_lettered` | counter |
 //! | `fanout.subscriber.<cluster>.skipped`: its filter did not want the event (not called) | counter |
 //! | `fanout.subscriber.<cluster>.failed.<kind>` (`status_4xx`, `status_5xx`, `status_other`, `timeout`, `reset`, `no_response`, `dispatch_error`) | counter |
+//! | `fanout.subscriber.<cluster>.reply_discarded`: 2xx bodies that were not a CloudEvent, not passed on | counter |
+//! | `fanout.subscriber.<cluster>.reply_failed.<kind>` (the kinds above, and `too_large`): replies that failed for good | counter |
 //! | `fanout.dedupe.missing_key`: requests fanned out without dedupe (no usable key) | counter |
 //! | `fanout.dedupe.skipped`: subscribers not called because they already had the event | counter |
 //! | `fanout.dedupe.in_progress`: subscribers not called because another request was calling them | counter |
@@ -46,7 +48,7 @@ pub enum Kind {
     Histogram,
 }
 
-/// Why a subscriber call failed, as a stat name segment.
+/// Why a subscriber call (or a reply) failed, as a stat name segment.
 pub fn failure_kind(failure: &Failure) -> &'static str {
     FAILURE_KINDS[failure_index(failure)]
 }
@@ -62,6 +64,7 @@ fn failure_index(failure: &Failure) -> usize {
         Failure::Reset { .. } => 4,
         Failure::NoResponse => 5,
         Failure::DispatchError { .. } => 6,
+        Failure::TooLarge { .. } => 7,
     }
 }
 
@@ -92,6 +95,7 @@ pub struct Tally {
     counts: Vec<u64>,
     by_name: HashMap<String, usize>,
     subscribers: HashMap<String, SubscriberCounters>,
+    replies: HashMap<String, ReplyCounters>,
     in_flight_delta: i64,
     fanout_ms: Vec<u64>,
     call_ms: Vec<u64>,
@@ -107,11 +111,19 @@ struct SubscriberCounters {
     retries: usize,
     dead_lettered: usize,
     skipped: usize,
+    /// In the order of [`FAILURE_KINDS`]; a call never fails `too_large`.
+    failed: [usize; CALL_FAILURE_KINDS],
+}
+
+/// Counter numbers of the replies of one subscriber cluster (one with a reply target).
+#[derive(Debug, Clone, Copy)]
+struct ReplyCounters {
+    discarded: usize,
     /// In the order of [`FAILURE_KINDS`].
     failed: [usize; FAILURE_KINDS.len()],
 }
 
-const FAILURE_KINDS: [&str; 7] = [
+const FAILURE_KINDS: [&str; 8] = [
     "status_4xx",
     "status_5xx",
     "status_other",
@@ -119,7 +131,10 @@ const FAILURE_KINDS: [&str; 7] = [
     "reset",
     "no_response",
     "dispatch_error",
+    "too_large",
 ];
+/// The first kinds: those a call can fail with (`too_large` is a reply's own).
+const CALL_FAILURE_KINDS: usize = 7;
 
 /// What a flush hands to Envoy.
 #[derive(Debug, Default, PartialEq)]
@@ -181,9 +196,25 @@ impl Tally {
             retries: self.counter(&format!("{prefix}.retries")),
             dead_lettered: self.counter(&format!("{prefix}.dead_lettered")),
             skipped: self.counter(&format!("{prefix}.skipped")),
-            failed: FAILURE_KINDS.map(|kind| self.counter(&format!("{prefix}.failed.{kind}"))),
+            failed: std::array::from_fn(|i| {
+                self.counter(&format!("{prefix}.failed.{}", FAILURE_KINDS[i]))
+            }),
         };
         self.subscribers.insert(cluster.to_string(), ids);
+        ids
+    }
+
+    fn replies(&mut self, cluster: &str) -> ReplyCounters {
+        if let Some(&ids) = self.replies.get(cluster) {
+            return ids;
+        }
+        let prefix = format!("fanout.subscriber.{}", stat_segment(cluster));
+        let ids = ReplyCounters {
+            discarded: self.counter(&format!("{prefix}.reply_discarded")),
+            failed: FAILURE_KINDS
+                .map(|kind| self.counter(&format!("{prefix}.reply_failed.{kind}"))),
+        };
+        self.replies.insert(cluster.to_string(), ids);
         ids
     }
 
@@ -276,6 +307,23 @@ impl Tally {
         self.subscriber(cluster);
     }
 
+    /// Makes the reply counters of a subscriber with a reply target exist (at zero).
+    pub fn register_replies(&mut self, cluster: &str) {
+        self.replies(cluster);
+    }
+
+    /// `cluster` answered 2xx with a body that is not a CloudEvent: not a reply, discarded.
+    pub fn reply_discarded(&mut self, cluster: &str) {
+        let ids = self.replies(cluster);
+        self.bump(ids.discarded);
+    }
+
+    /// `cluster`'s reply failed for good (it may still have gone to the dead-letter target).
+    pub fn reply_failed(&mut self, cluster: &str, failure: &Failure) {
+        let ids = self.replies(cluster);
+        self.bump(ids.failed[failure_index(failure)]);
+    }
+
     /// Every counter name known so far.
     pub fn counter_names(&self) -> &[String] {
         &self.names
@@ -318,10 +366,12 @@ impl Tally {
     ) {
         let ids = self.subscriber(cluster);
         let id = match result {
-            Ok(()) => ids.delivered,
-            Err(failure) => ids.failed[failure_index(failure)],
+            Ok(()) => Some(ids.delivered),
+            Err(failure) => ids.failed.get(failure_index(failure)).copied(),
         };
-        self.bump(id);
+        if let Some(id) = id {
+            self.bump(id);
+        }
         if let Some(ms) = duration_ms {
             push_bounded(&mut self.call_ms, ms);
         }
@@ -403,6 +453,46 @@ mod tests {
             }),
             "dispatch_error"
         );
+        assert_eq!(
+            failure_kind(&Failure::TooLarge { size: 2, limit: 1 }),
+            "too_large"
+        );
+    }
+
+    #[test]
+    fn reply_counters_exist_only_for_subscribers_with_replies_and_count_by_kind() {
+        let mut tally = Tally::default();
+        tally.register_subscriber("plain");
+        assert!(!tally.counter_names().iter().any(|n| n.contains("reply")));
+        assert!(!tally
+            .counter_names()
+            .iter()
+            .any(|n| n.ends_with("failed.too_large")));
+        tally.register_replies("answering");
+        let names = tally.counter_names();
+        assert!(names.contains(&"fanout.subscriber.answering.reply_discarded".to_string()));
+        for kind in FAILURE_KINDS {
+            assert!(
+                names.contains(&format!("fanout.subscriber.answering.reply_failed.{kind}")),
+                "{kind}"
+            );
+        }
+        tally.reply_discarded("answering");
+        tally.reply_discarded("answering");
+        tally.reply_failed("answering", &Failure::TooLarge { size: 2, limit: 1 });
+        tally.reply_failed("answering", &Failure::Timeout);
+        // A call never fails too_large; counting one changes nothing.
+        tally.call_ended("plain", &Err(Failure::TooLarge { size: 2, limit: 1 }), None);
+        let flush = tally.flush();
+        let expected: Vec<(String, u64)> = [
+            ("fanout.subscriber.answering.reply_discarded", 2),
+            ("fanout.subscriber.answering.reply_failed.timeout", 1),
+            ("fanout.subscriber.answering.reply_failed.too_large", 1),
+        ]
+        .iter()
+        .map(|(n, c)| (n.to_string(), *c))
+        .collect();
+        assert_eq!(flush.counters, expected);
     }
 
     #[test]

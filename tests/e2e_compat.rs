@@ -16,23 +16,6 @@ fn continue_config(subscriber: &Subscriber) -> serde_json::Value {
     json!({ "body_wait": "continue", "subscribers": [{ "cluster": subscriber.name() }] })
 }
 
-/// Polls Envoy's stats until `name` has `value`, or the deadline passes; returns the last
-/// value seen. The filter hands its counts to Envoy once a second.
-fn wait_for_stat(envoy: &Envoy, name: &str, value: u64) -> Option<u64> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, stats) = envoy.admin_get(&format!("/stats?filter=^{}$", name.replace('.', "\\.")));
-        let seen = stats
-            .lines()
-            .find_map(|line| line.strip_prefix(&format!("{name}: ")))
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        if seen == Some(value) || std::time::Instant::now() > deadline {
-            return seen;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn with_the_buffer_filter_continue_mode_fans_out_the_whole_body() {
     let billing = Subscriber::ok("billing");
@@ -68,7 +51,11 @@ fn without_the_buffer_filter_the_tripwire_answers_and_nothing_is_fanned_out() {
         envoy.log()
     );
     assert_eq!(
-        wait_for_stat(&envoy, "wasmcustom.fanout.requests.reached_router", 1),
+        envoy.wait_for_stat(
+            "wasmcustom.fanout.requests.reached_router",
+            |n| n == 1,
+            Duration::from_secs(10)
+        ),
         Some(1)
     );
     std::thread::sleep(Duration::from_millis(300));

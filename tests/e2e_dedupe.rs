@@ -6,6 +6,7 @@
 
 mod harness;
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -18,11 +19,7 @@ fn envoy(dedupe: Value, subscribers: &[&Subscriber]) -> Envoy {
         "channels": [{ "name": "default/orders", "hosts": ["*"], "subscribers":
             subscribers.iter().map(|s| json!({ "cluster": s.name() })).collect::<Vec<_>>() }]
     });
-    let mut builder = Envoy::builder().fanout(&config);
-    for s in subscribers {
-        builder = builder.cluster(s.name(), s.port());
-    }
-    builder.start()
+    Envoy::with_subscribers(&config, subscribers)
 }
 
 fn post(client: &Client, envoy: &Envoy, id: Option<&str>) -> Reply {
@@ -39,22 +36,14 @@ fn counts(subs: &[&Subscriber]) -> Vec<usize> {
     subs.iter().map(|s| s.count()).collect()
 }
 
-/// A stat of fanout's in `/stats` (`wasmcustom.<name>: <value>`), waiting (bounded) until it
-/// has `want`: the filter hands its counts to Envoy once a second.
-fn wait_for_stat(envoy: &Envoy, name: &str, want: i64) -> Option<i64> {
-    let line = format!("wasmcustom.{name}: ");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, stats) = envoy.admin_get("/stats");
-        let value = stats
-            .lines()
-            .find_map(|l| l.strip_prefix(&line))
-            .and_then(|v| v.trim().parse::<i64>().ok());
-        if value == Some(want) || Instant::now() > deadline {
-            return value;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+/// A stat of fanout's (`wasmcustom.<name>`), waiting (bounded) until it has `want`: the
+/// filter hands its counts to Envoy once a second.
+fn wait_for_stat(envoy: &Envoy, name: &str, want: u64) -> Option<u64> {
+    envoy.wait_for_stat(
+        &format!("wasmcustom.{name}"),
+        |n| n == want,
+        Duration::from_secs(10),
+    )
 }
 
 #[test]
@@ -116,6 +105,8 @@ fn after_ttl_ms_the_event_goes_to_everyone_again() {
     assert_eq!(post(&client, &envoy, Some("evt-1")).status, 202);
     assert_eq!(post(&client, &envoy, Some("evt-1")).status, 202);
     assert_eq!(counts(&subs), [1, 1]);
+    // A fixed wait: what passes is the filter's clock (the host's wall clock), past ttl_ms
+    // from the delivery, which was before this sleep began; 200 ms over it is plenty.
     std::thread::sleep(Duration::from_millis(1700));
     let after = post(&client, &envoy, Some("evt-1"));
     assert_eq!(after.status, 202);
@@ -215,15 +206,16 @@ fn two_hundred_concurrent_redeliveries_across_workers_give_each_subscriber_one_d
     }
     eprintln!("{accepted} answered 202, {in_progress} answered 409 (in progress elsewhere)");
     // Both workers took connections, so the claims were seen across threads.
-    let (_, stats) = envoy.admin_get("/stats?filter=worker_.\\.downstream_cx_total");
-    let per_worker: Vec<i64> = stats
-        .lines()
-        .filter_map(|l| l.rsplit_once(": ")?.1.trim().parse().ok())
+    let stats: BTreeMap<String, u64> = envoy
+        .stats("listener.")
+        .into_iter()
+        .filter(|(name, _)| name.contains(".worker_") && name.ends_with(".downstream_cx_total"))
         .collect();
+    let per_worker: Vec<u64> = stats.values().copied().collect();
     eprintln!("connections per worker: {per_worker:?}");
     assert!(
         per_worker.len() == 2 && per_worker.iter().all(|n| *n > 0),
-        "one worker took every connection: {stats}"
+        "one worker took every connection: {stats:#?}"
     );
 
     // The senders that got 409 retry: 202, and still nobody is called again.
@@ -238,7 +230,9 @@ fn two_hundred_concurrent_redeliveries_across_workers_give_each_subscriber_one_d
 
 #[test]
 fn async_mode_records_when_the_background_delivery_ends() {
-    let slow = Subscriber::start("slow", Behavior::Delay(Duration::from_millis(300), 200));
+    // The second copy must come while the first is still being delivered: `slow` holds its
+    // answer long enough for that on a loaded machine too (the copies after it are polled).
+    let slow = Subscriber::start("slow", Behavior::Delay(Duration::from_millis(1500), 200));
     let fast = Subscriber::ok("fast");
     let subs = [&slow, &fast];
     let config = json!({

@@ -15,37 +15,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use harness::faults::{raw_request, rss_kib, stats, Fault, FaultServer};
-use harness::{send, Behavior, Client, Envoy, Recorded, Reply, Subscriber};
+use harness::faults::{raw_request, Fault, FaultServer};
+use harness::timing::{assert_waited_at_least, poll_until};
+use harness::{
+    assert_202, assert_status, send, set_linger_zero, Behavior, Client, Envoy, Recorded, Reply,
+    Subscriber,
+};
 use serde_json::{json, Value};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
 
-fn start(config: &Value, clusters: &[(&str, u16)]) -> Envoy {
-    let mut builder = Envoy::builder().fanout(config);
-    for (name, port) in clusters {
-        builder = builder.cluster(name, *port);
-    }
-    builder.start()
-}
-
-fn assert_202(reply: &Reply) {
-    reply.assert_not_tripwire();
-    assert_eq!(
-        reply.status,
-        202,
-        "expected 202: {} {:?}",
-        reply.status,
-        reply.text()
-    );
-}
-
 /// The 500 report of a fan-out in which exactly the subscribers `failed` failed: returns
 /// each one's entry by cluster.
 fn report_naming(reply: &Reply, failed: &[&str]) -> BTreeMap<String, Value> {
-    reply.assert_not_tripwire();
-    assert_eq!(reply.status, 500, "expected 500: {:?}", reply.text());
+    assert_status(reply, 500);
     assert_eq!(
         reply.header("x-fanout-failed"),
         Some(failed.len().to_string()),
@@ -110,7 +94,7 @@ fn a_subscriber_killed_mid_load_fails_with_a_report_while_down_and_all_202_after
     let config = json!({ "subscribers": [
         { "cluster": "steady-a" }, { "cluster": "victim", "timeout_ms": 5000 }, { "cluster": "steady-b" }
     ] });
-    let mut envoy = start(
+    let mut envoy = Envoy::with_clusters(
         &config,
         &[
             ("steady-a", a.port()),
@@ -141,15 +125,37 @@ fn a_subscriber_killed_mid_load_fails_with_a_report_while_down_and_all_202_after
         })
         .collect();
 
-    std::thread::sleep(Duration::from_millis(1500));
+    // A phase lasts its time and until PHASE_REQUESTS requests begun in it have ended (polled,
+    // bounded): a loaded machine gets through fewer requests per second, and each phase must
+    // have enough to mean something.
+    const PHASE_REQUESTS: usize = 20;
+    // After the restart, a request begun within RESTART_GRACE may still meet the dead
+    // connection: it counts as straddling, not as "after".
+    const RESTART_GRACE: Duration = Duration::from_millis(300);
+    let phase = |from: Instant, lasting: Duration| {
+        let ended = poll_until(Duration::from_secs(60), Duration::from_millis(20), || {
+            let n = results
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(begun, _, _)| *begun > from)
+                .count();
+            (from.elapsed() >= lasting && n >= PHASE_REQUESTS).then_some(())
+        });
+        assert!(
+            ended.is_some(),
+            "fewer than {PHASE_REQUESTS} requests in a phase"
+        );
+    };
+    phase(Instant::now(), Duration::from_millis(1500));
     let kill_begun = Instant::now();
     let killed = victim.kill();
     let kill_done = Instant::now();
-    std::thread::sleep(Duration::from_millis(1500));
+    phase(kill_done, Duration::from_millis(1500));
     let restart_begun = Instant::now();
     let victim = killed.restart();
     let restart_done = Instant::now();
-    std::thread::sleep(Duration::from_millis(2000));
+    phase(restart_done + RESTART_GRACE, Duration::from_millis(1700));
     stop.store(true, Ordering::SeqCst);
     for s in senders {
         s.join().unwrap();
@@ -167,7 +173,7 @@ fn a_subscriber_killed_mid_load_fails_with_a_report_while_down_and_all_202_after
             assert_eq!(entries["victim"]["outcome"], "reset", "{:?}", reply.text());
             assert_eq!(reply.json()["delivered"], 2);
             down += 1;
-        } else if *begun > restart_done + Duration::from_millis(300) {
+        } else if *begun > restart_done + RESTART_GRACE {
             assert_202(reply);
             after += 1;
         } else {
@@ -205,25 +211,21 @@ fn a_subscriber_that_accepts_and_never_answers_is_a_timeout_at_its_timeout() {
     let config = json!({ "subscribers": [
         { "cluster": "silent", "timeout_ms": 700 }, { "cluster": "ok" }
     ] });
-    let mut envoy = start(&config, &[("silent", silent.port()), ("ok", ok.port())]);
+    let mut envoy = Envoy::with_clusters(&config, &[("silent", silent.port()), ("ok", ok.port())]);
     let pid = envoy.pid();
     let reply = post(&Client::http1(), &envoy, "any", "e");
     let entries = report_naming(&reply, &["silent"]);
     let entry = &entries["silent"];
     assert_eq!(entry["outcome"], "timeout", "{entry}");
     assert_eq!(entry["detail"], "no answer within the timeout of 700 ms");
-    let elapsed = entry["elapsed_ms"].as_u64().unwrap();
-    // The report's clock is the host's wall clock, the timeout Envoy's monotonic timer: they
-    // differ by a few ms (we saw 698 and 699). The client's own clock is the strict check.
-    assert!(
-        elapsed >= 690,
-        "failed after {elapsed} ms, before its timeout"
-    );
-    assert!(
-        reply.elapsed >= Duration::from_millis(700),
-        "{:?}",
-        reply.elapsed
-    );
+    let timeout = Duration::from_millis(700);
+    // The report's clock is the host's wall clock, the client's its own: both see Envoy's
+    // timer fire up to a coarse-clock tick early (we saw 698 and 699 ms in the report and
+    // 699.45 ms at the client), never at half the timeout.
+    let elapsed = Duration::from_millis(entry["elapsed_ms"].as_u64().unwrap());
+    assert_waited_at_least(elapsed, timeout, "the report's elapsed_ms");
+    assert_waited_at_least(reply.elapsed, timeout, "the client's wait");
+    // Late only tells "fired" from "never fired" (the subscriber never answers): generous.
     assert!(
         reply.elapsed < Duration::from_secs(10),
         "answered after {:?}",
@@ -254,7 +256,7 @@ fn a_10_mib_answer_is_taken_as_its_status_and_a_failures_detail_stays_short() {
         { "name": "fail", "hosts": ["fail.test"], "subscribers": [
             { "cluster": "huge-fail", "timeout_ms": 10000 }, { "cluster": "ok" } ] }
     ] });
-    let mut envoy = start(
+    let mut envoy = Envoy::with_clusters(
         &config,
         &[
             ("huge-ok", huge_ok.port()),
@@ -335,13 +337,15 @@ fn malformed_outcomes(cases: &[(&str, &[u8])]) -> Vec<(String, Value)> {
         .map(|((name, _), s)| (*name, s.port()))
         .collect();
     clusters.push(("ok", ok.port()));
-    let mut envoy = start(&json!({ "channels": channels }), &clusters);
+    let mut envoy = Envoy::with_clusters(&json!({ "channels": channels }), &clusters);
     let pid = envoy.pid();
     let client = Client::http1();
     let mut entries = Vec::new();
     for (name, _) in cases {
         let reply = post(&client, &envoy, &format!("{name}.test"), "e");
         let report = report_naming(&reply, &[name]);
+        // Envoy ends such a call as soon as it reads the bad answer; the bound is the call's
+        // own 5 s timeout, the wrong behaviour it tells this from (however loaded the machine).
         assert!(
             reply.elapsed < Duration::from_secs(5),
             "{name}: after {:?}",
@@ -438,12 +442,7 @@ fn a_thousand_clients_leaving_mid_fan_out_under_load_break_nothing() {
     let pid = envoy.pid();
     let addr = envoy.addr();
     // Envoy's own wasm stats (VMs created and active, by runtime), not fanout's.
-    let vm_stats = |envoy: &Envoy| -> BTreeMap<String, u64> {
-        stats(envoy, "wasm")
-            .into_iter()
-            .filter(|(k, _)| k.starts_with("wasm."))
-            .collect()
-    };
+    let vm_stats = |envoy: &Envoy| -> BTreeMap<String, u64> { envoy.stats("wasm.") };
     let wasm_before = vm_stats(&envoy);
 
     // Load: requests to both channels all along from 4 clients (to `slow.test` too: they
@@ -493,7 +492,7 @@ fn a_thousand_clients_leaving_mid_fan_out_under_load_break_nothing() {
                     let _ = std::io::Write::write_all(&mut stream, request.as_bytes());
                     std::thread::sleep(Duration::from_millis((i % 5) as u64 * 20));
                     if i.is_multiple_of(2) {
-                        let _ = stream.set_linger_zero();
+                        let _ = set_linger_zero(&stream);
                     }
                     let _ = stream.shutdown(Shutdown::Both);
                 }
@@ -516,12 +515,16 @@ fn a_thousand_clients_leaving_mid_fan_out_under_load_break_nothing() {
     assert!(replies.len() >= 20, "too little load: {}", replies.len());
 
     // The abandoned calls' subscribers answer after 300 ms; then everything is back to idle.
-    let in_flight = |envoy: &Envoy| stats(envoy, "fanout.in_flight").values().sum::<u64>();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while in_flight(&envoy) != 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(in_flight(&envoy), 0, "fan-outs still counted in flight");
+    let in_flight = envoy.wait_for_stat(
+        "wasmcustom.fanout.in_flight",
+        |n| n == 0,
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        in_flight.unwrap_or(0),
+        0,
+        "fan-outs still counted in flight"
+    );
 
     let client = Client::http1();
     for i in 0..10 {
@@ -553,36 +556,6 @@ fn a_thousand_clients_leaving_mid_fan_out_under_load_break_nothing() {
     assert_envoy_healthy(&mut envoy, pid);
 }
 
-trait LingerZero {
-    fn set_linger_zero(&self) -> std::io::Result<()>;
-}
-
-impl LingerZero for TcpStream {
-    /// Close with an RST instead of a FIN.
-    fn set_linger_zero(&self) -> std::io::Result<()> {
-        use std::os::fd::AsRawFd;
-        let linger = libc::linger {
-            l_onoff: 1,
-            l_linger: 0,
-        };
-        // SAFETY: a valid socket and a correctly sized option value.
-        let rc = unsafe {
-            libc::setsockopt(
-                self.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                std::ptr::addr_of!(linger).cast(),
-                std::mem::size_of::<libc::linger>() as libc::socklen_t,
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // A channel of 1000 subscribers.
 
@@ -604,19 +577,24 @@ fn a_channel_of_1000_subscribers_works_and_its_cost_is_recorded() {
         .collect();
     let names: Vec<String> = (0..N).map(|i| format!("s{i}")).collect();
     let started = Instant::now();
-    let mut builder = Envoy::builder().fanout(&json!({ "subscribers": subscribers }));
-    for (i, name) in names.iter().enumerate() {
-        builder = builder.cluster(name, hub_port(i));
-    }
-    let mut envoy = builder.start();
+    let mut envoy = Envoy::builder()
+        .fanout(&json!({ "subscribers": subscribers }))
+        .clusters(
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.as_str(), hub_port(i))),
+        )
+        .start();
     let startup = started.elapsed();
     let pid = envoy.pid();
-    let rss_idle = rss_kib(&envoy);
+    let rss_idle = envoy.rss_kib();
     let client = Client::http1();
     let mut times = Vec::new();
     for i in 0..EVENTS {
         let reply = post(&client, &envoy, "any", &format!("event-{i}"));
         assert_202(&reply);
+        // Only "it ended": the cost is recorded below, speed belongs in `make bench`.
         assert!(
             reply.elapsed < Duration::from_secs(30),
             "{:?}",
@@ -624,7 +602,7 @@ fn a_channel_of_1000_subscribers_works_and_its_cost_is_recorded() {
         );
         times.push(reply.elapsed);
     }
-    let rss_after = rss_kib(&envoy);
+    let rss_after = envoy.rss_kib();
     for hub in &hubs {
         let want = N / HUBS * EVENTS;
         assert_eq!(
@@ -654,19 +632,24 @@ fn a_channel_of_1000_subscribers_works_and_its_cost_is_recorded() {
     let small: Vec<Value> = (0..4)
         .map(|i| json!({ "cluster": format!("s{i}") }))
         .collect();
-    let mut builder = Envoy::builder().fanout(&json!({ "subscribers": small }));
-    for (i, name) in names.iter().take(4).enumerate() {
-        builder = builder.cluster(name, hub_port(i));
-    }
-    let envoy4 = builder.start();
-    let rss4_idle = rss_kib(&envoy4);
+    let envoy4 = Envoy::builder()
+        .fanout(&json!({ "subscribers": small }))
+        .clusters(
+            names
+                .iter()
+                .take(4)
+                .enumerate()
+                .map(|(i, n)| (n.as_str(), hub_port(i))),
+        )
+        .start();
+    let rss4_idle = envoy4.rss_kib();
     let mut times4 = Vec::new();
     for i in 0..EVENTS {
         let reply = post(&client, &envoy4, "any", &format!("small-{i}"));
         assert_202(&reply);
         times4.push(reply.elapsed);
     }
-    let rss4_after = rss_kib(&envoy4);
+    let rss4_after = envoy4.rss_kib();
     eprintln!(
         "1000 subscribers: Envoy ready in {startup:?}; fan-outs took {times:?}; Envoy RSS {} MiB \
          idle, {} MiB after {EVENTS} events. For comparison, 4 subscribers: fan-outs {times4:?}, \
@@ -708,7 +691,7 @@ fn fortress(forward_headers: Option<Value>) -> Fortress {
     if let Some(list) = forward_headers {
         config["forward_headers"] = list;
     }
-    let envoy = start(
+    let envoy = Envoy::with_clusters(
         &config,
         &[
             ("a", a.port()),
@@ -1031,7 +1014,7 @@ fn text_from_subscriber_answers_is_sanitized_in_reports_and_dead_letter_headers(
         { "name": "dead", "hosts": ["dead.test"], "subscribers": [
             { "cluster": "evil-dl", "delivery": { "dead_letter": { "cluster": "dlq" } } } ] }
     ] });
-    let envoy = start(
+    let envoy = Envoy::with_clusters(
         &config,
         &[
             ("evil", evil.port()),

@@ -6,19 +6,11 @@
 
 mod harness;
 
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
-use harness::{send, Client, Envoy, Reply, Subscriber};
+use harness::{assert_status, send, Client, Envoy, Reply, Subscriber};
 use serde_json::{json, Value};
-
-/// Envoy with the filter configured by `config` and one cluster per subscriber.
-fn envoy(config: &Value, subscribers: &[&Subscriber]) -> Envoy {
-    let mut builder = Envoy::builder().fanout(config);
-    for s in subscribers {
-        builder = builder.cluster(s.name(), s.port());
-    }
-    builder.start()
-}
 
 /// Two subscribers that want different event types.
 fn by_type() -> Value {
@@ -28,17 +20,6 @@ fn by_type() -> Value {
         { "cluster": "shipped", "path": "/shipped",
           "filter": { "attributes": { "type": "com.example.order.shipped", "source": "" } } }
     ] }] })
-}
-
-fn assert_status(reply: &Reply, status: u16) {
-    reply.assert_not_tripwire();
-    assert_eq!(
-        reply.status,
-        status,
-        "expected {status}, got {} with body {:?}",
-        reply.status,
-        reply.text()
-    );
 }
 
 fn binary_event(envoy: &Envoy, event_type: &str, body: &str) -> Reply {
@@ -70,7 +51,7 @@ fn structured_event(envoy: &Envoy, body: &str) -> Reply {
 fn binary_mode_each_subscriber_gets_only_the_type_it_filters_on() {
     let created = Subscriber::ok("created");
     let shipped = Subscriber::ok("shipped");
-    let envoy = envoy(&by_type(), &[&created, &shipped]);
+    let envoy = Envoy::with_subscribers(&by_type(), &[&created, &shipped]);
 
     assert_status(
         &binary_event(&envoy, "com.example.order.created", r#"{"n": 1}"#),
@@ -108,7 +89,7 @@ fn binary_mode_each_subscriber_gets_only_the_type_it_filters_on() {
 fn structured_mode_each_subscriber_gets_only_the_type_it_filters_on() {
     let created = Subscriber::ok("created");
     let shipped = Subscriber::ok("shipped");
-    let envoy = envoy(&by_type(), &[&created, &shipped]);
+    let envoy = Envoy::with_subscribers(&by_type(), &[&created, &shipped]);
 
     // `data` has a `type` of its own: only the top-level member counts.
     let created_event = r#"{"specversion": "1.0", "type": "com.example.order.created",
@@ -143,7 +124,7 @@ fn a_malformed_structured_body_is_400_when_a_filter_needs_it_and_passes_otherwis
         ] },
         { "name": "plain", "hosts": ["*"], "subscribers": [{ "cluster": "plain" }] }
     ] });
-    let envoy = envoy(&config, &[&created, &shipped, &plain]);
+    let envoy = Envoy::with_subscribers(&config, &[&created, &shipped, &plain]);
     let filtered = Client::http1_resolving("filtered.local", envoy.addr());
     let url = format!("http://filtered.local:{}/", envoy.port());
     let malformed = r#"{"type": "com.example.order.created", "data": {"#;
@@ -186,7 +167,7 @@ fn a_malformed_structured_body_is_400_when_a_filter_needs_it_and_passes_otherwis
 fn the_500_report_and_the_metrics_tell_skipped_from_failed() {
     let created = Subscriber::start("created", harness::Behavior::Status(503));
     let shipped = Subscriber::ok("shipped");
-    let envoy = envoy(&by_type(), &[&created, &shipped]);
+    let envoy = Envoy::with_subscribers(&by_type(), &[&created, &shipped]);
 
     let reply = binary_event(&envoy, "com.example.order.created", "{}");
     assert_status(&reply, 500);
@@ -198,27 +179,20 @@ fn the_500_report_and_the_metrics_tell_skipped_from_failed() {
     assert_eq!(shipped.count(), 0);
 
     // Counted per worker and flushed to Envoy's stats on the root context's tick.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, stats) = envoy.admin_get("/stats?filter=fanout.subscriber");
-        let value = |name: &str| {
-            stats
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("wasmcustom.{name}: ")))
-                .map(str::to_string)
-        };
-        let skipped = value("fanout.subscriber.shipped.skipped");
-        let failed = value("fanout.subscriber.created.failed.status_5xx");
-        if skipped.as_deref() == Some("1") && failed.as_deref() == Some("1") {
-            assert_eq!(
-                value("fanout.subscriber.shipped.calls").as_deref(),
-                Some("0")
-            );
-            break;
-        }
-        assert!(Instant::now() < deadline, "stats never showed it:\n{stats}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let counted = |stats: &BTreeMap<String, u64>| {
+        stats.get("wasmcustom.fanout.subscriber.shipped.skipped") == Some(&1)
+            && stats.get("wasmcustom.fanout.subscriber.created.failed.status_5xx") == Some(&1)
+    };
+    let stats = envoy.wait_for_stats(
+        "wasmcustom.fanout.subscriber.",
+        counted,
+        Duration::from_secs(10),
+    );
+    assert!(counted(&stats), "stats never showed it:\n{stats:#?}");
+    assert_eq!(
+        stats.get("wasmcustom.fanout.subscriber.shipped.calls"),
+        Some(&0)
+    );
 }
 
 #[test]
@@ -227,7 +201,7 @@ fn async_mode_delivers_only_to_matching_subscribers_after_the_202() {
     let shipped = Subscriber::ok("shipped");
     let mut config = by_type();
     config["mode"] = json!("async");
-    let envoy = envoy(&config, &[&created, &shipped]);
+    let envoy = Envoy::with_subscribers(&config, &[&created, &shipped]);
 
     assert_status(
         &binary_event(&envoy, "com.example.order.refunded", "{}"),

@@ -9,35 +9,18 @@ mod harness;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use harness::{manifest_dir, send, Behavior, Client, Envoy, Subscriber};
+use harness::{read_shipped_yaml, send, Behavior, Client, Envoy, Subscriber};
 use serde_json::{json, Value};
 
 /// The `stats_config` of the shipped demo configuration, so the labels tested are the ones
 /// users get.
 fn shipped_stats_config() -> Value {
-    let text = std::fs::read_to_string(manifest_dir().join("envoy/envoy.yaml")).unwrap();
-    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
-    let doc = serde_json::to_value(doc).unwrap();
-    let stats = doc["stats_config"].clone();
+    let stats = read_shipped_yaml("envoy/envoy.yaml")["stats_config"].clone();
     assert!(
         stats["stats_tags"].is_array(),
         "envoy/envoy.yaml has no stats_tags"
     );
     stats
-}
-
-/// `name{labels} value` lines of fanout's metrics, keyed by `name{labels}`. Histograms
-/// contribute their `_count` lines.
-fn scrape(envoy: &Envoy) -> BTreeMap<String, f64> {
-    let (status, text) = envoy.admin_get("/stats/prometheus");
-    assert_eq!(status, 200);
-    text.lines()
-        .filter(|line| line.starts_with("fanout_"))
-        .filter_map(|line| {
-            let (key, value) = line.rsplit_once(' ')?;
-            Some((key.to_owned(), value.parse().ok()?))
-        })
-        .collect()
 }
 
 #[test]
@@ -114,10 +97,10 @@ fn prometheus_counts_equal_what_happened() {
 
     // The filter hands its counts to Envoy once a second; wait for them, bounded.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut scraped = scrape(&envoy);
+    let mut scraped = envoy.prometheus("fanout_");
     while expected.iter().any(|(k, v)| scraped.get(*k) != Some(v)) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
-        scraped = scrape(&envoy);
+        scraped = envoy.prometheus("fanout_");
     }
     for (name, value) in &expected {
         assert_eq!(
@@ -157,10 +140,10 @@ fn metrics_off_defines_no_fanout_stats() {
         202
     );
     std::thread::sleep(Duration::from_millis(1500));
-    let (_, stats) = envoy.admin_get("/stats");
+    let stats = envoy.stats_text("wasmcustom.fanout");
     assert!(
-        !stats.contains("wasmcustom.fanout"),
-        "metrics are off but fanout stats exist:\n{stats}"
+        stats.is_empty(),
+        "metrics are off but fanout stats exist:\n{stats:#?}"
     );
 }
 

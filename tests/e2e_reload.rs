@@ -10,13 +10,14 @@
 
 mod harness;
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use harness::reload::{
     render_filter, render_filter_with_script, run_render, until_consecutive, Load, ReloadEnvoy,
     Update, ECDS,
 };
-use harness::{send, Behavior, Client, Reply, Subscriber};
+use harness::{assert_202, send, Behavior, Client, Reply, Subscriber};
 use serde_json::{json, Value};
 
 /// Envoy picks up a file change, then applies it on every worker.
@@ -46,11 +47,6 @@ fn post(envoy: &ReloadEnvoy, seq: &str) -> Reply {
 
 fn got(s: &Subscriber, seq: &str) -> bool {
     s.requests().iter().any(|r| r.header("x-seq") == Some(seq))
-}
-
-fn assert_202(reply: &Reply) {
-    reply.assert_not_tripwire();
-    assert_eq!(reply.status, 202, "{} {:?}", reply.status, reply.text());
 }
 
 /// Sends tagged requests until `n` in a row were answered 202 and reached exactly `want` of
@@ -106,7 +102,7 @@ fn adding_subscribers_by_ten_configmap_swaps_under_load_fails_no_request() {
         latencies.push(start.elapsed());
         // The swap is done on Envoy's side too before the next one, and load keeps flowing
         // between swaps: at least 30 more events reach `base` first.
-        envoy.wait_stat(
+        envoy.expect_stat(
             &format!("{ECDS}.update_success"),
             |v| v >= 2 + i as u64,
             SWAP_TIMEOUT,
@@ -141,8 +137,11 @@ fn adding_subscribers_by_ten_configmap_swaps_under_load_fails_no_request() {
         during_swaps >= 300,
         "too little load during the swaps to mean anything: {during_swaps}"
     );
-    assert!(envoy.stat(&format!("{ECDS}.update_success")) >= 11);
-    assert_eq!(envoy.stat(&format!("{ECDS}.update_rejected")), 0);
+    assert!(envoy.stat(&format!("{ECDS}.update_success")).unwrap_or(0) >= 11);
+    assert_eq!(
+        envoy.stat(&format!("{ECDS}.update_rejected")).unwrap_or(0),
+        0
+    );
     // Every answered request reached `base`: it was in every config.
     assert!(
         base.count() >= report.total,
@@ -244,7 +243,7 @@ fn requests_started_before_a_swap_finish_with_their_original_subscribers() {
     half.write_all(&body[..5]).unwrap();
     half.flush().unwrap();
     // Envoy has the stream (its headers) before the swap.
-    envoy.wait_stat(
+    envoy.expect_stat(
         "http.ingress.downstream_rq_active",
         |v| v >= 2,
         SWAP_TIMEOUT,
@@ -322,24 +321,26 @@ fn metrics_of_requests_that_span_a_swap_are_not_lost() {
     );
     let probes = converge(&envoy, "converge", &[&slow, &other], &["other"], 5);
     assert_202(&long.join().unwrap());
-    let answered_202 = envoy.stat("http.ingress.downstream_rq_2xx");
+    let answered_202 = envoy.stat("http.ingress.downstream_rq_2xx").unwrap_or(0);
     assert_eq!(answered_202 as usize, probes + 1);
     // Counts reach Envoy on the next tick (1 s): wait for them, bounded.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let stats = envoy.stats();
-        let accepted = stats.get("wasmcustom.fanout.requests.accepted").copied();
-        let in_flight = stats.get("wasmcustom.fanout.in_flight").copied();
-        if accepted == Some(answered_202) && in_flight == Some(0) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "after the swap: requests.accepted {accepted:?} (Envoy answered {answered_202} \
-             2xx), in_flight {in_flight:?} (nothing is in flight)"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let counted = |stats: &BTreeMap<String, u64>| {
+        (
+            stats.get("wasmcustom.fanout.requests.accepted").copied(),
+            stats.get("wasmcustom.fanout.in_flight").copied(),
+        )
+    };
+    let stats = envoy.wait_for_stats(
+        "wasmcustom.fanout.",
+        |stats| counted(stats) == (Some(answered_202), Some(0)),
+        Duration::from_secs(15),
+    );
+    let (accepted, in_flight) = counted(&stats);
+    assert!(
+        accepted == Some(answered_202) && in_flight == Some(0),
+        "after the swap: requests.accepted {accepted:?} (Envoy answered {answered_202} \
+         2xx), in_flight {in_flight:?} (nothing is in flight)"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -375,13 +376,13 @@ fn an_invalid_configmap_update_is_rejected_and_the_old_config_keeps_serving() {
         ),
     ];
     for (n, (bad, field)) in invalid.iter().enumerate() {
-        let fails = envoy.stat(&format!("{ECDS}.config_fail"));
+        let fails = envoy.stat(&format!("{ECDS}.config_fail")).unwrap_or(0);
         assert_eq!(
             envoy.swap_filter(bad, SWAP_TIMEOUT),
             Update::Rejected,
             "{bad}"
         );
-        envoy.wait_stat(&format!("{ECDS}.config_fail"), |v| v > fails, SWAP_TIMEOUT);
+        envoy.expect_stat(&format!("{ECDS}.config_fail"), |v| v > fails, SWAP_TIMEOUT);
         assert!(
             envoy.envoy.wait_for_log(field, SWAP_TIMEOUT),
             "the log does not name the field ({field}):\n{}",
@@ -393,7 +394,7 @@ fn an_invalid_configmap_update_is_rejected_and_the_old_config_keeps_serving() {
         }
     }
     eprintln!(
-        "rejections: {ECDS}.config_fail={} update_rejected={}",
+        "rejections: {ECDS}.config_fail={:?} update_rejected={:?}",
         envoy.stat(&format!("{ECDS}.config_fail")),
         envoy.stat(&format!("{ECDS}.update_rejected"))
     );
@@ -478,7 +479,7 @@ fn fifty_quick_swaps_leave_no_more_wasm_vms_and_no_memory_growth() {
         );
         assert_202(&post(&envoy, &format!("warm-{i}")));
     }
-    let vms_before = envoy.stat("wasm.envoy.wasm.runtime.v8.active");
+    let vms_before = envoy.stat("wasm.envoy.wasm.runtime.v8.active").unwrap_or(0);
     assert!(vms_before > 0, "no wasm VM counted");
 
     // What a leak per swap would look like: a VM (MBs), the module (330 KB), a plugin instance
@@ -489,8 +490,9 @@ fn fifty_quick_swaps_leave_no_more_wasm_vms_and_no_memory_growth() {
     // shares them), so metrics on adds nothing per swap. Bound: 256 KiB either way.
     let mut first = 5;
     for (metrics, bound) in [(true, 256 * 1024), (false, 256 * 1024)] {
-        let mem_before = envoy.memory_allocated();
-        let rss_before = rss_kb(&envoy);
+        let mem_before = envoy.heap_allocated();
+        // Envoy's resident set: printed, not asserted (V8 and the allocator make it noisy).
+        let rss_before = envoy.rss_kib();
         let start = Instant::now();
         for i in first..first + 50 {
             assert_eq!(
@@ -508,19 +510,21 @@ fn fifty_quick_swaps_leave_no_more_wasm_vms_and_no_memory_growth() {
         );
         // Envoy retires old plugin instances when the last stream using them ends: wait for
         // the VM count to be back (it should already be), then compare.
-        let vms_after = envoy.wait_stat(
+        let vms_after = envoy.expect_stat(
             "wasm.envoy.wasm.runtime.v8.active",
             |v| v <= vms_before,
             SWAP_TIMEOUT,
         );
-        let mem_after = envoy.memory_allocated();
-        let rss_after = rss_kb(&envoy);
+        let mem_after = envoy.heap_allocated();
+        let rss_after = envoy.rss_kib();
         let growth = mem_after as i64 - mem_before as i64;
         eprintln!(
             "50 swaps (metrics {metrics}) in {took:?}: v8 VMs {vms_before} -> {vms_after} \
              (created in all: {}), heap allocated (admin /memory) {mem_before} -> {mem_after} \
              ({growth:+} bytes, {:+.0} per swap), VmRSS {rss_before} -> {rss_after} kB",
-            envoy.stat("wasm.envoy.wasm.runtime.v8.created"),
+            envoy
+                .stat("wasm.envoy.wasm.runtime.v8.created")
+                .unwrap_or(0),
             growth as f64 / 50.0
         );
         assert_eq!(vms_after, vms_before, "wasm VMs after 50 swaps");
@@ -530,21 +534,11 @@ fn fifty_quick_swaps_leave_no_more_wasm_vms_and_no_memory_growth() {
              {bound})"
         );
     }
-    assert!(envoy.stat(&format!("{ECDS}.update_success")) >= 106);
-    assert_eq!(envoy.stat(&format!("{ECDS}.update_rejected")), 0);
-}
-
-/// Envoy's resident set (kB), from /proc: printed, not asserted (V8 and the allocator make it
-/// noisy).
-fn rss_kb(envoy: &ReloadEnvoy) -> u64 {
-    std::fs::read_to_string(format!("/proc/{}/status", envoy.envoy.pid()))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
+    assert!(envoy.stat(&format!("{ECDS}.update_success")).unwrap_or(0) >= 106);
+    assert_eq!(
+        envoy.stat(&format!("{ECDS}.update_rejected")).unwrap_or(0),
+        0
+    );
 }
 
 // ---------------------------------------------------------------------------------------

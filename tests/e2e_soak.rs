@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use harness::faults::{rss_kib, stats, Fault, FaultServer};
+use harness::faults::{Fault, FaultServer};
 use harness::{Client, Envoy};
 use serde_json::json;
 
@@ -62,11 +62,11 @@ fn soak(total: usize, rate: usize) {
         .map(|i| FaultServer::start(&format!("sub{i}"), Fault::Ok))
         .collect();
     let config = json!({ "subscribers": subs.iter().map(|s| json!({ "cluster": s.name() })).collect::<Vec<_>>() });
-    let mut builder = Envoy::builder().fanout(&config).log_level("warning");
-    for s in &subs {
-        builder = builder.cluster(s.name(), s.port());
-    }
-    let mut envoy = builder.start();
+    let mut envoy = Envoy::builder()
+        .fanout(&config)
+        .clusters(subs.iter().map(|s| (s.name(), s.port())))
+        .log_level("warning")
+        .start();
     let pid = envoy.pid();
     let url = envoy.url("/");
 
@@ -122,7 +122,7 @@ fn soak(total: usize, rate: usize) {
     while done.load(Ordering::SeqCst) < total {
         assert!(Instant::now() < deadline, "the soak did not finish in time");
         assert!(envoy.try_wait_alive(), "Envoy exited:\n{}", envoy.log());
-        let rss = rss_kib(&envoy);
+        let rss = envoy.rss_kib();
         rss_max = rss_max.max(rss);
         samples += 1;
         if rss_warm.is_none() && done.load(Ordering::SeqCst) >= warm_up {
@@ -138,7 +138,7 @@ fn soak(total: usize, rate: usize) {
         c.join().unwrap();
     }
     let elapsed = started.elapsed();
-    let rss_end = rss_kib(&envoy);
+    let rss_end = envoy.rss_kib();
     let rss_warm = rss_warm.unwrap_or(rss_end);
     rss_max = rss_max.max(rss_end);
 
@@ -170,16 +170,16 @@ fn soak(total: usize, rate: usize) {
         );
     }
     // fanout's own counters (flushed to Envoy once a second) agree.
-    let counted = |envoy: &Envoy| stats(envoy, "wasmcustom.fanout.requests.accepted");
-    let accepted_deadline = Instant::now() + Duration::from_secs(10);
-    let accepted = loop {
-        let accepted: u64 = counted(&envoy).values().sum();
-        if accepted >= total as u64 || Instant::now() > accepted_deadline {
-            break accepted;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert_eq!(accepted, total as u64, "fanout.requests.accepted");
+    let accepted = envoy.wait_for_stat(
+        "wasmcustom.fanout.requests.accepted",
+        |n| n >= total as u64,
+        Duration::from_secs(10),
+    );
+    assert_eq!(
+        accepted.unwrap_or(0),
+        total as u64,
+        "fanout.requests.accepted"
+    );
     assert!(
         growth < 5.0,
         "Envoy's RSS grew by {growth:.2} % after warm-up ({rss_warm} -> {rss_end} KiB)"

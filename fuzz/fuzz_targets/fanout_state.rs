@@ -1,7 +1,7 @@
 //! The per-request state machine (`fanout::fanout::FanOut`) fed arbitrary sequences of
 //! callbacks: calls handed out, dispatched (with any token, including one already in use) or
 //! refused at dispatch, answered with any token (unknown, late, duplicate) and any status,
-//! body, `retry-after` and reply; subscribers skipped; the clock moving; indexes out of range.
+//! body, `retry-after` and reply (or a reply too large); subscribers skipped; the clock moving; indexes out of range.
 //! The channel is drawn from the input too: retries, backoff, dead-letter and reply targets.
 //!
 //! Two drivers: one calls the API in any order; the other drives it the way the filter does
@@ -17,8 +17,9 @@
 //! - once done, the verdict is 202 iff no subscriber failed for good, else a 500 report that
 //!   lists exactly the failed ones (`x-fanout-failed` = their number) and accounts for every
 //!   subscriber; nothing that comes late changes it;
-//! - every header value made from a subscriber's answer (report headers, dead-letter headers)
-//!   is a valid header value, and every detail quoted is free of control characters;
+//! - every header value made from a subscriber's answer (report headers, dead-letter headers,
+//!   binary or structured) is a valid header value, a structured dead letter's body is still
+//!   JSON, and every detail quoted is free of control characters;
 //! - driven like the filter and then given every answer it waits for (2xx), it finishes: the
 //!   request is answered exactly once.
 #![no_main]
@@ -87,9 +88,11 @@ struct End {
     kind: u8,
     status: Option<u16>,
     body: Vec<u8>,
-    retry_after_secs: Option<u32>,
+    retry_after_ms: Option<u32>,
     /// A 2xx's reply event: (header name pick, value) pairs and a body.
     reply: Option<ReplyParts>,
+    /// The reply was larger than max_body_bytes instead.
+    reply_too_large: bool,
 }
 
 type ReplyParts = (Vec<(u8, Vec<u8>)>, Vec<u8>);
@@ -118,7 +121,11 @@ impl End {
             assert!(!detail.chars().any(char::is_control), "{detail:?}");
         }
         let reply = match (&result, &self.reply) {
-            (Ok(()), Some((headers, body))) => Some(ReplyEvent {
+            (Ok(()), Some(_)) if self.reply_too_large => Some(Err(Failure::TooLarge {
+                size: body.len() + 1,
+                limit: body.len() as u64,
+            })),
+            (Ok(()), Some((headers, body))) => Some(Ok(ReplyEvent {
                 headers: headers
                     .iter()
                     .map(|(n, v)| {
@@ -130,12 +137,13 @@ impl End {
                     })
                     .collect(),
                 body: body.clone(),
-            }),
+            })),
             _ => None,
         };
         CallEnd {
             result,
-            retry_after_secs: self.retry_after_secs.map(u64::from),
+            retry_after_ms: self.retry_after_ms.map(u64::from),
+            body: body.to_vec(),
             reply,
         }
     }
@@ -422,6 +430,10 @@ fn pick_index(m: &Model, pick: u8, raw: bool) -> usize {
 
 fn check(f: &FanOut, m: &Model, channel: &Channel, subs: &[SubSpec], open: &mut usize) {
     let n = channel.subscribers.len();
+    let structured = [(
+        "content-type".to_string(),
+        "application/cloudevents+json".to_string(),
+    )];
     assert!(
         f.open() <= *open,
         "open went up from {open} to {}",
@@ -448,15 +460,27 @@ fn check(f: &FanOut, m: &Model, channel: &Channel, subs: &[SubSpec], open: &mut 
             f.event_attempts(i),
             spec.retry % 4
         );
-        for (name, value) in f.dead_letter_headers(i, channel) {
-            assert!(
-                !name.is_empty() && name.bytes().all(is_token_byte),
-                "{name:?}"
-            );
-            assert!(
-                is_valid_value(&value),
-                "dead-letter header {name}: {value:?}"
-            );
+        // The structured form (a JSON parse) once the fan-out is done, to keep the steps fast.
+        let modes = [
+            (&[][..], &b"plain"[..]),
+            (&structured[..], br#"{"id":"1","data":{"a":[1,2]}}"#),
+        ];
+        for (forwarded, event) in &modes[..if f.is_done() { 2 } else { 1 }] {
+            let letter = f.dead_letter(i, channel, forwarded, event);
+            for (name, value) in &letter.headers {
+                assert!(
+                    !name.is_empty() && name.bytes().all(is_token_byte),
+                    "{name:?}"
+                );
+                assert!(
+                    is_valid_value(value),
+                    "dead-letter header {name}: {value:?}"
+                );
+            }
+            if let Some(body) = &letter.body {
+                let doc: Value = serde_json::from_slice(body).expect("the dead letter is JSON");
+                assert!(doc["knativeerrorcode"].is_u64(), "{doc}");
+            }
         }
     }
     let failures: Vec<(usize, Failure)> = f.failures().map(|(i, x)| (i, x.clone())).collect();

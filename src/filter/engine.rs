@@ -10,6 +10,7 @@
 //! sender itself but returns the answer to the glue, so no `RefCell` is borrowed while Envoy
 //! runs the local reply.
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -19,10 +20,11 @@ use super::telemetry::Telemetry;
 use super::Host;
 use crate::answer::Answer;
 use crate::config::{Channel, Config, Mode};
-use crate::delivery::parse_retry_after;
+use crate::delivery::{honours_retry_after, parse_retry_after};
 use crate::fanout::{
     classify, is_success, CallEnd, Failure, FanOut, Leg, ReplyEvent, BODY_PEEK_BYTES,
 };
+use crate::reply::{self, Answered, PREFER_REPLY};
 
 /// The host's clock, read at most once per callback and only if something needs the time:
 /// a plain success with metrics off costs no clock read (each read is a host call).
@@ -225,8 +227,9 @@ impl Engine {
             let telemetry = self.telemetry.clone();
             for send in sends {
                 let job = self.jobs.get_mut(&id)?;
+                let sub_cluster = channel.subscribers.get(send.index)?.cluster.as_str();
                 let call = CallPlan::new(job, channel, send.index, send.leg)?;
-                let result = host.dispatch(call.cluster, call.headers(), call.body, call.timeout);
+                let result = host.dispatch(call.cluster, call.headers(), &call.body, call.timeout);
                 let cluster = call.cluster.to_string();
                 drop(call);
                 let retry = send.leg == Leg::Event && job_attempts(job, send.index) > 0;
@@ -242,21 +245,20 @@ impl Engine {
                         job.fanout
                             .dispatch_failed(send.index, detail, clock.now(), channel);
                         log_failure(job, channel, send.index, send.leg, &failure);
-                        let failed = Err(failure);
+                        let reply_gave_up =
+                            send.leg == Leg::Reply && !job.fanout.is_retrying(send.index);
                         count(&telemetry, &config, |tally| {
-                            tally.call_ended(&cluster, &failed, None)
+                            if reply_gave_up {
+                                tally.reply_failed(sub_cluster, &failure);
+                            }
+                            tally.call_ended(&cluster, &Err(failure), None)
                         });
                     }
                 }
-                let sub_cluster = channel
-                    .subscribers
-                    .get(send.index)
-                    .map(|s| s.cluster.clone())
-                    .unwrap_or_default();
                 count(&telemetry, &config, |tally| {
                     tally.call_started(&cluster);
                     if retry {
-                        tally.retried(&sub_cluster);
+                        tally.retried(sub_cluster);
                     }
                 });
             }
@@ -283,23 +285,36 @@ impl Engine {
         } else {
             host.call_status()
         };
+        let clock = Clock::new(host);
+        let mut discarded = false;
         let end = match status {
             Some(status) if is_success(status) => {
-                // Read an answer's body only to pass it on: a plain success costs no more host
-                // calls.
-                let reply = if leg == Leg::Event && sub.reply.is_some() && body_size > 0 {
-                    let limit = usize::try_from(config.max_body_bytes).unwrap_or(usize::MAX);
-                    Some(ReplyEvent {
-                        headers: reply_headers(host.call_headers()),
-                        body: host.call_body(body_size.min(limit)),
-                    })
-                } else {
-                    None
-                };
+                // Read an answer's headers and body only to pass it on: a plain success costs
+                // no more host calls.
+                let reply =
+                    if leg == Leg::Event && sub.reply.is_some() && reply::may_be_reply(status) {
+                        match reply::read(host.call_headers(), body_size, config.max_body_bytes) {
+                            Answered::Nothing => None,
+                            Answered::NotAnEvent => {
+                                discarded = true;
+                                None
+                            }
+                            Answered::TooLarge(failure) => Some(Err(failure)),
+                            Answered::Event(headers) => Some(Ok(ReplyEvent {
+                                headers,
+                                body: if body_size > 0 {
+                                    host.call_body(body_size)
+                                } else {
+                                    Vec::new()
+                                },
+                            })),
+                        }
+                    } else {
+                        None
+                    };
                 CallEnd {
-                    result: Ok(()),
-                    retry_after_secs: None,
                     reply,
+                    ..CallEnd::ok()
                 }
             }
             _ => {
@@ -308,22 +323,38 @@ impl Engine {
                 } else {
                     Vec::new()
                 };
-                let retry_after_secs = if sub.retry.retry > 0 {
-                    host.call_header("retry-after")
-                        .and_then(|v| parse_retry_after(&v))
-                } else {
-                    None
-                };
+                let retry_after_ms =
+                    if sub.retry.retry > 0 && status.is_some_and(honours_retry_after) {
+                        host.call_header("retry-after")
+                            .and_then(|v| parse_retry_after(&v, clock.now()))
+                    } else {
+                        None
+                    };
                 CallEnd {
                     result: classify(status, &body),
-                    retry_after_secs,
+                    retry_after_ms,
+                    body,
                     reply: None,
                 }
             }
         };
-        let clock = Clock::new(host);
+        if discarded {
+            log::debug!(
+                "[#{}] channel {}: subscriber {} answered {} with a body that is not a \
+                 CloudEvent (no ce-* header, no application/cloudevents content type): not a \
+                 reply, discarded",
+                job.log_id,
+                channel.name,
+                sub.cluster,
+                status.unwrap_or(0)
+            );
+        }
+        let reply_refused = match &end.reply {
+            Some(Err(failure)) => Some(failure.clone()),
+            _ => None,
+        };
         // The time: for a failure (its wait, its elapsed time) and for the duration metric.
-        let now = if end.result.is_err() || config.metrics {
+        let now = if end.result.is_err() || reply_refused.is_some() || config.metrics {
             clock.now()
         } else {
             0
@@ -336,8 +367,18 @@ impl Engine {
         .to_string();
         let result = end.result.clone();
         job.fanout.completed_at(index, token, end, now, channel)?;
+        // A reply that failed for good: the reply leg's own failure, or one too large to send.
+        let reply_failure = match (&result, reply_refused) {
+            (_, Some(failure)) => Some(failure),
+            (Err(failure), None) if leg == Leg::Reply => Some(failure.clone()),
+            _ => None,
+        }
+        .filter(|_| !job.fanout.is_retrying(index));
         if let Err(failure) = &result {
             log_failure(job, channel, index, leg, failure);
+        }
+        if let Some(failure) = reply_failure.as_ref().filter(|_| result.is_ok()) {
+            log_failure(job, channel, index, Leg::Reply, failure);
         }
         let duration = now.saturating_sub(job.started_ms);
         let dead_lettered = leg == Leg::DeadLetter && result.is_ok();
@@ -345,6 +386,12 @@ impl Engine {
             tally.call_ended(&cluster, &result, Some(duration));
             if dead_lettered {
                 tally.dead_lettered(&sub.cluster);
+            }
+            if discarded {
+                tally.reply_discarded(&sub.cluster);
+            }
+            if let Some(failure) = &reply_failure {
+                tally.reply_failed(&sub.cluster, failure);
             }
         });
         // A leg that just changed (reply, dead letter) goes out at once.
@@ -463,23 +510,21 @@ fn log_failure(job: &Job, channel: &Channel, index: usize, leg: Leg, failure: &F
             job.log_id,
             channel.name
         );
-    } else {
+    } else if job.fanout.is_retrying(index) {
         log::debug!(
             "[#{}] channel {}: subscriber {cluster}{what}: {failure}; trying again",
             job.log_id,
             channel.name
         );
+    } else {
+        // Its dead-letter target is called next; a warning follows if that fails too.
+        log::debug!(
+            "[#{}] channel {}: subscriber {cluster} failed{what}: {failure}; sending the event \
+             to its dead-letter target",
+            job.log_id,
+            channel.name
+        );
     }
-}
-
-/// The headers of a subscriber's answer that travel with it as a reply event.
-fn reply_headers(headers: Vec<(String, Vec<u8>)>) -> Vec<(String, String)> {
-    headers
-        .into_iter()
-        .filter(|(name, _)| name == "content-type" || name.starts_with("ce-"))
-        .filter_map(|(name, value)| String::from_utf8(value).ok().map(|v| (name, v)))
-        .filter(|(_, value)| crate::headers::is_valid_value(value))
-        .collect()
 }
 
 /// One call, as it is handed to Envoy.
@@ -487,9 +532,13 @@ struct CallPlan<'a> {
     cluster: &'a str,
     timeout: std::time::Duration,
     base: &'a [(String, String)],
+    /// `Prefer: reply`: the call is to a subscriber whose replies are passed on.
+    prefer_reply: bool,
     extra: Vec<(String, String)>,
     forwarded: &'a [(String, String)],
-    body: &'a [u8],
+    /// Forwarded headers the `extra` ones replace (a dead letter's error attributes).
+    replaced: fn(&str) -> bool,
+    body: Cow<'a, [u8]>,
 }
 
 impl<'a> CallPlan<'a> {
@@ -500,19 +549,26 @@ impl<'a> CallPlan<'a> {
                 cluster: &sub.cluster,
                 timeout: sub.timeout,
                 base: &sub.call_headers,
+                prefer_reply: sub.reply.is_some(),
                 extra: Vec::new(),
                 forwarded: &job.forwarded,
-                body: &job.body,
+                replaced: |_| false,
+                body: Cow::Borrowed(&job.body),
             },
             Leg::DeadLetter => {
                 let target = sub.dead_letter.as_ref()?;
+                let letter = job
+                    .fanout
+                    .dead_letter(index, channel, &job.forwarded, &job.body);
                 CallPlan {
                     cluster: &target.cluster,
                     timeout: target.timeout,
                     base: &target.call_headers,
-                    extra: job.fanout.dead_letter_headers(index, channel),
+                    prefer_reply: false,
+                    extra: letter.headers,
                     forwarded: &job.forwarded,
-                    body: &job.body,
+                    replaced: crate::dead_letter::replaces,
+                    body: letter.body.map_or(Cow::Borrowed(&job.body[..]), Cow::Owned),
                 }
             }
             Leg::Reply => {
@@ -522,20 +578,33 @@ impl<'a> CallPlan<'a> {
                     cluster: &target.cluster,
                     timeout: target.timeout,
                     base: &target.call_headers,
+                    prefer_reply: false,
                     extra: Vec::new(),
                     forwarded: &reply.headers,
-                    body: &reply.body,
+                    replaced: |_| false,
+                    body: Cow::Borrowed(&reply.body),
                 }
             }
         })
     }
 
     fn headers(&self) -> Vec<(&str, &str)> {
+        let prefer = self.prefer_reply.then_some(PREFER_REPLY);
         self.base
             .iter()
-            .chain(&self.extra)
-            .chain(self.forwarded)
             .map(|(name, value)| (name.as_str(), value.as_str()))
+            .chain(prefer)
+            .chain(
+                self.extra
+                    .iter()
+                    .map(|(name, value)| (name.as_str(), value.as_str())),
+            )
+            .chain(
+                self.forwarded
+                    .iter()
+                    .filter(|(name, _)| !(self.replaced)(name))
+                    .map(|(name, value)| (name.as_str(), value.as_str())),
+            )
             .collect()
     }
 }

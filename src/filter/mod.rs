@@ -211,6 +211,9 @@ impl<H: Host + Clone + 'static> RootContext for FanoutRoot<H> {
                     }
                     for subscriber in config.channels.iter().flat_map(|c| &c.subscribers) {
                         telemetry.tally.register_subscriber(&subscriber.cluster);
+                        if subscriber.reply.is_some() {
+                            telemetry.tally.register_replies(&subscriber.cluster);
+                        }
                     }
                     telemetry.define_all(&self.host);
                 }

@@ -1179,6 +1179,338 @@ fn a_reply_is_forwarded_with_its_content_type_and_ce_headers() {
     );
 }
 
+// Knative's data plane (issue 14): replies, dead letters, retry-after.
+
+impl Plugin {
+    /// Delivers the answer to call `token` from the stream, with headers.
+    fn answer_call_with(
+        &self,
+        ctx: &mut dyn HttpContext,
+        token: u32,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) {
+        let mut state = self.host.0.borrow_mut();
+        state.call_response = (Some(status), body.to_vec());
+        state.call_response_headers = headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect();
+        state.effective = STREAM;
+        drop(state);
+        ctx.on_http_call_response(token, 1 + headers.len(), body.len(), 0);
+    }
+
+    /// A metric's value after the next flush (a second later).
+    fn flushed(&mut self, name: &str) -> i64 {
+        let later = self.state().now_ms + 1000;
+        self.tick_at(later);
+        self.state().value(name)
+    }
+}
+
+fn header_of(call: &Dispatched, name: &str) -> Option<String> {
+    call.headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.clone())
+}
+
+const REPLYING: &str = r#"{
+  "forward_headers": ["content-type", "ce-*"],
+  "max_body_bytes": 64,
+  "delivery": {"dead_letter": {"cluster": "dlq", "authority": "dlq.local"}},
+  "subscribers": [
+    {"cluster": "answering", "authority": "answering.local", "path": "/in",
+     "reply": {"cluster": "replies", "authority": "replies.local", "path": "/replies"}},
+    {"cluster": "plain"}
+  ]
+}"#;
+
+#[test]
+fn prefer_reply_goes_only_to_subscribers_with_a_reply_target() {
+    let plugin = Plugin::configured(REPLYING);
+    let _ctx = send(&plugin, &post("x"), b"event");
+    let calls = plugin.state().dispatched.clone();
+    assert_eq!(header_of(&calls[0], "prefer").as_deref(), Some("reply"));
+    assert_eq!(header_of(&calls[1], "prefer"), None);
+}
+
+#[test]
+fn a_202_is_never_a_reply_and_nothing_of_it_is_read() {
+    let plugin = Plugin::configured(REPLYING);
+    let mut ctx = send(&plugin, &post("x"), b"event");
+    plugin.answer_call(ctx.as_mut(), 2, Some(200), "");
+    plugin.answer_call_with(
+        ctx.as_mut(),
+        1,
+        202,
+        &[("ce-type", "com.example.reply"), ("ce-id", "r")],
+        b"{\"looks\": \"like an event\"}",
+    );
+    assert_eq!(plugin.only_answer(), Answer::accepted());
+    assert_eq!(plugin.state().dispatched.len(), 2, "a reply was sent");
+    assert_eq!(plugin.state().call_body_reads, 0);
+}
+
+#[test]
+fn a_2xx_body_that_is_not_a_cloudevent_is_discarded_and_counted() {
+    let mut plugin = Plugin::configured(REPLYING);
+    assert_eq!(
+        plugin.flushed("fanout.subscriber.answering.reply_discarded"),
+        0
+    );
+    let mut ctx = send(&plugin, &post("x"), b"event");
+    plugin.answer_call(ctx.as_mut(), 2, Some(200), "");
+    plugin.answer_call_with(
+        ctx.as_mut(),
+        1,
+        200,
+        &[("content-type", "application/json")],
+        b"{\"ok\": true}",
+    );
+    assert_eq!(plugin.only_answer(), Answer::accepted());
+    assert_eq!(plugin.state().dispatched.len(), 2, "a reply was sent");
+    assert_eq!(plugin.state().call_body_reads, 0, "the body was read");
+    assert_eq!(
+        plugin.flushed("fanout.subscriber.answering.reply_discarded"),
+        1
+    );
+    // A subscriber without a reply target has no reply counters.
+    assert!(plugin
+        .state()
+        .metric("fanout.subscriber.plain.reply_discarded")
+        .is_none());
+}
+
+#[test]
+fn a_structured_reply_is_passed_on_whole_at_the_limit() {
+    let plugin = Plugin::configured(REPLYING);
+    let mut ctx = send(&plugin, &post("x"), b"event");
+    plugin.answer_call(ctx.as_mut(), 2, Some(200), "");
+    let body = [b'x'; 64];
+    plugin.answer_call_with(
+        ctx.as_mut(),
+        1,
+        200,
+        &[("content-type", "application/cloudevents+json")],
+        &body,
+    );
+    let reply = plugin.last_call();
+    assert_eq!(reply.cluster, "replies");
+    assert_eq!(reply.body, body);
+    assert_eq!(header_of(&reply, "prefer"), None);
+}
+
+#[test]
+fn a_reply_over_max_body_bytes_is_a_failed_reply_never_read_nor_sent_cut_short() {
+    let mut plugin = Plugin::configured(
+        r#"{"max_body_bytes": 64,
+            "subscribers": [{"cluster": "answering", "reply": {"cluster": "replies"}}]}"#,
+    );
+    let mut ctx = send(&plugin, &post("x"), b"event");
+    plugin.host.0.borrow_mut().now_ms = 9;
+    plugin.answer_call_with(ctx.as_mut(), 1, 200, &[("ce-type", "t")], &[b'x'; 65]);
+    assert_eq!(plugin.state().dispatched.len(), 1, "a reply was sent");
+    assert_eq!(plugin.state().call_body_reads, 0, "the body was read");
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 500);
+    let failed = &report(&answer)["failed"][0];
+    assert_eq!(failed["cluster"], "answering");
+    assert_eq!(failed["leg"], "reply");
+    assert_eq!(failed["outcome"], "too_large");
+    assert_eq!(
+        failed["detail"],
+        "the reply of 65 bytes is larger than max_body_bytes (64): not passed on"
+    );
+    assert_eq!(
+        plugin.flushed("fanout.subscriber.answering.reply_failed.too_large"),
+        1
+    );
+    // The subscriber's own call succeeded.
+    assert_eq!(
+        plugin
+            .state()
+            .value("fanout.subscriber.answering.delivered"),
+        1
+    );
+}
+
+#[test]
+fn a_reply_target_envoy_refuses_is_a_failed_reply_counted_by_its_reason() {
+    let mut plugin = Plugin::configured(
+        r#"{"subscribers": [{"cluster": "answering", "reply": {"cluster": "replies"}}]}"#,
+    );
+    plugin
+        .host
+        .0
+        .borrow_mut()
+        .unknown_clusters
+        .insert("replies".into());
+    let mut ctx = send(&plugin, &post("x"), b"event");
+    plugin.answer_call_with(ctx.as_mut(), 1, 200, &[("ce-type", "t")], b"answer");
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 500);
+    let failed = &report(&answer)["failed"][0];
+    assert_eq!(failed["leg"], "reply");
+    assert_eq!(failed["outcome"], "dispatch_error");
+    assert_eq!(
+        plugin.flushed("fanout.subscriber.answering.reply_failed.dispatch_error"),
+        1
+    );
+    assert_eq!(
+        plugin
+            .state()
+            .value("fanout.subscriber.replies.failed.dispatch_error"),
+        1
+    );
+}
+
+#[test]
+fn a_reply_that_failed_for_good_sends_the_original_event_to_the_dead_letter() {
+    let mut plugin = Plugin::configured(REPLYING);
+    let mut headers = post("x");
+    headers.extend([("ce-id", "7"), ("ce-knativeerrorcode", "999")]);
+    let mut ctx = send(&plugin, &headers, b"event");
+    plugin.answer_call(ctx.as_mut(), 2, Some(200), "");
+    plugin.answer_call_with(ctx.as_mut(), 1, 200, &[("ce-type", "reply")], b"answer");
+    let reply = plugin.last_call();
+    assert_eq!(reply.cluster, "replies");
+    plugin.answer_call_with(ctx.as_mut(), reply.token, 503, &[], b"replies down");
+    let dlq = plugin.last_call();
+    assert_eq!(dlq.cluster, "dlq");
+    assert_eq!(dlq.body, b"event", "the original event, not the reply");
+    assert_eq!(header_of(&dlq, "ce-id").as_deref(), Some("7"));
+    assert_eq!(
+        header_of(&dlq, "x-fanout-failed-cluster").as_deref(),
+        Some("answering")
+    );
+    assert_eq!(
+        header_of(&dlq, "x-fanout-failed-leg").as_deref(),
+        Some("reply")
+    );
+    assert_eq!(
+        header_of(&dlq, "x-fanout-failed-status").as_deref(),
+        Some("503")
+    );
+    assert_eq!(
+        header_of(&dlq, "ce-knativeerrordest").as_deref(),
+        Some("http://replies.local/replies")
+    );
+    // The request's own attribute of that name gives way to the dead letter's.
+    assert_eq!(
+        dlq.headers
+            .iter()
+            .filter(|(n, _)| n == "ce-knativeerrorcode")
+            .map(|(_, v)| v.as_str())
+            .collect::<Vec<_>>(),
+        ["503"]
+    );
+    assert_eq!(
+        header_of(&dlq, "ce-knativeerrordata").as_deref(),
+        Some("cmVwbGllcyBkb3du"),
+        "base64 of the reply target's answer"
+    );
+    plugin.answer_call(ctx.as_mut(), dlq.token, Some(200), "");
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 202);
+    assert!(answer
+        .headers
+        .contains(&("x-fanout-dead-lettered", "1".to_string())));
+    assert_eq!(
+        plugin.flushed("fanout.subscriber.answering.reply_failed.status_5xx"),
+        1
+    );
+    assert_eq!(
+        plugin
+            .state()
+            .value("fanout.subscriber.answering.dead_lettered"),
+        1
+    );
+}
+
+#[test]
+fn a_structured_dead_letter_carries_the_attributes_in_its_json() {
+    let plugin = Plugin::configured(REPLYING);
+    let mut headers = post("x");
+    headers.push(("content-type", "application/cloudevents+json"));
+    let event = br#"{"specversion":"1.0","id":"1","source":"/s","type":"t"}"#;
+    let mut ctx = send(&plugin, &headers, event);
+    plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
+    plugin.answer_call(ctx.as_mut(), 2, Some(400), "no");
+    let dlq = plugin.last_call();
+    assert_eq!(dlq.cluster, "dlq");
+    let want = r#"{"specversion":"1.0","id":"1","source":"/s","type":"t","knativeerrordest":"http://plain/","knativeerrorcode":400,"knativeerrordata":"bm8="}"#;
+    assert_eq!(String::from_utf8(dlq.body.clone()).unwrap(), want);
+    assert!(!dlq.headers.iter().any(|(n, _)| n.starts_with("ce-")));
+    assert_eq!(
+        header_of(&dlq, "x-fanout-failed-status").as_deref(),
+        Some("400")
+    );
+}
+
+#[test]
+fn retry_after_never_shortens_the_backoff_and_is_read_on_429_and_503_only() {
+    let config = r#"{"delivery": {"retry": 3, "backoff_policy": "linear",
+        "backoff_delay_ms": 500, "backoff_max_ms": 60000},
+        "subscribers": [{"cluster": "a"}]}"#;
+    for (status, retry_after, wait) in [
+        (503, "0", 500),
+        (429, "1", 1000),
+        (503, "2", 2000),
+        (500, "2", 500),
+        (504, "2", 500),
+        (429, "soon", 500),
+    ] {
+        let mut plugin = Plugin::configured(config);
+        let mut ctx = send(&plugin, &post("x"), b"event");
+        plugin.answer_call_with(
+            ctx.as_mut(),
+            1,
+            status,
+            &[("retry-after", retry_after)],
+            b"",
+        );
+        plugin.tick_at(wait - 1);
+        assert_eq!(
+            plugin.state().dispatched.len(),
+            1,
+            "{status} retry-after {retry_after}: retried before {wait} ms"
+        );
+        plugin.tick_at(wait);
+        assert_eq!(
+            plugin.state().dispatched.len(),
+            2,
+            "{status} retry-after {retry_after}: not retried at {wait} ms"
+        );
+    }
+}
+
+#[test]
+fn retry_after_as_an_http_date_is_read_against_the_hosts_wall_clock() {
+    let mut plugin = Plugin::configured(
+        r#"{"delivery": {"retry": 1, "backoff_delay_ms": 1, "backoff_max_ms": 60000},
+            "subscribers": [{"cluster": "a"}]}"#,
+    );
+    // 2015-10-21T07:28:00Z is 1445412480000 ms after the epoch; the host says it is 3 s
+    // before.
+    let now = 1_445_412_477_000;
+    plugin.host.0.borrow_mut().now_ms = now;
+    let mut ctx = send(&plugin, &post("x"), b"event");
+    plugin.answer_call_with(
+        ctx.as_mut(),
+        1,
+        429,
+        &[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")],
+        b"",
+    );
+    plugin.tick_at(now + 2999);
+    assert_eq!(plugin.state().dispatched.len(), 1);
+    plugin.tick_at(now + 3000);
+    assert_eq!(plugin.state().dispatched.len(), 2);
+}
+
 const ASYNC: &str = r#"{"mode": "async", "max_in_flight": 2,
     "subscribers": [{"cluster": "a"}, {"cluster": "b"}]}"#;
 

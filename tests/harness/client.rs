@@ -113,6 +113,41 @@ impl Reply {
     }
 }
 
+/// The answer is the filter's (not the tripwire's) and has this status.
+pub fn assert_status(reply: &Reply, status: u16) {
+    reply.assert_not_tripwire();
+    assert_eq!(
+        reply.status,
+        status,
+        "expected {status}, got {} with body {:?}",
+        reply.status,
+        reply.text()
+    );
+}
+
+/// The filter answered 202 (with or without a report in the body).
+pub fn assert_202(reply: &Reply) {
+    assert_status(reply, 202);
+}
+
+/// The filter answered 202 with an empty body: every subscriber took the event and nobody
+/// was skipped as having it already (README, "What a request gets").
+pub fn assert_202_empty(reply: &Reply) {
+    assert_202(reply);
+    assert!(reply.body.is_empty(), "202 has a body: {:?}", reply.text());
+}
+
+/// A rejection of the request itself (400, 404, 405, 413, ...): this status, and a body
+/// `{"error": "<why>"}` with a reason.
+pub fn assert_rejected(reply: &Reply, status: u16) {
+    assert_status(reply, status);
+    let body = reply.json();
+    assert!(
+        body["error"].as_str().is_some_and(|m| !m.is_empty()),
+        "a {status} should say why in {{\"error\": ...}}: {body}"
+    );
+}
+
 /// Send a request and read the whole answer. Panics on a transport error.
 pub fn send(request: RequestBuilder) -> Reply {
     let start = Instant::now();

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
-use super::manifest_dir;
+use super::{manifest_dir, Subscriber, TempDir};
 
 /// Body of the route behind the filter. The filter answers every request itself, so seeing
 /// this body means a request got past the filter to the router.
@@ -37,7 +37,7 @@ pub fn envoy_bin() -> PathBuf {
 }
 
 /// The filter: `$FANOUT_WASM`, else `target/wasm32-wasip1/release/fanout.wasm` (what
-/// `make build` produces).
+/// `make build` produces), as an absolute path (it goes into configs Envoy reads elsewhere).
 pub fn wasm_path() -> PathBuf {
     let path = env_path("FANOUT_WASM")
         .unwrap_or_else(|| manifest_dir().join("target/wasm32-wasip1/release/fanout.wasm"));
@@ -51,7 +51,7 @@ pub fn wasm_path() -> PathBuf {
         );
     }
     warn_if_stale(&path);
-    path
+    fs::canonicalize(&path).unwrap_or(path)
 }
 
 fn env_path(name: &str) -> Option<PathBuf> {
@@ -93,29 +93,6 @@ fn newest_mtime(dir: &Path) -> Option<SystemTime> {
             }
         })
         .max()
-}
-
-/// A unique, self-removing temp dir (kept, and its path printed, when the test fails).
-struct TempDir {
-    path: PathBuf,
-}
-
-impl TempDir {
-    fn new() -> TempDir {
-        TempDir {
-            path: super::unique_temp_dir("fanout-e2e"),
-        }
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if std::thread::panicking() || std::env::var_os("FANOUT_E2E_KEEP").is_some() {
-            eprintln!("kept Envoy's config and logs in {}", self.path.display());
-        } else {
-            let _ = fs::remove_dir_all(&self.path);
-        }
-    }
 }
 
 /// How the filter waits for the request body in these tests: `pause` (the default; the
@@ -166,6 +143,8 @@ pub struct EnvoyBuilder {
     without_buffer_filter: bool,
     /// Extra top-level bootstrap fields (e.g. `stats_config`).
     bootstrap_fields: Vec<(String, Value)>,
+    /// HTTP filters before the router given as they are, instead of fanout's own stanza.
+    http_filters: Option<Vec<Value>>,
 }
 
 impl EnvoyBuilder {
@@ -181,11 +160,33 @@ impl EnvoyBuilder {
         self
     }
 
+    /// These HTTP filters (stanzas as in a bootstrap, e.g. one from a shipped EnvoyFilter),
+    /// then the router, instead of the fanout filter the harness writes itself. The harness
+    /// adds nothing to them: no buffer filter, no stop-iteration flag, whatever the mode.
+    pub fn http_filters(mut self, filters: Vec<Value>) -> Self {
+        self.plugin_config = None;
+        self.http_filters = Some(filters);
+        self
+    }
+
     /// A STATIC cluster `name` with one endpoint, 127.0.0.1:`port`. A cluster the filter
     /// names but nobody declares is simply unknown to Envoy.
     pub fn cluster(mut self, name: &str, port: u16) -> Self {
         self.clusters.push((name.to_owned(), port));
         self
+    }
+
+    /// A STATIC cluster per `(name, port)`, as [`cluster`](Self::cluster).
+    pub fn clusters<'a>(mut self, clusters: impl IntoIterator<Item = (&'a str, u16)>) -> Self {
+        for (name, port) in clusters {
+            self = self.cluster(name, port);
+        }
+        self
+    }
+
+    /// A cluster per subscriber, named after it, on its port.
+    pub fn subscribers(self, subscribers: &[&Subscriber]) -> Self {
+        self.clusters(subscribers.iter().map(|s| (s.name(), s.port())))
     }
 
     /// No filter: route every request to `cluster` (to test the harness itself).
@@ -235,7 +236,7 @@ impl EnvoyBuilder {
                 "direct_response": { "status": 500, "body": { "inline_string": TRIPWIRE_BODY } }
             }),
         };
-        let mut http_filters = Vec::new();
+        let mut http_filters = self.http_filters.clone().unwrap_or_default();
         if let Some(config) = &self.plugin_config {
             let configured_continue = serde_json::from_str::<Value>(config)
                 .ok()
@@ -342,6 +343,13 @@ impl EnvoyBuilder {
         bootstrap
     }
 
+    /// Check this bootstrap with `envoy --mode validate` (see [`validate_config`]); returns
+    /// Envoy's output.
+    pub fn validate(&self, what: &str) -> String {
+        let bootstrap = serde_json::to_string_pretty(&self.bootstrap()).expect("serialize");
+        validate_config(&bootstrap, what)
+    }
+
     /// Start Envoy and wait until it serves. Panics (with Envoy's log) if it does not.
     pub fn start(self) -> Envoy {
         let mut envoy = self.spawn();
@@ -409,25 +417,25 @@ impl EnvoyBuilder {
         // Both panic with a how-to when missing: check them before making anything.
         let bin = envoy_bin();
         let bootstrap = serde_json::to_string_pretty(&self.bootstrap()).expect("serialize");
-        let dir = TempDir::new();
-        let config_path = dir.path.join("envoy.yaml");
+        let dir = TempDir::new("fanout-e2e", "Envoy's config and logs");
+        let config_path = dir.path().join("envoy.yaml");
         fs::write(&config_path, bootstrap).expect("write the Envoy config");
         let log_level = self
             .log_level
             .clone()
             .or_else(|| std::env::var("FANOUT_E2E_ENVOY_LOG_LEVEL").ok())
             .unwrap_or_else(|| "info".to_owned());
-        let stdout = fs::File::create(dir.path.join("stdout.log")).expect("create stdout.log");
-        let stderr = fs::File::create(dir.path.join("stderr.log")).expect("create stderr.log");
+        let stdout = fs::File::create(dir.path().join("stdout.log")).expect("create stdout.log");
+        let stderr = fs::File::create(dir.path().join("stderr.log")).expect("create stderr.log");
         let mut command = Command::new(&bin);
         command
             .arg("--config-path")
             .arg(&config_path)
             .args(["--concurrency", "2", "--use-dynamic-base-id"])
             .arg("--admin-address-path")
-            .arg(dir.path.join("admin.address"))
+            .arg(dir.path().join("admin.address"))
             .arg("--log-path")
-            .arg(dir.path.join("envoy.log"))
+            .arg(dir.path().join("envoy.log"))
             .args(["--log-level", &log_level])
             // The log file is flushed every 10 s by default; tests read it.
             .args(["--file-flush-interval-msec", "20"])
@@ -459,6 +467,35 @@ impl EnvoyBuilder {
     }
 }
 
+/// Runs `envoy --mode validate` on a bootstrap (YAML or JSON text) and returns Envoy's
+/// output; panics with that output when Envoy refuses it. Validate mode loads every wasm
+/// module the config names and runs its configuration check (fanout logs
+/// `fanout: configured ...`), but starts no listener and no worker. `what` names the config
+/// in the panic.
+pub fn validate_config(config: &str, what: &str) -> String {
+    let bin = envoy_bin();
+    let dir = TempDir::new("fanout-validate", "the config Envoy validated");
+    let file = dir.path().join("envoy.yaml");
+    fs::write(&file, config).expect("write the config to validate");
+    let output = Command::new(&bin)
+        .args(["--mode", "validate", "--disable-hot-restart"])
+        .args(["--log-level", "info", "-c"])
+        .arg(&file)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success() && text.contains("' OK"),
+        "envoy --mode validate rejected {what} ({}):\n{text}",
+        output.status
+    );
+    text
+}
+
 fn loopback(port: u16) -> Value {
     json!({ "socket_address": { "address": "127.0.0.1", "port_value": port } })
 }
@@ -474,6 +511,23 @@ pub struct Envoy {
 impl Envoy {
     pub fn builder() -> EnvoyBuilder {
         EnvoyBuilder::default()
+    }
+
+    /// Envoy with the filter configured by `config` and a cluster per subscriber, named after
+    /// it. A cluster the config names but no subscriber backs stays unknown to Envoy.
+    pub fn with_subscribers(config: &Value, subscribers: &[&Subscriber]) -> Envoy {
+        Envoy::builder()
+            .fanout(config)
+            .subscribers(subscribers)
+            .start()
+    }
+
+    /// Envoy with the filter configured by `config` and a cluster per `(name, port)`.
+    pub fn with_clusters(config: &Value, clusters: &[(&str, u16)]) -> Envoy {
+        Envoy::builder()
+            .fanout(config)
+            .clusters(clusters.iter().copied())
+            .start()
     }
 
     /// The listener (HTTP/1.1 and h2c).
@@ -510,14 +564,14 @@ impl Envoy {
     }
 
     pub fn dir(&self) -> &Path {
-        &self.dir.path
+        self.dir.path()
     }
 
     /// Everything Envoy logged so far (its log file, then stderr and stdout).
     pub fn log(&self) -> String {
         ["envoy.log", "stderr.log", "stdout.log"]
             .iter()
-            .filter_map(|f| fs::read(self.dir.path.join(f)).ok())
+            .filter_map(|f| fs::read(self.dir.path().join(f)).ok())
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .collect::<Vec<_>>()
             .join("\n")
@@ -550,7 +604,7 @@ impl Envoy {
     }
 
     fn admin_from_file(&self) -> Option<SocketAddr> {
-        fs::read_to_string(self.dir.path.join("admin.address"))
+        fs::read_to_string(self.dir.path().join("admin.address"))
             .ok()?
             .trim()
             .parse()
@@ -598,7 +652,7 @@ impl Drop for Envoy {
             let tail: Vec<&str> = log.lines().rev().take(60).collect();
             eprintln!(
                 "--- last lines of Envoy's log ({}) ---\n{}\n--- end of Envoy's log ---",
-                self.dir.path.display(),
+                self.dir.path().display(),
                 tail.into_iter().rev().collect::<Vec<_>>().join("\n")
             );
         }

@@ -1,20 +1,19 @@
 //! Subscribers that misbehave at the transport level, for the fault tests (issue 8): one that
 //! accepts and never answers, one that answers with bytes of the test's choosing (a huge
 //! body, malformed HTTP, a response cut short), and one that can be killed and restarted on
-//! the same port. Plus what the fault tests read about Envoy itself: its RSS and its stats.
+//! the same port. (What the fault tests read about Envoy itself, its RSS and its stats, is
+//! `Envoy`'s, in `stats.rs`.)
 //!
 //! Plain std::net and one thread per connection, like `Subscriber`; dropping a server stops
 //! its threads and closes its connections.
 
-use std::collections::HashMap;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::envoy::Envoy;
+use super::server::{lock, read_request, Connections, Server};
 
 /// What a [`FaultServer`] does with each request it has read.
 #[derive(Clone, Debug)]
@@ -37,26 +36,17 @@ impl Fault {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 struct Shared {
     name: String,
     fault: Mutex<Fault>,
     requests: AtomicUsize,
-    stop: AtomicBool,
-    conns: Mutex<HashMap<u64, TcpStream>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-    next_conn: AtomicU64,
 }
 
 /// A subscriber on a port of its own that misbehaves as told, and that can be killed (its
 /// port then refuses connections) and restarted on the same port.
 pub struct FaultServer {
-    addr: SocketAddr,
     shared: Arc<Shared>,
-    acceptor: Option<JoinHandle<()>>,
+    server: Server,
 }
 
 impl FaultServer {
@@ -67,26 +57,16 @@ impl FaultServer {
     }
 
     fn serve(name: &str, fault: Fault, listener: TcpListener, requests: usize) -> FaultServer {
-        let addr = listener.local_addr().expect("fault server address");
         let shared = Arc::new(Shared {
             name: name.to_owned(),
             fault: Mutex::new(fault),
             requests: AtomicUsize::new(requests),
-            stop: AtomicBool::new(false),
-            conns: Mutex::new(HashMap::new()),
-            threads: Mutex::new(Vec::new()),
-            next_conn: AtomicU64::new(0),
         });
         let s = Arc::clone(&shared);
-        let acceptor = std::thread::Builder::new()
-            .name(format!("fault-{name}"))
-            .spawn(move || accept_loop(&listener, &s))
-            .expect("spawn the fault server's accept thread");
-        FaultServer {
-            addr,
-            shared,
-            acceptor: Some(acceptor),
-        }
+        let server = Server::start(listener, &format!("fault-{name}"), move |stream, _, c| {
+            serve(stream, &s, c)
+        });
+        FaultServer { shared, server }
     }
 
     pub fn name(&self) -> &str {
@@ -94,7 +74,7 @@ impl FaultServer {
     }
 
     pub fn port(&self) -> u16 {
-        self.addr.port()
+        self.server.addr().port()
     }
 
     /// Requests read so far (over every life of the server).
@@ -111,37 +91,12 @@ impl FaultServer {
     pub fn kill(mut self) -> Killed {
         let killed = Killed {
             name: self.shared.name.clone(),
-            addr: self.addr,
+            addr: self.server.addr(),
             fault: lock(&self.shared.fault).clone(),
             requests: self.count(),
         };
-        self.stop();
+        self.server.stop();
         killed
-    }
-
-    fn stop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        for conn in lock(&self.shared.conns).values() {
-            let _ = conn.shutdown(Shutdown::Both);
-        }
-        // Wake the accept loop, which then drops the listener.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        if let Some(acceptor) = self.acceptor.take() {
-            let _ = acceptor.join();
-        }
-        for conn in lock(&self.shared.conns).values() {
-            let _ = conn.shutdown(Shutdown::Both);
-        }
-        let threads = std::mem::take(&mut *lock(&self.shared.threads));
-        for t in threads {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for FaultServer {
-    fn drop(&mut self) {
-        self.stop();
     }
 }
 
@@ -175,33 +130,7 @@ impl Killed {
     }
 }
 
-fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
-    for stream in listener.incoming() {
-        if shared.stop.load(Ordering::SeqCst) {
-            break;
-        }
-        let Ok(stream) = stream else { continue };
-        let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-        if let Ok(clone) = stream.try_clone() {
-            lock(&shared.conns).insert(id, clone);
-        }
-        let s = Arc::clone(shared);
-        let spawned = std::thread::Builder::new()
-            .name(format!("fault-{}-conn-{id}", shared.name))
-            .spawn(move || {
-                serve(stream, &s);
-                lock(&s.conns).remove(&id);
-            });
-        match spawned {
-            Ok(handle) => lock(&shared.threads).push(handle),
-            Err(_) => {
-                lock(&shared.conns).remove(&id);
-            }
-        }
-    }
-}
-
-fn serve(stream: TcpStream, shared: &Shared) {
+fn serve(stream: TcpStream, shared: &Shared, connections: &Connections) {
     let Ok(reader) = stream.try_clone() else {
         return;
     };
@@ -209,10 +138,10 @@ fn serve(stream: TcpStream, shared: &Shared) {
     let mut writer = stream;
     loop {
         match read_request(&mut reader) {
-            Ok(true) => {}
-            Ok(false) | Err(_) => return,
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => return,
         }
-        if shared.stop.load(Ordering::SeqCst) {
+        if connections.stopping() {
             return;
         }
         shared.requests.fetch_add(1, Ordering::SeqCst);
@@ -222,7 +151,7 @@ fn serve(stream: TcpStream, shared: &Shared) {
             Fault::Sized(status, size) => respond(&mut writer, status, size),
             Fault::Silent => {
                 // Hold the connection until the server stops (or the peer goes away).
-                while !shared.stop.load(Ordering::SeqCst) {
+                while !connections.stopping() {
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 return;
@@ -252,82 +181,6 @@ fn respond(writer: &mut TcpStream, status: u16, size: usize) -> io::Result<()> {
         left -= n;
     }
     writer.flush()
-}
-
-/// Reads one request (head, then a content-length or chunked body). False at a clean end of
-/// the connection.
-fn read_request(r: &mut impl BufRead) -> io::Result<bool> {
-    let mut head = Vec::new();
-    loop {
-        let mut line = Vec::new();
-        if r.read_until(b'\n', &mut line)? == 0 {
-            return Ok(false);
-        }
-        if (line == b"\r\n" || line == b"\n") && head.is_empty() {
-            continue;
-        }
-        if line == b"\r\n" || line == b"\n" {
-            break;
-        }
-        head.extend_from_slice(&line);
-    }
-    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
-    let mut length = 0usize;
-    let mut chunked = false;
-    for line in head.lines() {
-        if let Some(v) = line.strip_prefix("content-length:") {
-            length = v.trim().parse().unwrap_or(0);
-        }
-        if line.starts_with("transfer-encoding:") && line.contains("chunked") {
-            chunked = true;
-        }
-    }
-    if chunked {
-        loop {
-            let mut size = String::new();
-            r.read_line(&mut size)?;
-            let n = usize::from_str_radix(size.trim().split(';').next().unwrap_or("0"), 16)
-                .unwrap_or(0);
-            if n == 0 {
-                // Trailers, up to the empty line.
-                let mut line = String::new();
-                while r.read_line(&mut line)? > 0 && !line.trim().is_empty() {
-                    line.clear();
-                }
-                break;
-            }
-            let mut body = vec![0; n + 2];
-            r.read_exact(&mut body)?;
-        }
-    } else {
-        let mut body = vec![0; length];
-        r.read_exact(&mut body)?;
-    }
-    Ok(true)
-}
-
-/// Envoy's resident set size, in KiB, from /proc.
-pub fn rss_kib(envoy: &Envoy) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", envoy.pid()))
-        .expect("read Envoy's /proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc status")
-}
-
-/// Envoy's stats whose name contains `filter`, as `name -> value` (counters and gauges; a
-/// histogram's line is skipped).
-pub fn stats(envoy: &Envoy, filter: &str) -> HashMap<String, u64> {
-    let (status, body) = envoy.admin_get(&format!("/stats?filter={filter}"));
-    assert_eq!(status, 200, "GET /stats?filter={filter}: {body}");
-    body.lines()
-        .filter_map(|line| {
-            let (name, value) = line.split_once(": ")?;
-            Some((name.to_owned(), value.trim().parse().ok()?))
-        })
-        .collect()
 }
 
 /// Sends one raw HTTP/1.1 request on a new connection and reads the answer until the server

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use super::{manifest_dir, wasm_path, Client, Envoy};
+use super::{manifest_dir, read_shipped_yaml, wasm_path, Client, Envoy, TempDir};
 
 /// The shipped bootstrap and render script.
 pub const SHIPPED_BOOTSTRAP: &str = "envoy/configmap/envoy.yaml";
@@ -41,20 +41,20 @@ pub const ECDS: &str = "extension_config_discovery.http_filter.fanout";
 /// `..data_tmp` over `..data` (the atomic step) and removes the old directory, as the kubelet's
 /// AtomicWriter does. Removed on drop (kept when the test fails or with `FANOUT_E2E_KEEP`).
 pub struct ConfigMapVolume {
-    path: PathBuf,
+    dir: TempDir,
     seq: u64,
 }
 
 impl ConfigMapVolume {
     pub fn new() -> ConfigMapVolume {
         ConfigMapVolume {
-            path: super::unique_temp_dir("fanout-configmap"),
+            dir: TempDir::new("fanout-configmap", "the ConfigMap volume"),
             seq: 0,
         }
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        self.dir.path()
     }
 
     /// Replace the volume's whole content with `files` (name, content), kubelet-style.
@@ -64,26 +64,26 @@ impl ConfigMapVolume {
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
         let stamp = format!("..{}.{:09}_{}", now.as_secs(), now.subsec_nanos(), self.seq);
-        let dir = self.path.join(&stamp);
+        let dir = self.dir.path().join(&stamp);
         fs::create_dir(&dir).expect("create the timestamped dir");
         for (name, content) in files {
             fs::write(dir.join(name), content).expect("write a ConfigMap key");
         }
-        let data = self.path.join("..data");
+        let data = self.dir.path().join("..data");
         let old = fs::read_link(&data).ok();
-        let tmp = self.path.join("..data_tmp");
+        let tmp = self.dir.path().join("..data_tmp");
         let _ = fs::remove_file(&tmp);
         symlink(&stamp, &tmp).expect("symlink ..data_tmp");
         fs::rename(&tmp, &data).expect("rename ..data_tmp over ..data");
         // The user-visible names: created once, they always point through ..data.
         for (name, _) in files {
-            let link = self.path.join(name);
+            let link = self.dir.path().join(name);
             if fs::symlink_metadata(&link).is_err() {
                 symlink(Path::new("..data").join(name), &link).expect("symlink a key");
             }
         }
         if let Some(old) = old {
-            let _ = fs::remove_dir_all(self.path.join(old));
+            let _ = fs::remove_dir_all(self.dir.path().join(old));
         }
     }
 }
@@ -94,29 +94,25 @@ impl Default for ConfigMapVolume {
     }
 }
 
-impl Drop for ConfigMapVolume {
-    fn drop(&mut self) {
-        if std::thread::panicking() || std::env::var_os("FANOUT_E2E_KEEP").is_some() {
-            eprintln!("kept the ConfigMap volume in {}", self.path.display());
-        } else {
-            let _ = fs::remove_dir_all(&self.path);
-        }
-    }
-}
-
 /// Runs the render script with `args`, `stdin` on its standard input: (exit code, stdout,
 /// stderr).
 pub fn run_render(args: &[&str], stdin: &str) -> (i32, String, String) {
+    run_script(RENDER_SCRIPT, args, stdin)
+}
+
+/// Runs one of the shipped Python scripts (`script` relative to the crate root) with `args`,
+/// `stdin` on its standard input: (exit code, stdout, stderr).
+pub fn run_script(script: &str, args: &[&str], stdin: &str) -> (i32, String, String) {
     use std::io::Write;
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
     let mut child = Command::new(&python)
-        .arg(manifest_dir().join(RENDER_SCRIPT))
+        .arg(manifest_dir().join(script))
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {python} {RENDER_SCRIPT}: {e}"));
+        .unwrap_or_else(|e| panic!("cannot run {python} {script}: {e}"));
     let mut input = child.stdin.take().expect("stdin");
     input
         .write_all(stdin.as_bytes())
@@ -175,11 +171,7 @@ pub fn render_clusters(clusters: &[(&str, u16)]) -> String {
 /// The shipped bootstrap, as JSON, with the ConfigMap paths moved to `volume`, the listener
 /// and the admin on loopback with ports of the kernel's choosing.
 pub fn shipped_bootstrap(volume: &Path) -> Value {
-    let text = fs::read_to_string(manifest_dir().join(SHIPPED_BOOTSTRAP))
-        .unwrap_or_else(|e| panic!("read {SHIPPED_BOOTSTRAP}: {e}"));
-    let yaml: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{SHIPPED_BOOTSTRAP}: {e}"));
-    let mut bootstrap = serde_json::to_value(yaml).expect("YAML as JSON");
+    let mut bootstrap = read_shipped_yaml(SHIPPED_BOOTSTRAP);
     move_volume(&mut bootstrap, &volume.to_string_lossy());
     let loopback = json!({ "socket_address": { "address": "127.0.0.1", "port_value": 0 } });
     bootstrap["admin"]["address"] = loopback.clone();
@@ -211,12 +203,21 @@ fn move_volume(v: &mut Value, to: &str) {
 }
 
 /// Envoy on the shipped ConfigMap bootstrap, with the volume it watches. Envoy is declared
-/// first: it stops before the volume is removed.
+/// first: it stops before the volume is removed. Everything an [`Envoy`] offers (its URL, log,
+/// stats) is there through `Deref`.
 pub struct ReloadEnvoy {
     pub envoy: Envoy,
     volume: ConfigMapVolume,
     filter: String,
     clusters: String,
+}
+
+impl std::ops::Deref for ReloadEnvoy {
+    type Target = Envoy;
+
+    fn deref(&self) -> &Envoy {
+        &self.envoy
+    }
 }
 
 /// How Envoy took an update of the filter's file.
@@ -231,7 +232,8 @@ impl ReloadEnvoy {
     pub fn start(fanout_config: &str, clusters: &[(&str, u16)]) -> ReloadEnvoy {
         let me = ReloadEnvoy::start_unconfigured(fanout_config, clusters);
         assert!(
-            me.stat(&format!("{ECDS}.update_success")) >= 1,
+            me.stat(&format!("{ECDS}.update_success"))
+                .is_some_and(|n| n >= 1),
             "Envoy is ready but has not loaded the filter's file"
         );
         me
@@ -240,9 +242,14 @@ impl ReloadEnvoy {
     /// Like `start`, without requiring that Envoy took the filter's file (for a first file
     /// Envoy refuses).
     pub fn start_unconfigured(fanout_config: &str, clusters: &[(&str, u16)]) -> ReloadEnvoy {
+        ReloadEnvoy::start_on_files(render_filter(fanout_config), render_clusters(clusters))
+    }
+
+    /// Publish these two files as they are (the ECDS `fanout.yaml` and the CDS `clusters.yaml`,
+    /// e.g. as `envoy/knative-import.py` wrote them), then start Envoy on them. As with
+    /// `start_unconfigured`, whether Envoy took the filter's file is for the caller to check.
+    pub fn start_on_files(filter: String, clusters: String) -> ReloadEnvoy {
         let mut volume = ConfigMapVolume::new();
-        let filter = render_filter(fanout_config);
-        let clusters = render_clusters(clusters);
         volume.publish(&[("fanout.yaml", &filter), ("clusters.yaml", &clusters)]);
         let bootstrap = shipped_bootstrap(volume.path());
         let mut builder = Envoy::builder();
@@ -255,14 +262,6 @@ impl ReloadEnvoy {
             filter,
             clusters,
         }
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        self.envoy.url(path)
-    }
-
-    pub fn log(&self) -> String {
-        self.envoy.log()
     }
 
     /// Flip the volume to the current files (both keys, as one ConfigMap update does).
@@ -287,10 +286,10 @@ impl ReloadEnvoy {
 
     /// Replace the clusters (a new CDS file) and wait (bounded) until Envoy applied it.
     pub fn swap_clusters(&mut self, clusters: &[(&str, u16)], timeout: Duration) {
-        let before = self.stat("cluster_manager.cds.update_success");
+        let before = self.stat("cluster_manager.cds.update_success").unwrap_or(0);
         self.clusters = render_clusters(clusters);
         self.flip();
-        self.wait_stat(
+        self.expect_stat(
             "cluster_manager.cds.update_success",
             |v| v > before,
             timeout,
@@ -299,17 +298,9 @@ impl ReloadEnvoy {
 
     /// (update_success, update_rejected) of the filter's ECDS subscription.
     pub fn ecds_outcomes(&self) -> (u64, u64) {
-        let stats = self.stats();
-        (
-            stats
-                .get(&format!("{ECDS}.update_success"))
-                .copied()
-                .unwrap_or(0),
-            stats
-                .get(&format!("{ECDS}.update_rejected"))
-                .copied()
-                .unwrap_or(0),
-        )
+        let stats = self.stats(ECDS);
+        let count = |name: &str| stats.get(&format!("{ECDS}.{name}")).copied().unwrap_or(0);
+        (count("update_success"), count("update_rejected"))
     }
 
     /// Wait until the ECDS subscription has processed an update after `before`.
@@ -327,66 +318,6 @@ impl ReloadEnvoy {
                 panic!(
                     "Envoy did not process the new filter file within {timeout:?} \
                      ({ECDS}.update_success/update_rejected still {now:?}). Log:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Every counter and gauge of Envoy's admin `/stats` (histograms and text readouts left
-    /// out).
-    pub fn stats(&self) -> HashMap<String, u64> {
-        let (code, body) = self.envoy.admin_get("/stats");
-        assert_eq!(code, 200, "GET /stats: {body}");
-        body.lines()
-            .filter_map(|line| {
-                let (name, value) = line.split_once(": ")?;
-                Some((name.to_owned(), value.trim().parse().ok()?))
-            })
-            .collect()
-    }
-
-    /// Bytes allocated by Envoy's heap right now (admin `/memory`, tcmalloc's count; the
-    /// `server.memory_allocated` gauge is only refreshed at each stats flush).
-    pub fn memory_allocated(&self) -> u64 {
-        let (code, body) = self.envoy.admin_get("/memory");
-        assert_eq!(code, 200, "GET /memory: {body}");
-        let v: Value = serde_json::from_str(&body).expect("/memory is JSON");
-        v["allocated"]
-            .as_str()
-            .and_then(|s| s.parse().ok())
-            .or_else(|| v["allocated"].as_u64())
-            .unwrap_or_else(|| panic!("/memory without `allocated`: {body}"))
-    }
-
-    /// One counter or gauge; 0 when Envoy does not have it (yet).
-    pub fn stat(&self, name: &str) -> u64 {
-        self.stats().get(name).copied().unwrap_or(0)
-    }
-
-    /// A text readout, e.g. `<ECDS>.version_text` (the `version_info` of the loaded file).
-    pub fn text_stat(&self, name: &str) -> Option<String> {
-        let (_, body) = self.envoy.admin_get("/stats");
-        body.lines().find_map(|line| {
-            let (n, v) = line.split_once(": ")?;
-            (n == name).then(|| v.trim().trim_matches('"').to_owned())
-        })
-    }
-
-    /// Wait (bounded) until `pred` holds for the stat; returns its value then. Panics with
-    /// the log on timeout.
-    pub fn wait_stat(&self, name: &str, pred: impl Fn(u64) -> bool, timeout: Duration) -> u64 {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let value = self.stat(name);
-            if pred(value) {
-                return value;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "stat {name} is {value} after {timeout:?}, not what the test waits for. \
-                     Log:\n{}",
                     self.log()
                 );
             }

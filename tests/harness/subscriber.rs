@@ -3,14 +3,12 @@
 //! receives and then behaves as its test set it: answer a status, answer after a delay, or
 //! reset the connection. Dropping a subscriber stops its threads.
 
-use std::collections::HashMap;
-use std::io::{self, BufRead, BufReader, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::io::{BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+use super::server::{lock, read_request, set_linger_zero, Connections, Server};
 
 /// What a subscriber does with each request (after recording it).
 #[derive(Clone, Debug)]
@@ -89,50 +87,31 @@ struct Shared {
     behavior: Mutex<Behavior>,
     requests: Mutex<Vec<Recorded>>,
     received: Condvar,
-    stop: AtomicBool,
-    /// Open connections (clones), so that drop can shut them down.
-    conns: Mutex<HashMap<u64, TcpStream>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-    next_conn: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panicking connection thread must not hide what was recorded.
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A subscriber server on 127.0.0.1:<its own free port>.
 pub struct Subscriber {
-    addr: SocketAddr,
     shared: Arc<Shared>,
-    acceptor: Option<JoinHandle<()>>,
+    server: Server,
 }
 
 impl Subscriber {
     /// Start a subscriber (`name` only labels its answers and messages).
     pub fn start(name: &str, behavior: Behavior) -> Subscriber {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a subscriber port");
-        let addr = listener.local_addr().expect("subscriber address");
         let shared = Arc::new(Shared {
             name: name.to_owned(),
             behavior: Mutex::new(behavior),
             requests: Mutex::new(Vec::new()),
             received: Condvar::new(),
-            stop: AtomicBool::new(false),
-            conns: Mutex::new(HashMap::new()),
-            threads: Mutex::new(Vec::new()),
-            next_conn: AtomicU64::new(0),
         });
         let s = Arc::clone(&shared);
-        let acceptor = std::thread::Builder::new()
-            .name(format!("subscriber-{name}"))
-            .spawn(move || accept_loop(&listener, &s))
-            .expect("spawn the subscriber's accept thread");
-        Subscriber {
-            addr,
-            shared,
-            acceptor: Some(acceptor),
-        }
+        let server = Server::start(
+            listener,
+            &format!("subscriber-{name}"),
+            move |stream, id, connections| serve(stream, id, &s, connections),
+        );
+        Subscriber { shared, server }
     }
 
     /// Answer 200 to everything.
@@ -145,11 +124,11 @@ impl Subscriber {
     }
 
     pub fn port(&self) -> u16 {
-        self.addr.port()
+        self.server.addr().port()
     }
 
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// Change the behaviour for requests from now on.
@@ -200,55 +179,7 @@ impl Subscriber {
     }
 }
 
-impl Drop for Subscriber {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        for conn in lock(&self.shared.conns).values() {
-            let _ = conn.shutdown(Shutdown::Both);
-        }
-        // Wake the accept loop.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        if let Some(acceptor) = self.acceptor.take() {
-            let _ = acceptor.join();
-        }
-        // Connections accepted before the stop flag was seen.
-        for conn in lock(&self.shared.conns).values() {
-            let _ = conn.shutdown(Shutdown::Both);
-        }
-        let threads = std::mem::take(&mut *lock(&self.shared.threads));
-        for t in threads {
-            let _ = t.join();
-        }
-    }
-}
-
-fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
-    for stream in listener.incoming() {
-        if shared.stop.load(Ordering::SeqCst) {
-            break;
-        }
-        let Ok(stream) = stream else { continue };
-        let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-        if let Ok(clone) = stream.try_clone() {
-            lock(&shared.conns).insert(id, clone);
-        }
-        let s = Arc::clone(shared);
-        let spawned = std::thread::Builder::new()
-            .name(format!("subscriber-{}-conn-{id}", shared.name))
-            .spawn(move || {
-                serve(stream, id, &s);
-                lock(&s.conns).remove(&id);
-            });
-        match spawned {
-            Ok(handle) => lock(&shared.threads).push(handle),
-            Err(_) => {
-                lock(&shared.conns).remove(&id);
-            }
-        }
-    }
-}
-
-fn serve(stream: TcpStream, id: u64, shared: &Shared) {
+fn serve(stream: TcpStream, id: u64, shared: &Shared, connections: &Connections) {
     let Ok(reader) = stream.try_clone() else {
         return;
     };
@@ -282,16 +213,17 @@ fn serve(stream: TcpStream, id: u64, shared: &Shared) {
                 status
             }
             Behavior::Delay(delay, status) => {
-                if !sleep_unless_stopped(delay, shared) {
+                if !sleep_unless_stopped(delay, connections) {
                     return;
                 }
                 status
             }
             Behavior::Reset => {
                 // Drop every other handle to the socket, then close with SO_LINGER 0: RST.
-                lock(&shared.conns).remove(&id);
+                connections.forget(id);
                 drop(reader);
-                reset(&writer);
+                // Dropping the stream then sends RST.
+                let _ = set_linger_zero(&writer);
                 return;
             }
         };
@@ -335,33 +267,15 @@ fn serve(stream: TcpStream, id: u64, shared: &Shared) {
 }
 
 /// Sleep in small steps; false if the subscriber is being dropped.
-fn sleep_unless_stopped(delay: Duration, shared: &Shared) -> bool {
+fn sleep_unless_stopped(delay: Duration, connections: &Connections) -> bool {
     let deadline = Instant::now() + delay;
     while Instant::now() < deadline {
-        if shared.stop.load(Ordering::SeqCst) {
+        if connections.stopping() {
             return false;
         }
         std::thread::sleep(Duration::from_millis(5).min(deadline - Instant::now()));
     }
     true
-}
-
-fn reset(stream: &TcpStream) {
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: a valid socket fd and a correctly sized, initialised option value.
-    unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            std::ptr::addr_of!(linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
-    // The caller drops the stream: close() with linger 0 sends RST.
 }
 
 fn reason(status: u16) -> &'static str {
@@ -376,80 +290,4 @@ fn reason(status: u16) -> &'static str {
         503 => "Service Unavailable",
         _ => "Whatever",
     }
-}
-
-fn read_line(r: &mut impl BufRead) -> io::Result<Option<String>> {
-    let mut buf = Vec::new();
-    if r.read_until(b'\n', &mut buf)? == 0 {
-        return Ok(None);
-    }
-    while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-        buf.pop();
-    }
-    Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
-}
-
-fn bad(msg: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, msg.to_owned())
-}
-
-/// One HTTP/1.x request; None at a clean end of the connection.
-fn read_request(r: &mut impl BufRead) -> io::Result<Option<Recorded>> {
-    let line = loop {
-        match read_line(r)? {
-            None => return Ok(None),
-            Some(l) if l.is_empty() => continue,
-            Some(l) => break l,
-        }
-    };
-    let at = Instant::now();
-    let mut parts = line.splitn(3, ' ');
-    let method = parts.next().unwrap_or_default().to_owned();
-    let path = parts
-        .next()
-        .ok_or_else(|| bad("no request target"))?
-        .to_owned();
-    let version = parts.next().unwrap_or_default().to_owned();
-    let mut headers = Vec::new();
-    loop {
-        let line = read_line(r)?.ok_or_else(|| bad("connection closed in the headers"))?;
-        if line.is_empty() {
-            break;
-        }
-        let (name, value) = line.split_once(':').ok_or_else(|| bad("bad header line"))?;
-        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
-    }
-    let mut request = Recorded {
-        method,
-        path,
-        version,
-        headers,
-        body: Vec::new(),
-        at,
-    };
-    let chunked = request
-        .header_all("transfer-encoding")
-        .iter()
-        .any(|v| v.to_ascii_lowercase().contains("chunked"));
-    if chunked {
-        loop {
-            let size_line = read_line(r)?.ok_or_else(|| bad("connection closed in a chunk"))?;
-            let size = size_line.split(';').next().unwrap_or_default().trim();
-            let size = usize::from_str_radix(size, 16).map_err(|_| bad("bad chunk size"))?;
-            if size == 0 {
-                // Trailers, up to the empty line.
-                while read_line(r)?.is_some_and(|l| !l.is_empty()) {}
-                break;
-            }
-            let start = request.body.len();
-            request.body.resize(start + size, 0);
-            r.read_exact(&mut request.body[start..])?;
-            read_line(r)?;
-        }
-    } else if let Some(len) = request.header("content-length") {
-        let len: usize = len.parse().map_err(|_| bad("bad content-length"))?;
-        request.body.resize(len, 0);
-        r.read_exact(&mut request.body)?;
-    }
-    Ok(Some(request))
 }
