@@ -151,9 +151,10 @@ test-compat: build sdk
 	  done; \
 	done
 
-# What fanout costs against Envoy's own mirroring, a plain proxy, a Lua fan-out and a
-# do-nothing wasm filter (bench/run.py; installs wrk with apt-get if it is missing). Results:
-# bench/results/<date>/ and bench/results/latest.md (~15 min). QUICK=1: a short run (< 2 min)
+# What fanout costs against the floor of a wasm fan-out (bench/floor-filter), with Envoy's own
+# mirroring, a plain proxy, a Lua fan-out and a do-nothing wasm filter for context, and what
+# its size costs at start-up (bench/run.py; installs wrk with apt-get if it is missing). Results:
+# bench/results/<date>/ and bench/results/latest.md (~20 min). QUICK=1: a short run (~4 min)
 # whose results go to bench/tmp/quick/.
 bench: build envoy
 	$(PYTHON) bench/run.py --skip-build $(if $(filter 1,$(QUICK)),--quick)
