@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use fanout::cloudevents::{self, Mode};
 use fanout::config::{Channel, Config};
-use fanout::request::event_attributes;
+use fanout::request::PendingEvent;
 
 const CONFIG: &str = r#"{"subscribers": [
   {"cluster": "created", "filters": [{"exact": {"type": "com.example.order.created"}}]},
@@ -58,8 +58,13 @@ fn main() {
 
 /// What the filter does at end of stream for a structured event of a filtered channel.
 fn filter_structured(channel: &Channel, body: &[u8]) -> usize {
-    match event_attributes(Some(Mode::Structured), body) {
-        Ok(event) => wanted(channel, event.as_ref()),
+    let pending = PendingEvent {
+        mode: Some(Mode::Structured),
+        strict: true,
+        ..PendingEvent::default()
+    };
+    match pending.complete(body) {
+        Ok(event) => wanted(channel, event.attributes.as_ref()),
         Err(_) => fail("the benchmark body did not parse"),
     }
 }

@@ -315,7 +315,7 @@ curl -i http://127.0.0.1:$LISTEN_PORT/orders -H 'x-demo-fail: shipping' \\
 EOF
 printf '\n'
 say "$(paint 1 'Other answers') $(dim '(fanout answers every request itself)')"
-say "curl -i http://127.0.0.1:$LISTEN_PORT/orders                   $(dim '# GET: 405, allow: POST')"
+say "curl -i http://127.0.0.1:$LISTEN_PORT/orders                   $(dim '# GET: 405, allow: POST, OPTIONS')"
 say "curl -s http://127.0.0.1:$ADMIN_PORT/stats | grep -i wasm       $(dim "# Envoy's wasm stats")"
 
 section "watching: events and answers show below. Ctrl-C stops it all"

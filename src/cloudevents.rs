@@ -1,4 +1,5 @@
-//! The CloudEvents attributes of a request, as far as subscription filters need them.
+//! The CloudEvents attributes of a request, as far as subscription filters, dedupe's event
+//! identity and `require_cloudevents` need them.
 //!
 //! Where they come from, after the CloudEvents HTTP protocol binding (v1.0.2):
 //! - **binary mode**: every `ce-<name>` header is the attribute `<name>`, its value
@@ -14,8 +15,10 @@
 //! The headers decide the mode ([`read_headers`]); the body is parsed only for structured mode
 //! and only when asked ([`Mode::attributes`]), once the body is complete.
 //!
-//! This module does not validate events (required attributes, `specversion`): a missing
-//! attribute simply matches no filter that names it. It knows nothing of proxy-wasm.
+//! Reading does not validate: a missing attribute simply matches no filter that names it.
+//! Validation (the required attributes, `specversion`) is asked for separately, for
+//! `require_cloudevents`: [`validate_headers`] from the headers, [`StructuredEvent::validate`]
+//! once a structured body is parsed. This module knows nothing of proxy-wasm.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -27,6 +30,10 @@ use serde::Deserialize;
 pub const STRUCTURED_JSON: &str = "application/cloudevents+json";
 /// `content-type` of a JSON batch of CloudEvents.
 pub const BATCH_JSON: &str = "application/cloudevents-batch+json";
+/// The context attributes every CloudEvent has, in CloudEvents 1.0 and 0.3 alike.
+pub const REQUIRED_ATTRIBUTES: [&str; 4] = ["specversion", "id", "source", "type"];
+/// The `specversion` values of the CloudEvents versions a channel must accept.
+pub const SPEC_VERSIONS: [&str; 2] = ["1.0", "0.3"];
 
 /// An event's context attributes, by name. Events have a handful, so a list searched in
 /// order beats a map.
@@ -102,10 +109,7 @@ impl fmt::Display for EventError {
 /// The mode of a request, from its headers (lower-case names, as Envoy gives them). Binary
 /// attributes are decoded here; nothing is read for other modes.
 pub fn read_headers(headers: &[(String, Vec<u8>)]) -> Result<Mode, EventError> {
-    let content_type = headers
-        .iter()
-        .find(|(name, _)| name == "content-type")
-        .map(|(_, value)| value.as_slice());
+    let content_type = header(headers, "content-type");
     if let Some(media_type) = content_type.map(media_type) {
         if media_type == STRUCTURED_JSON {
             return Ok(Mode::Structured);
@@ -163,6 +167,100 @@ impl Mode {
     }
 }
 
+/// Whether the request is a structured CloudEvent in JSON (its event is in the body).
+pub fn is_structured_json(headers: &[(String, Vec<u8>)]) -> bool {
+    header(headers, "content-type").is_some_and(|value| media_type(value) == STRUCTURED_JSON)
+}
+
+/// Whether the headers are those of a valid CloudEvent, as far as headers can tell: binary
+/// mode's required attributes (`ce-specversion`, `ce-id`, `ce-source`, `ce-type`, present, not
+/// empty, UTF-8 once percent-decoded, `specversion` 1.0 or 0.3), or the content type of a
+/// structured JSON event, whose body [`StructuredEvent::validate`] checks. `Err`: what is
+/// missing or wrong, as a sender can read it.
+pub fn validate_headers(headers: &[(String, Vec<u8>)]) -> Result<(), String> {
+    if let Some(media_type) = header(headers, "content-type").map(media_type) {
+        if media_type == STRUCTURED_JSON {
+            return Ok(());
+        }
+        if media_type.starts_with("application/cloudevents") {
+            return Err(format!(
+                "not one valid CloudEvent: {media_type} is not accepted here; send each event \
+                 on its own, in binary mode (ce-* headers) or as {STRUCTURED_JSON}"
+            ));
+        }
+    }
+    if !REQUIRED_ATTRIBUTES
+        .iter()
+        .any(|name| header(headers, &format!("ce-{name}")).is_some())
+    {
+        return Err(format!(
+            "not a CloudEvent: neither the headers ce-specversion, ce-id, ce-source and ce-type \
+             of binary mode nor the content-type {STRUCTURED_JSON} of structured mode"
+        ));
+    }
+    check_required("binary", |name| {
+        let spelled = format!("ce-{name}");
+        let member = match header(headers, &spelled) {
+            None => Member::Missing,
+            Some(value) => match String::from_utf8(percent_decode(value).into_owned()) {
+                Ok(text) => Member::Text(text),
+                Err(_) => Member::NotUtf8,
+            },
+        };
+        (spelled, member)
+    })
+}
+
+/// What one required attribute is, for [`check_required`].
+enum Member {
+    Missing,
+    Text(String),
+    /// A structured member that is not a JSON string.
+    NotString,
+    /// A binary header that is not UTF-8 once percent-decoded.
+    NotUtf8,
+}
+
+/// Checks every required attribute (as `lookup` finds it: its spelling in the request, and
+/// what it is) and says everything wrong at once.
+fn check_required(mode: &str, lookup: impl Fn(&str) -> (String, Member)) -> Result<(), String> {
+    let mut problems = Vec::new();
+    for name in REQUIRED_ATTRIBUTES {
+        let (spelled, member) = lookup(name);
+        match member {
+            Member::Missing => problems.push(format!("{spelled} is missing")),
+            Member::NotString => problems.push(format!("{spelled} is not a string")),
+            Member::NotUtf8 => {
+                problems.push(format!("{spelled} is not UTF-8 once percent-decoded"))
+            }
+            Member::Text(text) if text.is_empty() => problems.push(format!("{spelled} is empty")),
+            Member::Text(text) if name == "specversion" && !SPEC_VERSIONS.contains(&&*text) => {
+                problems.push(format!(
+                    "{spelled} is \"{}\", not one of {}",
+                    text.escape_debug(),
+                    SPEC_VERSIONS.join(", ")
+                ))
+            }
+            Member::Text(_) => {}
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "not a valid CloudEvent ({mode} mode): {}",
+            problems.join(", ")
+        ))
+    }
+}
+
+fn header<'h>(headers: &'h [(String, Vec<u8>)], name: &str) -> Option<&'h [u8]> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_slice())
+}
+
 /// The media type of a content-type value: lower case, without parameters.
 pub fn media_type(value: &[u8]) -> String {
     let end = value.iter().position(|&b| b == b';').unwrap_or(value.len());
@@ -204,17 +302,54 @@ fn hex(b: u8) -> Option<u8> {
 
 /// The attributes of a structured JSON event: its top-level members but the payload.
 pub fn parse_structured(body: &[u8]) -> Result<Attributes, EventError> {
-    serde_json::from_slice::<StructuredEvent>(body)
-        .map(|event| event.0)
-        .map_err(|e| {
-            EventError::Malformed(format!(
-                "the body is not a structured CloudEvent ({STRUCTURED_JSON} must be one JSON \
-                 object): {e}"
-            ))
-        })
+    parse_structured_event(body).map(|event| event.attributes)
 }
 
-struct StructuredEvent(Attributes);
+/// A structured JSON event: its attributes, and which required ones were not JSON strings.
+pub fn parse_structured_event(body: &[u8]) -> Result<StructuredEvent, EventError> {
+    serde_json::from_slice::<StructuredEvent>(body).map_err(|e| {
+        EventError::Malformed(format!(
+            "the body is not a structured CloudEvent ({STRUCTURED_JSON} must be one JSON \
+             object): {e}"
+        ))
+    })
+}
+
+/// A parsed structured event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StructuredEvent {
+    /// Its top-level members but the payload, as filters match them.
+    pub attributes: Attributes,
+    /// The [`REQUIRED_ATTRIBUTES`] whose member is there but not a JSON string (CloudEvents
+    /// requires strings; [`Attributes`] holds numbers and booleans as text).
+    not_strings: Vec<&'static str>,
+}
+
+impl StructuredEvent {
+    /// A required attribute's value, when its member is a JSON string.
+    pub fn required(&self, name: &str) -> Option<&str> {
+        if self.not_strings.contains(&name) {
+            return None;
+        }
+        self.attributes.get(name)
+    }
+
+    /// Whether it is a valid CloudEvent: every required attribute a non-empty string,
+    /// `specversion` 1.0 or 0.3. `Err`: what is missing or wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        check_required("structured", |name| {
+            let member = if self.not_strings.contains(&name) {
+                Member::NotString
+            } else {
+                match self.attributes.get(name) {
+                    Some(value) => Member::Text(value.to_string()),
+                    None => Member::Missing,
+                }
+            };
+            (format!("member {name}"), member)
+        })
+    }
+}
 
 impl<'de> Deserialize<'de> for StructuredEvent {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -233,23 +368,59 @@ impl<'de> Visitor<'de> for EventVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<StructuredEvent, A::Error> {
         let mut attributes = Attributes::default();
+        let mut not_strings = Vec::new();
         while let Some(name) = map.next_key::<String>()? {
             if name == "data" || name == "data_base64" {
                 // Scanned (the body must be valid JSON) but never copied.
                 map.next_value::<IgnoredAny>()?;
                 continue;
             }
-            if let Scalar(Some(value)) = map.next_value::<Scalar>()? {
+            let scalar = map.next_value::<Scalar>()?;
+            if let Some(required) = REQUIRED_ATTRIBUTES.into_iter().find(|r| *r == name) {
+                // A later duplicate member wins, for its type as for its value.
+                not_strings.retain(|r| *r != required);
+                if !scalar.string {
+                    not_strings.push(required);
+                }
+            }
+            if let Some(value) = scalar.text {
                 attributes.insert(name, value);
             }
         }
-        Ok(StructuredEvent(attributes))
+        Ok(StructuredEvent {
+            attributes,
+            not_strings,
+        })
     }
 }
 
 /// A member's value as attribute text. Attributes are scalars: `null`, objects and arrays
-/// are no attribute value (`None`).
-struct Scalar(Option<String>);
+/// are no attribute value (`text` is `None`). `string`: the value was a JSON string.
+struct Scalar {
+    text: Option<String>,
+    string: bool,
+}
+
+impl Scalar {
+    fn text(text: String) -> Scalar {
+        Scalar {
+            text: Some(text),
+            string: false,
+        }
+    }
+
+    fn string(text: String) -> Scalar {
+        Scalar {
+            text: Some(text),
+            string: true,
+        }
+    }
+
+    const NONE: Scalar = Scalar {
+        text: None,
+        string: false,
+    };
+}
 
 impl<'de> Deserialize<'de> for Scalar {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -267,42 +438,42 @@ impl<'de> Visitor<'de> for ScalarVisitor {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
-        Ok(Scalar(Some(v.to_string())))
+        Ok(Scalar::string(v.to_string()))
     }
 
     fn visit_string<E: de::Error>(self, v: String) -> Result<Scalar, E> {
-        Ok(Scalar(Some(v)))
+        Ok(Scalar::string(v))
     }
 
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<Scalar, E> {
-        Ok(Scalar(Some(v.to_string())))
+        Ok(Scalar::text(v.to_string()))
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
-        Ok(Scalar(Some(v.to_string())))
+        Ok(Scalar::text(v.to_string()))
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
-        Ok(Scalar(Some(v.to_string())))
+        Ok(Scalar::text(v.to_string()))
     }
 
     /// Rust's shortest round-trip form: `1.5`, and `1` for `1.0` or `1e0`.
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
-        Ok(Scalar(Some(v.to_string())))
+        Ok(Scalar::text(v.to_string()))
     }
 
     fn visit_unit<E: de::Error>(self) -> Result<Scalar, E> {
-        Ok(Scalar(None))
+        Ok(Scalar::NONE)
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scalar, A::Error> {
         while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Scalar(None))
+        Ok(Scalar::NONE)
     }
 
     fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar, A::Error> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Scalar(None))
+        Ok(Scalar::NONE)
     }
 }
 
@@ -484,6 +655,55 @@ mod tests {
         let a = parse_structured(br#"{"type": "a", "type": "b"}"#).unwrap();
         assert_eq!(a.get("type"), Some("b"));
         assert_eq!(a.len(), 1);
+    }
+
+    #[test]
+    fn required_attributes_are_taken_only_as_json_strings() {
+        let event = parse_structured_event(
+            br#"{"specversion": "1.0", "id": 7, "source": "/s", "type": null, "time": 1}"#,
+        )
+        .unwrap();
+        assert_eq!(event.required("specversion"), Some("1.0"));
+        assert_eq!(event.required("source"), Some("/s"));
+        // Filters still see a number as its text; the identity does not.
+        assert_eq!(event.attributes.get("id"), Some("7"));
+        assert_eq!(event.required("id"), None);
+        assert_eq!(event.required("type"), None);
+        let error = event.validate().unwrap_err();
+        assert_eq!(
+            error,
+            "not a valid CloudEvent (structured mode): member id is not a string, member type \
+             is not a string"
+        );
+        // A later duplicate decides the type as well as the value.
+        let event = parse_structured_event(br#"{"id": 7, "id": "x"}"#).unwrap();
+        assert_eq!(event.required("id"), Some("x"));
+        let event = parse_structured_event(br#"{"id": "x", "id": 7}"#).unwrap();
+        assert_eq!(event.required("id"), None);
+    }
+
+    #[test]
+    fn valid_binary_headers_and_what_is_wrong_otherwise() {
+        let valid = [
+            ("ce-specversion", "0.3"),
+            ("ce-id", "1"),
+            ("ce-source", "%2Fs"),
+            ("ce-type", "t"),
+        ];
+        assert_eq!(validate_headers(&headers(&valid)), Ok(()));
+        let structured = [(
+            "content-type",
+            "Application/CloudEvents+JSON; charset=utf-8",
+        )];
+        assert_eq!(validate_headers(&headers(&structured)), Ok(()));
+        assert_eq!(
+            validate_headers(&headers(&[("ce-specversion", ""), ("ce-id", "1")])),
+            Err(
+                "not a valid CloudEvent (binary mode): ce-specversion is empty, ce-source is \
+                 missing, ce-type is missing"
+                    .to_string()
+            )
+        );
     }
 
     #[test]

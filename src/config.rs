@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::cloudevents::Attributes;
-use crate::dedupe::{DedupeConfig, MAX_ENTRIES_LIMIT, MAX_TTL_MS};
+use crate::dedupe::{DedupeConfig, Identity, MAX_ENTRIES_LIMIT, MAX_TTL_MS};
 use crate::delivery::{
     BackoffPolicy, RetryPolicy, DEFAULT_BACKOFF_DELAY_MS, DEFAULT_BACKOFF_MAX_MS, MAX_RETRY,
 };
@@ -44,6 +44,8 @@ pub const DEFAULT_FORWARD_HEADERS: &[&str] = &[
 ];
 /// The method used for every subscriber call.
 pub const SUBSCRIBER_METHOD: &str = "POST";
+/// The method the filter answers itself (200 with `allow`), never fanned out.
+pub const OPTIONS: &str = "OPTIONS";
 
 /// A configuration the filter cannot serve with. `path` is the JSON path of the offending
 /// field (empty for the document as a whole).
@@ -96,6 +98,7 @@ struct RawConfig {
     #[serde(default)]
     report: ReportDetail,
     dedupe: Option<RawDedupe>,
+    require_cloudevents: Option<bool>,
 }
 
 /// How much the 500 report says.
@@ -109,7 +112,8 @@ pub enum ReportDetail {
     Full,
 }
 
-/// `"dedupe": {"key": "ce-id", "ttl_ms": 600000, "max_entries": 100000}`; off when absent.
+/// `"dedupe": {"ttl_ms": 600000, "max_entries": 100000}` (and `"key": "<header>"` to name
+/// events by a header instead of their CloudEvents identity); off when absent.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawDedupe {
@@ -254,6 +258,9 @@ pub struct Config {
     pub warnings: Vec<String>,
     /// Redelivery without duplicates (`None`: off).
     pub dedupe: Option<DedupeConfig>,
+    /// A request that is not a valid CloudEvent gets 400 (default false: anything is fanned
+    /// out).
+    pub require_cloudevents: bool,
 }
 
 /// A set of subscribers reached through the hosts that name the channel.
@@ -504,7 +511,8 @@ impl RawConfig {
                 .any(Subscriber::has_follow_ups);
 
         Ok(Config {
-            allow: methods.join(", "),
+            // OPTIONS is answered by the filter itself (request.rs), whatever `methods` says.
+            allow: format!("{}, {OPTIONS}", methods.join(", ")),
             methods,
             max_body_bytes: self.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
             forward,
@@ -518,27 +526,33 @@ impl RawConfig {
             needs_timer,
             warnings,
             dedupe: self.dedupe.map(RawDedupe::validate).transpose()?,
+            require_cloudevents: self.require_cloudevents.unwrap_or(false),
         })
     }
 }
 
-/// Defaults of `dedupe`.
-pub const DEFAULT_DEDUPE_KEY: &str = "ce-id";
+/// Defaults of `dedupe` (without `key`, events are named by their CloudEvents identity).
 pub const DEFAULT_DEDUPE_TTL_MS: u64 = 600_000;
 pub const DEFAULT_DEDUPE_MAX_ENTRIES: u32 = 100_000;
 
 impl RawDedupe {
     fn validate(self) -> Result<DedupeConfig, ConfigError> {
-        let key = self
-            .key
-            .unwrap_or_else(|| DEFAULT_DEDUPE_KEY.to_string())
-            .to_ascii_lowercase();
-        if key.is_empty() || !key.bytes().all(headers::is_token_byte) {
-            return Err(ConfigError::new(
-                "dedupe.key",
-                format!("\"{key}\" is not a header name, e.g. \"ce-id\""),
-            ));
-        }
+        let key = match self.key {
+            None => Identity::CloudEvent,
+            Some(name) => {
+                let name = name.to_ascii_lowercase();
+                if name.is_empty() || !name.bytes().all(headers::is_token_byte) {
+                    return Err(ConfigError::new(
+                        "dedupe.key",
+                        format!(
+                            "\"{name}\" is not a header name, e.g. \"x-event-id\" (leave `key` out \
+                             to name events by their CloudEvents source and id)"
+                        ),
+                    ));
+                }
+                Identity::Header(name)
+            }
+        };
         let ttl_ms = self.ttl_ms.unwrap_or(DEFAULT_DEDUPE_TTL_MS);
         if !(1..=MAX_TTL_MS).contains(&ttl_ms) {
             return Err(ConfigError::new(
@@ -704,6 +718,13 @@ fn validate_methods(methods: Vec<String>) -> Result<Vec<String>, ConfigError> {
         ));
     }
     for (i, method) in methods.iter().enumerate() {
+        if method == OPTIONS {
+            return Err(ConfigError::new(
+                format!("methods[{i}]"),
+                "OPTIONS is answered by fanout itself (200 with `allow` and the CloudEvents \
+                 webhook headers) and never fanned out: leave it out",
+            ));
+        }
         let token = !method.is_empty() && method.bytes().all(headers::is_token_byte);
         if !token || method.bytes().any(|b| b.is_ascii_lowercase()) {
             return Err(ConfigError::new(
@@ -788,7 +809,7 @@ mod tests {
     fn defaults_fill_every_field_but_cluster() {
         let config = parse(r#"{"subscribers": [{"cluster": "a"}]}"#).unwrap();
         assert_eq!(config.methods, vec!["POST"]);
-        assert_eq!(config.allow, "POST");
+        assert_eq!(config.allow, "POST, OPTIONS");
         assert_eq!(config.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
         assert!(config.forward.selects("ce-type"));
         assert!(config.forward.selects("x-b3-traceid"));
@@ -1209,7 +1230,7 @@ mod tests {
         assert_eq!(
             config.dedupe,
             Some(DedupeConfig {
-                key: "ce-id".into(),
+                key: Identity::CloudEvent,
                 ttl_ms: 600_000,
                 max_entries: 100_000
             })
@@ -1219,7 +1240,7 @@ mod tests {
         )
         .unwrap();
         let dedupe = config.dedupe.unwrap();
-        assert_eq!(dedupe.key, "x-event-id");
+        assert_eq!(dedupe.key, Identity::Header("x-event-id".into()));
         assert_eq!((dedupe.ttl_ms, dedupe.max_entries), (1, 1));
     }
 
@@ -1261,8 +1282,31 @@ mod tests {
     }
 
     #[test]
-    fn several_methods_make_the_allow_header() {
+    fn several_methods_make_the_allow_header_with_options() {
         let config = parse(r#"{"methods": ["POST", "PUT"], "subscribers": []}"#).unwrap();
-        assert_eq!(config.allow, "POST, PUT");
+        assert_eq!(config.allow, "POST, PUT, OPTIONS");
+    }
+
+    #[test]
+    fn options_is_not_a_method_to_fan_out() {
+        let message = error(r#"{"methods": ["POST", "OPTIONS"], "subscribers": []}"#);
+        assert!(
+            message.starts_with("methods[1]: OPTIONS is answered by fanout itself"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn require_cloudevents_is_off_by_default_and_must_be_a_boolean() {
+        assert!(!parse(r#"{"subscribers": []}"#).unwrap().require_cloudevents);
+        let on = parse(r#"{"require_cloudevents": true, "subscribers": []}"#).unwrap();
+        assert!(on.require_cloudevents);
+        let message = error(r#"{"require_cloudevents": "yes", "subscribers": []}"#);
+        assert!(
+            message.starts_with(
+                "require_cloudevents: invalid type: string \"yes\", expected a boolean"
+            ),
+            "{message}"
+        );
     }
 }

@@ -66,10 +66,52 @@ const TAG_CLAIMED: u8 = 2;
 /// The validated `dedupe` configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DedupeConfig {
-    /// The request header that names an event (lower case).
-    pub key: String,
+    /// What names an event.
+    pub key: Identity,
     pub ttl_ms: u64,
     pub max_entries: u32,
+}
+
+/// What names an event for `dedupe`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// The CloudEvent's `source` and `id` together, which the CloudEvents spec makes unique
+    /// (and Knative's data-plane spec requires for duplicate detection): `ce-source` and `ce-id`
+    /// in binary mode, the members `source` and `id` of a structured body. The default.
+    CloudEvent,
+    /// The value of this request header (lower case): `key` in the configuration, for
+    /// traffic that is not CloudEvents.
+    Header(String),
+}
+
+impl std::fmt::Display for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Identity::CloudEvent => f.write_str("the CloudEvents identity (source, id)"),
+            Identity::Header(name) => write!(f, "header {name}"),
+        }
+    }
+}
+
+/// The store key of a CloudEvent: its `source` and `id`, the source's length first
+/// (`<length>:<source><id>`), so that two different pairs never make the same key (`("/a",
+/// "b1")` is `2:/ab1`, `("/ab", "1")` is `3:/ab1`). `None` when either is empty or the key is
+/// longer than [`MAX_KEY_BYTES`]: such an event is not deduplicated.
+pub fn cloudevent_key(source: &[u8], id: &[u8]) -> Option<Vec<u8>> {
+    if source.is_empty() || id.is_empty() {
+        return None;
+    }
+    let mut key = source.len().to_string().into_bytes();
+    key.push(b':');
+    key.extend_from_slice(source);
+    key.extend_from_slice(id);
+    (key.len() <= MAX_KEY_BYTES).then_some(key)
+}
+
+/// The store key named by a header (`key` in the configuration): its value. `None` when it is
+/// empty or longer than [`MAX_KEY_BYTES`].
+pub fn header_key(value: &[u8]) -> Option<Vec<u8>> {
+    (!value.is_empty() && value.len() <= MAX_KEY_BYTES).then(|| value.to_vec())
 }
 
 impl DedupeConfig {
@@ -787,7 +829,7 @@ mod tests {
     fn shards_add_up_to_max_entries() {
         for max_entries in [1, 31, 32, 33, 100, 1000, 100_000, MAX_ENTRIES_LIMIT] {
             let config = DedupeConfig {
-                key: "ce-id".into(),
+                key: Identity::CloudEvent,
                 ttl_ms: 1,
                 max_entries,
             };
@@ -796,7 +838,7 @@ mod tests {
             assert!((0..config.shards()).all(|s| (1..=32).contains(&config.capacity(s))));
         }
         let config = DedupeConfig {
-            key: "ce-id".into(),
+            key: Identity::CloudEvent,
             ttl_ms: 1,
             max_entries: 100_000,
         };
@@ -855,7 +897,7 @@ mod tests {
         create_shards(
             &store,
             &DedupeConfig {
-                key: "ce-id".into(),
+                key: Identity::CloudEvent,
                 ttl_ms: 1000,
                 max_entries: 1,
             },
@@ -955,7 +997,7 @@ mod tests {
     fn create_shards_creates_only_missing_keys() {
         let store = MemStore::default();
         let config = DedupeConfig {
-            key: "ce-id".into(),
+            key: Identity::CloudEvent,
             ttl_ms: 1,
             max_entries: 100,
         };
@@ -964,6 +1006,45 @@ mod tests {
         assert_eq!(store.get(&shard_key(1)).0.unwrap(), b"keep");
         assert_eq!(store.get(&shard_key(3)).0.unwrap(), b"");
         assert_eq!(create_shards(&store, &config), 4);
+    }
+
+    #[test]
+    fn cloudevent_keys_never_mix_up_two_identities() {
+        assert_eq!(cloudevent_key(b"/orders", b"1").unwrap(), b"7:/orders1");
+        // The same id from two sources, and pairs whose concatenations are equal.
+        let pairs: &[(&[u8], &[u8])] = &[
+            (b"/a", b"1"),
+            (b"/b", b"1"),
+            (b"/a", b"b1"),
+            (b"/ab", b"1"),
+            (b"/a1", b"1"),
+            (b"1:/a", b"1"),
+            (b"/", b"2:/a1"),
+            (b"2:/a", b"1"),
+        ];
+        let keys: Vec<Vec<u8>> = pairs
+            .iter()
+            .map(|(source, id)| cloudevent_key(source, id).unwrap())
+            .collect();
+        for (i, a) in keys.iter().enumerate() {
+            for (j, b) in keys.iter().enumerate() {
+                assert_eq!(i == j, a == b, "{:?} and {:?}", pairs[i], pairs[j]);
+            }
+        }
+        assert_eq!(cloudevent_key(b"", b"1"), None);
+        assert_eq!(cloudevent_key(b"/a", b""), None);
+        // The whole key counts against MAX_KEY_BYTES.
+        let source = vec![b's'; MAX_KEY_BYTES - 5];
+        assert_eq!(cloudevent_key(&source, b"1").unwrap().len(), MAX_KEY_BYTES);
+        assert_eq!(cloudevent_key(&source, b"12"), None);
+    }
+
+    #[test]
+    fn header_keys_are_the_value_within_bounds() {
+        assert_eq!(header_key(b"e1").unwrap(), b"e1");
+        assert_eq!(header_key(b""), None);
+        assert!(header_key(&[b'k'; MAX_KEY_BYTES]).is_some());
+        assert_eq!(header_key(&[b'k'; MAX_KEY_BYTES + 1]), None);
     }
 
     /// The CPU cost of dedupe's pure part per request: claim and settle on a full shard (32

@@ -12,6 +12,7 @@
 //! | `fanout.requests.received` | counter |
 //! | `fanout.requests.accepted` (202) / `fanout.requests.failed` (500 report) | counter |
 //! | `fanout.requests.rejected.<status>` (400, 404, 405, 413, ...) | counter |
+//! | `fanout.requests.options`: OPTIONS answered (200, nothing fanned out) | counter |
 //! | `fanout.requests.reached_router`: a request the filter did not hold (a misconfiguration) | counter |
 //! | `fanout.requests.undelivered`: async events a subscriber never took, after their 202 | counter |
 //! | `fanout.in_flight` | gauge |
@@ -156,6 +157,7 @@ const RECEIVED: &str = "fanout.requests.received";
 const ACCEPTED: &str = "fanout.requests.accepted";
 const FAILED: &str = "fanout.requests.failed";
 const REACHED_ROUTER: &str = "fanout.requests.reached_router";
+const OPTIONS: &str = "fanout.requests.options";
 const UNDELIVERED: &str = "fanout.requests.undelivered";
 pub const DEDUPE_ENTRIES: &str = "fanout.dedupe.entries";
 const DEDUPE_MISSING_KEY: &str = "fanout.dedupe.missing_key";
@@ -220,7 +222,14 @@ impl Tally {
 
     /// Makes the request counters exist (at zero) before the first request.
     pub fn register_requests(&mut self) {
-        for name in [RECEIVED, ACCEPTED, FAILED, REACHED_ROUTER, UNDELIVERED] {
+        for name in [
+            RECEIVED,
+            ACCEPTED,
+            FAILED,
+            REACHED_ROUTER,
+            UNDELIVERED,
+            OPTIONS,
+        ] {
             self.counter(name);
         }
     }
@@ -230,11 +239,13 @@ impl Tally {
         self.bump(id);
     }
 
-    /// A request was answered: 202, the 500 report, or a rejection.
+    /// A request was answered: 202, the 500 report, a rejection, or the 200 to OPTIONS (the
+    /// only 200 the filter answers).
     pub fn answered(&mut self, status: u32) {
         let id = match status {
             202 => self.counter(ACCEPTED),
             500 => self.counter(FAILED),
+            200 => self.counter(OPTIONS),
             other => self.counter(&format!("fanout.requests.rejected.{other}")),
         };
         self.bump(id);

@@ -1,14 +1,17 @@
 //! Admission of one request, from its headers: is it a fan-out, to which channel, with which
-//! headers — or which rejection does it get.
+//! headers — or which answer does it get without one. And, once the body is complete, what
+//! the event is ([`PendingEvent::complete`]).
 //!
-//! The checks run in the order a sender can act on them: method (405), host (404), declared
-//! body size (413), the CloudEvents mode when the channel filters (415, 400), then header
-//! values (400). Nothing here calls a subscriber.
+//! The checks run in the order a sender can act on them: OPTIONS (answered 200, whatever the
+//! host), method (405), host (404), declared body size (413), a valid CloudEvent when
+//! `require_cloudevents` is on (400), the CloudEvents mode when the channel filters (415,
+//! 400), then header values (400). Nothing here calls a subscriber.
 
 use crate::answer::Answer;
-use crate::cloudevents::{self, Attributes, EventError, Mode};
-use crate::config::Config;
-use crate::dedupe::MAX_KEY_BYTES;
+use crate::cloudevents::{self, percent_decode, Attributes, EventError, Mode};
+use crate::config::{Config, OPTIONS};
+use crate::dedupe::{self, Identity};
+use crate::headers;
 
 /// A request that passed admission: the body still decides (it may turn out too large).
 #[derive(Debug, PartialEq, Eq)]
@@ -16,18 +19,58 @@ pub struct Admitted {
     pub channel: usize,
     /// The request headers chosen by `forward_headers`, in the order they arrived.
     pub forwarded: Vec<(String, String)>,
-    /// How the request carries its CloudEvent, read from the headers (binary attributes
-    /// already decoded) only when a subscriber of the channel has a filter; `None` otherwise.
-    pub event: Option<Mode>,
-    /// The event's identity for `dedupe`: the value of its `key` header, when dedupe is on
-    /// and the request has one that is not empty and at most `MAX_KEY_BYTES` long.
-    pub event_key: Option<Vec<u8>>,
+    /// What the headers told of the event; the body completes it.
+    pub event: PendingEvent,
+}
+
+/// What is known of the event from the headers, and what its body must still tell. Only what
+/// something needs is read: the attributes for a channel with filters, a structured body for
+/// `require_cloudevents` or for dedupe's CloudEvents identity.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PendingEvent {
+    /// How the request carries its CloudEvent (binary attributes already decoded); `None`:
+    /// nobody looks at it.
+    pub mode: Option<Mode>,
+    /// A structured body that does not parse is rejected (400): a filter or
+    /// `require_cloudevents` needs it. When only dedupe reads it, such a request has no
+    /// identity and is fanned out to everyone.
+    pub strict: bool,
+    /// `require_cloudevents`: a structured body must be a valid CloudEvent.
+    pub validate: bool,
+    /// The event's identity for `dedupe`.
+    pub key: EventKey,
+}
+
+/// The event's identity for `dedupe`, as far as the headers tell.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub enum EventKey {
+    /// Dedupe is off, or the request has no usable identity.
+    #[default]
+    None,
+    /// From the headers: the key header, or a binary event's `ce-source` and `ce-id`.
+    Known(Vec<u8>),
+    /// In the structured body: its `source` and `id` members.
+    InBody,
+}
+
+/// The event, once the body is complete.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    /// The attributes the channel's filters are matched against: `None` when the request is
+    /// not a CloudEvent or nobody read them.
+    pub attributes: Option<Attributes>,
+    /// Its identity for `dedupe`: `None` when dedupe is off or the request has none.
+    pub key: Option<Vec<u8>>,
 }
 
 /// Decides on a request from its headers, as Envoy hands them over (lower-case names,
-/// values as bytes). Takes the headers by value so the forwarded ones move, not copy.
+/// values as bytes). Takes the headers by value so the forwarded ones move, not copy. `Err`
+/// is the answer to send instead of a fan-out: a rejection, or the answer to OPTIONS.
 pub fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitted, Answer> {
     let method = find(&headers, ":method").unwrap_or_default();
+    if method == OPTIONS.as_bytes() {
+        return Err(options(config, &headers));
+    }
     if !config.methods.iter().any(|m| m.as_bytes() == method) {
         let message = format!(
             "method {} is not allowed: fanout accepts {}",
@@ -60,17 +103,28 @@ pub fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitte
     }
 
     // Read from the headers Envoy already gave us, before the forwarded ones move: no host call.
+    if config.require_cloudevents {
+        cloudevents::validate_headers(&headers).map_err(|e| Answer::rejected(400, &e))?;
+    }
     let filtered = config.channel(channel).is_some_and(|c| c.filtered);
-    let event = if filtered {
+    let structured = cloudevents::is_structured_json(&headers);
+    let key = match &config.dedupe {
+        None => EventKey::None,
+        Some(dedupe) => event_key(&dedupe.key, &headers, structured),
+    };
+    let mode = if filtered {
         Some(cloudevents::read_headers(&headers).map_err(|e| event_rejection(&e))?)
+    } else if structured && (config.require_cloudevents || key == EventKey::InBody) {
+        Some(Mode::Structured)
     } else {
         None
     };
-    let event_key = config.dedupe.as_ref().and_then(|dedupe| {
-        find(&headers, &dedupe.key)
-            .filter(|key| !key.is_empty() && key.len() <= MAX_KEY_BYTES)
-            .map(<[u8]>::to_vec)
-    });
+    let event = PendingEvent {
+        mode,
+        strict: filtered || config.require_cloudevents,
+        validate: config.require_cloudevents,
+        key,
+    };
 
     let mut forwarded = Vec::new();
     for (name, value) in headers {
@@ -94,17 +148,84 @@ pub fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitte
         channel,
         forwarded,
         event,
-        event_key,
     })
 }
 
-/// The attributes the channel's filters are matched against, once the body is complete:
-/// `None` when the channel has no filters or the request is not a CloudEvent. A structured
-/// body is parsed here, and only here.
-pub fn event_attributes(event: Option<Mode>, body: &[u8]) -> Result<Option<Attributes>, Answer> {
-    match event {
-        None => Ok(None),
-        Some(mode) => mode.attributes(body).map_err(|e| event_rejection(&e)),
+/// The answer to OPTIONS, as Knative's channel receiver gives it: 200, `allow`, and the
+/// CloudEvents webhook validation headers (HTTP webhook spec, "abuse protection"): the origin
+/// a `WebHook-Request-Origin` names is allowed (any, `*`, when it names none), at any rate.
+fn options(config: &Config, headers: &[(String, Vec<u8>)]) -> Answer {
+    let origin = match find(headers, "webhook-request-origin") {
+        None => "*".to_string(),
+        // Echoed in our answer: it must be a header value that cannot split a header block
+        // (Envoy refuses CR, LF and NUL in requests itself; this does not rely on it).
+        Some(origin) => match String::from_utf8(origin.to_vec()) {
+            Ok(origin) if headers::is_valid_value(&origin) => origin,
+            _ => {
+                return Answer::rejected(
+                    400,
+                    "header webhook-request-origin is not a UTF-8 header value",
+                )
+            }
+        },
+    };
+    Answer {
+        status: 200,
+        headers: Vec::new(),
+        body: Vec::new(),
+    }
+    .with_header("allow", config.allow.clone())
+    .with_header("webhook-allowed-origin", origin)
+    .with_header("webhook-allowed-rate", "*".to_string())
+}
+
+/// The event's identity for `dedupe`, from the headers: the key header's value, or a binary
+/// event's `ce-source` and `ce-id` (percent-decoded, as the binding encodes them, so that a
+/// binary event and its structured copy are one event); a structured event's is in its body.
+fn event_key(identity: &Identity, headers: &[(String, Vec<u8>)], structured: bool) -> EventKey {
+    let known = match identity {
+        Identity::Header(name) => find(headers, name).and_then(dedupe::header_key),
+        Identity::CloudEvent if structured => return EventKey::InBody,
+        Identity::CloudEvent => match (find(headers, "ce-source"), find(headers, "ce-id")) {
+            (Some(source), Some(id)) => {
+                dedupe::cloudevent_key(&percent_decode(source), &percent_decode(id))
+            }
+            _ => None,
+        },
+    };
+    known.map_or(EventKey::None, EventKey::Known)
+}
+
+impl PendingEvent {
+    /// The event, once the body is complete. A structured body is parsed here, once, and only
+    /// when something reads it; `Err` is its 400 (or 415) when a filter or
+    /// `require_cloudevents` needs it and it is not a (valid) structured CloudEvent.
+    pub fn complete(self, body: &[u8]) -> Result<Event, Answer> {
+        let key_in_body = self.key == EventKey::InBody;
+        let mut key = match self.key {
+            EventKey::Known(key) => Some(key),
+            EventKey::None | EventKey::InBody => None,
+        };
+        let attributes = match self.mode {
+            None | Some(Mode::NotCloudEvent) => None,
+            Some(Mode::Binary(attributes)) => Some(attributes),
+            Some(Mode::Structured) => match cloudevents::parse_structured_event(body) {
+                Ok(event) => {
+                    if self.validate {
+                        event.validate().map_err(|e| Answer::rejected(400, &e))?;
+                    }
+                    if key_in_body {
+                        key = event.required("source").zip(event.required("id")).and_then(
+                            |(source, id)| dedupe::cloudevent_key(source.as_bytes(), id.as_bytes()),
+                        );
+                    }
+                    Some(event.attributes)
+                }
+                Err(error) if self.strict => return Err(event_rejection(&error)),
+                Err(_) => None,
+            },
+        };
+        Ok(Event { attributes, key })
     }
 }
 
@@ -135,6 +256,7 @@ fn find<'h>(headers: &'h [(String, Vec<u8>)], name: &str) -> Option<&'h [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dedupe::MAX_KEY_BYTES;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -269,17 +391,26 @@ mod tests {
         };
         let binary = request("f", &[("ce-type", "t%21"), ("ce-id", "1")]).unwrap();
         assert_eq!(
-            binary.event,
+            binary.event.mode,
             Some(Mode::Binary(Attributes::from([
                 ("type", "t!"),
                 ("id", "1")
             ])))
         );
+        assert!(binary.event.strict);
         let structured = request("f", &[("content-type", "application/cloudevents+json")]).unwrap();
-        assert_eq!(structured.event, Some(Mode::Structured));
-        assert_eq!(request("f", &[]).unwrap().event, Some(Mode::NotCloudEvent));
+        assert_eq!(structured.event.mode, Some(Mode::Structured));
+        assert_eq!(
+            request("f", &[]).unwrap().event.mode,
+            Some(Mode::NotCloudEvent)
+        );
         // A channel without filters never looks: no mode, no 415, no 400.
-        assert_eq!(request("p", &[("ce-type", "t")]).unwrap().event, None);
+        assert_eq!(
+            request("p", &[("ce-type", "t")]).unwrap().event,
+            PendingEvent::default()
+        );
+        let structured = request("p", &[("content-type", "application/cloudevents+json")]).unwrap();
+        assert_eq!(structured.event, PendingEvent::default());
         let batch = [("content-type", "application/cloudevents-batch+json")];
         assert!(request("p", &batch).is_ok());
         assert!(request("p", &[("ce-type", "t"), ("ce-id", "%ff")]).is_ok());
@@ -292,40 +423,308 @@ mod tests {
         assert!(String::from_utf8(answer.body).unwrap().contains("ce-id"));
     }
 
+    fn structured() -> PendingEvent {
+        PendingEvent {
+            mode: Some(Mode::Structured),
+            strict: true,
+            ..PendingEvent::default()
+        }
+    }
+
     #[test]
-    fn event_attributes_parse_a_structured_body_or_answer_400() {
-        assert_eq!(event_attributes(None, b"{not json"), Ok(None));
+    fn complete_parses_a_structured_body_or_answers_400() {
         assert_eq!(
-            event_attributes(Some(Mode::Structured), br#"{"type": "t", "data": {}}"#),
-            Ok(Some(Attributes::from([("type", "t")])))
+            PendingEvent::default().complete(b"{not json"),
+            Ok(Event::default())
         );
-        let answer = event_attributes(Some(Mode::Structured), b"{not json").unwrap_err();
+        assert_eq!(
+            structured()
+                .complete(br#"{"type": "t", "data": {}}"#)
+                .unwrap()
+                .attributes,
+            Some(Attributes::from([("type", "t")]))
+        );
+        let answer = structured().complete(b"{not json").unwrap_err();
         assert_eq!(answer.status, 400);
+    }
+
+    fn admit_with(config: &Config, extra: &[(&str, &str)]) -> Result<Admitted, Answer> {
+        let mut h = headers(&[(":method", "POST"), (":authority", "x")]);
+        h.extend(headers(extra));
+        admit(config, h)
+    }
+
+    fn key(config: &Config, extra: &[(&str, &str)], body: &[u8]) -> Option<Vec<u8>> {
+        admit_with(config, extra)
+            .unwrap()
+            .event
+            .complete(body)
+            .unwrap()
+            .key
     }
 
     #[test]
     fn the_dedupe_key_is_taken_only_when_dedupe_is_on() {
-        let h = |key: &str| {
-            headers(&[
-                (":method", "POST"),
-                (":authority", "x"),
-                ("x-event", key),
-                ("ce-id", "c1"),
-            ])
-        };
+        let ce = [("ce-source", "/s"), ("ce-id", "c1")];
         let off = Config::from_json(br#"{"subscribers": []}"#).unwrap();
-        assert_eq!(admit(&off, h("e1")).unwrap().event_key, None);
+        assert_eq!(
+            admit_with(&off, &ce).unwrap().event,
+            PendingEvent::default()
+        );
+        let on = Config::from_json(br#"{"dedupe": {}, "subscribers": []}"#).unwrap();
+        assert_eq!(key(&on, &ce, b""), Some(b"2:/sc1".to_vec()));
+    }
+
+    #[test]
+    fn a_key_header_names_the_event_by_its_value_alone() {
         let on =
             Config::from_json(br#"{"dedupe": {"key": "X-Event"}, "subscribers": []}"#).unwrap();
-        assert_eq!(admit(&on, h("e1")).unwrap().event_key, Some(b"e1".to_vec()));
-        assert_eq!(admit(&on, h("")).unwrap().event_key, None);
-        let long = "k".repeat(MAX_KEY_BYTES + 1);
-        assert_eq!(admit(&on, h(&long)).unwrap().event_key, None);
-        let default_key = Config::from_json(br#"{"dedupe": {}, "subscribers": []}"#).unwrap();
+        let h = |key: &str| [("x-event", key.to_string()), ("ce-id", "c1".to_string())];
+        let with = |key: &str| {
+            let pairs = h(key);
+            let pairs: Vec<(&str, &str)> = pairs.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            self::key(&on, &pairs, b"")
+        };
+        assert_eq!(with("e1"), Some(b"e1".to_vec()));
+        assert_eq!(with(""), None);
+        assert_eq!(with(&"k".repeat(MAX_KEY_BYTES + 1)), None);
+        // `"key": "ce-id"` keeps the id alone, whatever the source.
+        let ce_id =
+            Config::from_json(br#"{"dedupe": {"key": "ce-id"}, "subscribers": []}"#).unwrap();
         assert_eq!(
-            admit(&default_key, h("e1")).unwrap().event_key,
-            Some(b"c1".to_vec())
+            key(&ce_id, &[("ce-id", "1"), ("ce-source", "/a")], b""),
+            key(&ce_id, &[("ce-id", "1"), ("ce-source", "/b")], b"")
         );
+        // A structured body is not read for a key header.
+        let ct = ("content-type", "application/cloudevents+json");
+        assert_eq!(admit_with(&on, &[ct]).unwrap().event.mode, None);
+    }
+
+    #[test]
+    fn the_cloudevents_identity_is_source_and_id_in_both_modes() {
+        let on = Config::from_json(br#"{"dedupe": {}, "subscribers": []}"#).unwrap();
+        // Binary: the headers, percent-decoded as the binding encodes them.
+        let binary =
+            |source: &str, id: &str| key(&on, &[("ce-source", source), ("ce-id", id)], b"");
+        assert_eq!(binary("/a", "1"), Some(b"2:/a1".to_vec()));
+        assert_ne!(binary("/a", "1"), binary("/b", "1"));
+        assert_eq!(binary("%2Fa%20b", "1"), Some(b"4:/a b1".to_vec()));
+        assert_eq!(key(&on, &[("ce-id", "1")], b""), None);
+        assert_eq!(key(&on, &[("ce-source", "/a")], b""), None);
+        assert_eq!(binary("", "1"), None);
+        // Structured: the body's members, parsed only because dedupe needs them.
+        let ct = [(
+            "content-type",
+            "application/cloudevents+json; charset=utf-8",
+        )];
+        let admitted = admit_with(&on, &ct).unwrap();
+        assert_eq!(admitted.event.key, EventKey::InBody);
+        assert_eq!(admitted.event.mode, Some(Mode::Structured));
+        assert!(!admitted.event.strict);
+        let body = |json: &str| key(&on, &ct, json.as_bytes());
+        assert_eq!(
+            body(r#"{"source": "/a b", "id": "1", "data": {"id": "x"}}"#),
+            binary("%2Fa%20b", "1"),
+            "a structured event and its binary copy are one event"
+        );
+        assert_ne!(
+            body(r#"{"source": "/a", "id": "1"}"#),
+            body(r#"{"source": "/b", "id": "1"}"#)
+        );
+        // No identity, and no 400 either: dedupe alone never rejects.
+        assert_eq!(body(r#"{"id": "1"}"#), None);
+        assert_eq!(body(r#"{"source": "/a", "id": 1}"#), None);
+        assert_eq!(body(r#"{"source": "/a", "id": ""}"#), None);
+        assert_eq!(body("{not json"), None);
+        // A batch has no one identity.
+        let batch = [("content-type", "application/cloudevents-batch+json")];
+        assert_eq!(key(&on, &batch, b"[]"), None);
+    }
+
+    fn strict() -> Config {
+        Config::from_json(br#"{"require_cloudevents": true, "subscribers": []}"#).unwrap()
+    }
+
+    fn rejection<T: std::fmt::Debug>(result: Result<T, Answer>) -> (u32, String) {
+        match result {
+            Ok(admitted) => panic!("admitted: {admitted:?}"),
+            Err(answer) => {
+                let doc: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+                (answer.status, doc["error"].as_str().unwrap().to_string())
+            }
+        }
+    }
+
+    const VALID_BINARY: [(&str, &str); 4] = [
+        ("ce-specversion", "1.0"),
+        ("ce-id", "1"),
+        ("ce-source", "/s"),
+        ("ce-type", "t"),
+    ];
+
+    #[test]
+    fn require_cloudevents_admits_valid_binary_events_only() {
+        let config = strict();
+        assert!(admit_with(&config, &VALID_BINARY).is_ok());
+        let mut v03 = VALID_BINARY;
+        v03[0].1 = "0.3";
+        assert!(admit_with(&config, &v03).is_ok());
+        let without = |name: &'static str| -> Vec<(&'static str, &'static str)> {
+            VALID_BINARY
+                .iter()
+                .copied()
+                .filter(|(n, _)| *n != name)
+                .collect()
+        };
+        let with = |name: &'static str, value: &'static str| -> Vec<(&'static str, &'static str)> {
+            let mut h = without(name);
+            h.push((name, value));
+            h
+        };
+        let cases: Vec<(Vec<(&'static str, &'static str)>, &str)> = vec![
+            (without("ce-specversion"), "ce-specversion is missing"),
+            (without("ce-id"), "ce-id is missing"),
+            (without("ce-source"), "ce-source is missing"),
+            (without("ce-type"), "ce-type is missing"),
+            (with("ce-id", ""), "ce-id is empty"),
+            (with("ce-type", ""), "ce-type is empty"),
+            (
+                with("ce-specversion", "2.0"),
+                "ce-specversion is \"2.0\", not one of 1.0, 0.3",
+            ),
+            (
+                with("ce-source", "%FF"),
+                "ce-source is not UTF-8 once percent-decoded",
+            ),
+            (
+                vec![("ce-id", "1")],
+                "not a valid CloudEvent (binary mode): ce-specversion is missing, ce-source \
+                 is missing, ce-type is missing",
+            ),
+            (vec![], "not a CloudEvent: neither the headers"),
+            (
+                vec![("content-type", "application/json")],
+                "not a CloudEvent: neither the headers",
+            ),
+            (
+                vec![("content-type", "application/cloudevents-batch+json")],
+                "not one valid CloudEvent: application/cloudevents-batch+json",
+            ),
+            (
+                vec![("content-type", "application/cloudevents+avro")],
+                "not one valid CloudEvent",
+            ),
+        ];
+        for (extra, want) in cases {
+            let (status, error) = rejection(admit_with(&config, &extra));
+            assert_eq!(status, 400, "{extra:?}");
+            assert!(
+                error.contains(want),
+                "{extra:?}\n  gave: {error}\n  want: {want}"
+            );
+        }
+        // Off (the default): anything goes.
+        let off = Config::from_json(br#"{"subscribers": []}"#).unwrap();
+        assert!(admit_with(&off, &[("content-type", "application/json")]).is_ok());
+    }
+
+    #[test]
+    fn require_cloudevents_validates_a_structured_body() {
+        let config = strict();
+        let ct = [("content-type", "application/cloudevents+json")];
+        let admitted = admit_with(&config, &ct).unwrap();
+        assert_eq!(admitted.event.mode, Some(Mode::Structured));
+        assert!(admitted.event.strict && admitted.event.validate);
+        let complete = |body: &str| {
+            admit_with(&config, &ct)
+                .unwrap()
+                .event
+                .complete(body.as_bytes())
+        };
+        let valid = r#"{"specversion": "1.0", "id": "1", "source": "/s", "type": "t", "data": 1}"#;
+        assert!(complete(valid).is_ok());
+        assert!(complete(&valid.replace("1.0", "0.3")).is_ok());
+        let cases = [
+            (
+                r#"{"id": "1", "source": "/s", "type": "t"}"#,
+                "member specversion is missing",
+            ),
+            (
+                r#"{"specversion": "1.0", "id": 1, "source": "/s", "type": "t"}"#,
+                "member id is not a string",
+            ),
+            (
+                r#"{"specversion": "1.0", "id": "1", "source": null, "type": "t"}"#,
+                "member source is not a string",
+            ),
+            (
+                r#"{"specversion": "1.0", "id": "1", "source": "/s", "type": ""}"#,
+                "member type is empty",
+            ),
+            (
+                r#"{"specversion": 1.0, "id": "1", "source": "/s", "type": "t"}"#,
+                "member specversion is not a string",
+            ),
+            (
+                r#"{"specversion": "1", "id": "1", "source": "/s", "type": "t"}"#,
+                "member specversion is \"1\", not one of 1.0, 0.3",
+            ),
+            (
+                r#"{"data": {"specversion": "1.0", "id": "1", "source": "/s", "type": "t"}}"#,
+                "not a valid CloudEvent (structured mode): member specversion is missing, \
+                 member id is missing, member source is missing, member type is missing",
+            ),
+            ("{not json", "the body is not a structured CloudEvent"),
+            ("[]", "the body is not a structured CloudEvent"),
+        ];
+        for (body, want) in cases {
+            let (status, error) = rejection(complete(body));
+            assert_eq!(status, 400, "{body}");
+            assert!(
+                error.contains(want),
+                "{body}\n  gave: {error}\n  want: {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn options_is_answered_200_with_allow_and_the_webhook_headers() {
+        let answer = admit(
+            &config(),
+            headers(&[
+                (":method", "OPTIONS"),
+                (":authority", "orders.default"),
+                ("webhook-request-origin", "eventemitter.example.com"),
+            ]),
+        )
+        .unwrap_err();
+        assert_eq!(answer.status, 200);
+        assert!(answer.body.is_empty());
+        assert_eq!(
+            answer.header_pairs(),
+            [
+                ("allow", "POST, PUT, OPTIONS"),
+                ("webhook-allowed-origin", "eventemitter.example.com"),
+                ("webhook-allowed-rate", "*"),
+            ]
+        );
+        // Without an origin: any; whatever the host (as Knative's receiver, before routing).
+        let answer = admit(
+            &config(),
+            headers(&[(":method", "OPTIONS"), (":authority", "nobody")]),
+        )
+        .unwrap_err();
+        assert_eq!(answer.status, 200);
+        assert!(answer
+            .headers
+            .contains(&("webhook-allowed-origin", "*".to_string())));
+        for bad in [&[0xff][..], b"a\r\nx-evil: 1"] {
+            let mut h = headers(&[(":method", "OPTIONS")]);
+            h.push(("webhook-request-origin".to_string(), bad.to_vec()));
+            let answer = admit(&config(), h).unwrap_err();
+            assert_eq!(answer.status, 400);
+            assert_eq!(answer.headers.len(), 1, "{answer:?}");
+        }
     }
 
     #[test]
@@ -335,7 +734,9 @@ mod tests {
             headers(&[(":method", "GET"), (":authority", "orders.default")]),
         )
         .unwrap_err();
-        assert!(answer.headers.contains(&("allow", "POST, PUT".to_string())));
+        assert!(answer
+            .headers
+            .contains(&("allow", "POST, PUT, OPTIONS".to_string())));
         let text = String::from_utf8(answer.body).unwrap();
         assert!(text.contains("method GET is not allowed"), "{text}");
     }

@@ -608,14 +608,18 @@ fn a_2_mib_body_fans_out_when_max_body_bytes_and_envoys_buffer_limit_allow_it() 
 }
 
 #[test]
-fn a_get_gives_405_with_allow_post_and_nobody_is_called() {
+fn a_get_gives_405_with_allow_post_options_and_nobody_is_called() {
     let sub = Subscriber::ok("sink");
     let envoy =
         Envoy::with_subscribers(&json!({ "subscribers": [{ "cluster": "sink" }] }), &[&sub]);
     let client = Client::http1();
     let reply = send(client.get(&envoy.url("/")));
     assert_rejected(&reply, 405);
-    assert_eq!(reply.header("allow").as_deref(), Some("POST"), "{reply:?}");
+    assert_eq!(
+        reply.header("allow").as_deref(),
+        Some("POST, OPTIONS"),
+        "{reply:?}"
+    );
     let reply = send(client.http.put(envoy.url("/")).body("x"));
     assert_rejected(&reply, 405);
     assert_nobody_called(&[&sub]);

@@ -1,7 +1,9 @@
 //! Redelivery without duplicates in the real Envoy (`--concurrency 2`: two workers share the
 //! store): a retry reaches only the subscribers that did not take the event, records expire
 //! after `ttl_ms`, the store stays within `max_entries`, and concurrent redeliveries of one
-//! event across workers give each subscriber exactly one delivery.
+//! event across workers give each subscriber exactly one delivery. Events are binary-mode
+//! CloudEvents named by their (`ce-source`, `ce-id`), or by a `key` header; the identity in
+//! both modes, sent by the CloudEvents SDK, is in `e2e_knative_ingress.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod harness;
@@ -22,10 +24,13 @@ fn envoy(dedupe: Value, subscribers: &[&Subscriber]) -> Envoy {
     Envoy::with_subscribers(&config, subscribers)
 }
 
+/// The source of every event here: the identity is (`SOURCE`, id).
+const SOURCE: &str = "/e2e/dedupe";
+
 fn post(client: &Client, envoy: &Envoy, id: Option<&str>) -> Reply {
     let mut request = client.post(&envoy.url("/")).body("{}");
     if let Some(id) = id {
-        request = request.header("ce-id", id);
+        request = request.header("ce-source", SOURCE).header("ce-id", id);
     }
     let reply = send(request);
     reply.assert_not_tripwire();
@@ -97,6 +102,38 @@ fn a_redelivery_reaches_only_the_subscriber_that_failed() {
 }
 
 #[test]
+fn a_key_header_names_events_by_its_value_alone() {
+    let (a, b) = (Subscriber::ok("a"), Subscriber::ok("b"));
+    let subs = [&a, &b];
+    let envoy = envoy(json!({ "key": "x-event-id" }), &subs);
+    let client = Client::http1();
+    let event = |id: &str, source: &str| {
+        let reply = send(
+            client
+                .post(&envoy.url("/"))
+                .header("x-event-id", id)
+                .header("ce-source", source)
+                .body("{}"),
+        );
+        assert_eq!(reply.status, 202, "{}", reply.text());
+        reply.header("x-fanout-already-delivered")
+    };
+    assert_eq!(event("order-7", "/a"), None);
+    assert_eq!(counts(&subs), [1, 1]);
+    // The header's value is the whole identity: another source is the same event.
+    assert_eq!(event("order-7", "/b").as_deref(), Some("2"));
+    assert_eq!(event("order-8", "/a"), None);
+    assert_eq!(counts(&subs), [2, 2]);
+    // Without the header (ce-source and ce-id do not count): to everyone, counted.
+    assert_eq!(post(&client, &envoy, Some("order-7")).status, 202);
+    assert_eq!(counts(&subs), [3, 3]);
+    assert_eq!(
+        wait_for_stat(&envoy, "fanout.dedupe.missing_key", 1),
+        Some(1)
+    );
+}
+
+#[test]
 fn after_ttl_ms_the_event_goes_to_everyone_again() {
     let (a, b) = (Subscriber::ok("a"), Subscriber::ok("b"));
     let subs = [&a, &b];
@@ -129,6 +166,7 @@ fn max_entries_100_with_1000_events_stays_bounded_and_evicts_the_oldest() {
                     let reply = send(
                         client
                             .post(&url)
+                            .header("ce-source", SOURCE)
                             .header("ce-id", format!("evt-{i}"))
                             .body("{}"),
                     );
@@ -178,7 +216,13 @@ fn two_hundred_concurrent_redeliveries_across_workers_give_each_subscriber_one_d
             let url = envoy.url("/");
             std::thread::spawn(move || {
                 barrier.wait();
-                send(client.post(&url).header("ce-id", "evt-once").body("{}"))
+                send(
+                    client
+                        .post(&url)
+                        .header("ce-source", SOURCE)
+                        .header("ce-id", "evt-once")
+                        .body("{}"),
+                )
             })
         })
         .collect();

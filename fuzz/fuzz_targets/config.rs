@@ -126,6 +126,7 @@ fn normalize(doc: &Value) -> Value {
         ("forward_headers", json!(DEFAULT_FORWARD_HEADERS)),
         ("metrics", json!(true)),
         ("body_wait", json!("pause")),
+        ("require_cloudevents", json!(false)),
     ];
     for (name, value) in defaults {
         if !present(obj.get(name)) {
@@ -327,7 +328,9 @@ fn check_invariants(config: &Config, input: &Input) {
             "{method:?}"
         );
     }
-    assert_eq!(config.allow, config.methods.join(", "));
+    // OPTIONS is the filter's own answer, never a method to fan out.
+    assert!(!config.methods.iter().any(|m| m == "OPTIONS"));
+    assert_eq!(config.allow, format!("{}, OPTIONS", config.methods.join(", ")));
     assert_eq!(config.channels.len(), input.hosts.len());
     let mut names = std::collections::HashSet::new();
     for (c, channel) in config.channels.iter().enumerate() {

@@ -3,7 +3,8 @@
 //!
 //! The request is what Envoy hands the filter: header names lower-case (Envoy's header maps
 //! are), values arbitrary bytes, and a body of some length. Properties:
-//! - `request::admit` never panics, and decides in the documented order: 405 (method), 404
+//! - `request::admit` never panics, and decides in the documented order: OPTIONS answered 200
+//!   (or 400 for a `webhook-request-origin` that is not UTF-8), 405 (method), 404
 //!   (no channel for the host), 413 (declared length over `max_body_bytes`), 400 (a forwarded
 //!   value that is not UTF-8), else admitted; a body over `max_body_bytes` gets 413 too;
 //! - every rejection is a JSON `{"error": ...}` whose header values cannot split a header
@@ -81,6 +82,7 @@ const NAMES: &[&str] = &[
     "x-cluster",
     "ce-id",
     "ce-type",
+    "webhook-request-origin",
     "ce-source",
     "knative-history",
     "x-request-id",
@@ -195,7 +197,7 @@ impl<'a> Arbitrary<'a> for Input {
         let k = u.int_in_range(0..=12)?;
         let mut headers = Vec::new();
         if u.ratio(7, 8)? {
-            let method = (*u.choose(&["POST", "PUT", "GET", "post", ""])?)
+            let method = (*u.choose(&["POST", "PUT", "GET", "post", "", "OPTIONS"])?)
                 .as_bytes()
                 .to_vec();
             headers.push((":method".to_owned(), method));
@@ -290,7 +292,14 @@ fuzz_target!(|input: Input| {
     let declared = find("content-length")
         .and_then(|v| std::str::from_utf8(v).ok())
         .and_then(|s| s.trim().parse::<u64>().ok());
-    let expected = if !config.methods.iter().any(|m| m.as_bytes() == method) {
+    let expected = if method == b"OPTIONS" {
+        let origin = find("webhook-request-origin").map(std::str::from_utf8);
+        if origin.is_some_and(|o| o.map_or(true, |o| !is_valid_value(o))) {
+            400
+        } else {
+            200
+        }
+    } else if !config.methods.iter().any(|m| m.as_bytes() == method) {
         405
     } else if route.is_none() {
         404
@@ -336,6 +345,17 @@ fuzz_target!(|input: Input| {
     assert_eq!(route, config.router.route(&authority.to_ascii_lowercase()));
 
     match result {
+        Err(answer) if answer.status == 200 => {
+            assert_eq!(expected, 200, "{input:#?}\n{answer:?}");
+            assert!(answer.body.is_empty());
+            for (name, value) in answer.header_pairs() {
+                assert!(is_valid_value(value), "{name}: {value:?}");
+            }
+            assert!(answer
+                .headers
+                .iter()
+                .any(|(n, v)| *n == "allow" && *v == config.allow));
+        }
         Err(answer) => {
             assert_eq!(answer.status, expected, "{input:#?}\n{answer:?}");
             check_rejection(&answer);

@@ -30,7 +30,7 @@ use proxy_wasm::types::{Action, ContextType};
 use crate::answer::Answer;
 use crate::config::{BodyWait, Config, Mode, ReportDetail};
 use crate::fanout::FanOut;
-use crate::request::{admit, event_attributes, too_large, Admitted};
+use crate::request::{admit, too_large, Admitted};
 use engine::{Engine, Finished, Job};
 pub use host::{Host, ProxyHost};
 use telemetry::Telemetry;
@@ -308,9 +308,15 @@ impl<H: Host> FanoutStream<H> {
         }
     }
 
-    /// Reject with a log line a user can act on.
+    /// Reject with a log line a user can act on (at debug for what is no error: OPTIONS).
     fn reject(&mut self, answer: Answer) {
-        log::info!(
+        let level = if answer.status >= 400 {
+            log::Level::Info
+        } else {
+            log::Level::Debug
+        };
+        log::log!(
+            level,
             "[#{}] answered {}: {}",
             self.id,
             answer.status,
@@ -327,9 +333,9 @@ impl<H: Host> FanoutStream<H> {
             self.reject(Answer::rejected(500, "fanout: channel index out of range"));
             return;
         };
-        // Parses a structured body only if the channel has filters; `None` matches only
-        // subscribers without one.
-        let event = match event_attributes(admitted.event, &body) {
+        // Parses a structured body only if a filter, `require_cloudevents` or dedupe's
+        // identity needs it; attributes `None` match only subscribers without a filter.
+        let event = match admitted.event.complete(&body) {
             Ok(event) => event,
             Err(answer) => {
                 self.reject(answer);
@@ -340,7 +346,7 @@ impl<H: Host> FanoutStream<H> {
             .with_full_report(config.report == ReportDetail::Full);
         let mut wanted = Vec::with_capacity(channel.subscribers.len());
         for (index, subscriber) in channel.subscribers.iter().enumerate() {
-            if subscriber.accepts(event.as_ref()) {
+            if subscriber.accepts(event.attributes.as_ref()) {
                 wanted.push(index);
             } else {
                 fanout.skip(index);
@@ -361,13 +367,8 @@ impl<H: Host> FanoutStream<H> {
         }
         // `dedupe`: subscribers that already have the event, or that another request is
         // delivering it to, are marked in the fan-out and not called; the rest are claimed.
-        let redelivery = self.dedupe_claim(
-            config,
-            admitted.event_key.as_deref(),
-            channel,
-            &wanted,
-            &mut fanout,
-        );
+        let redelivery =
+            self.dedupe_claim(config, event.key.as_deref(), channel, &wanted, &mut fanout);
         let in_progress = fanout.in_progress();
         // Nothing to send (every subscriber skipped, or already delivered): the engine ends
         // the job at once.

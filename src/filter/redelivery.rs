@@ -55,7 +55,7 @@ pub fn prepare<H: Host>(host: &H, config: &Config) {
     let channel_bytes = config.channels.iter().map(|c| c.name.len()).max();
     let subscribers = config.channels.iter().map(|c| c.subscribers.len()).max();
     log::info!(
-        "dedupe on header {}: up to {} events for {} ms, in {} shared-data keys of at most {} \
+        "dedupe on {}: up to {} events for {} ms, in {} shared-data keys of at most {} \
          bytes in all",
         dedupe.key,
         dedupe.max_entries,

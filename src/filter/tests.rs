@@ -592,8 +592,100 @@ fn method_not_allowed_is_405_with_allow_and_no_call() {
     let _ctx = send(&plugin, &ctx_headers, b"");
     let answer = plugin.only_answer();
     assert_eq!(answer.status, 405);
-    assert!(answer.headers.contains(&("allow", "POST".to_string())));
+    assert!(answer
+        .headers
+        .contains(&("allow", "POST, OPTIONS".to_string())));
     assert!(plugin.state().dispatched.is_empty());
+}
+
+#[test]
+fn options_is_200_with_the_webhook_headers_and_no_call() {
+    let mut plugin = Plugin::configured(THREE);
+    let headers = [
+        (":method", "OPTIONS"),
+        (":authority", "orders.default"),
+        ("webhook-request-origin", "sender.example"),
+    ];
+    let _ctx = send(&plugin, &headers, b"");
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 200);
+    assert!(answer.body.is_empty());
+    for header in [
+        ("allow", "POST, OPTIONS"),
+        ("webhook-allowed-origin", "sender.example"),
+        ("webhook-allowed-rate", "*"),
+    ] {
+        assert!(answer.header_pairs().contains(&header), "{answer:?}");
+    }
+    assert!(plugin.state().dispatched.is_empty());
+    plugin.root.on_tick();
+    assert_eq!(plugin.state().value("fanout.requests.options"), 1);
+    assert!(plugin
+        .state()
+        .metric("fanout.requests.rejected.200")
+        .is_none());
+}
+
+impl Plugin {
+    /// A request with a body that is answered `status` (its error containing `error`) from
+    /// its headers: the body is never read, nobody is called.
+    fn rejected_from_the_headers(&self, headers: &[(&str, &str)], status: u32, error: &str) {
+        let mut ctx = self.stream(headers, b"{}");
+        assert_eq!(
+            ctx.on_http_request_headers(headers.len(), false),
+            Action::Pause
+        );
+        let answer = self.only_answer();
+        assert_eq!(answer.status, status);
+        let text = report(&answer)["error"].as_str().unwrap().to_string();
+        assert!(text.contains(error), "{text}");
+        assert_eq!(ctx.on_http_request_body(2, true), Action::Pause);
+        assert_eq!(self.answers().len(), 1);
+        assert!(self.state().dispatched.is_empty());
+        assert_eq!(self.state().body_reads, 0);
+    }
+}
+
+const REQUIRE_CLOUDEVENTS: &str = r#"{
+  "require_cloudevents": true,
+  "subscribers": [{"cluster": "a"}, {"cluster": "b"}]
+}"#;
+
+#[test]
+fn require_cloudevents_rejects_a_binary_request_from_its_headers() {
+    let mut plugin = Plugin::configured(REQUIRE_CLOUDEVENTS);
+    let mut headers = post("x");
+    headers.extend([("ce-specversion", "1.0"), ("ce-id", "1"), ("ce-type", "t")]);
+    plugin.rejected_from_the_headers(&headers, 400, "ce-source is missing");
+    plugin.root.on_tick();
+    assert_eq!(plugin.state().value("fanout.requests.rejected.400"), 1);
+
+    // The valid one is fanned out.
+    headers.push(("ce-source", "/s"));
+    let _ctx = send(&plugin, &headers, b"{}");
+    assert_eq!(plugin.state().dispatched.len(), 2);
+}
+
+#[test]
+fn require_cloudevents_rejects_a_structured_body_once_complete() {
+    let plugin = Plugin::configured(REQUIRE_CLOUDEVENTS);
+    let mut headers = post("x");
+    headers.push(("content-type", "application/cloudevents+json"));
+    let _ctx = send(
+        &plugin,
+        &headers,
+        br#"{"specversion": "1.0", "id": "1", "type": "t"}"#,
+    );
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 400);
+    assert!(report(&answer)["error"]
+        .as_str()
+        .unwrap()
+        .contains("member source is missing"));
+    assert!(plugin.state().dispatched.is_empty());
+    let valid = br#"{"specversion": "1.0", "id": "1", "source": "/s", "type": "t"}"#;
+    let _ctx = send(&plugin, &headers, valid);
+    assert_eq!(plugin.state().dispatched.len(), 2);
 }
 
 #[test]
@@ -812,6 +904,7 @@ fn metrics_are_defined_at_configure_and_flushed_on_tick() {
             "fanout.requests.received",
             "fanout.requests.accepted",
             "fanout.requests.failed",
+            "fanout.requests.options",
             "fanout.subscriber.billing.calls",
             "fanout.subscriber.shipping.delivered",
             "fanout.subscriber.analytics.failed.timeout",
@@ -1714,21 +1807,7 @@ fn a_batch_is_415_from_the_headers_when_the_channel_filters() {
         "orders.default",
         &[("content-type", "application/cloudevents-batch+json")],
     );
-    let mut ctx = plugin.stream(&headers, b"[]");
-    assert_eq!(
-        ctx.on_http_request_headers(headers.len(), false),
-        Action::Pause
-    );
-    let answer = plugin.only_answer();
-    assert_eq!(answer.status, 415);
-    assert!(report(&answer)["error"]
-        .as_str()
-        .unwrap()
-        .contains("batch of CloudEvents"));
-    assert_eq!(ctx.on_http_request_body(2, true), Action::Pause);
-    assert_eq!(plugin.answers().len(), 1);
-    assert!(plugin.state().dispatched.is_empty());
-    assert_eq!(plugin.state().body_reads, 0);
+    plugin.rejected_from_the_headers(&headers, 415, "batch of CloudEvents");
 }
 
 #[test]
@@ -1993,6 +2072,87 @@ fn a_request_without_the_key_fans_out_to_everyone_and_is_counted() {
     assert_eq!(plugin.state().shared.borrow().events(), 0);
 }
 
+// Without `key`, an event is its CloudEvents (source, id), in binary and structured mode.
+fn dedupe_by_identity() -> String {
+    DEDUPE.replacen(r#""key": "ce-id", "#, "", 1)
+}
+
+fn from(source: &'static str, id: &'static str) -> Vec<(&'static str, &'static str)> {
+    let mut h = post("orders.default");
+    h.extend([("ce-source", source), ("ce-id", id)]);
+    h
+}
+
+/// Sends an event and answers every call it makes 200; returns how many calls it made.
+fn deliver(plugin: &Plugin, headers: &[(&str, &str)], body: &[u8]) -> usize {
+    let before = plugin.state().dispatched.len();
+    let mut ctx = send(plugin, headers, body);
+    let calls = plugin.dispatched_since(before);
+    for (token, _) in &calls {
+        plugin.answer_call(ctx.as_mut(), *token, Some(200), "");
+    }
+    assert_eq!(plugin.last_answer().status, 202);
+    calls.len()
+}
+
+#[test]
+fn the_same_id_from_two_sources_is_two_events() {
+    let mut plugin = Plugin::configured(&dedupe_by_identity());
+    assert_eq!(deliver(&plugin, &from("/orders/eu", "1"), b"{}"), 3);
+    assert_eq!(deliver(&plugin, &from("/orders/us", "1"), b"{}"), 3);
+    // A copy of either is a duplicate.
+    assert_eq!(deliver(&plugin, &from("/orders/eu", "1"), b"{}"), 0);
+    assert_eq!(deliver(&plugin, &from("/orders/us", "1"), b"{}"), 0);
+    // The id alone is no identity: fanned out to everyone, counted.
+    assert_eq!(deliver(&plugin, &event("1"), b"{}"), 3);
+    plugin.root.on_tick();
+    assert_eq!(plugin.state().value("fanout.dedupe.entries"), 2);
+    assert_eq!(plugin.state().value("fanout.dedupe.missing_key"), 1);
+}
+
+#[test]
+fn a_structured_event_is_named_by_the_source_and_id_in_its_body() {
+    let mut plugin = Plugin::configured(&dedupe_by_identity());
+    let mut headers = post("orders.default");
+    headers.push(("content-type", "application/cloudevents+json"));
+    let event = |source: &str| {
+        format!(r#"{{"specversion": "1.0", "type": "t", "source": "{source}", "id": "1"}}"#)
+    };
+    assert_eq!(deliver(&plugin, &headers, event("/a").as_bytes()), 3);
+    assert_eq!(deliver(&plugin, &headers, event("/b").as_bytes()), 3);
+    assert_eq!(deliver(&plugin, &headers, event("/a").as_bytes()), 0);
+    // Its binary copy is the same event.
+    assert_eq!(deliver(&plugin, &from("/b", "1"), b"{}"), 0);
+    // A body that does not parse has no identity; without filters it is no 400 either.
+    assert_eq!(deliver(&plugin, &headers, b"{not json"), 3);
+    plugin.root.on_tick();
+    assert_eq!(plugin.state().value("fanout.dedupe.missing_key"), 1);
+}
+
+#[test]
+fn continue_mode_reads_a_structured_identity_at_end_of_stream() {
+    let config = dedupe_by_identity().replacen('{', r#"{"body_wait": "continue", "#, 1);
+    let plugin = Plugin::configured(&config);
+    let mut headers = post("orders.default");
+    headers.push(("content-type", "application/cloudevents+json"));
+    let body = br#"{"specversion": "1.0", "type": "t", "source": "/a", "id": "1"}"#;
+    for expected in [3, 0] {
+        let before = plugin.state().dispatched.len();
+        let mut ctx = plugin.stream(&headers, body);
+        assert_eq!(
+            ctx.on_http_request_headers(headers.len(), false),
+            Action::Continue
+        );
+        assert_eq!(ctx.on_http_request_body(body.len(), true), Action::Pause);
+        let calls = plugin.dispatched_since(before);
+        assert_eq!(calls.len(), expected);
+        for (token, _) in &calls {
+            plugin.answer_call(ctx.as_mut(), *token, Some(200), "");
+        }
+        assert_eq!(plugin.last_answer().status, 202);
+    }
+}
+
 // Two workers, the same event at once: the second calls nobody and says "in progress" (409),
 // and after the first has delivered, a retry gets 202 without any call.
 #[test]
@@ -2160,6 +2320,7 @@ fn a_dead_lettered_subscriber_counts_as_delivered() {
     let config = WITH_DEAD_LETTER.replacen('{', r#"{"dedupe": {}, "#, 1);
     let plugin = Plugin::configured(&config);
     let mut headers = post("x");
+    headers.push(("ce-source", "/s"));
     headers.push(("ce-id", "7"));
     let mut ctx = send(&plugin, &headers, b"event");
     plugin.answer_call(ctx.as_mut(), 1, Some(400), "no");
@@ -2181,6 +2342,7 @@ fn a_retry_from_the_root_is_recorded_when_the_root_ends_the_fan_out() {
     let config = RETRY_TWICE.replacen('{', r#"{"dedupe": {}, "#, 1);
     let mut plugin = Plugin::configured(&config);
     let mut headers = post("x");
+    headers.push(("ce-source", "/s"));
     headers.push(("ce-id", "r1"));
     let mut ctx = send(&plugin, &headers, b"event");
     plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
@@ -2203,6 +2365,7 @@ fn a_sync_sender_that_leaves_during_a_retry_wait_releases_the_claim() {
     let config = RETRY_TWICE.replacen('{', r#"{"dedupe": {}, "#, 1);
     let mut plugin = Plugin::configured(&config);
     let mut headers = post("x");
+    headers.push(("ce-source", "/s"));
     headers.push(("ce-id", "r1"));
     let mut ctx = send(&plugin, &headers, b"event");
     plugin.answer_call(ctx.as_mut(), 1, Some(200), "");
@@ -2221,6 +2384,7 @@ fn async_records_at_the_end_of_the_background_delivery() {
     let config = ASYNC.replacen('{', r#"{"dedupe": {}, "#, 1);
     let mut plugin = Plugin::configured(&config);
     let mut headers = post("x");
+    headers.push(("ce-source", "/s"));
     headers.push(("ce-id", "a1"));
     let _first = send(&plugin, &headers, b"event");
     assert_eq!(plugin.only_answer(), Answer::accepted());
@@ -2257,6 +2421,7 @@ fn async_past_max_in_flight_claims_nothing() {
     let plugin = Plugin::configured(&config);
     for id in ["1", "2", "3"] {
         let mut headers = post("x");
+        headers.push(("ce-source", "/s"));
         headers.push(("ce-id", id));
         let _ctx = send(&plugin, &headers, b"event");
     }
