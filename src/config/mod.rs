@@ -14,7 +14,6 @@ use std::fmt;
 use std::time::Duration;
 
 use serde::Deserialize;
-use serde_json::error::Category;
 
 use crate::call_slots::CallCap;
 use crate::cloudevents::Attributes;
@@ -25,6 +24,8 @@ use crate::retry::{BackoffPolicy, RetryPolicy};
 use crate::routing::Router;
 
 mod dedupe;
+/// The JSON document read with field paths in its errors.
+mod json_path;
 mod validate;
 pub use dedupe::{
     DedupeConfig, Identity, DEFAULT_DEDUPE_MAX_ENTRIES, DEFAULT_DEDUPE_TTL_MS, MAX_ENTRIES_LIMIT,
@@ -346,41 +347,20 @@ impl Config {
                 "the plugin configuration must be a JSON object, e.g. {\"subscribers\": [{\"cluster\": \"billing\"}]}",
             ));
         }
-        let de = &mut serde_json::Deserializer::from_slice(bytes);
-        let raw: RawConfig = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
-            let path = e.path().to_string();
-            let inner = e.into_inner();
-            match inner.classify() {
-                // Not JSON at all: the position is what helps, and there is no field.
-                Category::Syntax | Category::Eof | Category::Io => ConfigError::new(
-                    "",
-                    format!("the plugin configuration is not valid JSON: {inner}"),
-                ),
-                Category::Data => ConfigError::new(path, without_position(&inner)),
-            }
-        })?;
-        // Nothing may follow the document (serde stops at its end).
-        de.end().map_err(|e| {
-            ConfigError::new(
+        let raw: RawConfig = json_path::from_slice(bytes).map_err(|e| match e {
+            // Not JSON at all (or something after the document): the position is what helps,
+            // and there is no field.
+            json_path::ReadError::Syntax(inner) => ConfigError::new(
                 "",
-                format!("the plugin configuration is not valid JSON: {e}"),
-            )
+                format!("the plugin configuration is not valid JSON: {inner}"),
+            ),
+            json_path::ReadError::Data { path, message } => ConfigError::new(path, message),
         })?;
         raw.validate()
     }
 
     pub fn channel(&self, index: usize) -> Option<&Channel> {
         self.channels.get(index)
-    }
-}
-
-/// serde_json's message without the trailing "at line 1 column 42", which means little in a
-/// configuration that was embedded in YAML; the field path says where instead.
-fn without_position(e: &serde_json::Error) -> String {
-    let text = e.to_string();
-    match text.rfind(" at line ") {
-        Some(i) if e.line() > 0 => text[..i].to_string(),
-        _ => text,
     }
 }
 

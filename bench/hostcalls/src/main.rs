@@ -94,11 +94,16 @@ fn measure(n: usize, metrics: bool) -> String {
     )
 }
 
+/// `FANOUT_HOSTCALLS_ONLY=N,METRICS` (e.g. `0,true`): that configuration alone, for a native
+/// instruction profile of fanout's own code per request (bench/README.md).
 fn main() {
+    let only = std::env::var("FANOUT_HOSTCALLS_ONLY").ok();
     let mut rows = Vec::new();
     for metrics in [true, false] {
         for n in [0, 1, 4, 16, 64] {
-            rows.push(measure(n, metrics));
+            if only.as_ref().is_none_or(|o| *o == format!("{n},{metrics}")) {
+                rows.push(measure(n, metrics));
+            }
         }
     }
     println!("[\n  {}\n]", rows.join(",\n  "));

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Envoy instructions per request, counted by valgrind's callgrind: repeatable where CPU time
+is not (a shared machine), and split by where they run (Envoy's own code, the wasm code V8
+compiled, libc).
+
+    python3 bench/callgrind.py floor/0 floor+clock+headers/0 fanout-nometrics/0 fanout/0
+    python3 bench/callgrind.py --requests 300 floor/4 fanout/4
+
+Each key is a configuration of `make bench`'s throughput phase (bench/run.py
+throughput_specs; `fanout@<build>/N` builds fanout another way first). For each: one Envoy
+(`--concurrency 1`) under `valgrind --tool=callgrind --smc-check=all-non-file` (V8 writes
+code), 300 warm-up requests, counters zeroed, then --requests requests one after another on
+one keep-alive connection, counters dumped. Subscribers (N > 0): the bench's subscriber Envoy,
+not under valgrind. About a minute per configuration.
+"""
+
+import sys
+sys.dont_write_bytecode = True  # no __pycache__ in bench/
+import argparse
+import atexit
+import collections
+import glob
+import http.client
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH)
+import envoy_configs as cfg  # noqa: E402
+import run  # noqa: E402
+
+WARMUP = 300
+BODY = (b'{"specversion":"1.0","type":"dev.fanout.bench","source":"/bench","id":"1",'
+        b'"data":{"order":42}}')
+HEADERS = {"content-type": "application/json", "ce-specversion": "1.0",
+           "ce-type": "dev.fanout.bench", "ce-source": "/bench", "ce-id": "callgrind"}
+
+
+def self_cost_by_object(path):
+    """Instructions by ELF object (JIT code is `???`), from a callgrind output file: every
+    cost line counts for its function's object, except the inclusive cost after `calls=`."""
+    names, cost = {}, collections.Counter()
+    ob, skip = None, False
+    for line in open(path):
+        if line.startswith(("ob=", "cob=")):
+            m = re.match(r"c?ob=\((\d+)\)(?:\s+(.*))?", line.rstrip("\n"))
+            if m and m.group(2):
+                names[m.group(1)] = m.group(2)
+            if line.startswith("ob=") and m:
+                ob = names.get(m.group(1), "?")
+        elif line.startswith("calls="):
+            skip = True
+        elif line[:1].isdigit() or line[:1] in "+-*":
+            if skip:
+                skip = False
+                continue
+            parts = line.split()
+            if len(parts) >= 2:
+                cost[ob] += int(parts[1])
+    return cost
+
+
+def where(obj):
+    if obj == "???":
+        return "jit"
+    if "libc.so" in obj:
+        return "libc"
+    if os.path.basename(obj) == "envoy" or "envoy-" in os.path.basename(obj):
+        return "envoy"
+    return "other"
+
+
+def measure(spec, requests, ports, sub_port, builds, workdir):
+    key, kind, n, extra = spec
+    port, admin = ports.take(), ports.take()
+    conf = cfg.system(kind, n, port, admin, sub_port, run.modules(builds), **extra)
+    name = run.file_name(key)
+    e = run.Envoy(name, conf, admin, port, workdir)
+    path = os.path.join(workdir, f"{name}.yaml")
+    with open(path, "w") as f:
+        json.dump(conf, f)
+    out = os.path.join(workdir, f"{name}.callgrind")
+    for old in glob.glob(out + "*"):
+        os.remove(old)
+    e.proc = run.spawn(["valgrind", "--tool=callgrind", "--smc-check=all-non-file",
+                        f"--callgrind-out-file={out}", run.ENVOY, "-c", path, "--concurrency", "1",
+                        "--disable-hot-restart", "-l", "warning"],
+                       os.path.join(workdir, f"{name}.log"))
+    try:
+        e.wait_ready(time.monotonic() + 600, poll=0.5)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+
+        def send(count):
+            for _ in range(count):
+                conn.request("POST", "/", body=BODY, headers=HEADERS)
+                resp = conn.getresponse()
+                resp.read()
+                if resp.status != run.EXPECT[kind]:
+                    raise RuntimeError(f"{key}: answered {resp.status}")
+        send(WARMUP)
+        subprocess.run(["callgrind_control", "-z", str(e.pid)], check=True, capture_output=True)
+        send(requests)
+        subprocess.run(["callgrind_control", "-d", str(e.pid)], check=True, capture_output=True)
+        conn.close()
+    finally:
+        run.stop(e.proc)
+    dumps = sorted(f for f in glob.glob(out + ".*") if re.search(r"\.\d+$", f))
+    if not dumps:
+        raise RuntimeError(f"{key}: no callgrind dump in {workdir}")
+    split = collections.Counter()
+    for obj, c in self_cost_by_object(dumps[0]).items():
+        split[where(obj or "")] += c
+    return {k: v / requests for k, v in split.items()}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("keys", nargs="+", help="configurations, e.g. floor/0 fanout/0")
+    p.add_argument("--requests", type=int, default=500)
+    p.add_argument("--port-base", type=int, default=int(os.environ.get("BENCH_PORT_BASE", 24000)))
+    args = p.parse_args()
+    if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
+        sys.exit("callgrind: valgrind is needed (apt-get install valgrind)")
+    builds = sorted({m.group(1) for k in args.keys for m in [re.match(r"fanout@([^/]+)/", k)] if m})
+    specs = {s[0]: s for s in run.throughput_specs(builds)}
+    unknown = [k for k in args.keys if k not in specs]
+    if unknown:
+        sys.exit(f"unknown configurations {unknown}; known: {', '.join(specs)}")
+    atexit.register(run.stop_all)
+    run.build(True, True, builds)
+    workdir = os.path.join(BENCH, "tmp", "callgrind")
+    os.makedirs(workdir, exist_ok=True)
+    ports = run.Ports(args.port_base)
+    sub_admin, fast, slow, hold = ports.take(), ports.take(), ports.take(), ports.take()
+    sub = run.Envoy("subscriber", cfg.subscriber(sub_admin, fast, slow, hold, 20, 4000), sub_admin,
+                    fast, workdir).start()
+    sub.wait_ready(time.monotonic() + 60)
+    rows = []
+    for key in args.keys:
+        run.log(f"callgrind: {key} ({args.requests} requests)")
+        split = measure(specs[key], args.requests, ports, fast, builds, workdir)
+        rows.append((key, split))
+    run.stop_all()
+    base = sum(rows[0][1].values())
+    print(f"\n| configuration | instructions per request | Envoy | wasm (JIT) | libc | vs {rows[0][0]} |")
+    print("|---|---|---|---|---|---|")
+    for key, split in rows:
+        total = sum(split.values())
+        print(f"| {key} | {total:,.0f} | {split.get('envoy', 0):,.0f} | {split.get('jit', 0):,.0f} "
+              f"| {split.get('libc', 0):,.0f} | {total / base:.3f}x |")
+
+
+if __name__ == "__main__":
+    main()
