@@ -1,11 +1,11 @@
 //! The whole core, driven the way Envoy drives the filter, on the fake host
 //! (`fanout::testing::FakeHost`): a plugin configured with one of a few configurations
 //! (sync, async, retries with a dead letter and a reply target, dedupe, filters, metrics on or
-//! off, best-effort subscribers, jitter), then an arbitrary sequence of callbacks: streams
-//! opened with any headers, bodies in pieces, trailers, answers to any call made so far (or to
-//! a token never handed out) with any status, body and `retry-after`, from the stream or the
-//! root context, the timer firing with the clock moved on, clients going away, responses
-//! passing back through the filter.
+//! off, best-effort subscribers, jitter, a cap of one call), then an arbitrary sequence of
+//! callbacks: streams opened with any headers, bodies in pieces, trailers, answers to any call
+//! made so far (or to a token never handed out) with any status, body and `retry-after`, from
+//! the stream or the root context, the timer firing with the clock moved on, clients going
+//! away, responses passing back through the filter.
 //!
 //! Properties:
 //! - nothing panics;
@@ -45,6 +45,9 @@ const CONFIGS: &[&str] = &[
         "backoff_jitter": 0.5, "dead_letter": {"cluster": "dlq"}},
         "subscribers": [{"cluster": "a"}, {"cluster": "b", "required": false,
         "reply": {"cluster": "r"}}]}"#,
+    r#"{"max_concurrent_calls": 1, "max_queued_calls": 1, "delivery": {"retry": 1,
+        "backoff_delay_ms": 10, "dead_letter": {"cluster": "a"}},
+        "subscribers": [{"cluster": "a"}, {"cluster": "b", "required": false}]}"#,
     r#"{"max_in_flight": 2, "delivery": {"retry": 1},
         "subscribers": [{"cluster": "a", "required": false}, {"cluster": "b", "required": false}]}"#,
 ];

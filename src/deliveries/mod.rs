@@ -259,10 +259,11 @@ impl Deliveries {
             .filter(|(id, job)| {
                 // A job with calls waiting in line is not lost; its deadline runs from the
                 // last call that left the line.
-                let from_line = self
-                    .sent_from_line
-                    .get(id)
-                    .map_or(0, |sent| job.deadline_ms() - job.started_ms + sent);
+                let from_line = self.sent_from_line.get(id).map_or(0, |sent| {
+                    job.deadline_ms()
+                        .saturating_sub(job.started_ms)
+                        .saturating_add(*sent)
+                });
                 !self.queued_by_job.contains_key(id) && now > job.deadline_ms().max(from_line)
             })
             .map(|(id, _)| *id)
