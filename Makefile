@@ -141,7 +141,7 @@ test-e2e: build envoy sdk
 
 # The e2e suite in both body_wait modes, on the pinned Envoy and on the oldest one offered.
 # (tests/configs.rs checks the shipped files against the pinned version, so it is left out.)
-COMPAT_TESTS := --test e2e --test e2e_compat --test e2e_metrics --test e2e_delivery --test e2e_filters --test e2e_dedupe --test e2e_knative_delivery --test e2e_knative_ingress
+COMPAT_TESTS := --test e2e --test e2e_compat --test e2e_metrics --test e2e_delivery --test e2e_filters --test e2e_dedupe --test e2e_knative_delivery --test e2e_knative_ingress --test e2e_flow
 test-compat: build sdk
 	$(MAKE) --no-print-directory envoy ENVOY_VERSION=$(ENVOY_OLDEST)
 	@set -e; for version in $(ENVOY_VERSION) $(ENVOY_OLDEST); do \
