@@ -3,8 +3,6 @@
 //! and records every call and answer. It is what the core's tests drive the plugin and its
 //! streams with, natively and inside wasm32, and what `bench/hostcalls` counts host calls
 //! with (`calls`). Built for tests, or with the `testing` feature.
-// Test support: an unexpected state is a failed test, so panics and unwraps are the point.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -13,7 +11,7 @@ use std::time::Duration;
 
 use crate::answer::Answer;
 use crate::call::Failure;
-use crate::dedupe::{CasMismatch, Shard};
+use crate::dedupe::CasMismatch;
 use crate::host::Host;
 use crate::metrics::Kind;
 
@@ -71,32 +69,9 @@ pub struct SharedData {
     pub sets: usize,
 }
 
-impl SharedData {
-    /// Events recorded in all shards.
-    pub fn events(&self) -> usize {
-        self.values
-            .values()
-            .map(|(v, _)| Shard::decode(v).unwrap().entries.len())
-            .sum()
-    }
-}
-
 impl FakeState {
     pub fn metric(&self, name: &str) -> Option<&(String, Kind, i64, Vec<u64>)> {
         self.metrics.iter().find(|m| m.0 == name)
-    }
-
-    pub fn value(&self, name: &str) -> i64 {
-        self.metric(name)
-            .unwrap_or_else(|| panic!("metric {name} not defined"))
-            .2
-    }
-
-    pub fn samples(&self, name: &str) -> Vec<u64> {
-        self.metric(name)
-            .unwrap_or_else(|| panic!("metric {name} not defined"))
-            .3
-            .clone()
     }
 }
 

@@ -26,6 +26,41 @@ use crate::plugin::{Plugin, VmShared};
 use crate::stream::{Flow, Stream};
 use crate::testing::{Dispatched, FakeHost, FakeState, SharedData};
 
+/// What the tests read of the fake host's metrics: a metric never defined fails the test.
+trait MetricReadings {
+    fn value(&self, name: &str) -> i64;
+    fn samples(&self, name: &str) -> Vec<u64>;
+}
+
+impl MetricReadings for FakeState {
+    fn value(&self, name: &str) -> i64 {
+        self.metric(name)
+            .unwrap_or_else(|| panic!("metric {name} not defined"))
+            .2
+    }
+
+    fn samples(&self, name: &str) -> Vec<u64> {
+        self.metric(name)
+            .unwrap_or_else(|| panic!("metric {name} not defined"))
+            .3
+            .clone()
+    }
+}
+
+/// Events recorded in all of dedupe's shards in the fake shared data.
+trait StoredEvents {
+    fn events(&self) -> usize;
+}
+
+impl StoredEvents for SharedData {
+    fn events(&self) -> usize {
+        self.values
+            .values()
+            .map(|(v, _)| Shard::decode(v).unwrap().entries.len())
+            .sum()
+    }
+}
+
 const ROOT: u32 = 1;
 
 const STREAM: u32 = 2;
