@@ -66,6 +66,13 @@ pub struct Slot {
     lane: usize,
 }
 
+impl Slot {
+    /// A call that no lane counts: [`CallSlots::end`] ignores it.
+    pub fn uncounted() -> Slot {
+        Slot { lane: usize::MAX }
+    }
+}
+
 /// What to do with a call.
 #[must_use]
 #[derive(Debug, PartialEq, Eq)]
@@ -242,7 +249,7 @@ impl<K: Clone + Eq + Hash, C> CallSlots<K, C> {
         let index = self.lane_for(key);
         let Some(lane) = self.lanes.get_mut(index) else {
             // Not reachable (lane_for always gives a lane); an uncounted call is the safe side.
-            return Start::Now(Slot { lane: usize::MAX });
+            return Start::Now(Slot::uncounted());
         };
         if lane.waiting.is_empty() && lane.has_room() {
             lane.in_flight += 1;
@@ -255,6 +262,11 @@ impl<K: Clone + Eq + Hash, C> CallSlots<K, C> {
 
     /// A call ended: its slot is free. The next call waiting for that cluster, if there is
     /// room (a new configuration may have lowered the cap), now holds the slot: send it.
+    /// No cluster was ever capped nor a call counted: calls need no slot.
+    pub fn is_unused(&self) -> bool {
+        self.lanes.is_empty()
+    }
+
     pub fn end(&mut self, slot: Slot) -> Option<(C, Slot)> {
         let lane = self.lanes.get_mut(slot.lane)?;
         lane.in_flight = lane.in_flight.saturating_sub(1);

@@ -332,6 +332,12 @@ impl Deliveries {
                 break;
             }
             for send in sends {
+                // A worker that never had a cap counts no calls: no bookkeeping per call.
+                // (Calls sent before the first cap arrives are not counted against it.)
+                if self.slots.is_unused() && config.call_caps.is_empty() {
+                    self.send_one(host, clock, id, send.index, send.leg, Slot::uncounted());
+                    continue;
+                }
                 let cluster = leg_cluster(channel.subscribers.get(send.index)?, send.leg);
                 // Every leg to a capped cluster waits for a slot; an uncapped one always
                 // gets one at once.
