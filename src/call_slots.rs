@@ -31,7 +31,9 @@
 //! times `max_concurrent_calls`. Envoy's circuit breakers on the cluster (`max_requests`,
 //! `max_pending_requests`) are another, process-wide limit that the cluster has besides.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use hashbrown::HashMap;
 use std::fmt::Display;
 use std::hash::Hash;
 

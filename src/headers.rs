@@ -6,7 +6,162 @@
 //! (`authorization`, `cookie`, `proxy-authorization`) and Envoy's own `x-envoy-*` headers
 //! travel only when the list names them exactly: a prefix or `*` never picks them up.
 
-use std::collections::HashSet;
+use hashbrown::HashSet;
+
+/// A header map as the proxy-wasm ABI serializes it (`proxy_get_header_map_pairs`), read in
+/// place: one buffer, no allocation per header. The layout: the number of pairs (u32,
+/// little-endian), then each pair's name length and value length (u32 each), then each pair's
+/// name and value, every one followed by a NUL. Envoy's names are lower-case tokens; a map
+/// whose sizes do not fit its buffer, or with a name that is not UTF-8, is refused whole.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderMap {
+    bytes: Vec<u8>,
+}
+
+/// Where one pair of a [`HeaderMap`] lies in its buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    name: (u32, u32),
+    value: (u32, u32),
+}
+
+impl HeaderMap {
+    /// The map Envoy handed over; `None` if it is not a well-formed serialization.
+    pub fn from_serialized(bytes: Vec<u8>) -> Option<Self> {
+        let map = HeaderMap { bytes };
+        let declared = map.declared_pairs()?;
+        let mut spans = map.spans();
+        let named = spans.by_ref().filter(|&span| map.pair(span).is_some()).count();
+        (named == declared && !spans.broken).then_some(map)
+    }
+
+    /// The map of `pairs`, through their serialization: what the fake host and the tests hand
+    /// to the core, read by the same code as Envoy's.
+    pub fn from_pairs<N: AsRef<[u8]>, V: AsRef<[u8]>>(pairs: &[(N, V)]) -> Self {
+        HeaderMap::from_serialized(serialize(pairs)).unwrap_or_default()
+    }
+
+    fn declared_pairs(&self) -> Option<usize> {
+        if self.bytes.is_empty() {
+            return Some(0);
+        }
+        Some(read_u32(&self.bytes, 0)? as usize)
+    }
+
+    /// Where each pair lies, in the order Envoy gave them.
+    pub fn spans(&self) -> Spans<'_> {
+        let pairs = self.declared_pairs().unwrap_or(0);
+        Spans {
+            map: self,
+            next: 0,
+            pairs,
+            data: pairs.saturating_mul(8).saturating_add(4),
+            broken: false,
+        }
+    }
+
+    /// Every (name, value), in the order Envoy gave them.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.spans().filter_map(|span| self.pair(span))
+    }
+
+    /// The value of the first header named `name` (lower-case).
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+
+    /// The pair at `span` (one of [`HeaderMap::spans`]).
+    pub fn pair(&self, span: Span) -> Option<(&str, &[u8])> {
+        let name = std::str::from_utf8(self.slice(span.name)?).ok()?;
+        Some((name, self.slice(span.value)?))
+    }
+
+    /// The pair at `span` with its value as text: `None` if the value is not UTF-8.
+    pub fn text_pair(&self, span: Span) -> Option<(&str, &str)> {
+        let (name, value) = self.pair(span)?;
+        Some((name, std::str::from_utf8(value).ok()?))
+    }
+
+    /// Owned copies of every pair, for readers that take them so.
+    pub fn to_pairs(&self) -> Vec<(String, Vec<u8>)> {
+        self.iter()
+            .map(|(name, value)| (name.to_string(), value.to_vec()))
+            .collect()
+    }
+
+    fn slice(&self, (start, len): (u32, u32)) -> Option<&[u8]> {
+        let start = start as usize;
+        self.bytes.get(start..start.checked_add(len as usize)?)
+    }
+}
+
+/// The pairs of a [`HeaderMap`] as [`Span`]s; stops at the first size that does not fit.
+pub struct Spans<'m> {
+    map: &'m HeaderMap,
+    next: usize,
+    pairs: usize,
+    /// Where the next pair's name starts.
+    data: usize,
+    /// A size did not fit the buffer.
+    broken: bool,
+}
+
+impl Iterator for Spans<'_> {
+    type Item = Span;
+
+    fn next(&mut self) -> Option<Span> {
+        if self.next >= self.pairs || self.broken {
+            return None;
+        }
+        let span = self.read();
+        self.broken = span.is_none();
+        self.next += 1;
+        span
+    }
+}
+
+impl Spans<'_> {
+    fn read(&mut self) -> Option<Span> {
+        let bytes = &self.map.bytes;
+        let sizes = 4 + self.next * 8;
+        let name_len = read_u32(bytes, sizes)?;
+        let value_len = read_u32(bytes, sizes + 4)?;
+        let name_start = self.data;
+        let value_start = name_start.checked_add(name_len as usize)?.checked_add(1)?;
+        let end = value_start.checked_add(value_len as usize)?.checked_add(1)?;
+        if end > bytes.len() {
+            return None;
+        }
+        self.data = end;
+        Some(Span {
+            name: (u32::try_from(name_start).ok()?, name_len),
+            value: (u32::try_from(value_start).ok()?, value_len),
+        })
+    }
+}
+
+/// `pairs` serialized as the proxy-wasm ABI does (see [`HeaderMap`]).
+pub fn serialize<N: AsRef<[u8]>, V: AsRef<[u8]>>(pairs: &[(N, V)]) -> Vec<u8> {
+    let length = |b: &[u8]| u32::try_from(b.len()).unwrap_or(u32::MAX).to_le_bytes();
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(&u32::try_from(pairs.len()).unwrap_or(u32::MAX).to_le_bytes());
+    for (name, value) in pairs {
+        bytes.extend_from_slice(&length(name.as_ref()));
+        bytes.extend_from_slice(&length(value.as_ref()));
+    }
+    for (name, value) in pairs {
+        for part in [name.as_ref(), value.as_ref()] {
+            bytes.extend_from_slice(part);
+            bytes.push(0);
+        }
+    }
+    bytes
+}
+
+fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
+    let word = bytes.get(at..at.checked_add(4)?)?;
+    Some(u32::from_le_bytes(word.try_into().ok()?))
+}
 
 /// Headers that describe one connection, not the message (RFC 9110 section 7.6.1), and those
 /// Envoy sets itself on every call.
@@ -148,6 +303,56 @@ mod tests {
 
     fn default_selector() -> HeaderSelector {
         HeaderSelector::new(crate::config::DEFAULT_FORWARD_HEADERS).unwrap()
+    }
+
+    #[test]
+    fn a_header_map_is_read_in_place_in_envoys_order() {
+        let pairs = [(":method", "POST"), ("ce-id", ""), ("x-a", "1"), ("x-a", "2")];
+        let map = HeaderMap::from_serialized(serialize(&pairs)).unwrap();
+        let read: Vec<(&str, &[u8])> = map.iter().collect();
+        let want: Vec<(&str, &[u8])> = pairs.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
+        assert_eq!(read, want);
+        assert_eq!(map.get("x-a"), Some(&b"1"[..]), "the first of two");
+        assert_eq!(map.get("ce-id"), Some(&b""[..]));
+        assert_eq!(map.get("host"), None);
+        let spans: Vec<Span> = map.spans().collect();
+        assert_eq!(map.text_pair(spans[2]), Some(("x-a", "1")));
+        assert_eq!(map.to_pairs()[0], (":method".to_string(), b"POST".to_vec()));
+    }
+
+    #[test]
+    fn an_empty_serialization_is_an_empty_map() {
+        for bytes in [Vec::new(), 0u32.to_le_bytes().to_vec()] {
+            let map = HeaderMap::from_serialized(bytes).unwrap();
+            assert_eq!(map.iter().count(), 0);
+        }
+    }
+
+    #[test]
+    fn a_value_that_is_not_utf8_is_read_as_bytes_and_has_no_text() {
+        let map = HeaderMap::from_pairs(&[(&b"x-bin"[..], &b"\xff\x00"[..])]);
+        assert_eq!(map.get("x-bin"), Some(&b"\xff\x00"[..]));
+        let span = map.spans().next().unwrap();
+        assert_eq!(map.text_pair(span), None);
+    }
+
+    #[test]
+    fn a_malformed_serialization_is_refused_whole() {
+        let good = serialize(&[("a", "1"), ("bb", "22")]);
+        // Every truncation, a count larger than the pairs, a size past the end, a name that
+        // is not UTF-8.
+        for end in 1..good.len() {
+            assert_eq!(HeaderMap::from_serialized(good[..end].to_vec()), None, "{end}");
+        }
+        let mut more = good.clone();
+        more[0] = 3;
+        assert_eq!(HeaderMap::from_serialized(more), None);
+        let mut huge = good.clone();
+        huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(HeaderMap::from_serialized(huge), None);
+        let bad_name = serialize(&[(&b"\xff"[..], &b"v"[..])]);
+        assert_eq!(HeaderMap::from_serialized(bad_name), None);
+        assert!(HeaderMap::from_serialized(good).is_some());
     }
 
     #[test]

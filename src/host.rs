@@ -11,14 +11,15 @@ use std::time::Duration;
 use crate::answer::Answer;
 use crate::call::Failure;
 use crate::dedupe::{CasMismatch, SharedStore};
+use crate::headers::HeaderMap;
 use crate::metrics::Kind;
 
 pub trait Host {
     /// Makes the `log` crate follow Envoy's log level for wasm.
     fn follow_log_level(&self);
     fn plugin_configuration(&self) -> Option<Vec<u8>>;
-    /// All request headers at once: one host call.
-    fn request_headers(&self) -> Vec<(String, Vec<u8>)>;
+    /// All request headers at once, as the host serialized them: one host call.
+    fn request_headers(&self) -> HeaderMap;
     fn request_body(&self, size: usize) -> Vec<u8>;
     /// Starts a call; `Err` is how Envoy refused it (no callback will come): a
     /// `DispatchError`, or an `Overflow` when the cluster's circuit breaker is full.

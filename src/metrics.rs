@@ -12,7 +12,9 @@
 //! `-` replaced by `_`: Envoy splits stat names on `.`, and an Istio cluster name such as
 //! `outbound|80||billing.default.svc.cluster.local` would otherwise become many segments.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use hashbrown::HashMap;
 
 use crate::call::Failure;
 

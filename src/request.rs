@@ -12,7 +12,7 @@ use crate::cloudevents::{self, percent_decode, Attributes, ContentMode, EventErr
 use crate::config::Identity;
 use crate::config::{Config, OPTIONS};
 use crate::dedupe::{self};
-use crate::headers;
+use crate::headers::{self, HeaderMap};
 
 /// A request that passed admission: the body still decides (it may turn out too large).
 #[derive(Debug, PartialEq, Eq)]
@@ -65,12 +65,12 @@ pub struct Event {
 }
 
 /// Decides on a request from its headers, as Envoy hands them over (lower-case names,
-/// values as bytes). Takes the headers by value so the forwarded ones move, not copy. `Err`
-/// is the answer to send instead of a fan-out: a rejection, or the answer to OPTIONS.
-pub fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitted, Answer> {
-    let method = find(&headers, ":method").unwrap_or_default();
+/// values as bytes). `Err` is the answer to send instead of a fan-out: a rejection, or the
+/// answer to OPTIONS.
+pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
+    let method = headers.get(":method").unwrap_or_default();
     if method == OPTIONS.as_bytes() {
-        return Err(options(config, &headers));
+        return Err(options(config, headers));
     }
     if !config.methods.iter().any(|m| m.as_bytes() == method) {
         let message = format!(
@@ -81,8 +81,9 @@ pub fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitte
         return Err(Answer::rejected(405, &message).with_header("allow", config.allow.clone()));
     }
 
-    let authority = find(&headers, ":authority")
-        .or_else(|| find(&headers, "host"))
+    let authority = headers
+        .get(":authority")
+        .or_else(|| headers.get("host"))
         .unwrap_or_default();
     let authority = String::from_utf8_lossy(authority);
     let Some(channel) = config.router.route(&authority) else {
@@ -92,7 +93,7 @@ pub fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitte
         ));
     };
 
-    if let Some(length) = find(&headers, "content-length") {
+    if let Some(length) = headers.get("content-length") {
         let declared = std::str::from_utf8(length)
             .ok()
             .and_then(|s| s.trim().parse::<u64>().ok());
@@ -103,18 +104,22 @@ pub fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitte
         }
     }
 
-    // Read from the headers Envoy already gave us, before the forwarded ones move: no host call.
-    if config.require_cloudevents {
-        cloudevents::validate_headers(&headers).map_err(|e| Answer::rejected(400, &e))?;
-    }
+    // Read from the headers Envoy already gave us: no host call. The CloudEvents readers take
+    // owned pairs: made only for a channel that filters or `require_cloudevents`.
     let filtered = config.channel(channel).is_some_and(|c| c.filtered);
-    let structured = cloudevents::is_structured_json(&headers);
+    let pairs = (config.require_cloudevents || filtered).then(|| headers.to_pairs());
+    if let (true, Some(pairs)) = (config.require_cloudevents, &pairs) {
+        cloudevents::validate_headers(pairs).map_err(|e| Answer::rejected(400, &e))?;
+    }
+    let structured = headers
+        .get("content-type")
+        .is_some_and(|value| cloudevents::media_type(value) == cloudevents::STRUCTURED_JSON);
     let key = match &config.dedupe {
         None => EventKey::None,
-        Some(dedupe) => event_key(&dedupe.key, &headers, structured),
+        Some(dedupe) => event_key(&dedupe.key, headers, structured),
     };
-    let mode = if filtered {
-        Some(cloudevents::read_headers(&headers).map_err(|e| event_rejection(&e))?)
+    let mode = if let (true, Some(pairs)) = (filtered, &pairs) {
+        Some(cloudevents::read_headers(pairs).map_err(|e| event_rejection(&e))?)
     } else if structured && (config.require_cloudevents || key == EventKey::InBody) {
         Some(ContentMode::Structured)
     } else {
@@ -127,13 +132,31 @@ pub fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitte
         key,
     };
 
+    // A channel nobody subscribes to forwards nothing: the selection is skipped unless a
+    // value is not UTF-8, which is a 400 if a subscriber would have been sent it.
+    let nobody = config.channel(channel).is_some_and(|c| c.subscribers.is_empty());
+    let forwarded = if nobody && headers.iter().all(|(_, v)| std::str::from_utf8(v).is_ok()) {
+        Vec::new()
+    } else {
+        forwarded(config, headers)?
+    };
+    Ok(Admitted {
+        channel,
+        forwarded,
+        event,
+    })
+}
+
+/// The request headers chosen by `forward_headers`, in the order they arrived; `Err`: one of
+/// them is not UTF-8 (400).
+fn forwarded(config: &Config, headers: &HeaderMap) -> Result<Vec<(String, String)>, Answer> {
     let mut forwarded = Vec::new();
-    for (name, value) in headers {
-        if !config.forward.selects(&name) {
+    for (name, value) in headers.iter() {
+        if !config.forward.selects(name) {
             continue;
         }
-        match String::from_utf8(value) {
-            Ok(value) => forwarded.push((name, value)),
+        match std::str::from_utf8(value) {
+            Ok(value) => forwarded.push((name.to_string(), value.to_string())),
             Err(_) => {
                 return Err(Answer::rejected(
                     400,
@@ -145,18 +168,14 @@ pub fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitte
             }
         }
     }
-    Ok(Admitted {
-        channel,
-        forwarded,
-        event,
-    })
+    Ok(forwarded)
 }
 
 /// The answer to OPTIONS, as Knative's channel receiver gives it: 200, `allow`, and the
 /// CloudEvents webhook validation headers (HTTP webhook spec, "abuse protection"): the origin
 /// a `WebHook-Request-Origin` names is allowed (any, `*`, when it names none), at any rate.
-fn options(config: &Config, headers: &[(String, Vec<u8>)]) -> Answer {
-    let origin = match find(headers, "webhook-request-origin") {
+fn options(config: &Config, headers: &HeaderMap) -> Answer {
+    let origin = match headers.get("webhook-request-origin") {
         None => "*".to_string(),
         // Echoed in our answer: it must be a header value that cannot split a header block
         // (Envoy refuses CR, LF and NUL in requests itself; this does not rely on it).
@@ -183,11 +202,11 @@ fn options(config: &Config, headers: &[(String, Vec<u8>)]) -> Answer {
 /// The event's identity for `dedupe`, from the headers: the key header's value, or a binary
 /// event's `ce-source` and `ce-id` (percent-decoded, as the binding encodes them, so that a
 /// binary event and its structured copy are one event); a structured event's is in its body.
-fn event_key(identity: &Identity, headers: &[(String, Vec<u8>)], structured: bool) -> EventKey {
+fn event_key(identity: &Identity, headers: &HeaderMap, structured: bool) -> EventKey {
     let known = match identity {
-        Identity::Header(name) => find(headers, name).and_then(dedupe::header_key),
+        Identity::Header(name) => headers.get(name).and_then(dedupe::header_key),
         Identity::CloudEvent if structured => return EventKey::InBody,
-        Identity::CloudEvent => match (find(headers, "ce-source"), find(headers, "ce-id")) {
+        Identity::CloudEvent => match (headers.get("ce-source"), headers.get("ce-id")) {
             (Some(source), Some(id)) => {
                 dedupe::cloudevent_key(&percent_decode(source), &percent_decode(id))
             }
@@ -239,13 +258,6 @@ fn event_rejection(error: &EventError) -> Answer {
     Answer::rejected(status, &error.to_string())
 }
 
-fn find<'h>(headers: &'h [(String, Vec<u8>)], name: &str) -> Option<&'h [u8]> {
-    headers
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.as_slice())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,6 +274,11 @@ mod tests {
                  ]}"#,
         )
         .unwrap()
+    }
+
+    /// `admit` on the headers as Envoy serializes them.
+    fn admit(config: &Config, headers: Vec<(String, Vec<u8>)>) -> Result<Admitted, Answer> {
+        super::admit(config, &HeaderMap::from_pairs(&headers))
     }
 
     fn headers(pairs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {

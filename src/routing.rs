@@ -6,7 +6,7 @@
 //! number of channels.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use hashbrown::HashMap;
 
 #[derive(Debug, Default)]
 pub struct Router {

@@ -85,7 +85,7 @@ impl<H: Host> Stream<H> {
             self.reject(Answer::no_configuration());
             return Flow::Pause;
         };
-        match admit(&config, self.host.request_headers()) {
+        match admit(&config, &self.host.request_headers()) {
             Err(answer) => self.reject(answer),
             // A request without a body: its headers are all there is.
             Ok(admitted) if end_of_stream => self.fan_out(&config, admitted, Vec::new()),

@@ -2,7 +2,7 @@
 //! then on every root-context tick adds what was counted since the last one.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use hashbrown::HashMap;
 use std::rc::Rc;
 
 use crate::host::Host;

@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::answer::Answer;
 use crate::call::Failure;
 use crate::dedupe::CasMismatch;
+use crate::headers::HeaderMap;
 use crate::host::Host;
 use crate::metrics::Kind;
 
@@ -95,9 +96,9 @@ impl Host for FakeHost {
         self.0.borrow().config.clone()
     }
 
-    fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
+    fn request_headers(&self) -> HeaderMap {
         self.hit("get_map(request_headers)");
-        self.0.borrow().request_headers.clone()
+        HeaderMap::from_pairs(&self.0.borrow().request_headers)
     }
 
     fn request_body(&self, size: usize) -> Vec<u8> {

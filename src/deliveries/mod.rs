@@ -11,7 +11,9 @@
 //! borrowed while Envoy runs the local reply.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use hashbrown::HashMap;
 use std::rc::Rc;
 
 use crate::answer::Answer;
@@ -256,7 +258,7 @@ impl Deliveries {
         let lost: Vec<u64> = self
             .jobs
             .iter()
-            .filter(|(id, job)| {
+            .filter(|&(id, job)| {
                 // A job with calls waiting in line is not lost; its deadline runs from the
                 // last call that left the line.
                 let from_line = self.sent_from_line.get(id).map_or(0, |sent| {

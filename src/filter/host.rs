@@ -12,6 +12,7 @@ use proxy_wasm::types::{BufferType, MapType, MetricType};
 use crate::answer::Answer;
 use crate::call::{self, Failure};
 use crate::dedupe::CasMismatch;
+use crate::headers::HeaderMap;
 use crate::host::Host;
 use crate::metrics::Kind;
 
@@ -31,8 +32,12 @@ impl Host for ProxyHost {
             .flatten()
     }
 
-    fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
-        hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_default()
+    fn request_headers(&self) -> HeaderMap {
+        let serialized = serialized_map(MapType::HttpRequestHeaders).unwrap_or_default();
+        HeaderMap::from_serialized(serialized).unwrap_or_else(|| {
+            log::warn!("fanout: Envoy handed over request headers that do not parse");
+            HeaderMap::default()
+        })
     }
 
     fn request_body(&self, size: usize) -> Vec<u8> {
@@ -156,5 +161,36 @@ impl Host for ProxyHost {
         cas: Option<u32>,
     ) -> Result<(), CasMismatch> {
         hostcalls::set_shared_data(key, Some(value), cas).map_err(|_| CasMismatch)
+    }
+}
+
+// The SDK's `get_map_bytes` decodes the map into a `Vec` of owned pairs (two allocations per
+// header); the core reads Envoy's serialization in place instead (`HeaderMap`), so the raw
+// call is declared here, as the SDK declares it.
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_get_header_map_pairs(
+        map_type: MapType,
+        return_map_data: *mut *mut u8,
+        return_map_size: *mut usize,
+    ) -> proxy_wasm::types::Status;
+}
+
+/// The serialized header map `map_type`, in one buffer the module owns; `None` if Envoy
+/// refused.
+fn serialized_map(map_type: MapType) -> Option<Vec<u8>> {
+    let mut data: *mut u8 = std::ptr::null_mut();
+    let mut size: usize = 0;
+    // SAFETY: both pointers are valid for one write each. On `Ok`, Envoy has allocated the
+    // buffer of `size` bytes through the SDK's exported `proxy_on_memory_allocate` (a boxed
+    // slice of exactly `size` bytes from this module's allocator) and hands it over: it is
+    // this module's to own and free, which `Vec::from_raw_parts` with that length and
+    // capacity does (as the SDK's own `get_map` does).
+    unsafe {
+        match proxy_get_header_map_pairs(map_type, &mut data, &mut size) {
+            proxy_wasm::types::Status::Ok if data.is_null() => Some(Vec::new()),
+            proxy_wasm::types::Status::Ok => Some(Vec::from_raw_parts(data, size, size)),
+            _ => None,
+        }
     }
 }
