@@ -155,14 +155,15 @@ fn forwarded(config: &Config, headers: &HeaderMap) -> Result<Vec<(String, String
         if !config.forward.selects(name) {
             continue;
         }
-        match std::str::from_utf8(value) {
-            Ok(value) => forwarded.push((name.to_string(), value.to_string())),
-            Err(_) => {
+        match (std::str::from_utf8(name), std::str::from_utf8(value)) {
+            (Ok(name), Ok(value)) => forwarded.push((name.to_string(), value.to_string())),
+            _ => {
                 return Err(Answer::rejected(
                     400,
                     &format!(
-                        "header {name} has a value that is not UTF-8; fanout forwards only \
-                         UTF-8 header values"
+                        "header {} has a value that is not UTF-8; fanout forwards only \
+                         UTF-8 header values",
+                        String::from_utf8_lossy(name)
                     ),
                 ))
             }
