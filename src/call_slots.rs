@@ -33,7 +33,7 @@
 
 use std::collections::VecDeque;
 
-use hashbrown::HashMap;
+use hashbrown::{Equivalent, HashMap};
 use std::fmt::Display;
 use std::hash::Hash;
 
@@ -194,34 +194,45 @@ impl<K: Clone + Eq + Hash, C> CallSlots<K, C> {
     /// cluster, the calls that would have to wait, added to those already waiting, stay
     /// within `max_queued_calls`. Otherwise the refusal of the first subscriber, in that
     /// order, that has no room. Reserves nothing.
-    pub fn check<'k>(&self, first_calls: impl IntoIterator<Item = &'k K>) -> Result<(), Refusal<K>>
+    pub fn check<'k, Q>(
+        &self,
+        first_calls: impl IntoIterator<Item = &'k Q>,
+    ) -> Result<(), Refusal<K>>
     where
-        K: 'k,
+        Q: Hash + Equivalent<K> + ?Sized + 'k,
     {
-        // (lane, position of its first call in the event), one entry per call.
-        let mut calls: Vec<(usize, usize)> = first_calls
-            .into_iter()
-            .enumerate()
-            .filter_map(|(position, key)| {
-                let lane = *self.by_key.get(key)?;
-                self.lanes
-                    .get(lane)?
-                    .cap
-                    .is_some()
-                    .then_some((lane, position))
-            })
-            .collect();
-        calls.sort_unstable();
+        if !self.has_caps() {
+            return Ok(());
+        }
+        // By lane: how many of the event's first calls go to it, and the position of the
+        // first of them (usize::MAX: none). Counted in place, no sort on the request path.
+        let mut wanted: Vec<(u32, usize)> = Vec::new();
+        for (position, key) in first_calls.into_iter().enumerate() {
+            let Some(&lane) = self.by_key.get(key) else {
+                continue;
+            };
+            if self.lanes.get(lane).is_none_or(|lane| lane.cap.is_none()) {
+                continue;
+            }
+            if wanted.len() <= lane {
+                wanted.resize(lane + 1, (0, usize::MAX));
+            }
+            if let Some((calls, first)) = wanted.get_mut(lane) {
+                *calls = calls.saturating_add(1);
+                *first = (*first).min(position);
+            }
+        }
         let mut refused: Option<(usize, Refusal<K>)> = None;
-        for group in calls.chunk_by(|a, b| a.0 == b.0) {
-            let (lane_index, first_position) = group[0];
+        for (lane_index, &(wanted, first_position)) in wanted.iter().enumerate() {
+            if wanted == 0 {
+                continue;
+            }
             let Some(lane) = self.lanes.get(lane_index) else {
                 continue;
             };
             let Some(cap) = lane.cap else {
                 continue;
             };
-            let wanted = u32::try_from(group.len()).unwrap_or(u32::MAX);
             let free = cap.max_concurrent_calls.saturating_sub(lane.in_flight);
             let would_queue = wanted.saturating_sub(free);
             let after = lane.waiting.len().saturating_add(would_queue as usize);
@@ -267,6 +278,11 @@ impl<K: Clone + Eq + Hash, C> CallSlots<K, C> {
     /// No cluster was ever capped nor a call counted: calls need no slot.
     pub fn is_unused(&self) -> bool {
         self.lanes.is_empty()
+    }
+
+    /// Whether any cluster has a cap now: without one, every event fits.
+    pub fn has_caps(&self) -> bool {
+        self.lanes.iter().any(|lane| lane.cap.is_some())
     }
 
     pub fn end(&mut self, slot: Slot) -> Option<(C, Slot)> {
@@ -701,6 +717,52 @@ mod tests {
         // A forged second end of the same lane does not go below zero.
         assert_eq!(slots.end(Slot { lane: 0 }), None);
         assert_eq!(slots.in_flight(&"a"), 0);
+    }
+
+    /// `check` against a model: the refusal is that of the first call, in the event's order,
+    /// whose cluster's line would grow beyond `max_queued_calls`; clusters without a cap
+    /// never refuse.
+    #[test]
+    fn check_refuses_the_first_subscriber_without_room_as_the_model_says() {
+        const KEYS: [&str; 4] = ["a", "b", "c", "d"];
+        for seed in 0..500u64 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut slots: CallSlots<&str, u32> = CallSlots::new();
+            let mut caps: Vec<(&str, CallCap)> = Vec::new();
+            for k in KEYS {
+                if rng.bool() {
+                    caps.push((k, cap(rng.u32(1..3), rng.u32(0..3))));
+                }
+            }
+            let _ = slots.set_caps(caps.clone());
+            let mut held = Vec::new();
+            for id in 0..rng.u32(0..8) {
+                if let Start::Now(slot) = slots.start(&KEYS[rng.usize(..KEYS.len())], id) {
+                    held.push(slot);
+                }
+            }
+            let event: Vec<&str> = (0..rng.usize(0..7))
+                .map(|_| KEYS[rng.usize(..KEYS.len())])
+                .collect();
+            let no_room = |key: &&str| {
+                let Some((_, cap)) = caps.iter().find(|(k, _)| k == key) else {
+                    return false;
+                };
+                let wanted = event.iter().filter(|e| *e == key).count() as u32;
+                let free = cap
+                    .max_concurrent_calls
+                    .saturating_sub(slots.in_flight(key));
+                let would_queue = wanted.saturating_sub(free);
+                would_queue > 0
+                    && slots.queued(key) + would_queue as usize > cap.max_queued_calls as usize
+            };
+            let want = event.iter().find(|k| no_room(k)).copied();
+            let got = slots.check(event.iter()).err().map(|refusal| refusal.key);
+            assert_eq!(got, want, "seed {seed}: {event:?}, caps {caps:?}");
+            for slot in held {
+                let _ = slots.end(slot);
+            }
+        }
     }
 
     /// Thousands of operations drawn at random, checked against the invariants: a capped

@@ -132,7 +132,9 @@ impl Spans<'_> {
         let value_len = read_u32(bytes, sizes + 4)?;
         let name_start = self.data;
         let value_start = name_start.checked_add(name_len as usize)?.checked_add(1)?;
-        let end = value_start.checked_add(value_len as usize)?.checked_add(1)?;
+        let end = value_start
+            .checked_add(value_len as usize)?
+            .checked_add(1)?;
         if end > bytes.len() {
             return None;
         }
@@ -270,7 +272,9 @@ fn is_never_forwarded(name: impl AsRef<[u8]>) -> bool {
 }
 
 fn is_sensitive(name: &[u8]) -> bool {
-    SENSITIVE.iter().any(|sensitive| sensitive.as_bytes() == name)
+    SENSITIVE
+        .iter()
+        .any(|sensitive| sensitive.as_bytes() == name)
         || name.starts_with(SENSITIVE_PREFIX.as_bytes())
 }
 
@@ -316,7 +320,12 @@ mod tests {
 
     #[test]
     fn a_header_map_is_read_in_place_in_envoys_order() {
-        let pairs = [(":method", "POST"), ("ce-id", ""), ("x-a", "1"), ("x-a", "2")];
+        let pairs = [
+            (":method", "POST"),
+            ("ce-id", ""),
+            ("x-a", "1"),
+            ("x-a", "2"),
+        ];
         let map = HeaderMap::from_serialized(serialize(&pairs)).unwrap();
         let read: Vec<(&[u8], &[u8])> = map.iter().collect();
         let want: Vec<(&[u8], &[u8])> = pairs
@@ -353,7 +362,11 @@ mod tests {
         let good = serialize(&[("a", "1"), ("bb", "22")]);
         // Every truncation, a count larger than the pairs, a size past the end.
         for end in 1..good.len() {
-            assert_eq!(HeaderMap::from_serialized(good[..end].to_vec()), None, "{end}");
+            assert_eq!(
+                HeaderMap::from_serialized(good[..end].to_vec()),
+                None,
+                "{end}"
+            );
         }
         let mut more = good.clone();
         more[0] = 3;

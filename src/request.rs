@@ -134,7 +134,9 @@ pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
 
     // A channel nobody subscribes to forwards nothing: the selection is skipped unless a
     // value is not UTF-8, which is a 400 if a subscriber would have been sent it.
-    let nobody = config.channel(channel).is_some_and(|c| c.subscribers.is_empty());
+    let nobody = config
+        .channel(channel)
+        .is_some_and(|c| c.subscribers.is_empty());
     let forwarded = if nobody && headers.iter().all(|(_, v)| std::str::from_utf8(v).is_ok()) {
         Vec::new()
     } else {
@@ -776,5 +778,28 @@ mod tests {
         let mut h = headers(&[(":method", "POST"), (":authority", "orders.default")]);
         h.push(("x-unlisted".to_string(), vec![0xff]));
         assert!(admit(&config(), h).is_ok());
+    }
+
+    #[test]
+    fn a_channel_nobody_subscribes_to_forwards_nothing_and_still_refuses_what_it_would() {
+        // "payments" has no subscriber: nothing is selected, but a forwarded header that is
+        // not UTF-8 is the same 400 as on a channel with subscribers.
+        let request = |extra: (&str, &[u8])| {
+            let mut h = headers(&[
+                (":method", "POST"),
+                (":authority", "payments.default"),
+                ("ce-id", "1"),
+            ]);
+            h.push((extra.0.to_string(), extra.1.to_vec()));
+            admit(&config(), h)
+        };
+        let admitted = request(("x-request-id", b"r1")).unwrap();
+        assert_eq!(admitted.forwarded, Vec::new());
+        assert!(request(("x-unlisted", &[0xff])).is_ok());
+        let answer = request(("ce-source", &[0xff])).unwrap_err();
+        assert_eq!(answer.status, 400);
+        assert!(String::from_utf8(answer.body)
+            .unwrap()
+            .contains("ce-source"));
     }
 }

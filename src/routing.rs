@@ -5,8 +5,8 @@
 //! once at configure time; a lookup costs one hash of the host and does not depend on the
 //! number of channels.
 
-use std::borrow::Cow;
 use hashbrown::HashMap;
+use std::borrow::Cow;
 
 #[derive(Debug, Default)]
 pub struct Router {

@@ -1,8 +1,8 @@
 //! Hands the counts of [`crate::metrics::Tally`] to Envoy's stats: defines each metric once,
 //! then on every root-context tick adds what was counted since the last one.
 
-use std::cell::RefCell;
 use hashbrown::HashMap;
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use crate::host::Host;

@@ -10,11 +10,13 @@ use crate::call::Leg;
 use crate::config::Channel;
 use crate::reply::PREFER_REPLY;
 
-/// One call, as it is handed to Envoy.
-pub(super) struct CallPlan<'a> {
-    pub(super) cluster: &'a str,
+/// One call, as it is handed to Envoy: what comes from the configuration lives as long as
+/// `'c`, what comes from the job as long as `'a` (so the cluster's name outlives the plan
+/// while the job is changed by the call's outcome).
+pub(super) struct CallPlan<'a, 'c> {
+    pub(super) cluster: &'c str,
     pub(super) timeout: std::time::Duration,
-    base: &'a [(String, String)],
+    base: &'c [(String, String)],
     /// `Prefer: reply`: the call is to a subscriber whose replies are passed on.
     prefer_reply: bool,
     extra: Vec<(String, String)>,
@@ -24,13 +26,13 @@ pub(super) struct CallPlan<'a> {
     pub(super) body: Cow<'a, [u8]>,
 }
 
-impl<'a> CallPlan<'a> {
+impl<'a, 'c> CallPlan<'a, 'c> {
     pub(super) fn new(
         job: &'a Job,
-        channel: &'a Channel,
+        channel: &'c Channel,
         index: usize,
         leg: Leg,
-    ) -> Option<CallPlan<'a>> {
+    ) -> Option<CallPlan<'a, 'c>> {
         let sub = channel.subscribers.get(index)?;
         Some(match leg {
             Leg::Event => CallPlan {
@@ -78,21 +80,23 @@ impl<'a> CallPlan<'a> {
 
     pub(super) fn headers(&self) -> Vec<(&str, &str)> {
         let prefer = self.prefer_reply.then_some(PREFER_REPLY);
-        self.base
-            .iter()
-            .map(|(name, value)| (name.as_str(), value.as_str()))
-            .chain(prefer)
-            .chain(
-                self.extra
-                    .iter()
-                    .map(|(name, value)| (name.as_str(), value.as_str())),
-            )
-            .chain(
-                self.forwarded
-                    .iter()
-                    .filter(|(name, _)| !(self.replaced)(name))
-                    .map(|(name, value)| (name.as_str(), value.as_str())),
-            )
-            .collect()
+        // Sized once: the list is built for every call.
+        let mut headers = Vec::with_capacity(
+            self.base.len()
+                + usize::from(prefer.is_some())
+                + self.extra.len()
+                + self.forwarded.len(),
+        );
+        headers.extend(pairs(self.base));
+        headers.extend(prefer);
+        headers.extend(pairs(&self.extra));
+        headers.extend(pairs(self.forwarded).filter(|(name, _)| !(self.replaced)(name)));
+        headers
     }
+}
+
+fn pairs(headers: &[(String, String)]) -> impl Iterator<Item = (&str, &str)> {
+    headers
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_str()))
 }

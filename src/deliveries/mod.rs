@@ -170,8 +170,7 @@ impl Deliveries {
         config: &Config,
         clusters: &[&str],
     ) -> Result<(), Answer> {
-        let keys: Vec<String> = clusters.iter().map(|c| (*c).to_string()).collect();
-        let Err(refusal) = self.slots.check(&keys) else {
+        let Err(refusal) = self.slots.check(clusters.iter().copied()) else {
             return Ok(());
         };
         if let Some(unlogged) = self.slots.note_refusal(&refusal.key, host.now_ms()) {
@@ -386,7 +385,7 @@ impl Deliveries {
             return;
         };
         let result = host.dispatch(call.cluster, call.headers(), &call.body, call.timeout);
-        let cluster = call.cluster.to_string();
+        let cluster = call.cluster;
         drop(call);
         let retry = leg == Leg::Event && job_attempts(job, index) > 0;
         match result {
@@ -404,13 +403,13 @@ impl Deliveries {
                     if reply_gave_up {
                         tally.reply_failed(sub_cluster, &failure);
                     }
-                    tally.call_ended(&cluster, &Err(failure.clone()), None)
+                    tally.call_ended(cluster, &Err(failure.clone()), None)
                 });
                 self.release(slot);
             }
         }
         count(&telemetry, &config, |tally| {
-            tally.call_started(&cluster);
+            tally.call_started(cluster);
             if retry {
                 tally.retried(sub_cluster);
             }
@@ -517,7 +516,7 @@ impl Deliveries {
         };
         let clock = Clock::new(host);
         // The cluster this leg called.
-        let cluster = leg_cluster(sub, leg).to_string();
+        let cluster = leg_cluster(sub, leg);
         let mut discarded = false;
         let end = match status {
             Some(status) if is_success(status) => {
@@ -563,7 +562,7 @@ impl Deliveries {
                         None
                     };
                 CallEnd {
-                    result: classify(&cluster, status, &body),
+                    result: classify(cluster, status, &body),
                     retry_after_ms,
                     body,
                     reply: None,
@@ -609,7 +608,7 @@ impl Deliveries {
         let duration = now.saturating_sub(job.started_ms);
         let dead_lettered = leg == Leg::DeadLetter && result.is_ok();
         count(&self.telemetry, &config, |tally| {
-            tally.call_ended(&cluster, &result, Some(duration));
+            tally.call_ended(cluster, &result, Some(duration));
             if dead_lettered {
                 tally.dead_lettered(&sub.cluster);
             }
