@@ -32,11 +32,10 @@
 //! `max_pending_requests`) are another, process-wide limit that the cluster has besides.
 
 use std::collections::VecDeque;
-
-use hashbrown::{Equivalent, HashMap};
 use std::fmt::Display;
 use std::hash::Hash;
 
+use hashbrown::{Equivalent, HashMap};
 use serde::Serialize;
 
 use crate::answer::Answer;

@@ -60,6 +60,20 @@ impl HeaderMap {
         }
     }
 
+    /// The number of pairs.
+    pub fn len(&self) -> usize {
+        self.declared_pairs().unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The size of the serialization: a bound on the text of all names and values.
+    pub fn text_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
     /// Every (name, value), in the order Envoy gave them.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.spans().filter_map(|span| self.pair(span))
@@ -143,6 +157,70 @@ impl Spans<'_> {
             name: (u32::try_from(name_start).ok()?, name_len),
             value: (u32::try_from(value_start).ok()?, value_len),
         })
+    }
+}
+
+/// Headers that travel with every call of a fan-out (the request's forwarded ones, a reply's
+/// `ce-*`): their text in one `String`, each pair a pair of ranges into it. Made once per
+/// request with two allocations whatever the number of headers; read as `&str` for each call
+/// with no copy and no UTF-8 check.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Forwarded {
+    text: String,
+    /// Where each name starts, where its value starts (the name ends there) and ends.
+    pairs: Vec<(u32, u32, u32)>,
+}
+
+impl Forwarded {
+    /// Room for `pairs` pairs of `bytes` bytes in all.
+    pub fn with_capacity(pairs: usize, bytes: usize) -> Self {
+        Forwarded {
+            text: String::with_capacity(bytes),
+            pairs: Vec::with_capacity(pairs),
+        }
+    }
+
+    pub fn push(&mut self, name: &str, value: &str) {
+        let offset = |text: &String| u32::try_from(text.len()).unwrap_or(u32::MAX);
+        let name_start = offset(&self.text);
+        self.text.push_str(name);
+        let value_start = offset(&self.text);
+        self.text.push_str(value);
+        self.pairs
+            .push((name_start, value_start, offset(&self.text)));
+    }
+
+    /// Every (name, value), in the order they were pushed.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.pairs.iter().filter_map(|&(name, value, end)| {
+            let (name, value, end) = (name as usize, value as usize, end as usize);
+            Some((self.text.get(name..value)?, self.text.get(value..end)?))
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.pairs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
+
+    /// Owned copies of every pair, for readers that take them so.
+    pub fn to_pairs(&self) -> Vec<(String, String)> {
+        self.iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect()
+    }
+}
+
+impl<N: AsRef<str>, V: AsRef<str>> FromIterator<(N, V)> for Forwarded {
+    fn from_iter<I: IntoIterator<Item = (N, V)>>(pairs: I) -> Self {
+        let mut forwarded = Forwarded::default();
+        for (name, value) in pairs {
+            forwarded.push(name.as_ref(), value.as_ref());
+        }
+        forwarded
     }
 }
 
@@ -339,6 +417,20 @@ mod tests {
         let spans: Vec<Span> = map.spans().collect();
         assert_eq!(map.text_pair(spans[2]), Some(("x-a", "1")));
         assert_eq!(map.to_pairs()[0], (":method".to_string(), b"POST".to_vec()));
+    }
+
+    #[test]
+    fn forwarded_headers_read_back_as_pushed() {
+        let mut forwarded = Forwarded::with_capacity(1, 4);
+        assert!(forwarded.is_empty());
+        forwarded.push("ce-id", "1");
+        forwarded.push("x-empty", "");
+        forwarded.push("ce-source", "/é");
+        let read: Vec<(&str, &str)> = forwarded.iter().collect();
+        assert_eq!(read, [("ce-id", "1"), ("x-empty", ""), ("ce-source", "/é")]);
+        assert_eq!(forwarded.len(), 3);
+        let copy: Forwarded = forwarded.to_pairs().into_iter().collect();
+        assert_eq!(copy, forwarded);
     }
 
     #[test]

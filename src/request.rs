@@ -12,14 +12,14 @@ use crate::cloudevents::{self, percent_decode, Attributes, ContentMode, EventErr
 use crate::config::Identity;
 use crate::config::{Config, OPTIONS};
 use crate::dedupe::{self};
-use crate::headers::{self, HeaderMap};
+use crate::headers::{self, Forwarded, HeaderMap};
 
 /// A request that passed admission: the body still decides (it may turn out too large).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Admitted {
     pub channel: usize,
     /// The request headers chosen by `forward_headers`, in the order they arrived.
-    pub forwarded: Vec<(String, String)>,
+    pub forwarded: Forwarded,
     /// What the headers told of the event; the body completes it.
     pub event: PendingEvent,
 }
@@ -138,7 +138,7 @@ pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
         .channel(channel)
         .is_some_and(|c| c.subscribers.is_empty());
     let forwarded = if nobody && headers.iter().all(|(_, v)| std::str::from_utf8(v).is_ok()) {
-        Vec::new()
+        Forwarded::default()
     } else {
         forwarded(config, headers)?
     };
@@ -151,14 +151,15 @@ pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
 
 /// The request headers chosen by `forward_headers`, in the order they arrived; `Err`: one of
 /// them is not UTF-8 (400).
-fn forwarded(config: &Config, headers: &HeaderMap) -> Result<Vec<(String, String)>, Answer> {
-    let mut forwarded = Vec::new();
+fn forwarded(config: &Config, headers: &HeaderMap) -> Result<Forwarded, Answer> {
+    // At most every header, at most the whole map's text: one allocation each.
+    let mut forwarded = Forwarded::with_capacity(headers.len(), headers.text_bytes());
     for (name, value) in headers.iter() {
         if !config.forward.selects(name) {
             continue;
         }
         match (std::str::from_utf8(name), std::str::from_utf8(value)) {
-            (Ok(name), Ok(value)) => forwarded.push((name.to_string(), value.to_string())),
+            (Ok(name), Ok(value)) => forwarded.push(name, value),
             _ => {
                 return Err(Answer::rejected(
                     400,
@@ -374,7 +375,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            admitted.forwarded,
+            admitted.forwarded.to_pairs(),
             vec![
                 ("content-type".to_string(), "application/json".to_string()),
                 ("ce-id".to_string(), "1".to_string()),
@@ -794,7 +795,7 @@ mod tests {
             admit(&config(), h)
         };
         let admitted = request(("x-request-id", b"r1")).unwrap();
-        assert_eq!(admitted.forwarded, Vec::new());
+        assert!(admitted.forwarded.is_empty());
         assert!(request(("x-unlisted", &[0xff])).is_ok());
         let answer = request(("ce-source", &[0xff])).unwrap_err();
         assert_eq!(answer.status, 400);

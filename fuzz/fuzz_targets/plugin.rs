@@ -277,8 +277,8 @@ fuzz_target!(|data: &[u8]| {
         enter(ROOT);
         root.on_tick();
         assert_eq!(
-            host.0.borrow().value("fanout.in_flight"),
-            0,
+            host.0.borrow().metric("fanout.in_flight").map(|m| m.2),
+            Some(0),
             "fan-outs left in flight"
         );
     }

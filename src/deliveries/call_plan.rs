@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use super::Job;
 use crate::call::Leg;
 use crate::config::Channel;
+use crate::headers::Forwarded;
 use crate::reply::PREFER_REPLY;
 
 /// One call, as it is handed to Envoy: what comes from the configuration lives as long as
@@ -20,7 +21,7 @@ pub(super) struct CallPlan<'a, 'c> {
     /// `Prefer: reply`: the call is to a subscriber whose replies are passed on.
     prefer_reply: bool,
     extra: Vec<(String, String)>,
-    forwarded: &'a [(String, String)],
+    forwarded: &'a Forwarded,
     /// Forwarded headers the `extra` ones replace (a dead letter's error attributes).
     replaced: fn(&str) -> bool,
     pub(super) body: Cow<'a, [u8]>,
@@ -47,9 +48,11 @@ impl<'a, 'c> CallPlan<'a, 'c> {
             },
             Leg::DeadLetter => {
                 let target = sub.dead_letter.as_ref()?;
+                // The dead letter's reader takes owned pairs: copied on this leg only.
+                let forwarded = job.forwarded.to_pairs();
                 let letter = job
                     .fanout
-                    .dead_letter(index, channel, &job.forwarded, &job.body);
+                    .dead_letter(index, channel, &forwarded, &job.body);
                 CallPlan {
                     cluster: &target.cluster,
                     timeout: target.timeout,
@@ -90,7 +93,11 @@ impl<'a, 'c> CallPlan<'a, 'c> {
         headers.extend(pairs(self.base));
         headers.extend(prefer);
         headers.extend(pairs(&self.extra));
-        headers.extend(pairs(self.forwarded).filter(|(name, _)| !(self.replaced)(name)));
+        headers.extend(
+            self.forwarded
+                .iter()
+                .filter(|(name, _)| !(self.replaced)(name)),
+        );
         headers
     }
 }

@@ -12,15 +12,16 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::rc::Rc;
 
 use hashbrown::HashMap;
-use std::rc::Rc;
 
 use crate::answer::Answer;
 use crate::call::{classify, is_success, Failure, Leg, BODY_PEEK_BYTES};
 use crate::call_slots::{CallCap, CallSlots, Slot, Start};
 use crate::config::{AnswerMode, Channel, Config, Subscriber};
 use crate::fanout::{CallEnd, FanOut, ReplyEvent};
+use crate::headers::Forwarded;
 use crate::host::Host;
 use crate::jitter::{self, JitterRng};
 use crate::redelivery::{self, Redelivery};
@@ -61,7 +62,7 @@ pub struct Job {
     pub config: Rc<Config>,
     pub fanout: FanOut,
     pub body: Vec<u8>,
-    pub forwarded: Vec<(String, String)>,
+    pub forwarded: Forwarded,
     /// The stream waiting for the answer (sync mode); `None` once async or abandoned.
     pub answer_to: Option<u32>,
     /// Context id for log lines.
@@ -532,7 +533,7 @@ impl Deliveries {
                             }
                             Answered::TooLarge(failure) => Some(Err(failure)),
                             Answered::Event(headers) => Some(Ok(ReplyEvent {
-                                headers,
+                                headers: headers.into_iter().collect(),
                                 body: if body_size > 0 {
                                     host.call_body(body_size)
                                 } else {

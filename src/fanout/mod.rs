@@ -10,6 +10,7 @@
 use crate::call::{Failure, Leg};
 use crate::config::Channel;
 use crate::dead_letter::{Cause, DeadLetter};
+use crate::headers::Forwarded;
 use crate::jitter::JitterRng;
 use crate::retry::is_retryable;
 use report::FailureReport;
@@ -27,7 +28,7 @@ pub struct Send {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReplyEvent {
     /// `content-type` and `ce-*` of the answer.
-    pub headers: Vec<(String, String)>,
+    pub headers: Forwarded,
     pub body: Vec<u8>,
 }
 
@@ -1155,7 +1156,7 @@ mod tests {
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
         let reply = ReplyEvent {
-            headers: vec![("ce-type".into(), "reply".into())],
+            headers: [("ce-type", "reply")].into_iter().collect(),
             body: b"answer".to_vec(),
         };
         f.completed(1, CallEnd::replied(reply.clone()), 1, &ch);
@@ -1186,7 +1187,7 @@ mod tests {
         let mut f = FanOut::new(0, 1, 0);
         send_all(&mut f, 0, &mut next);
         let reply = ReplyEvent {
-            headers: vec![("ce-type".into(), "t".into())],
+            headers: [("ce-type", "t")].into_iter().collect(),
             body: b"x".to_vec(),
         };
         f.completed(next, CallEnd::replied(reply), 1, &ch);
@@ -1205,7 +1206,7 @@ mod tests {
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
         let reply = ReplyEvent {
-            headers: vec![("ce-type".into(), "t".into())],
+            headers: [("ce-type", "t")].into_iter().collect(),
             body: Vec::new(),
         };
         f.completed(1, CallEnd::replied(reply), 1, &ch);
@@ -1261,7 +1262,7 @@ mod tests {
         let mut next = 0;
         send_all(&mut f, 0, &mut next); // a: 1
         let reply = ReplyEvent {
-            headers: vec![("ce-type".into(), "t".into())],
+            headers: [("ce-type", "t")].into_iter().collect(),
             body: b"answer".to_vec(),
         };
         f.completed(1, CallEnd::replied(reply), 1, &ch);
