@@ -23,7 +23,7 @@ pub(super) struct CallPlan<'a, 'c> {
     extra: Vec<(String, String)>,
     forwarded: &'a Forwarded,
     /// Forwarded headers the `extra` ones replace (a dead letter's error attributes).
-    replaced: fn(&str) -> bool,
+    replaced: Option<fn(&str) -> bool>,
     pub(super) body: Cow<'a, [u8]>,
 }
 
@@ -43,7 +43,7 @@ impl<'a, 'c> CallPlan<'a, 'c> {
                 prefer_reply: sub.reply.is_some(),
                 extra: Vec::new(),
                 forwarded: &job.forwarded,
-                replaced: |_| false,
+                replaced: None,
                 body: Cow::Borrowed(&job.body),
             },
             Leg::DeadLetter => {
@@ -60,7 +60,7 @@ impl<'a, 'c> CallPlan<'a, 'c> {
                     prefer_reply: false,
                     extra: letter.headers,
                     forwarded: &job.forwarded,
-                    replaced: crate::dead_letter::replaces,
+                    replaced: Some(crate::dead_letter::replaces),
                     body: letter.body.map_or(Cow::Borrowed(&job.body[..]), Cow::Owned),
                 }
             }
@@ -74,7 +74,7 @@ impl<'a, 'c> CallPlan<'a, 'c> {
                     prefer_reply: false,
                     extra: Vec::new(),
                     forwarded: &reply.headers,
-                    replaced: |_| false,
+                    replaced: None,
                     body: Cow::Borrowed(&reply.body),
                 }
             }
@@ -93,11 +93,12 @@ impl<'a, 'c> CallPlan<'a, 'c> {
         headers.extend(pairs(self.base));
         headers.extend(prefer);
         headers.extend(pairs(&self.extra));
-        headers.extend(
-            self.forwarded
-                .iter()
-                .filter(|(name, _)| !(self.replaced)(name)),
-        );
+        match self.replaced {
+            None => headers.extend(self.forwarded.iter()),
+            Some(replaced) => {
+                headers.extend(self.forwarded.iter().filter(|(name, _)| !replaced(name)))
+            }
+        }
         headers
     }
 }

@@ -173,6 +173,9 @@ pub struct FanOut {
     calls: Vec<Call>,
     /// Subscribers whose delivery has not ended.
     open: usize,
+    /// Calls `Ready` or `Waiting`: what `take_ready` may hand out. Kept so that the answer
+    /// to one call does not scan every subscriber's when nothing is left to send.
+    to_send: usize,
     /// Draws the jitter of its retry waits; seeded by [`FanOut::seed_jitter`] from the
     /// VM's generator when the fan-out starts (tests leave the fixed default).
     jitter_rng: JitterRng,
@@ -201,6 +204,7 @@ impl FanOut {
                 subscribers
             ],
             open: subscribers,
+            to_send: subscribers,
             jitter_rng: JitterRng::with_seed(0),
         }
     }
@@ -245,6 +249,7 @@ impl FanOut {
             if call.state == CallState::Ready && call.leg == Leg::Event && call.leg_attempts == 0 {
                 call.state = state;
                 self.open -= 1;
+                self.to_send -= 1;
             }
         }
     }
@@ -281,7 +286,15 @@ impl FanOut {
 
     /// [`FanOut::take_ready`] for the subscribers `wanted` accepts; the others stay ready.
     pub fn take_ready_where(&mut self, now_ms: u64, wanted: impl Fn(usize) -> bool) -> Vec<Send> {
+        // The tests and fuzz targets (debug builds) check the count on every call.
+        debug_assert_eq!(
+            self.to_send,
+            self.count(|state| matches!(state, CallState::Ready | CallState::Waiting { .. }))
+        );
         let mut sends = Vec::new();
+        if self.to_send == 0 {
+            return sends;
+        }
         for (index, call) in self.calls.iter_mut().enumerate() {
             if !wanted(index) {
                 continue;
@@ -293,6 +306,7 @@ impl FanOut {
             };
             if due {
                 call.state = CallState::Sending;
+                self.to_send -= 1;
                 sends.push(Send {
                     index,
                     leg: call.leg,
@@ -315,7 +329,7 @@ impl FanOut {
 
     /// Whether a call is ready to be sent at once (after a leg changed).
     pub fn has_ready(&self) -> bool {
-        self.calls.iter().any(|call| call.state == CallState::Ready)
+        self.to_send > 0 && self.calls.iter().any(|call| call.state == CallState::Ready)
     }
 
     /// The call to subscriber `index` is under way with `token`.
@@ -426,6 +440,7 @@ impl FanOut {
                 match reply {
                     Ok(reply) => {
                         call.reply = Some(reply);
+                        self.to_send += 1;
                         CallState::Ready
                     }
                     // The reply leg fails before any call: too large to pass on.
@@ -475,6 +490,7 @@ impl FanOut {
             call.state = CallState::Waiting {
                 until_ms: now_ms.saturating_add(delay),
             };
+            self.to_send += 1;
             return;
         }
         // The event, or its reply, failed for good.
@@ -482,6 +498,7 @@ impl FanOut {
             call.leg = Leg::DeadLetter;
             call.leg_attempts = 0;
             call.state = CallState::Ready;
+            self.to_send += 1;
             return;
         }
         call.state = CallState::Failed {
@@ -495,6 +512,9 @@ impl FanOut {
     pub fn give_up(&mut self, now_ms: u64) {
         let elapsed_ms = now_ms.saturating_sub(self.started_ms);
         for call in self.calls.iter_mut().filter(|call| !call.ended()) {
+            if matches!(call.state, CallState::Ready | CallState::Waiting { .. }) {
+                self.to_send -= 1;
+            }
             *call.failure_slot(call.leg) = Some(LegFailure {
                 failure: Failure::NoResponse,
                 body: Vec::new(),
@@ -561,6 +581,9 @@ impl FanOut {
 
     /// Retries waiting for their time: how many.
     pub fn waiting(&self) -> usize {
+        if self.to_send == 0 {
+            return 0;
+        }
         self.count(|state| matches!(state, CallState::Waiting { .. }))
     }
 
