@@ -74,6 +74,16 @@ impl HeaderMap {
         self.bytes.len()
     }
 
+    /// Whether every name and value is UTF-8, checked at once: the names and values lie
+    /// one after the other, each followed by a NUL, and a NUL never is part of a multi-byte
+    /// character, so the whole run is UTF-8 exactly when each of them is.
+    pub fn is_utf8(&self) -> bool {
+        let data = self.len().saturating_mul(8).saturating_add(4);
+        self.bytes
+            .get(data.min(self.bytes.len())..)
+            .is_some_and(|text| text.is_ascii() || std::str::from_utf8(text).is_ok())
+    }
+
     /// Every (name, value), in the order Envoy gave them.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.spans().filter_map(|span| self.pair(span))
@@ -431,6 +441,21 @@ mod tests {
         assert_eq!(forwarded.len(), 3);
         let copy: Forwarded = forwarded.to_pairs().into_iter().collect();
         assert_eq!(copy, forwarded);
+    }
+
+    #[test]
+    fn a_map_is_utf8_when_every_name_and_value_is() {
+        let utf8 = HeaderMap::from_pairs(&[("a", "é"), ("b", ""), ("c", "x")]);
+        assert!(utf8.is_utf8());
+        assert!(HeaderMap::default().is_utf8());
+        // A bad byte in any value, first or last; a character split across two values.
+        for at in 0..3 {
+            let mut pairs: Vec<(&[u8], &[u8])> = vec![(b"a", b"1"), (b"b", b"2"), (b"c", b"3")];
+            pairs[at].1 = b"\xff";
+            assert!(!HeaderMap::from_pairs(&pairs).is_utf8(), "{at}");
+        }
+        let split: [(&[u8], &[u8]); 2] = [(b"a", b"\xc3"), (b"b", b"\xa9")];
+        assert!(!HeaderMap::from_pairs(&split).is_utf8());
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! `require_cloudevents` is on (400), the CloudEvents mode when the channel filters (415,
 //! 400), then header values (400). Nothing here calls a subscriber.
 
+use std::borrow::Cow;
+
 use crate::answer::Answer;
 use crate::cloudevents::{self, percent_decode, Attributes, ContentMode, EventError};
 use crate::config::Identity;
@@ -85,7 +87,8 @@ pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
         .get(":authority")
         .or_else(|| headers.get("host"))
         .unwrap_or_default();
-    let authority = String::from_utf8_lossy(authority);
+    let authority = std::str::from_utf8(authority)
+        .map_or_else(|_| String::from_utf8_lossy(authority), Cow::Borrowed);
     let Some(channel) = config.router.route(&authority) else {
         return Err(Answer::rejected(
             404,
@@ -111,9 +114,7 @@ pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
     if let (true, Some(pairs)) = (config.require_cloudevents, &pairs) {
         cloudevents::validate_headers(pairs).map_err(|e| Answer::rejected(400, &e))?;
     }
-    let structured = headers
-        .get("content-type")
-        .is_some_and(|value| cloudevents::media_type(value) == cloudevents::STRUCTURED_JSON);
+    let structured = headers.get("content-type").is_some_and(is_structured_json);
     let key = match &config.dedupe {
         None => EventKey::None,
         Some(dedupe) => event_key(&dedupe.key, headers, structured),
@@ -137,7 +138,7 @@ pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
     let nobody = config
         .channel(channel)
         .is_some_and(|c| c.subscribers.is_empty());
-    let forwarded = if nobody && headers.iter().all(|(_, v)| std::str::from_utf8(v).is_ok()) {
+    let forwarded = if nobody && headers.is_utf8() {
         Forwarded::default()
     } else {
         forwarded(config, headers)?
@@ -147,6 +148,21 @@ pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
         forwarded,
         event,
     })
+}
+
+/// Whether a `content-type` is that of a structured JSON CloudEvent: what
+/// `cloudevents::media_type` says, without its lower-cased copy for the usual ASCII value.
+fn is_structured_json(content_type: &[u8]) -> bool {
+    let end = content_type
+        .iter()
+        .position(|&b| b == b';')
+        .unwrap_or(content_type.len());
+    match std::str::from_utf8(&content_type[..end]) {
+        Ok(media_type) if media_type.is_ascii() => media_type
+            .trim()
+            .eq_ignore_ascii_case(cloudevents::STRUCTURED_JSON),
+        _ => cloudevents::media_type(content_type) == cloudevents::STRUCTURED_JSON,
+    }
 }
 
 /// The request headers chosen by `forward_headers`, in the order they arrived; `Err`: one of
@@ -779,6 +795,28 @@ mod tests {
         let mut h = headers(&[(":method", "POST"), (":authority", "orders.default")]);
         h.push(("x-unlisted".to_string(), vec![0xff]));
         assert!(admit(&config(), h).is_ok());
+    }
+
+    #[test]
+    fn structured_json_is_told_as_cloudevents_media_type_tells_it() {
+        let values: [&[u8]; 9] = [
+            b"application/cloudevents+json",
+            b"Application/CloudEvents+JSON; charset=utf-8",
+            b"  application/cloudevents+json\x0b;x",
+            b"application/cloudevents-batch+json",
+            b"application/json",
+            b"",
+            b";application/cloudevents+json",
+            "\u{a0}application/cloudevents+json".as_bytes(),
+            b"application/cloudevents+json\xff",
+        ];
+        for value in values {
+            assert_eq!(
+                is_structured_json(value),
+                cloudevents::media_type(value) == cloudevents::STRUCTURED_JSON,
+                "{value:?}"
+            );
+        }
     }
 
     #[test]
