@@ -55,7 +55,8 @@ pub fn choose<H: Host>(
         channel.subscribers.len(),
         request.started_ms,
     )
-    .with_full_report(config.report == ReportDetail::Full);
+    .with_full_report(config.report == ReportDetail::Full)
+    .with_only_required(channel.subscribers.iter().all(|s| s.required));
     let mut wanted = Vec::with_capacity(channel.subscribers.len());
     for (index, subscriber) in channel.subscribers.iter().enumerate() {
         if subscriber.accepts(request.event.attributes.as_ref()) {
