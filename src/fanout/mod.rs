@@ -535,7 +535,6 @@ impl FanOut {
         }
     }
 
-    /// Every subscriber's delivery has ended.
     /// Every required subscriber of `channel` has ended: the sender's answer is due.
     pub fn required_done(&self, channel: &Channel) -> bool {
         // The tests and fuzz targets (debug builds) check that the flag tells the truth.
