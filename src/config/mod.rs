@@ -9,7 +9,6 @@
 //!
 //! This module does not know about proxy-wasm.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -147,7 +146,7 @@ struct RawSubscriber {
     path: Option<String>,
     timeout_ms: Option<u32>,
     #[serde(default)]
-    headers: BTreeMap<String, String>,
+    headers: RawHeaders,
     delivery: Option<RawDelivery>,
     reply: Option<RawTarget>,
     /// The filter dialect, compiled by [`event_filter::compile_list`].
@@ -169,7 +168,41 @@ struct RawTarget {
     path: Option<String>,
     timeout_ms: Option<u32>,
     #[serde(default)]
-    headers: BTreeMap<String, String>,
+    headers: RawHeaders,
+}
+
+/// A target's `headers` object: names and values in document order, a name given twice
+/// keeping its last value (as a map would). A list, not a `BTreeMap`: the map's code was
+/// ~4 KB of the module for the few headers a target has.
+#[derive(Debug, Clone, Default)]
+struct RawHeaders(Vec<(String, String)>);
+
+impl<'de> Deserialize<'de> for RawHeaders {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(RawHeadersVisitor)
+    }
+}
+
+struct RawHeadersVisitor;
+
+impl<'de> serde::de::Visitor<'de> for RawHeadersVisitor {
+    type Value = RawHeaders;
+
+    /// A map's own word, so the messages are those of the map this replaced.
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a map")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<RawHeaders, A::Error> {
+        let mut headers: Vec<(String, String)> = Vec::new();
+        while let Some((name, value)) = map.next_entry::<String, String>()? {
+            match headers.iter_mut().find(|(n, _)| *n == name) {
+                Some(header) => header.1 = value,
+                None => headers.push((name, value)),
+            }
+        }
+        Ok(RawHeaders(headers))
+    }
 }
 
 /// Retries and dead letters. A subscriber's own fields win over the top-level ones.
@@ -819,6 +852,22 @@ mod tests {
                 .unwrap();
         let headers = &config.channels[0].subscribers[0].call_headers;
         assert_eq!(headers[3], ("x-tenant".to_string(), "Acme".to_string()));
+    }
+
+    #[test]
+    fn extra_headers_keep_their_order_and_a_repeated_name_its_last_value() {
+        let config = parse(
+            r#"{"subscribers": [{"cluster": "a",
+                "headers": {"x-b": "1", "x-a": "2", "x-b": "3"}}]}"#,
+        )
+        .unwrap();
+        let headers = &config.channels[0].subscribers[0].call_headers;
+        let pair = |n: &str, v: &str| (n.to_string(), v.to_string());
+        assert_eq!(headers[3..], [pair("x-b", "3"), pair("x-a", "2")]);
+        assert_eq!(
+            error(r#"{"subscribers": [{"cluster": "a", "headers": ["x-a"]}]}"#),
+            "subscribers[0].headers: invalid type: sequence, expected a map"
+        );
     }
 
     #[test]

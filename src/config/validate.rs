@@ -293,11 +293,11 @@ impl RawTarget {
             None => default_timeout,
         };
 
-        let mut call_headers = Vec::with_capacity(3 + self.headers.len());
+        let mut call_headers = Vec::with_capacity(3 + self.headers.0.len());
         call_headers.push((":method".to_string(), SUBSCRIBER_METHOD.to_string()));
         call_headers.push((":path".to_string(), path.clone()));
         call_headers.push((":authority".to_string(), authority.clone()));
-        for (name, value) in self.headers {
+        for (name, value) in self.headers.0 {
             let at = field(&format!("headers.{name}"));
             let name = headers::validate_extra_header(&name, &value)
                 .map_err(|msg| ConfigError::new(at, msg))?;
