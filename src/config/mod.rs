@@ -12,6 +12,7 @@
 use std::fmt;
 use std::time::Duration;
 
+#[cfg(test)]
 use serde::Deserialize;
 
 use crate::call_slots::CallCap;
@@ -25,6 +26,8 @@ use crate::routing::Router;
 mod dedupe;
 /// The JSON document read with field paths in its errors.
 mod json_path;
+/// The raw types read from it.
+mod read;
 mod validate;
 pub use dedupe::{
     DedupeConfig, Identity, DEFAULT_DEDUPE_MAX_ENTRIES, DEFAULT_DEDUPE_TTL_MS, MAX_ENTRIES_LIMIT,
@@ -82,8 +85,8 @@ impl std::error::Error for ConfigError {}
 
 /// The JSON document, field for field. Unknown fields are errors: a misspelt option must not
 /// be silently ignored.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default)]
+#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
 struct RawConfig {
     timeout_ms: Option<u32>,
     max_body_bytes: Option<u64>,
@@ -92,25 +95,25 @@ struct RawConfig {
     channels: Option<Vec<RawChannel>>,
     subscribers: Option<Vec<RawSubscriber>>,
     metrics: Option<bool>,
-    #[serde(default)]
+    #[cfg_attr(test, serde(default))]
     body_wait: BodyWait,
     delivery: Option<RawDelivery>,
     reply: Option<RawTarget>,
-    #[serde(default)]
+    #[cfg_attr(test, serde(default))]
     mode: AnswerMode,
     max_in_flight: Option<u32>,
     /// Defaults of every subscriber's own.
     max_concurrent_calls: Option<u32>,
     max_queued_calls: Option<u32>,
-    #[serde(default)]
+    #[cfg_attr(test, serde(default))]
     report: ReportDetail,
     dedupe: Option<RawDedupe>,
     require_cloudevents: Option<bool>,
 }
 
 /// How much the 500 report says.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(test, derive(Deserialize), serde(rename_all = "lowercase"))]
 pub enum ReportDetail {
     /// The subscribers that failed (and those dead-lettered or skipped, by name).
     #[default]
@@ -121,31 +124,31 @@ pub enum ReportDetail {
 
 /// `"dedupe": {"ttl_ms": 600000, "max_entries": 100000}` (and `"key": "<header>"` to name
 /// events by a header instead of their CloudEvents identity); off when absent.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default)]
+#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
 struct RawDedupe {
     key: Option<String>,
     ttl_ms: Option<u64>,
     max_entries: Option<u32>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default)]
+#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
 struct RawChannel {
     name: Option<String>,
     hosts: Option<Vec<String>>,
-    #[serde(default)]
+    #[cfg_attr(test, serde(default))]
     subscribers: Vec<RawSubscriber>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default)]
+#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
 struct RawSubscriber {
     cluster: String,
     authority: Option<String>,
     path: Option<String>,
     timeout_ms: Option<u32>,
-    #[serde(default)]
+    #[cfg_attr(test, serde(default))]
     headers: RawHeaders,
     delivery: Option<RawDelivery>,
     reply: Option<RawTarget>,
@@ -160,14 +163,14 @@ struct RawSubscriber {
 }
 
 /// Where a dead letter or a reply goes: a call target like a subscriber.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
 struct RawTarget {
     cluster: String,
     authority: Option<String>,
     path: Option<String>,
     timeout_ms: Option<u32>,
-    #[serde(default)]
+    #[cfg_attr(test, serde(default))]
     headers: RawHeaders,
 }
 
@@ -177,14 +180,17 @@ struct RawTarget {
 #[derive(Debug, Clone, Default)]
 struct RawHeaders(Vec<(String, String)>);
 
+#[cfg(test)]
 impl<'de> Deserialize<'de> for RawHeaders {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_map(RawHeadersVisitor)
     }
 }
 
+#[cfg(test)]
 struct RawHeadersVisitor;
 
+#[cfg(test)]
 impl<'de> serde::de::Visitor<'de> for RawHeadersVisitor {
     type Value = RawHeaders;
 
@@ -206,8 +212,8 @@ impl<'de> serde::de::Visitor<'de> for RawHeadersVisitor {
 }
 
 /// Retries and dead letters. A subscriber's own fields win over the top-level ones.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
 struct RawDelivery {
     retry: Option<u32>,
     backoff_policy: Option<BackoffPolicy>,
@@ -218,8 +224,8 @@ struct RawDelivery {
 }
 
 /// Whether the 202/500 answer waits for the deliveries.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(test, derive(Deserialize), serde(rename_all = "lowercase"))]
 pub enum AnswerMode {
     /// Answer when every subscriber has taken the event or failed for good.
     #[default]
@@ -235,8 +241,8 @@ pub const DEFAULT_MAX_IN_FLIGHT: u32 = 1000;
 pub const SYNC_DEADLINE_WARNING_MS: u64 = 300_000;
 
 /// How the filter waits for the request body.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(test, derive(Deserialize), serde(rename_all = "lowercase"))]
 pub enum BodyWait {
     /// Pause in the headers callback. Needs `allow_on_headers_stop_iteration: true` in the
     /// plugin configuration on Envoy >= 1.35 (and works there only).
@@ -380,7 +386,7 @@ impl Config {
                 "the plugin configuration must be a JSON object, e.g. {\"subscribers\": [{\"cluster\": \"billing\"}]}",
             ));
         }
-        let raw: RawConfig = json_path::from_slice(bytes).map_err(|e| match e {
+        let raw: RawConfig = read::config(bytes).map_err(|e| match e {
             // Not JSON at all (or something after the document): the position is what helps,
             // and there is no field.
             json_path::ReadError::Syntax(inner) => ConfigError::new(
