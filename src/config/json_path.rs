@@ -405,21 +405,19 @@ impl<'n, 'c> At<'n, 'c> {
                     })
                     .collect(),
             ),
-            Node::Object(entries) => Value::Object(
-                entries
-                    .iter()
-                    .map(|(key, node)| {
-                        (
-                            key.clone(),
-                            At {
-                                node,
-                                chain: self.chain,
-                            }
-                            .value(),
-                        )
-                    })
-                    .collect(),
-            ),
+            Node::Object(entries) => {
+                // Inserted one by one: collecting into the map would sort them first (more code).
+                let mut map = serde_json::Map::new();
+                for (key, node) in entries {
+                    let value = At {
+                        node,
+                        chain: self.chain,
+                    }
+                    .value();
+                    map.insert(key.clone(), value);
+                }
+                Value::Object(map)
+            }
         }
     }
 }
