@@ -111,12 +111,12 @@ pub fn dead_letter(cause: &Cause<'_>, forwarded: &[(String, String)], event: &[u
         .find(|(name, _)| name == "content-type")
         .is_some_and(|(_, value)| media_type(value.as_bytes()) == STRUCTURED_JSON);
     let body = if structured {
-        // serde_json escapes the strings; the code is a JSON number, as an Integer attribute
-        // is in the JSON event format.
-        let members = format!(
-            "\"{ERROR_DEST}\":{},\"{ERROR_CODE}\":{code},\"{ERROR_DATA}\":\"{data}\"",
-            serde_json::Value::from(dest)
-        );
+        // serde_json escapes the strings (a string cannot fail to serialize: the fallback is
+        // never taken); the code is a JSON number, as an Integer attribute is in the JSON
+        // event format.
+        let dest = serde_json::to_string(&dest).unwrap_or_else(|_| "\"\"".to_string());
+        let members =
+            format!("\"{ERROR_DEST}\":{dest},\"{ERROR_CODE}\":{code},\"{ERROR_DATA}\":\"{data}\"");
         with_members(event, &members)
     } else {
         let dest = utf8_percent_encode(&dest, HEADER_VALUE).to_string();

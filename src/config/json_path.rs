@@ -59,7 +59,7 @@ pub fn read<T>(
 
 /// A parsed JSON value. Objects keep their entries in document order, duplicates included, so
 /// that a struct still sees (and refuses) a field given twice.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Node {
     Null,
     Bool(bool),
@@ -72,6 +72,37 @@ pub enum Node {
 }
 
 impl Node {
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Node::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_array(&self) -> Option<&[Node]> {
+        match self {
+            Node::Array(items) => Some(items),
+            _ => None,
+        }
+    }
+
+    /// An object's members as a JSON parser that keeps the last of duplicate names reads
+    /// them (serde_json's `Value` does): each name once, with its last value, in the order of
+    /// those last values.
+    pub fn as_object(&self) -> Option<Vec<(&str, &Node)>> {
+        let Node::Object(entries) = self else {
+            return None;
+        };
+        Some(
+            entries
+                .iter()
+                .enumerate()
+                .filter(|(i, (name, _))| !entries[i + 1..].iter().any(|(n, _)| n == name))
+                .map(|(_, (name, node))| (name.as_str(), node))
+                .collect(),
+        )
+    }
+
     fn unexpected(&self) -> Unexpected<'_> {
         match self {
             Node::Null => Unexpected::Unit,
@@ -210,6 +241,11 @@ impl<'n, 'c> At<'n, 'c> {
     /// Not the kind of value `expected` names (`u32`, `a string`, `struct RawTarget`).
     fn wrong_type(self, expected: &str) -> PathError {
         self.fail(de::Error::invalid_type(self.node.unexpected(), &expected))
+    }
+
+    /// The value itself.
+    pub fn node(self) -> &'n Node {
+        self.node
     }
 
     /// A required field that is not there: the error of the struct at `self`.
@@ -379,45 +415,6 @@ impl<'n, 'c> At<'n, 'c> {
                 .wrong_type("unit"))
             }
             _ => Ok(*value),
-        }
-    }
-
-    /// The value as a `serde_json::Value` (of an object's duplicate keys the last wins, as
-    /// serde_json reads them).
-    pub fn value(self) -> serde_json::Value {
-        use serde_json::Value;
-        match self.node {
-            Node::Null => Value::Null,
-            Node::Bool(v) => Value::Bool(*v),
-            Node::Unsigned(v) => Value::Number((*v).into()),
-            Node::Signed(v) => Value::Number((*v).into()),
-            Node::Float(v) => serde_json::Number::from_f64(*v).map_or(Value::Null, Value::Number),
-            Node::Str(v) => Value::String(v.clone()),
-            Node::Array(items) => Value::Array(
-                items
-                    .iter()
-                    .map(|node| {
-                        At {
-                            node,
-                            chain: self.chain,
-                        }
-                        .value()
-                    })
-                    .collect(),
-            ),
-            Node::Object(entries) => {
-                // Inserted one by one: collecting into the map would sort them first (more code).
-                let mut map = serde_json::Map::new();
-                for (key, node) in entries {
-                    let value = At {
-                        node,
-                        chain: self.chain,
-                    }
-                    .value();
-                    map.insert(key.clone(), value);
-                }
-                Value::Object(map)
-            }
         }
     }
 }

@@ -28,6 +28,7 @@ mod dedupe;
 mod json_path;
 /// The raw types read from it.
 mod read;
+pub use json_path::Node;
 mod validate;
 pub use dedupe::{
     DedupeConfig, Identity, DEFAULT_DEDUPE_MAX_ENTRIES, DEFAULT_DEDUPE_TTL_MS, MAX_ENTRIES_LIMIT,
@@ -153,9 +154,9 @@ struct RawSubscriber {
     delivery: Option<RawDelivery>,
     reply: Option<RawTarget>,
     /// The filter dialect, compiled by [`event_filter::compile_list`].
-    filters: Option<Vec<serde_json::Value>>,
+    filters: Option<Vec<Node>>,
     /// The older `{"attributes": {...}}` form, compiled by [`event_filter::compile_legacy`].
-    filter: Option<serde_json::Value>,
+    filter: Option<Node>,
     /// `false`: best-effort, the sender's answer does not wait for it (default true).
     required: Option<bool>,
     max_concurrent_calls: Option<u32>,

@@ -140,8 +140,10 @@ impl RawSubscriber {
                     "headers" => raw.headers = RawHeaders::read(at)?,
                     "delivery" => raw.delivery = at.option(RawDelivery::read)?,
                     "reply" => raw.reply = at.option(RawTarget::read)?,
-                    "filters" => raw.filters = at.option(|at| at.list(|at| Ok(at.value())))?,
-                    "filter" => raw.filter = at.option(|at| Ok(at.value()))?,
+                    "filters" => {
+                        raw.filters = at.option(|at| at.list(|at| Ok(at.node().clone())))?
+                    }
+                    "filter" => raw.filter = at.option(|at| Ok(at.node().clone()))?,
                     "required" => raw.required = at.option(At::bool)?,
                     "max_concurrent_calls" => raw.max_concurrent_calls = at.option(At::u32)?,
                     "max_queued_calls" => raw.max_queued_calls = at.option(At::u32)?,
