@@ -382,6 +382,20 @@ impl<'n, 'c> At<'n, 'c> {
         })
     }
 
+    /// [`At::object`] into a `T` that starts as its default: `field` sets each field given.
+    pub fn fields<T: Default>(
+        self,
+        expected: &str,
+        fields: &'static [&'static str],
+        mut field: impl FnMut(&mut T, &'static str, At<'n, '_>) -> Result<(), PathError>,
+    ) -> Result<T, PathError> {
+        let mut value = T::default();
+        self.object(expected, fields, &mut |name, at| {
+            field(&mut value, name, at)
+        })?;
+        Ok(value)
+    }
+
     /// A unit variant of an enum, as serde derives its reader: its name as a string, or an
     /// object of one entry, the name and `null`. `variants` are the names of `values`.
     pub fn variant<E: Copy>(

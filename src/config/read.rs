@@ -41,41 +41,44 @@ const CONFIG_FIELDS: &[&str] = &[
 
 impl RawConfig {
     fn read(at: At) -> Result<RawConfig, PathError> {
-        let mut raw = RawConfig::default();
-        at.object("struct RawConfig", CONFIG_FIELDS, &mut |name, at| {
-            match name {
-                "timeout_ms" => raw.timeout_ms = at.option(At::u32)?,
-                "max_body_bytes" => raw.max_body_bytes = at.option(At::u64)?,
-                "methods" => raw.methods = at.option(strings)?,
-                "forward_headers" => raw.forward_headers = at.option(strings)?,
-                "channels" => raw.channels = at.option(|at| at.list(RawChannel::read))?,
-                "subscribers" => raw.subscribers = at.option(|at| at.list(RawSubscriber::read))?,
-                "metrics" => raw.metrics = at.option(At::bool)?,
-                "body_wait" => raw.body_wait = body_wait(at)?,
-                "delivery" => raw.delivery = at.option(RawDelivery::read)?,
-                "reply" => raw.reply = at.option(RawTarget::read)?,
-                "mode" => raw.mode = mode(at)?,
-                "max_in_flight" => raw.max_in_flight = at.option(At::u32)?,
-                "max_concurrent_calls" => raw.max_concurrent_calls = at.option(At::u32)?,
-                "max_queued_calls" => raw.max_queued_calls = at.option(At::u32)?,
-                "report" => raw.report = report(at)?,
-                "dedupe" => raw.dedupe = at.option(RawDedupe::read)?,
-                "require_cloudevents" => raw.require_cloudevents = at.option(At::bool)?,
-                _ => {}
-            }
-            Ok(())
-        })?;
-        Ok(raw)
+        at.fields(
+            "struct RawConfig",
+            CONFIG_FIELDS,
+            |raw: &mut RawConfig, name, at| {
+                match name {
+                    "timeout_ms" => raw.timeout_ms = at.option(At::u32)?,
+                    "max_body_bytes" => raw.max_body_bytes = at.option(At::u64)?,
+                    "methods" => raw.methods = at.option(strings)?,
+                    "forward_headers" => raw.forward_headers = at.option(strings)?,
+                    "channels" => raw.channels = at.option(|at| at.list(RawChannel::read))?,
+                    "subscribers" => {
+                        raw.subscribers = at.option(|at| at.list(RawSubscriber::read))?
+                    }
+                    "metrics" => raw.metrics = at.option(At::bool)?,
+                    "body_wait" => raw.body_wait = body_wait(at)?,
+                    "delivery" => raw.delivery = at.option(RawDelivery::read)?,
+                    "reply" => raw.reply = at.option(RawTarget::read)?,
+                    "mode" => raw.mode = mode(at)?,
+                    "max_in_flight" => raw.max_in_flight = at.option(At::u32)?,
+                    "max_concurrent_calls" => raw.max_concurrent_calls = at.option(At::u32)?,
+                    "max_queued_calls" => raw.max_queued_calls = at.option(At::u32)?,
+                    "report" => raw.report = report(at)?,
+                    "dedupe" => raw.dedupe = at.option(RawDedupe::read)?,
+                    "require_cloudevents" => raw.require_cloudevents = at.option(At::bool)?,
+                    _ => {}
+                }
+                Ok(())
+            },
+        )
     }
 }
 
 impl RawDedupe {
     fn read(at: At) -> Result<RawDedupe, PathError> {
-        let mut raw = RawDedupe::default();
-        at.object(
+        at.fields(
             "struct RawDedupe",
             &["key", "ttl_ms", "max_entries"],
-            &mut |name, at| {
+            |raw: &mut RawDedupe, name, at| {
                 match name {
                     "key" => raw.key = at.option(At::string)?,
                     "ttl_ms" => raw.ttl_ms = at.option(At::u64)?,
@@ -84,18 +87,16 @@ impl RawDedupe {
                 }
                 Ok(())
             },
-        )?;
-        Ok(raw)
+        )
     }
 }
 
 impl RawChannel {
     fn read(at: At) -> Result<RawChannel, PathError> {
-        let mut raw = RawChannel::default();
-        at.object(
+        at.fields(
             "struct RawChannel",
             &["name", "hosts", "subscribers"],
-            &mut |name, at| {
+            |raw: &mut RawChannel, name, at| {
                 match name {
                     "name" => raw.name = at.option(At::string)?,
                     "hosts" => raw.hosts = at.option(strings)?,
@@ -104,8 +105,7 @@ impl RawChannel {
                 }
                 Ok(())
             },
-        )?;
-        Ok(raw)
+        )
     }
 }
 
@@ -126,12 +126,11 @@ const SUBSCRIBER_FIELDS: &[&str] = &[
 
 impl RawSubscriber {
     fn read(at: At) -> Result<RawSubscriber, PathError> {
-        let mut raw = RawSubscriber::default();
         let mut cluster = None;
-        at.object(
+        let mut raw = at.fields(
             "struct RawSubscriber",
             SUBSCRIBER_FIELDS,
-            &mut |name, at| {
+            |raw: &mut RawSubscriber, name, at| {
                 match name {
                     "cluster" => cluster = Some(at.string()?),
                     "authority" => raw.authority = at.option(At::string)?,
@@ -159,12 +158,11 @@ impl RawSubscriber {
 
 impl RawTarget {
     fn read(at: At) -> Result<RawTarget, PathError> {
-        let mut raw = RawTarget::default();
         let mut cluster = None;
-        at.object(
+        let mut raw = at.fields(
             "struct RawTarget",
             &["cluster", "authority", "path", "timeout_ms", "headers"],
-            &mut |name, at| {
+            |raw: &mut RawTarget, name, at| {
                 match name {
                     "cluster" => cluster = Some(at.string()?),
                     "authority" => raw.authority = at.option(At::string)?,
@@ -208,20 +206,22 @@ const DELIVERY_FIELDS: &[&str] = &[
 
 impl RawDelivery {
     fn read(at: At) -> Result<RawDelivery, PathError> {
-        let mut raw = RawDelivery::default();
-        at.object("struct RawDelivery", DELIVERY_FIELDS, &mut |name, at| {
-            match name {
-                "retry" => raw.retry = at.option(At::u32)?,
-                "backoff_policy" => raw.backoff_policy = at.option(backoff_policy)?,
-                "backoff_delay_ms" => raw.backoff_delay_ms = at.option(At::u32)?,
-                "backoff_max_ms" => raw.backoff_max_ms = at.option(At::u32)?,
-                "backoff_jitter" => raw.backoff_jitter = at.option(At::f64)?,
-                "dead_letter" => raw.dead_letter = at.option(RawTarget::read)?,
-                _ => {}
-            }
-            Ok(())
-        })?;
-        Ok(raw)
+        at.fields(
+            "struct RawDelivery",
+            DELIVERY_FIELDS,
+            |raw: &mut RawDelivery, name, at| {
+                match name {
+                    "retry" => raw.retry = at.option(At::u32)?,
+                    "backoff_policy" => raw.backoff_policy = at.option(backoff_policy)?,
+                    "backoff_delay_ms" => raw.backoff_delay_ms = at.option(At::u32)?,
+                    "backoff_max_ms" => raw.backoff_max_ms = at.option(At::u32)?,
+                    "backoff_jitter" => raw.backoff_jitter = at.option(At::f64)?,
+                    "dead_letter" => raw.dead_letter = at.option(RawTarget::read)?,
+                    _ => {}
+                }
+                Ok(())
+            },
+        )
     }
 }
 
