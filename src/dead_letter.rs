@@ -29,7 +29,7 @@ use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use crate::answer::sanitize;
 use crate::call::{Failure, Leg, BODY_PEEK_BYTES};
-use crate::cloudevents::{media_type, STRUCTURED_JSON};
+use crate::cloudevents::{media_type, OnlyObject, STRUCTURED_JSON};
 
 /// Headers on a dead letter: which subscriber failed, how, and the start of its answer.
 pub const DEAD_LETTER_CLUSTER: &str = "x-fanout-failed-cluster";
@@ -211,7 +211,7 @@ struct ObjectSize(usize);
 
 impl<'de> Deserialize<'de> for ObjectSize {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(ObjectSizeVisitor)
+        deserializer.deserialize_any(OnlyObject(ObjectSizeVisitor))
     }
 }
 

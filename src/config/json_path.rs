@@ -11,9 +11,10 @@
 //!
 //! What stays as it was, and why it does: each reader accepts the kinds of value serde's
 //! accepted from serde_json (a non-negative integer as u64, a negative one as i64, `null` as
-//! none), and every message is made by `serde_json::Error` (`invalid type`, `invalid value`,
-//! `unknown field`, `missing field`, `duplicate field`, `unknown variant`), so the texts are
-//! serde_json's (`invalid type: null, expected u32`, `floating point `1.5``). The path is
+//! none), and every message is serde_json's: made by `serde_json::Error` (`unknown field`,
+//! `missing field`, `duplicate field`, `unknown variant`), or in its words by
+//! [`crate::cloudevents::json_kind`] (`invalid type: null, expected u32`, `floating point
+//! `1.5``), which keeps serde's float formatting out of the module. The path is
 //! built as serde_path_to_error builds it: a map value or key adds `.key`, a sequence element
 //! `[i]`, an enum's content `.variant`; an error of a struct itself (a missing or duplicate
 //! field) has the struct's path; the root is `.`.
@@ -29,7 +30,9 @@
 
 use std::fmt;
 
-use serde::de::{self, Deserialize, Unexpected, Visitor};
+use serde::de::{self, Deserialize, Visitor};
+
+use crate::cloudevents::json_kind;
 
 /// Why a document could not be read.
 #[derive(Debug)]
@@ -103,16 +106,17 @@ impl Node {
         )
     }
 
-    fn unexpected(&self) -> Unexpected<'_> {
+    /// What serde_json calls this value in its messages (`integer `7``, `string "s"`, `null`).
+    fn kind(&self) -> String {
         match self {
-            Node::Null => Unexpected::Unit,
-            Node::Bool(b) => Unexpected::Bool(*b),
-            Node::Unsigned(n) => Unexpected::Unsigned(*n),
-            Node::Signed(n) => Unexpected::Signed(*n),
-            Node::Float(n) => Unexpected::Float(*n),
-            Node::Str(s) => Unexpected::Str(s),
-            Node::Array(_) => Unexpected::Seq,
-            Node::Object(_) => Unexpected::Map,
+            Node::Null => json_kind::null(),
+            Node::Bool(b) => json_kind::bool(*b),
+            Node::Unsigned(n) => json_kind::integer(n),
+            Node::Signed(n) => json_kind::integer(n),
+            Node::Float(n) => json_kind::float(*n),
+            Node::Str(s) => json_kind::string(s),
+            Node::Array(_) => json_kind::sequence(),
+            Node::Object(_) => json_kind::map(),
         }
     }
 }
@@ -240,7 +244,14 @@ impl<'n, 'c> At<'n, 'c> {
 
     /// Not the kind of value `expected` names (`u32`, `a string`, `struct RawTarget`).
     fn wrong_type(self, expected: &str) -> PathError {
-        self.fail(de::Error::invalid_type(self.node.unexpected(), &expected))
+        self.message(json_kind::invalid_type(&self.node.kind(), expected))
+    }
+
+    fn message(self, message: String) -> PathError {
+        PathError {
+            path: self.chain.to_string(),
+            message,
+        }
     }
 
     /// The value itself.
@@ -285,10 +296,10 @@ impl<'n, 'c> At<'n, 'c> {
         match *self.node {
             Node::Unsigned(v) if v <= max => Ok(v),
             Node::Unsigned(v) => {
-                Err(self.fail(de::Error::invalid_value(Unexpected::Unsigned(v), &expected)))
+                Err(self.message(json_kind::invalid_value(&json_kind::integer(v), expected)))
             }
             Node::Signed(v) => {
-                Err(self.fail(de::Error::invalid_value(Unexpected::Signed(v), &expected)))
+                Err(self.message(json_kind::invalid_value(&json_kind::integer(v), expected)))
             }
             _ => Err(self.wrong_type(expected)),
         }
