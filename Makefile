@@ -46,7 +46,7 @@ WASM_OPT := $(BINARYEN_ROOT)/node_modules/binaryen/bin/wasm-opt
 # (bench/README.md: start-up), for 2 KB less module. The features are those rustc enables
 # for wasm32-wasip1 (`rustc --print cfg --target wasm32-wasip1`): wasm-opt may use what the
 # module already needs, and nothing Envoy's V8 would have to support on top.
-WASM_OPT_CMD := $(WASM_OPT) -Oz -ocimfs=100 --enable-bulk-memory --enable-multivalue --enable-mutable-globals \
+WASM_OPT_CMD := $(WASM_OPT) -Oz -ocimfs=100 --converge --enable-bulk-memory --enable-multivalue --enable-mutable-globals \
   --enable-nontrapping-float-to-int --enable-reference-types --enable-sign-ext
 # cargo's own output (it links target/.../release/fanout.wasm to it again on every build),
 # and wasm-opt's, kept so that an unchanged module is not optimized again.

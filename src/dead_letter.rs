@@ -21,15 +21,15 @@
 //! object, or a structured format other than JSON, is passed on as it came, with only the
 //! `x-fanout-failed-*` headers: there is no event object to put the attributes in.
 
-use std::collections::BTreeMap;
+use std::fmt;
 
 use base64::Engine;
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
-use serde::de::IgnoredAny;
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use crate::answer::sanitize;
 use crate::call::{Failure, Leg, BODY_PEEK_BYTES};
-use crate::cloudevents::{media_type, STRUCTURED_JSON};
+use crate::cloudevents::{media_type, OnlyObject, STRUCTURED_JSON};
 
 /// Headers on a dead letter: which subscriber failed, how, and the start of its answer.
 pub const DEAD_LETTER_CLUSTER: &str = "x-fanout-failed-cluster";
@@ -111,12 +111,12 @@ pub fn dead_letter(cause: &Cause<'_>, forwarded: &[(String, String)], event: &[u
         .find(|(name, _)| name == "content-type")
         .is_some_and(|(_, value)| media_type(value.as_bytes()) == STRUCTURED_JSON);
     let body = if structured {
-        // serde_json escapes the strings; the code is a JSON number, as an Integer attribute
-        // is in the JSON event format.
-        let members = format!(
-            "\"{ERROR_DEST}\":{},\"{ERROR_CODE}\":{code},\"{ERROR_DATA}\":\"{data}\"",
-            serde_json::Value::from(dest)
-        );
+        // serde_json escapes the strings (a string cannot fail to serialize: the fallback is
+        // never taken); the code is a JSON number, as an Integer attribute is in the JSON
+        // event format.
+        let dest = serde_json::to_string(&dest).unwrap_or_else(|_| "\"\"".to_string());
+        let members =
+            format!("\"{ERROR_DEST}\":{dest},\"{ERROR_CODE}\":{code},\"{ERROR_DATA}\":\"{data}\"");
         with_members(event, &members)
     } else {
         let dest = utf8_percent_encode(&dest, HEADER_VALUE).to_string();
@@ -192,17 +192,45 @@ fn error_data<'a>(cause: &Cause<'a>) -> &'a [u8] {
 /// A member of the same name already in the event stays where it is: JSON parsers keep the
 /// last of duplicate names (the CloudEvents SDKs do), so the added one is what they read.
 fn with_members(event: &[u8], members: &str) -> Option<Vec<u8>> {
-    let object: BTreeMap<String, IgnoredAny> = serde_json::from_slice(event).ok()?;
+    let object: ObjectSize = serde_json::from_slice(event).ok()?;
     // Valid JSON: after the object's closing brace comes only whitespace.
     let close = event.iter().rposition(|&b| b == b'}')?;
     let mut body = Vec::with_capacity(event.len() + members.len() + 1);
     body.extend_from_slice(&event[..close]);
-    if !object.is_empty() {
+    if object.0 > 0 {
         body.push(b',');
     }
     body.extend_from_slice(members.as_bytes());
     body.extend_from_slice(&event[close..]);
     Some(body)
+}
+
+/// A JSON object, scanned (every member must be valid JSON) but not kept: how many members
+/// it has. Anything but an object is refused.
+struct ObjectSize(usize);
+
+impl<'de> Deserialize<'de> for ObjectSize {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(OnlyObject(ObjectSizeVisitor))
+    }
+}
+
+struct ObjectSizeVisitor;
+
+impl<'de> Visitor<'de> for ObjectSizeVisitor {
+    type Value = ObjectSize;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ObjectSize, A::Error> {
+        let mut members = 0;
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
+            members += 1;
+        }
+        Ok(ObjectSize(members))
+    }
 }
 
 #[cfg(test)]

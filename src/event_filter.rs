@@ -23,9 +23,8 @@
 
 use std::fmt;
 
-use serde_json::{Map, Value};
-
 use crate::cloudevents::Attributes;
+use crate::config::Node;
 
 /// A compiled filter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,7 +101,7 @@ impl fmt::Display for FilterError {
 const OPERATORS: &str = "exact, prefix, suffix, any, all or not";
 
 /// Compiles a subscriber's `filters` list (all must match). An empty list is no filter.
-pub fn compile_list(filters: &[Value]) -> Result<Option<Filter>, FilterError> {
+pub fn compile_list(filters: &[Node]) -> Result<Option<Filter>, FilterError> {
     let mut compiled = Vec::with_capacity(filters.len());
     for (i, value) in filters.iter().enumerate() {
         compiled.push(compile(value, &format!("filters[{i}]"))?);
@@ -122,7 +121,7 @@ fn all_of(mut filters: Vec<Filter>) -> Option<Filter> {
 
 /// Compiles the older `filter: {"attributes": {...}}` form. Attributes with an empty value
 /// match anything; with none left, it is no filter at all.
-pub fn compile_legacy(filter: &Value) -> Result<Option<Filter>, FilterError> {
+pub fn compile_legacy(filter: &Node) -> Result<Option<Filter>, FilterError> {
     let at = "filter";
     let object = filter.as_object().ok_or_else(|| {
         FilterError::new(
@@ -130,13 +129,13 @@ pub fn compile_legacy(filter: &Value) -> Result<Option<Filter>, FilterError> {
             "must be an object such as {\"attributes\": {\"type\": \"com.example.order.created\"}}",
         )
     })?;
-    if let Some(other) = object.keys().find(|k| *k != "attributes") {
+    if let Some((other, _)) = object.iter().find(|(k, _)| *k != "attributes") {
         return Err(FilterError::new(
             &format!("{at}.{other}"),
             "unknown field, expected `attributes` (or use `filters` for the full dialect)",
         ));
     }
-    let Some(attributes) = object.get("attributes") else {
+    let Some((_, attributes)) = object.first() else {
         return Ok(None);
     };
     let at = "filter.attributes";
@@ -153,7 +152,7 @@ pub fn compile_legacy(filter: &Value) -> Result<Option<Filter>, FilterError> {
         let value = string_value(value, &path)?;
         if !value.is_empty() {
             exact.push(Filter::Exact {
-                attribute: name.clone(),
+                attribute: name.to_string(),
                 value: value.to_string(),
             });
         }
@@ -161,7 +160,7 @@ pub fn compile_legacy(filter: &Value) -> Result<Option<Filter>, FilterError> {
     Ok(all_of(exact))
 }
 
-fn compile(value: &Value, at: &str) -> Result<Filter, FilterError> {
+fn compile(value: &Node, at: &str) -> Result<Filter, FilterError> {
     let object = value.as_object().ok_or_else(|| {
         FilterError::new(
             at,
@@ -170,7 +169,7 @@ fn compile(value: &Value, at: &str) -> Result<Filter, FilterError> {
     })?;
     let mut operators = object.iter();
     let (Some((operator, operand)), None) = (operators.next(), operators.next()) else {
-        let names: Vec<&str> = object.keys().map(String::as_str).collect();
+        let names: Vec<&str> = object.iter().map(|(name, _)| *name).collect();
         return Err(FilterError::new(
             at,
             format!(
@@ -184,10 +183,10 @@ fn compile(value: &Value, at: &str) -> Result<Filter, FilterError> {
         ));
     };
     let at = format!("{at}.{operator}");
-    match operator.as_str() {
+    match *operator {
         "exact" | "prefix" | "suffix" => {
             let (attribute, value) = single_attribute(operand, &at)?;
-            Ok(match operator.as_str() {
+            Ok(match *operator {
                 "exact" => Filter::Exact { attribute, value },
                 "prefix" => Filter::Prefix { attribute, value },
                 _ => Filter::Suffix { attribute, value },
@@ -205,7 +204,7 @@ fn compile(value: &Value, at: &str) -> Result<Filter, FilterError> {
                 .enumerate()
                 .map(|(i, f)| compile(f, &format!("{at}[{i}]")))
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(if operator == "any" {
+            Ok(if *operator == "any" {
                 Filter::Any(filters)
             } else {
                 Filter::All(filters)
@@ -224,8 +223,8 @@ fn compile(value: &Value, at: &str) -> Result<Filter, FilterError> {
 }
 
 /// The operand of `exact`/`prefix`/`suffix`: an object with one attribute and its value.
-fn single_attribute(operand: &Value, at: &str) -> Result<(String, String), FilterError> {
-    let object: &Map<String, Value> = operand.as_object().ok_or_else(|| {
+fn single_attribute(operand: &Node, at: &str) -> Result<(String, String), FilterError> {
+    let object = operand.as_object().ok_or_else(|| {
         FilterError::new(
             at,
             "must be an object naming one attribute, e.g. {\"type\": \"com.example.order.created\"}",
@@ -244,7 +243,7 @@ fn single_attribute(operand: &Value, at: &str) -> Result<(String, String), Filte
     };
     let path = format!("{at}.{name}");
     check_attribute_name(name, &path)?;
-    Ok((name.clone(), string_value(value, &path)?.to_string()))
+    Ok((name.to_string(), string_value(value, &path)?.to_string()))
 }
 
 /// CloudEvents attribute names are lower-case letters and digits; headers reach the filter
@@ -271,12 +270,17 @@ fn check_attribute_name(name: &str, path: &str) -> Result<(), FilterError> {
     Ok(())
 }
 
-fn string_value<'v>(value: &'v Value, path: &str) -> Result<&'v str, FilterError> {
+fn string_value<'v>(value: &'v Node, path: &str) -> Result<&'v str, FilterError> {
     value.as_str().ok_or_else(|| {
-        // Numbers and booleans are compared in their text form: show the value to write.
+        // Numbers and booleans are compared in their text form: show the value to write
+        // (a float as serde_json writes it).
         let example = match value {
-            Value::Number(n) => n.to_string(),
-            Value::Bool(b) => b.to_string(),
+            Node::Unsigned(n) => n.to_string(),
+            Node::Signed(n) => n.to_string(),
+            Node::Float(n) => {
+                serde_json::Number::from_f64(*n).map_or("value".to_string(), |n| n.to_string())
+            }
+            Node::Bool(b) => b.to_string(),
             _ => "value".to_string(),
         };
         FilterError::new(
@@ -293,7 +297,7 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn list(json: &str) -> Option<Filter> {
-        let values: Vec<Value> = serde_json::from_str(json).unwrap();
+        let values: Vec<Node> = serde_json::from_str(json).unwrap();
         compile_list(&values).unwrap()
     }
 
@@ -302,7 +306,7 @@ mod tests {
     }
 
     fn list_error(json: &str) -> String {
-        let values: Vec<Value> = serde_json::from_str(json).unwrap();
+        let values: Vec<Node> = serde_json::from_str(json).unwrap();
         match compile_list(&values) {
             Ok(f) => panic!("compiled: {json} -> {f:?}"),
             Err(e) => e.to_string(),
@@ -427,6 +431,42 @@ mod tests {
 
     fn legacy(json: &str) -> Result<Option<Filter>, FilterError> {
         compile_legacy(&serde_json::from_str(json).unwrap())
+    }
+
+    /// A name given twice in an object keeps its last value, as serde_json's `Value` (which
+    /// the filters were compiled from before) kept it.
+    #[test]
+    fn a_repeated_name_keeps_its_last_value() {
+        let exact = |attribute: &str, value: &str| Filter::Exact {
+            attribute: attribute.to_string(),
+            value: value.to_string(),
+        };
+        assert_eq!(
+            filter(r#"{"exact": {"type": "a"}, "exact": {"type": "b"}}"#),
+            exact("type", "b")
+        );
+        assert_eq!(
+            filter(r#"{"prefix": {"type": "a", "type": "b"}}"#),
+            Filter::Prefix {
+                attribute: "type".to_string(),
+                value: "b".to_string()
+            }
+        );
+        assert_eq!(
+            legacy(r#"{"attributes": {"type": "a", "id": "1", "type": "b"}}"#),
+            Ok(Some(Filter::All(vec![
+                exact("id", "1"),
+                exact("type", "b")
+            ])))
+        );
+        assert_eq!(
+            legacy(r#"{"attributes": {"type": "a", "type": ""}}"#),
+            Ok(None)
+        );
+        assert!(list_error(
+            r#"[{"exact": {"type": "a"}, "not": {"exact": {"type": "b"}}, "exact": {"type": "c"}}]"#
+        )
+        .contains("got not, exact"));
     }
 
     #[test]

@@ -30,7 +30,8 @@ impl Jitter {
         } else {
             Err(format!(
                 "must be from 0.0 (no jitter) to 1.0 (waits from 0 to twice the backoff), got \
-                 {fraction}"
+                 {}",
+                crate::cloudevents::number_text(fraction)
             ))
         }
     }

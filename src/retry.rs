@@ -12,13 +12,14 @@
 //! Nothing here knows about timers or proxy-wasm: the fan-out state asks for a delay,
 //! `deliveries` keeps it with the root context's timer.
 
+#[cfg(test)]
 use serde::Deserialize;
 
 use crate::call::Failure;
 
 /// How the delay grows with each retry.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(test, derive(Deserialize), serde(rename_all = "lowercase"))]
 pub enum BackoffPolicy {
     /// `delay * k` before retry k.
     Linear,

@@ -9,10 +9,10 @@
 //!
 //! This module does not know about proxy-wasm.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+#[cfg(test)]
 use serde::Deserialize;
 
 use crate::call_slots::CallCap;
@@ -26,6 +26,9 @@ use crate::routing::Router;
 mod dedupe;
 /// The JSON document read with field paths in its errors.
 mod json_path;
+/// The raw types read from it.
+mod read;
+pub use json_path::Node;
 mod validate;
 pub use dedupe::{
     DedupeConfig, Identity, DEFAULT_DEDUPE_MAX_ENTRIES, DEFAULT_DEDUPE_TTL_MS, MAX_ENTRIES_LIMIT,
@@ -83,8 +86,8 @@ impl std::error::Error for ConfigError {}
 
 /// The JSON document, field for field. Unknown fields are errors: a misspelt option must not
 /// be silently ignored.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default)]
+#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
 struct RawConfig {
     timeout_ms: Option<u32>,
     max_body_bytes: Option<u64>,
@@ -93,25 +96,25 @@ struct RawConfig {
     channels: Option<Vec<RawChannel>>,
     subscribers: Option<Vec<RawSubscriber>>,
     metrics: Option<bool>,
-    #[serde(default)]
+    #[cfg_attr(test, serde(default))]
     body_wait: BodyWait,
     delivery: Option<RawDelivery>,
     reply: Option<RawTarget>,
-    #[serde(default)]
+    #[cfg_attr(test, serde(default))]
     mode: AnswerMode,
     max_in_flight: Option<u32>,
     /// Defaults of every subscriber's own.
     max_concurrent_calls: Option<u32>,
     max_queued_calls: Option<u32>,
-    #[serde(default)]
+    #[cfg_attr(test, serde(default))]
     report: ReportDetail,
     dedupe: Option<RawDedupe>,
     require_cloudevents: Option<bool>,
 }
 
 /// How much the 500 report says.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(test, derive(Deserialize), serde(rename_all = "lowercase"))]
 pub enum ReportDetail {
     /// The subscribers that failed (and those dead-lettered or skipped, by name).
     #[default]
@@ -122,38 +125,38 @@ pub enum ReportDetail {
 
 /// `"dedupe": {"ttl_ms": 600000, "max_entries": 100000}` (and `"key": "<header>"` to name
 /// events by a header instead of their CloudEvents identity); off when absent.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default)]
+#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
 struct RawDedupe {
     key: Option<String>,
     ttl_ms: Option<u64>,
     max_entries: Option<u32>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default)]
+#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
 struct RawChannel {
     name: Option<String>,
     hosts: Option<Vec<String>>,
-    #[serde(default)]
+    #[cfg_attr(test, serde(default))]
     subscribers: Vec<RawSubscriber>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default)]
+#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
 struct RawSubscriber {
     cluster: String,
     authority: Option<String>,
     path: Option<String>,
     timeout_ms: Option<u32>,
-    #[serde(default)]
-    headers: BTreeMap<String, String>,
+    #[cfg_attr(test, serde(default))]
+    headers: RawHeaders,
     delivery: Option<RawDelivery>,
     reply: Option<RawTarget>,
     /// The filter dialect, compiled by [`event_filter::compile_list`].
-    filters: Option<Vec<serde_json::Value>>,
+    filters: Option<Vec<Node>>,
     /// The older `{"attributes": {...}}` form, compiled by [`event_filter::compile_legacy`].
-    filter: Option<serde_json::Value>,
+    filter: Option<Node>,
     /// `false`: best-effort, the sender's answer does not wait for it (default true).
     required: Option<bool>,
     max_concurrent_calls: Option<u32>,
@@ -161,20 +164,57 @@ struct RawSubscriber {
 }
 
 /// Where a dead letter or a reply goes: a call target like a subscriber.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
 struct RawTarget {
     cluster: String,
     authority: Option<String>,
     path: Option<String>,
     timeout_ms: Option<u32>,
-    #[serde(default)]
-    headers: BTreeMap<String, String>,
+    #[cfg_attr(test, serde(default))]
+    headers: RawHeaders,
+}
+
+/// A target's `headers` object: names and values in document order, a name given twice
+/// keeping its last value (as a map would). A list, not a `BTreeMap`: the map's code was
+/// ~4 KB of the module for the few headers a target has.
+#[derive(Debug, Clone, Default)]
+struct RawHeaders(Vec<(String, String)>);
+
+#[cfg(test)]
+impl<'de> Deserialize<'de> for RawHeaders {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(RawHeadersVisitor)
+    }
+}
+
+#[cfg(test)]
+struct RawHeadersVisitor;
+
+#[cfg(test)]
+impl<'de> serde::de::Visitor<'de> for RawHeadersVisitor {
+    type Value = RawHeaders;
+
+    /// A map's own word, so the messages are those of the map this replaced.
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a map")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<RawHeaders, A::Error> {
+        let mut headers: Vec<(String, String)> = Vec::new();
+        while let Some((name, value)) = map.next_entry::<String, String>()? {
+            match headers.iter_mut().find(|(n, _)| *n == name) {
+                Some(header) => header.1 = value,
+                None => headers.push((name, value)),
+            }
+        }
+        Ok(RawHeaders(headers))
+    }
 }
 
 /// Retries and dead letters. A subscriber's own fields win over the top-level ones.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
 struct RawDelivery {
     retry: Option<u32>,
     backoff_policy: Option<BackoffPolicy>,
@@ -185,8 +225,8 @@ struct RawDelivery {
 }
 
 /// Whether the 202/500 answer waits for the deliveries.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(test, derive(Deserialize), serde(rename_all = "lowercase"))]
 pub enum AnswerMode {
     /// Answer when every subscriber has taken the event or failed for good.
     #[default]
@@ -202,8 +242,8 @@ pub const DEFAULT_MAX_IN_FLIGHT: u32 = 1000;
 pub const SYNC_DEADLINE_WARNING_MS: u64 = 300_000;
 
 /// How the filter waits for the request body.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(test, derive(Deserialize), serde(rename_all = "lowercase"))]
 pub enum BodyWait {
     /// Pause in the headers callback. Needs `allow_on_headers_stop_iteration: true` in the
     /// plugin configuration on Envoy >= 1.35 (and works there only).
@@ -347,7 +387,7 @@ impl Config {
                 "the plugin configuration must be a JSON object, e.g. {\"subscribers\": [{\"cluster\": \"billing\"}]}",
             ));
         }
-        let raw: RawConfig = json_path::from_slice(bytes).map_err(|e| match e {
+        let raw: RawConfig = read::config(bytes).map_err(|e| match e {
             // Not JSON at all (or something after the document): the position is what helps,
             // and there is no field.
             json_path::ReadError::Syntax(inner) => ConfigError::new(
@@ -819,6 +859,22 @@ mod tests {
                 .unwrap();
         let headers = &config.channels[0].subscribers[0].call_headers;
         assert_eq!(headers[3], ("x-tenant".to_string(), "Acme".to_string()));
+    }
+
+    #[test]
+    fn extra_headers_keep_their_order_and_a_repeated_name_its_last_value() {
+        let config = parse(
+            r#"{"subscribers": [{"cluster": "a",
+                "headers": {"x-b": "1", "x-a": "2", "x-b": "3"}}]}"#,
+        )
+        .unwrap();
+        let headers = &config.channels[0].subscribers[0].call_headers;
+        let pair = |n: &str, v: &str| (n.to_string(), v.to_string());
+        assert_eq!(headers[3..], [pair("x-b", "3"), pair("x-a", "2")]);
+        assert_eq!(
+            error(r#"{"subscribers": [{"cluster": "a", "headers": ["x-a"]}]}"#),
+            "subscribers[0].headers: invalid type: sequence, expected a map"
+        );
     }
 
     #[test]

@@ -3,7 +3,6 @@
 //! worked out here: the call headers of every target, the routing table, the retry
 //! policies, the filters, the subscribers' dedupe identities.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use super::{
@@ -293,11 +292,11 @@ impl RawTarget {
             None => default_timeout,
         };
 
-        let mut call_headers = Vec::with_capacity(3 + self.headers.len());
+        let mut call_headers = Vec::with_capacity(3 + self.headers.0.len());
         call_headers.push((":method".to_string(), SUBSCRIBER_METHOD.to_string()));
         call_headers.push((":path".to_string(), path.clone()));
         call_headers.push((":authority".to_string(), authority.clone()));
-        for (name, value) in self.headers {
+        for (name, value) in self.headers.0 {
             let at = field(&format!("headers.{name}"));
             let name = headers::validate_extra_header(&name, &value)
                 .map_err(|msg| ConfigError::new(at, msg))?;
@@ -460,7 +459,8 @@ fn call_cap(
 /// The cap of every capped cluster, once per cluster in the order they first appear; two
 /// subscribers of one cluster with different caps are refused (the cap is the cluster's).
 fn call_caps(channels: &[Channel], shorthand: bool) -> Result<Vec<(String, CallCap)>, ConfigError> {
-    let mut first: HashMap<&str, (Option<CallCap>, String)> = HashMap::new();
+    // Each cluster's first subscriber: a list, clusters are few (a map was ~3 KB of code).
+    let mut first: Vec<(&str, Option<CallCap>, String)> = Vec::new();
     let mut caps = Vec::new();
     for (c, channel) in channels.iter().enumerate() {
         for (s, sub) in channel.subscribers.iter().enumerate() {
@@ -469,8 +469,8 @@ fn call_caps(channels: &[Channel], shorthand: bool) -> Result<Vec<(String, CallC
             } else {
                 format!("channels[{c}].subscribers[{s}]")
             };
-            match first.get(sub.cluster.as_str()) {
-                Some((cap, first_at)) if *cap != sub.call_cap => {
+            match first.iter().find(|(cluster, ..)| *cluster == sub.cluster) {
+                Some((_, cap, first_at)) if *cap != sub.call_cap => {
                     return Err(cap_conflict(&at, sub, *cap, first_at));
                 }
                 Some(_) => {}
@@ -478,7 +478,7 @@ fn call_caps(channels: &[Channel], shorthand: bool) -> Result<Vec<(String, CallC
                     if let Some(cap) = sub.call_cap {
                         caps.push((sub.cluster.clone(), cap));
                     }
-                    first.insert(&sub.cluster, (sub.call_cap, at));
+                    first.push((&sub.cluster, sub.call_cap, at));
                 }
             }
         }
