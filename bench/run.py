@@ -2,8 +2,8 @@
 """`make bench`: what fanout costs, against Envoy's own mirroring, a plain proxy, a Lua
 fan-out and a do-nothing wasm filter, measured in one run on loopback.
 
-    make bench            # the full run (~15 min), results under bench/results/<date>/
-    make bench QUICK=1    # a short run for development (< 2 min), results under bench/tmp/
+    make bench            # the full run (~22 min), results under bench/results/<date>/
+    make bench QUICK=1    # a short run for development (~4 min), results under bench/tmp/
 
 Everything runs on 127.0.0.1: one subscriber Envoy (reads the body, answers 200, keeps the
 connection), one Envoy per system under test (`--concurrency 1`), and wrk as the load

@@ -280,6 +280,9 @@ const SENSITIVE_PREFIX: &str = "x-envoy-";
 pub struct HeaderSelector {
     exact: HashSet<Vec<u8>>,
     prefixes: Vec<String>,
+    /// The exact entries that forward credentials or Envoy-internal headers, each once, in
+    /// the configuration's order (for the warning).
+    sensitive: Vec<String>,
 }
 
 impl HeaderSelector {
@@ -316,24 +319,19 @@ impl HeaderSelector {
             }
             if is_prefix {
                 selector.prefixes.push(name.to_string());
-            } else {
-                selector.exact.insert(name.as_bytes().to_vec());
+            } else if selector.exact.insert(name.as_bytes().to_vec())
+                && is_sensitive(name.as_bytes())
+            {
+                selector.sensitive.push(name.to_string());
             }
         }
         Ok(selector)
     }
 
-    /// Entries that forward credentials or Envoy-internal headers, for a warning at
-    /// configure time.
-    pub fn sensitive_entries(&self) -> Vec<&str> {
-        let mut names: Vec<&str> = self
-            .exact
-            .iter()
-            .filter(|name| is_sensitive(name))
-            .filter_map(|name| std::str::from_utf8(name).ok())
-            .collect();
-        names.sort_unstable();
-        names
+    /// Entries that forward credentials or Envoy-internal headers, in the configuration's
+    /// order, for a warning at configure time.
+    pub fn sensitive_entries(&self) -> &[String] {
+        &self.sensitive
     }
 
     /// Whether a request header (lower-case name, as Envoy hands it over) is forwarded.
@@ -550,7 +548,7 @@ mod tests {
         assert!(!selector.selects("cookie"));
         assert_eq!(
             selector.sensitive_entries(),
-            vec!["authorization", "x-envoy-attempt-count"]
+            ["authorization", "x-envoy-attempt-count"]
         );
     }
 

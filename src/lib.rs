@@ -15,6 +15,7 @@ pub mod answer;
 pub mod call;
 pub mod cloudevents;
 pub mod headers;
+pub mod json_node;
 pub mod routing;
 // Policies over them: retries and their jitter, replies, dead letters, subscription filters.
 pub mod dead_letter;

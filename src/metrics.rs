@@ -12,8 +12,6 @@
 //! `-` replaced by `_`: Envoy splits stat names on `.`, and an Istio cluster name such as
 //! `outbound|80||billing.default.svc.cluster.local` would otherwise become many segments.
 
-use std::collections::BTreeMap;
-
 use hashbrown::HashMap;
 
 use crate::call::Failure;
@@ -85,8 +83,9 @@ pub struct Tally {
     dedupe: bool,
     dedupe_entries_delta: i64,
     /// Gauges by name (the per-subscriber calls in flight and waiting, with
-    /// `max_concurrent_calls`) and their change since the last flush.
-    gauges: BTreeMap<String, i64>,
+    /// `max_concurrent_calls`) and their change since the last flush, in the order they
+    /// were registered (a list: a few per capped subscriber, and no map's code in the module).
+    gauges: Vec<(String, i64)>,
 }
 
 /// Counter numbers of one subscriber cluster.
@@ -352,13 +351,22 @@ impl Tally {
         let prefix = format!("fanout.subscriber.{}", stat_segment(cluster));
         self.counter(&format!("{prefix}.refused"));
         for gauge in ["calls_in_flight", "calls_queued"] {
-            self.gauges.entry(format!("{prefix}.{gauge}")).or_insert(0);
+            self.gauge(&format!("{prefix}.{gauge}"));
         }
+    }
+
+    /// The change of gauge `name` since the last flush, the gauge made if new.
+    fn gauge(&mut self, name: &str) -> Option<&mut i64> {
+        if let Some(index) = self.gauges.iter().position(|(n, _)| n == name) {
+            return self.gauges.get_mut(index).map(|(_, delta)| delta);
+        }
+        self.gauges.push((name.to_string(), 0));
+        self.gauges.last_mut().map(|(_, delta)| delta)
     }
 
     /// The gauges' names, to define them.
     pub fn gauge_names(&self) -> impl Iterator<Item = &String> {
-        self.gauges.keys()
+        self.gauges.iter().map(|(name, _)| name)
     }
 
     /// A capped subscriber's calls in flight and waiting changed by these amounts.
@@ -369,7 +377,9 @@ impl Tally {
             ("calls_queued", queued_delta),
         ] {
             if delta != 0 {
-                *self.gauges.entry(format!("{prefix}.{gauge}")).or_insert(0) += delta;
+                if let Some(total) = self.gauge(&format!("{prefix}.{gauge}")) {
+                    *total += delta;
+                }
             }
         }
     }
@@ -421,14 +431,15 @@ impl Tally {
 
     /// Takes everything counted since the last flush.
     pub fn flush(&mut self) -> Flush {
-        let mut counters: Vec<(String, u64)> = self
+        // In the order the counters were registered (no sort: its code is ~4 KB of module
+        // per element type, and Envoy does not care in which order stats change).
+        let counters: Vec<(String, u64)> = self
             .names
             .iter()
             .zip(self.counts.iter_mut())
             .filter(|(_, n)| **n > 0)
             .map(|(name, n)| (name.clone(), std::mem::take(n)))
             .collect();
-        counters.sort_unstable();
         Flush {
             counters,
             in_flight_delta: std::mem::take(&mut self.in_flight_delta),
@@ -438,7 +449,7 @@ impl Tally {
             gauges: self
                 .gauges
                 .iter_mut()
-                .filter(|(_, delta)| **delta != 0)
+                .filter(|(_, delta)| *delta != 0)
                 .map(|(name, delta)| (name.clone(), std::mem::take(delta)))
                 .collect(),
         }
@@ -525,7 +536,8 @@ mod tests {
         tally.reply_failed("answering", &Failure::Timeout);
         // A call never fails too_large; counting one changes nothing.
         tally.call_ended("plain", &Err(Failure::TooLarge { size: 2, limit: 1 }), None);
-        let flush = tally.flush();
+        let mut flush = tally.flush();
+        flush.counters.sort_unstable(); // the order they were registered in: not what is tested
         let expected: Vec<(String, u64)> = [
             ("fanout.subscriber.answering.reply_discarded", 2),
             ("fanout.subscriber.answering.reply_failed.timeout", 1),
@@ -551,7 +563,8 @@ mod tests {
         tally.answered(500);
         tally.fanout_ended(Some(251));
         tally.answered(404);
-        let flush = tally.flush();
+        let mut flush = tally.flush();
+        flush.counters.sort_unstable(); // the order they were registered in: not what is tested
         let expected: Vec<(String, u64)> = [
             ("fanout.requests.failed", 1),
             ("fanout.requests.received", 2),
