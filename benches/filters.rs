@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use fanout::cloudevents::{self, ContentMode};
 use fanout::config::{Channel, Config};
+use fanout::headers::HeaderMap;
 use fanout::request::PendingEvent;
 
 const CONFIG: &str = r#"{"subscribers": [
@@ -70,7 +71,7 @@ fn filter_structured(channel: &Channel, body: &[u8]) -> usize {
 }
 
 /// Binary mode: the attributes come from the headers at admission; the body is not read.
-fn filter_binary(channel: &Channel, headers: &[(String, Vec<u8>)]) -> usize {
+fn filter_binary(channel: &Channel, headers: &HeaderMap) -> usize {
     match cloudevents::read_headers(headers).map(|mode| mode.attributes(&[])) {
         Ok(Ok(event)) => wanted(channel, event.as_ref()),
         _ => fail("the benchmark headers did not read"),
@@ -149,8 +150,8 @@ fn structured_event(size: usize) -> Vec<u8> {
     body.into_bytes()
 }
 
-fn binary_headers() -> Vec<(String, Vec<u8>)> {
-    [
+fn binary_headers() -> HeaderMap {
+    HeaderMap::from_pairs(&[
         (":method", "POST"),
         (":authority", "orders.default"),
         ("content-type", "application/json"),
@@ -160,10 +161,7 @@ fn binary_headers() -> Vec<(String, Vec<u8>)> {
         ("ce-subject", "invoice-2024-0001.pdf"),
         ("ce-id", "A234-1234-1234"),
         ("ce-time", "2024-04-05T17:31:00Z"),
-    ]
-    .iter()
-    .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
-    .collect()
+    ])
 }
 
 fn human(size: usize) -> String {

@@ -26,6 +26,8 @@ use std::fmt;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 
+use crate::headers::HeaderMap;
+
 /// `content-type` of a structured CloudEvent in the JSON event format.
 pub const STRUCTURED_JSON: &str = "application/cloudevents+json";
 /// `content-type` of a JSON batch of CloudEvents.
@@ -108,8 +110,8 @@ impl fmt::Display for EventError {
 
 /// The mode of a request, from its headers (lower-case names, as Envoy gives them). Binary
 /// attributes are decoded here; nothing is read for other modes.
-pub fn read_headers(headers: &[(String, Vec<u8>)]) -> Result<ContentMode, EventError> {
-    let content_type = header(headers, "content-type");
+pub fn read_headers(headers: &HeaderMap) -> Result<ContentMode, EventError> {
+    let content_type = headers.get("content-type");
     if let Some(media_type) = content_type.map(media_type) {
         if media_type == STRUCTURED_JSON {
             return Ok(ContentMode::Structured);
@@ -127,12 +129,12 @@ pub fn read_headers(headers: &[(String, Vec<u8>)]) -> Result<ContentMode, EventE
             )));
         }
     }
-    if !headers.iter().any(|(name, _)| name == "ce-type") {
+    if headers.get("ce-type").is_none() {
         return Ok(ContentMode::NotCloudEvent);
     }
     let mut attributes = Attributes::default();
-    for (name, value) in headers {
-        let Some(attribute) = name.strip_prefix("ce-") else {
+    for (name, value) in headers.iter() {
+        let Some(attribute) = name.strip_prefix(b"ce-") else {
             continue;
         };
         if attribute.is_empty() {
@@ -140,11 +142,12 @@ pub fn read_headers(headers: &[(String, Vec<u8>)]) -> Result<ContentMode, EventE
         }
         let decoded = String::from_utf8(percent_decode(value).into_owned()).map_err(|_| {
             EventError::Malformed(format!(
-                "header {name} is not UTF-8 once percent-decoded, as the CloudEvents HTTP \
-                 binding requires"
+                "header {} is not UTF-8 once percent-decoded, as the CloudEvents HTTP \
+                 binding requires",
+                String::from_utf8_lossy(name)
             ))
         })?;
-        attributes.insert(attribute.to_string(), decoded);
+        attributes.insert(String::from_utf8_lossy(attribute).into_owned(), decoded);
     }
     // The binding maps `datacontenttype` to the content-type header in binary mode.
     if let Some(value) = content_type {
@@ -168,8 +171,10 @@ impl ContentMode {
 }
 
 /// Whether the request is a structured CloudEvent in JSON (its event is in the body).
-pub fn is_structured_json(headers: &[(String, Vec<u8>)]) -> bool {
-    header(headers, "content-type").is_some_and(|value| media_type(value) == STRUCTURED_JSON)
+pub fn is_structured_json(headers: &HeaderMap) -> bool {
+    headers
+        .get("content-type")
+        .is_some_and(|value| media_type(value) == STRUCTURED_JSON)
 }
 
 /// Whether the headers are those of a valid CloudEvent, as far as headers can tell: binary
@@ -177,8 +182,8 @@ pub fn is_structured_json(headers: &[(String, Vec<u8>)]) -> bool {
 /// empty, UTF-8 once percent-decoded, `specversion` 1.0 or 0.3), or the content type of a
 /// structured JSON event, whose body [`StructuredEvent::validate`] checks. `Err`: what is
 /// missing or wrong, as a sender can read it.
-pub fn validate_headers(headers: &[(String, Vec<u8>)]) -> Result<(), String> {
-    if let Some(media_type) = header(headers, "content-type").map(media_type) {
+pub fn validate_headers(headers: &HeaderMap) -> Result<(), String> {
+    if let Some(media_type) = headers.get("content-type").map(media_type) {
         if media_type == STRUCTURED_JSON {
             return Ok(());
         }
@@ -191,7 +196,7 @@ pub fn validate_headers(headers: &[(String, Vec<u8>)]) -> Result<(), String> {
     }
     if !REQUIRED_ATTRIBUTES
         .iter()
-        .any(|name| header(headers, &format!("ce-{name}")).is_some())
+        .any(|name| headers.get(&format!("ce-{name}")).is_some())
     {
         return Err(format!(
             "not a CloudEvent: neither the headers ce-specversion, ce-id, ce-source and ce-type \
@@ -200,7 +205,7 @@ pub fn validate_headers(headers: &[(String, Vec<u8>)]) -> Result<(), String> {
     }
     check_required("binary", |name| {
         let spelled = format!("ce-{name}");
-        let member = match header(headers, &spelled) {
+        let member = match headers.get(&spelled) {
             None => Member::Missing,
             Some(value) => match String::from_utf8(percent_decode(value).into_owned()) {
                 Ok(text) => Member::Text(text),
@@ -254,19 +259,15 @@ fn check_required(mode: &str, lookup: impl Fn(&str) -> (String, Member)) -> Resu
     }
 }
 
-fn header<'h>(headers: &'h [(String, Vec<u8>)], name: &str) -> Option<&'h [u8]> {
-    headers
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.as_slice())
-}
-
 /// The media type of a content-type value: lower case, without parameters.
-pub fn media_type(value: &[u8]) -> String {
+pub fn media_type(value: &[u8]) -> Cow<'_, str> {
     let end = value.iter().position(|&b| b == b';').unwrap_or(value.len());
-    String::from_utf8_lossy(&value[..end])
-        .trim()
-        .to_ascii_lowercase()
+    let value = &value[..end];
+    match std::str::from_utf8(value) {
+        // The usual value, already trimmed and lower-case: no copy.
+        Ok(text) if !text.bytes().any(|b| b.is_ascii_uppercase()) => Cow::Borrowed(text.trim()),
+        _ => Cow::Owned(String::from_utf8_lossy(value).trim().to_ascii_lowercase()),
+    }
 }
 
 /// `%XX` (either case of hex digit) becomes the byte XX; anything else, including a `%` not
@@ -621,11 +622,41 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn headers(pairs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
-        pairs
-            .iter()
-            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
-            .collect()
+    /// The media type as the copying definition gives it: up to `;`, lossily decoded, trimmed,
+    /// lower-cased.
+    fn media_type_by_copy(value: &[u8]) -> String {
+        let end = value.iter().position(|&b| b == b';').unwrap_or(value.len());
+        String::from_utf8_lossy(&value[..end])
+            .trim()
+            .to_ascii_lowercase()
+    }
+
+    #[test]
+    fn structured_json_is_told_as_the_copying_media_type_tells_it() {
+        let values: [&[u8]; 9] = [
+            b"application/cloudevents+json",
+            b"Application/CloudEvents+JSON; charset=utf-8",
+            b"  application/cloudevents+json\x0b;x",
+            b"application/cloudevents-batch+json",
+            b"application/json",
+            b"",
+            b";application/cloudevents+json",
+            "\u{a0}application/cloudevents+json".as_bytes(),
+            b"application/cloudevents+json\xff",
+        ];
+        for value in values {
+            assert_eq!(media_type(value), media_type_by_copy(value), "{value:?}");
+            let headers = HeaderMap::from_pairs(&[("content-type".as_bytes(), value)]);
+            assert_eq!(
+                is_structured_json(&headers),
+                media_type_by_copy(value) == STRUCTURED_JSON,
+                "{value:?}"
+            );
+        }
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        HeaderMap::from_pairs(pairs)
     }
 
     fn binary(pairs: &[(&str, &str)]) -> Attributes {
@@ -701,8 +732,10 @@ mod tests {
             matches!(&err, EventError::Malformed(m) if m.contains("ce-source")),
             "{err}"
         );
-        let mut raw = headers(&[("ce-type", "t")]);
-        raw.push(("ce-subject".to_string(), vec![0xc3, 0x28]));
+        let raw = HeaderMap::from_pairs(&[
+            ("ce-type".as_bytes(), "t".as_bytes()),
+            ("ce-subject".as_bytes(), &[0xc3, 0x28]),
+        ]);
         assert!(matches!(read_headers(&raw), Err(EventError::Malformed(_))));
     }
 

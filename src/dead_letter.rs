@@ -30,6 +30,7 @@ use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use crate::answer::sanitize;
 use crate::call::{Failure, Leg, BODY_PEEK_BYTES};
 use crate::cloudevents::{media_type, OnlyObject, STRUCTURED_JSON};
+use crate::headers::Forwarded;
 
 /// Headers on a dead letter: which subscriber failed, how, and the start of its answer.
 pub const DEAD_LETTER_CLUSTER: &str = "x-fanout-failed-cluster";
@@ -101,14 +102,14 @@ pub fn replaces(name: &str) -> bool {
 }
 
 /// The dead letter for `cause`, of the event with `forwarded` headers and body `event`.
-pub fn dead_letter(cause: &Cause<'_>, forwarded: &[(String, String)], event: &[u8]) -> DeadLetter {
+pub fn dead_letter(cause: &Cause<'_>, forwarded: &Forwarded, event: &[u8]) -> DeadLetter {
     let mut headers = fanout_headers(cause);
     let dest = format!("http://{}{}", cause.authority, cause.path);
     let code = error_code(cause.failure);
     let data = base64::engine::general_purpose::STANDARD.encode(error_data(cause));
     let structured = forwarded
         .iter()
-        .find(|(name, _)| name == "content-type")
+        .find(|(name, _)| *name == "content-type")
         .is_some_and(|(_, value)| media_type(value.as_bytes()) == STRUCTURED_JSON);
     let body = if structured {
         // serde_json escapes the strings (a string cannot fail to serialize: the fallback is
@@ -258,18 +259,19 @@ mod tests {
             .unwrap()
     }
 
-    fn binary() -> Vec<(String, String)> {
-        vec![
-            ("ce-id".into(), "1".into()),
-            ("content-type".into(), "application/json".into()),
-        ]
+    fn binary() -> Forwarded {
+        [("ce-id", "1"), ("content-type", "application/json")]
+            .into_iter()
+            .collect()
     }
 
-    fn structured() -> Vec<(String, String)> {
-        vec![(
-            "content-type".into(),
-            "application/cloudevents+json; charset=utf-8".into(),
+    fn structured() -> Forwarded {
+        [(
+            "content-type",
+            "application/cloudevents+json; charset=utf-8",
         )]
+        .into_iter()
+        .collect()
     }
 
     fn status(status: u16, detail: &str) -> Failure {
@@ -303,7 +305,7 @@ mod tests {
         assert_eq!(letter.header(DEAD_LETTER_BODY), Some("busy now"));
         assert_eq!(letter.header(DEAD_LETTER_ATTEMPTS), Some("3"));
         // A request that is not a CloudEvent gets the headers too.
-        let plain = dead_letter(&cause(&failure, b"", ""), &[], b"plain");
+        let plain = dead_letter(&cause(&failure, b"", ""), &Forwarded::default(), b"plain");
         assert_eq!(plain.body, None);
         assert_eq!(plain.header("ce-knativeerrorcode"), Some("503"));
     }

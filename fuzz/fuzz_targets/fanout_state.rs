@@ -32,7 +32,7 @@ use fanout::config::{Channel, Config};
 use fanout::fanout::{CallEnd, FanOut, ReplyEvent};
 use fanout::answer::{DEAD_LETTERED_HEADER};
 use fanout::call::{classify, Failure, BODY_PEEK_BYTES, DETAIL_BYTES};
-use fanout::headers::{is_token_byte, is_valid_value};
+use fanout::headers::{is_token_byte, is_valid_value, Forwarded};
 use fanout::metrics::Tally;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
@@ -472,8 +472,8 @@ fn check(f: &FanOut, m: &Model, channel: &Channel, subs: &[SubSpec], open: &mut 
         );
         // The structured form (a JSON parse) once the fan-out is done, to keep the steps fast.
         let modes = [
-            (&[][..], &b"plain"[..]),
-            (&structured[..], br#"{"id":"1","data":{"a":[1,2]}}"#),
+            (Forwarded::default(), &b"plain"[..]),
+            (structured.iter().cloned().collect(), br#"{"id":"1","data":{"a":[1,2]}}"#),
         ];
         for (forwarded, event) in &modes[..if f.is_done() { 2 } else { 1 }] {
             let letter = f.dead_letter(i, channel, forwarded, event);

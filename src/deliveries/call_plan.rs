@@ -48,11 +48,9 @@ impl<'a, 'c> CallPlan<'a, 'c> {
             },
             Leg::DeadLetter => {
                 let target = sub.dead_letter.as_ref()?;
-                // The dead letter's reader takes owned pairs: copied on this leg only.
-                let forwarded = job.forwarded.to_pairs();
                 let letter = job
                     .fanout
-                    .dead_letter(index, channel, &forwarded, &job.body);
+                    .dead_letter(index, channel, &job.forwarded, &job.body);
                 CallPlan {
                     cluster: &target.cluster,
                     timeout: target.timeout,

@@ -629,7 +629,7 @@ impl FanOut {
         &self,
         index: usize,
         channel: &Channel,
-        forwarded: &[(String, String)],
+        forwarded: &Forwarded,
         event: &[u8],
     ) -> DeadLetter {
         let (Some(call), Some(sub)) = (self.calls.get(index), channel.subscribers.get(index))
@@ -1138,7 +1138,7 @@ mod tests {
                 leg: Leg::DeadLetter
             }
         );
-        let letter = f.dead_letter(0, &ch, &[], b"event");
+        let letter = f.dead_letter(0, &ch, &Forwarded::default(), b"event");
         assert_eq!(letter.body, None);
         let header = |name: &str| letter.header(name);
         assert_eq!(header(DEAD_LETTER_CLUSTER), Some("a"));
@@ -1314,7 +1314,7 @@ mod tests {
         assert!(!f.is_retrying(0) && !f.is_failed(0));
         let sends = send_all(&mut f, 101, &mut next); // dlq: 4
         assert_eq!(sends[0].0.leg, Leg::DeadLetter);
-        let letter = f.dead_letter(0, &ch, &[], b"event");
+        let letter = f.dead_letter(0, &ch, &Forwarded::default(), b"event");
         let header = |name: &str| letter.header(name);
         assert_eq!(header(DEAD_LETTER_CLUSTER), Some("a"));
         assert_eq!(header(DEAD_LETTER_LEG), Some("reply"));
@@ -1339,7 +1339,7 @@ mod tests {
         f.completed(1, too_large_reply(), 1, &ch);
         let sends = send_all(&mut f, 1, &mut next); // dlq: 2
         assert_eq!(sends[0].0.leg, Leg::DeadLetter);
-        let letter = f.dead_letter(0, &ch, &[], b"event");
+        let letter = f.dead_letter(0, &ch, &Forwarded::default(), b"event");
         assert!(letter
             .headers
             .contains(&("ce-knativeerrorcode".to_string(), "413".to_string())));
