@@ -15,7 +15,7 @@
 //!   problem named by object and field, nothing written.
 //! - Durations, backoff and what is an error or a warning, as tables of small inputs.
 
-mod harness;
+use crate::harness;
 
 use std::fs;
 use std::path::{Path, PathBuf};

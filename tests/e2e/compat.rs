@@ -5,7 +5,7 @@
 //! happens when the buffer filter is missing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod harness;
+use crate::harness;
 
 use std::time::Duration;
 

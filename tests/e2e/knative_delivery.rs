@@ -8,7 +8,7 @@
 //! backoff, never shortens it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod harness;
+use crate::harness;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};

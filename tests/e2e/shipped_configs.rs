@@ -14,7 +14,7 @@
 //! filter from `FANOUT_WASM` (default `target/wasm32-wasip1/release/fanout.wasm`, built by
 //! `make build`). Missing either fails the tests; they never skip.
 
-mod harness;
+use crate::harness;
 
 use std::fs;
 use std::io::Read;
@@ -113,7 +113,7 @@ fn every_bootstrap_under_envoy_validates() {
             for kind in kinds {
                 assert!(
                     kind == json!("EnvoyFilter") || kind == json!("WasmPlugin"),
-                    "{rel}: unknown kind {kind}; teach tests/configs.rs to check it"
+                    "{rel}: unknown kind {kind}; teach tests/e2e/shipped_configs.rs to check it"
                 );
             }
             continue;

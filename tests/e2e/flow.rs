@@ -7,7 +7,7 @@
 //! the tests that measure it start Envoy with one worker.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod harness;
+use crate::harness;
 
 use std::time::{Duration, Instant};
 

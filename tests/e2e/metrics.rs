@@ -4,7 +4,7 @@
 //! has a line for the failing subscriber.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod harness;
+use crate::harness;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

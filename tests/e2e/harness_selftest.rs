@@ -2,7 +2,7 @@
 //! handling, readiness, subscriber behaviours, and the refused-config path.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod harness;
+use crate::harness;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! generous (a loaded 2-core machine); loops are bounded; everything is on loopback.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod harness;
+use crate::harness;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Shutdown, TcpStream};

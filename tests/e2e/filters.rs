@@ -1,10 +1,10 @@
 //! End-to-end: subscription filters in the real Envoy running the built
 //! `fanout.wasm`, with real subscribers on loopback. Run with `make test-e2e`, or
-//! `cargo test --test e2e_filters` with ENVOY_BIN and FANOUT_WASM set (or their defaults
+//! `cargo test --test e2e filters::` with ENVOY_BIN and FANOUT_WASM set (or their defaults
 //! present).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod harness;
+use crate::harness;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

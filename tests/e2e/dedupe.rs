@@ -3,10 +3,10 @@
 //! after `ttl_ms`, the store stays within `max_entries`, and concurrent redeliveries of one
 //! event across workers give each subscriber exactly one delivery. Events are binary-mode
 //! CloudEvents named by their (`ce-source`, `ce-id`), or by a `key` header; the identity in
-//! both modes, sent by the CloudEvents SDK, is in `e2e_knative_ingress.rs`.
+//! both modes, sent by the CloudEvents SDK, is in `knative_ingress.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod harness;
+use crate::harness;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Barrier};
@@ -320,7 +320,7 @@ fn async_mode_records_when_the_background_delivery_ends() {
 
 /// The cost in Envoy: sequential requests with distinct keys, dedupe off and on (with full
 /// shards: max_entries 1000, 2000 events, the last 1000 timed). Not a test; run with
-/// `cargo test --release --test e2e_dedupe cost -- --ignored --nocapture`.
+/// `cargo test --release --test e2e dedupe::cost -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn cost_per_request_dedupe_off_and_on() {

@@ -8,7 +8,7 @@
 //! machine sustains); it is `#[ignore]`d so that `cargo test` leaves it out.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod harness;
+use crate::harness;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

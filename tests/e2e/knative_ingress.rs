@@ -9,7 +9,7 @@
 //!   headers, and reaches nobody; other methods keep their 405, with the same `allow`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod harness;
+use crate::harness;
 
 use std::time::Duration;
 

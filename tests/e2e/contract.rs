@@ -5,7 +5,7 @@
 //! their defaults present).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod harness;
+use crate::harness;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Barrier};

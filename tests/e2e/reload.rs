@@ -8,7 +8,7 @@
 //! printed, not asserted tightly, so a loaded machine does not fail these tests.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod harness;
+use crate::harness;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! deliveries outlive the request.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod harness;
+use crate::harness;
 
 use std::time::{Duration, Instant};
 
@@ -106,7 +106,7 @@ fn exhausted_retries_go_to_the_dead_letter_with_the_failure_and_the_answer_is_20
         Some("subscriber down answers 503")
     );
     // Knative's error attributes too, as ce-* headers (the event is in binary mode); the
-    // CloudEvents SDK reading them is in tests/e2e_knative_delivery.rs.
+    // CloudEvents SDK reading them is in tests/e2e/knative_delivery.rs.
     assert_eq!(letter.header("x-fanout-failed-leg"), Some("event"));
     assert_eq!(
         letter.header("ce-knativeerrordest"),
