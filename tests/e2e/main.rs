@@ -26,5 +26,6 @@ mod knative_ingress;
 mod faults;
 mod soak;
 // The shipped configurations and the demo; the harness's own checks.
+mod authz;
 mod harness_selftest;
 mod shipped_configs;
