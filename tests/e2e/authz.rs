@@ -406,3 +406,122 @@ fn mtls_senders_are_allowed_by_their_certificates_san_per_channel() {
     billing.stays_at(1, Duration::from_millis(300));
     assert_eq!(ledger.count(), 0);
 }
+
+/// The channel hosts and subjects each Envoy file's RBAC allows (per virtual host).
+fn allowed_in_bootstrap(rel: &str) -> BTreeMap<String, (Vec<String>, Vec<String>)> {
+    let bootstrap = read_shipped_yaml(rel);
+    let hcm = &bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"];
+    let mut allowed = BTreeMap::new();
+    for vhost in hcm["route_config"]["virtual_hosts"].as_array().unwrap() {
+        let Some(rbac) = vhost["typed_per_filter_config"].get("envoy.filters.http.rbac") else {
+            continue;
+        };
+        let hosts = vhost["domains"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h.as_str().unwrap().to_owned())
+            .collect();
+        let mut who = Vec::new();
+        for policy in rbac["rbac"]["rules"]["policies"]
+            .as_object()
+            .unwrap()
+            .values()
+        {
+            for principal in policy["principals"].as_array().unwrap() {
+                let exact = principal["metadata"]["value"]["string_match"]["exact"]
+                    .as_str()
+                    .or(principal["authenticated"]["principal_name"]["exact"].as_str())
+                    .unwrap();
+                who.push(exact.to_owned());
+            }
+        }
+        allowed.insert(vhost["name"].as_str().unwrap().to_owned(), (hosts, who));
+    }
+    allowed
+}
+
+#[test]
+fn the_istio_policies_allow_the_senders_the_envoy_files_allow() {
+    let jwt = allowed_in_bootstrap("envoy/authz/envoy-jwt.yaml");
+    let mtls = allowed_in_bootstrap("envoy/authz/envoy-mtls.yaml");
+    let text = harness::read_shipped("envoy/authz/istio-authz.yaml");
+    let docs: Vec<Value> = text
+        .split("\n---\n")
+        .map(|doc| harness::yaml_to_json(doc, "envoy/authz/istio-authz.yaml"))
+        .collect();
+    let policy = docs
+        .iter()
+        .find(|d| d["kind"] == "AuthorizationPolicy")
+        .unwrap();
+    assert_eq!(policy["spec"]["action"], "ALLOW");
+    let authn = docs
+        .iter()
+        .find(|d| d["kind"] == "RequestAuthentication")
+        .unwrap();
+    assert_eq!(authn["spec"]["selector"], policy["spec"]["selector"]);
+    let issuer = authn["spec"]["jwtRules"][0]["issuer"].as_str().unwrap();
+    for (channel, (hosts, subjects)) in &jwt {
+        let rules: Vec<&Value> = policy["spec"]["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|rule| {
+                let to = &rule["to"][0]["operation"]["hosts"];
+                hosts
+                    .iter()
+                    .all(|h| to.as_array().unwrap().contains(&json!(h)))
+            })
+            .collect();
+        assert!(
+            !rules.is_empty(),
+            "no Istio rule for the hosts of {channel}"
+        );
+        let principals: Vec<&str> = rules
+            .iter()
+            .flat_map(|r| r["from"].as_array().unwrap())
+            .flat_map(|f| {
+                let source = &f["source"];
+                source["requestPrincipals"]
+                    .as_array()
+                    .into_iter()
+                    .chain(source["principals"].as_array())
+                    .flatten()
+            })
+            .map(|p| p.as_str().unwrap())
+            .collect();
+        for subject in subjects {
+            assert!(
+                principals.contains(&format!("{issuer}/{subject}").as_str()),
+                "{channel}: the Istio policy does not allow the JWT sender {subject}"
+            );
+        }
+        // Every token rule checks the channel's own audience.
+        for rule in rules
+            .iter()
+            .filter(|r| r["from"][0]["source"]["requestPrincipals"].is_array())
+        {
+            assert_eq!(
+                rule["when"][0]["key"], "request.auth.audiences",
+                "{channel}"
+            );
+            assert_eq!(
+                rule["when"][0]["values"][0].as_str(),
+                hosts.first().map(String::as_str)
+            );
+        }
+        // mTLS senders: Istio names a SPIFFE id without its scheme.
+        for san in &mtls[channel].1 {
+            let principal = san.strip_prefix("spiffe://").unwrap();
+            assert!(
+                principals.contains(&principal),
+                "{channel}: the Istio policy does not allow the mTLS sender {san}"
+            );
+        }
+    }
+    assert_eq!(
+        jwt.keys().collect::<Vec<_>>(),
+        mtls.keys().collect::<Vec<_>>()
+    );
+}
