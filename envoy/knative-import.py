@@ -4,10 +4,11 @@ reconfiguration reads (envoy/configmap/envoy.yaml).
 
   knative-import.py OBJECTS.json [-o DIR] [--wasm PATH] [--resolve HOST[:PORT]=ADDRESS:PORT ...]
                     [--trusted-ca FILE] [--connect-timeout 1s]
+                    [--oidc-issuer URL [--jwks FILE] [--default-authorization-mode MODE]]
 
 OBJECTS.json is the output of
 
-  kubectl get channels,inmemorychannels,subscriptions -A -o json
+  kubectl get channels,inmemorychannels,subscriptions,eventpolicies -A -o json
 
 (a List), or any JSON holding such objects ("-": stdin). Into DIR (default: the current
 directory) it writes
@@ -15,6 +16,16 @@ directory) it writes
   fanout.json    the plain fan-out config, for review (`render-ecds.py filter` of it is fanout.yaml)
   fanout.yaml    ECDS: the fanout filter with that config
   clusters.yaml  CDS: one cluster per scheme, host and port that the URIs name
+
+and, with --oidc-issuer (Knative's OIDC authentication on: who may send, by EventPolicy),
+
+  senders-jwt.yaml   ECDS: Envoy's jwt_authn: each channel's tokens (issuer, the channel's
+                     audience, signed by a key of the JWKS at --jwks)
+  senders-rbac.yaml  ECDS: Envoy's rbac: per channel, the subjects its EventPolicies allow
+                     (or the default authorization mode's, for a channel no policy applies to)
+
+for envoy/configmap/envoy-senders.yaml, which runs both before fanout. EventPolicies without
+--oidc-issuer are an error: dropping them would let every sender send.
 
 Each Channel or InMemoryChannel becomes a fanout channel `<namespace>/<name>` matched by the host
 of its address; its subscribers come from its spec.subscribers and from the Subscriptions in
@@ -54,6 +65,7 @@ def load_render_ecds():
 render = load_render_ecds()
 
 MESSAGING = "messaging.knative.dev"
+EVENTING = "eventing.knative.dev"
 CHANNEL_KINDS = ("Channel", "InMemoryChannel")
 # fanout's limits (src/config.rs, src/delivery.rs): milliseconds are u32, retries at most 100.
 U32_MAX = 2**32 - 1
@@ -61,6 +73,7 @@ MAX_RETRY = 100
 # The CA bundle of the envoyproxy/envoy image (Ubuntu's ca-certificates): what an https cluster
 # trusts when the Knative objects name no CA certificates for it.
 DEFAULT_TRUSTED_CA = "/etc/ssl/certs/ca-certificates.crt"
+DEFAULT_JWKS = "/etc/fanout/jwks.json"
 UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 DELIVERY_FIELDS = (
     "deadLetterSink",
@@ -619,7 +632,7 @@ class FanoutChannel:
         self.names = set()
         self._channel_delivery = None
 
-    def hosts(self, report):
+    def hosts(self, report, checks_senders):
         """The hosts of the channel's addresses (status.address, status.addresses)."""
         schemes = {}
         for member in self.members:
@@ -632,9 +645,14 @@ class FanoutChannel:
                     parts = urllib.parse.urlsplit(url)
                     if parts.hostname:
                         schemes.setdefault(parts.hostname.lower(), set()).add(parts.scheme.lower())
-            warn_audience(
-                dig(member.status, "address", "audience"), member.label, "status.address.audience", report
-            )
+            audience = dig(member.status, "address", "audience")
+            if audience and not checks_senders:
+                report.warn(
+                    member.label,
+                    "status.address.audience",
+                    f"senders' OIDC tokens (audience {audience!r}) are not checked: run the import "
+                    "with --oidc-issuer to enforce who may send",
+                )
         hosts = list(schemes)
         for host in (h for h, s in schemes.items() if s == {"https"}):
             report.warn(
@@ -883,13 +901,23 @@ def group_channels(channel_objects):
     return groups, index
 
 
-def convert(objects, report):
-    """Knative objects -> (fanout config, the Clusters its targets use)."""
+def convert(objects, report, checks_senders=False):
+    """Knative objects -> (fanout config, the Clusters its targets use, the FanoutChannels,
+    the EventPolicies of the input). `checks_senders`: the senders' tokens are checked
+    (--oidc-issuer)."""
     clusters = Clusters()
-    channel_objects, subscriptions = [], []
+    channel_objects, subscriptions, policies = [], [], []
     seen = {}
     for obj in objects:
-        if obj.group == MESSAGING and obj.kind in CHANNEL_KINDS + ("Subscription",):
+        if obj.group == EVENTING and obj.kind == "EventPolicy":
+            if obj.key() in seen:
+                report.warn(
+                    obj.label, "metadata", f"listed twice ({seen[obj.key()]} and here); the first is used"
+                )
+                continue
+            seen[obj.key()] = obj.label
+            policies.append(obj)
+        elif obj.group == MESSAGING and obj.kind in CHANNEL_KINDS + ("Subscription",):
             if not obj.name:
                 report.error(obj.label, "metadata.name", "missing")
                 continue
@@ -967,15 +995,217 @@ def convert(objects, report):
     channels = []
     owner_of_host = {}
     for group in groups:
-        hosts = group.hosts(report)
+        hosts = group.hosts(report, checks_senders)
         for host in hosts:
             if host in owner_of_host:
                 report.error(
                     group.primary.label, "status.address.url", f"host {host} is also {owner_of_host[host]}'s"
                 )
             owner_of_host[host] = group.primary.label
+        group.host_names = hosts
         channels.append({"name": group.name, "hosts": hosts, "subscribers": group.subscribers})
-    return {"channels": channels}, clusters
+    return {"channels": channels}, clusters, groups, policies
+
+# ---------------------------------------------------------------------------------------------
+# Who may send: EventPolicies into Envoy's jwt_authn and rbac filters.
+#
+# Knative's rules (knative/eventing pkg/auth/verifier.go and event_policy.go): with OIDC
+# authentication on, every request needs a token for the channel's audience (else 401); the
+# EventPolicies that apply to the channel (spec.to empty: every resource of the policy's
+# namespace; a ref: that resource by group, kind and name; a selector: by group, kind and
+# labels) allow the subjects of their status.from (spec.from resolved by Knative), each exact
+# or, ending in "*", a prefix, compared without case; any applying policy may allow. A channel
+# no policy applies to falls back to the default authorization mode: allow-same-namespace
+# (Knative's default: subjects system:serviceaccount:<the channel's namespace>:*), allow-all,
+# or deny-all. Anything else gets 403.
+
+AUTHORIZATION_MODES = ("allow-same-namespace", "allow-all", "deny-all")
+JWT_TYPE = "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication"
+RBAC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount"
+
+
+def selector_matches(selector, labels, where, field, report):
+    """A Kubernetes label selector (matchLabels, matchExpressions) against `labels`."""
+    labels = labels if isinstance(labels, dict) else {}
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for i, expression in enumerate(selector.get("matchExpressions") or []):
+        key, operator = dig(expression, "key"), dig(expression, "operator")
+        values = dig(expression, "values") or []
+        if operator == "In":
+            ok = labels.get(key) in values
+        elif operator == "NotIn":
+            ok = labels.get(key) not in values
+        elif operator == "Exists":
+            ok = key in labels
+        elif operator == "DoesNotExist":
+            ok = key not in labels
+        else:
+            report.error(where, f"{field}.matchExpressions[{i}].operator", f"{operator!r} is not a selector operator")
+            return False
+        if not ok:
+            return False
+    return True
+
+
+def policy_applies(policy, member, report):
+    """Whether EventPolicy `policy` applies to the channel object `member`."""
+    if policy.namespace != member.namespace:
+        return False
+    to = policy.spec.get("to") or []
+    if not to:
+        return True
+    for i, entry in enumerate(to):
+        ref, selector = dig(entry, "ref"), dig(entry, "selector")
+        if isinstance(ref, dict):
+            group = str(ref.get("apiVersion") or "").rpartition("/")[0]
+            if (
+                str(ref.get("name", "")).lower() == member.name.lower()
+                and group.lower() == member.group.lower()
+                and str(ref.get("kind", "")).lower() == member.kind.lower()
+            ):
+                return True
+        if isinstance(selector, dict):
+            group = str(selector.get("apiVersion") or "").rpartition("/")[0]
+            if (
+                group.lower() == member.group.lower()
+                and str(selector.get("kind", "")).lower() == member.kind.lower()
+                and selector_matches(
+                    selector, dig(member.doc, "metadata", "labels"), policy.label, f"spec.to[{i}].selector", report
+                )
+            ):
+                return True
+    return False
+
+
+def policy_subjects(policy, report):
+    """The subjects `policy` allows: status.from (what Knative resolved spec.from to), else the
+    `sub`s and ServiceAccount refs of spec.from; None (with an error) when only Knative could
+    resolve them."""
+    resolved = policy.status.get("from")
+    if isinstance(resolved, list) and resolved:
+        return [str(s) for s in resolved]
+    subjects = []
+    for i, entry in enumerate(policy.spec.get("from") or []):
+        sub, ref = dig(entry, "sub"), dig(entry, "ref")
+        if isinstance(sub, str) and sub:
+            subjects.append(sub)
+        elif isinstance(ref, dict) and ref.get("kind") == "ServiceAccount" and ref.get("name"):
+            namespace = ref.get("namespace") or policy.namespace
+            subjects.append(f"{SERVICE_ACCOUNT_PREFIX}:{namespace}:{ref['name']}")
+        elif isinstance(ref, dict):
+            report.error(
+                policy.label,
+                f"spec.from[{i}].ref",
+                f"{ref.get('kind')} {ref.get('namespace') or policy.namespace}/{ref.get('name')}: only "
+                "Knative can tell its OIDC subject, and status.from is empty: export the policy "
+                "once Knative has resolved it (status.from), or name the subject with `sub`",
+            )
+            return None
+        else:
+            report.error(policy.label, f"spec.from[{i}]", "neither a ref nor a sub")
+            return None
+    return subjects
+
+
+def channel_senders(group, policies, default_mode, report):
+    """The subject patterns allowed to send to `group`, or "any" (allow-all)."""
+    applying = [p for p in policies if any(policy_applies(p, m, report) for m in group.members)]
+    if not applying:
+        if default_mode == "allow-all":
+            return "any"
+        if default_mode == "deny-all":
+            return []
+        return [f"{SERVICE_ACCOUNT_PREFIX}:{group.primary.namespace}:*"]
+    allowed = []
+    for policy in sorted(applying, key=lambda p: p.name):
+        if policy.spec.get("filters"):
+            report.error(
+                policy.label,
+                "spec.filters",
+                "Envoy's rbac cannot read an event's attributes: a sender allowed only for some "
+                "events would be allowed for all. Drop the filters, or keep this channel on Knative",
+            )
+        subjects = policy_subjects(policy, report)
+        allowed += subjects or []
+    return allowed
+
+
+def channel_audience(group, report):
+    for member in group.members:
+        audience = dig(member.status, "address", "audience")
+        if isinstance(audience, str) and audience:
+            return audience
+    report.error(
+        group.primary.label,
+        "status.address.audience",
+        "missing: with OIDC authentication a channel's tokens are for its audience, and without "
+        "one fanout's jwt_authn could not tell a token for this channel from another's",
+    )
+    return None
+
+
+def host_regex(hosts):
+    # The :authority as fanout reads it: any case, any port.
+    names = "|".join(re.escape(h) for h in hosts)
+    return f"(?i)^({names})(:[0-9]+)?$"
+
+
+def subject_principal(subject):
+    match = (
+        {"prefix": subject[:-1], "ignore_case": True}
+        if subject.endswith("*")
+        else {"exact": subject, "ignore_case": True}
+    )
+    return {
+        "metadata": {
+            "filter": "envoy.filters.http.jwt_authn",
+            "path": [{"key": "jwt_payload"}, {"key": "sub"}],
+            "value": {"string_match": match},
+        }
+    }
+
+
+def senders_filters(groups, policies, issuer, jwks, default_mode, report):
+    """The jwt_authn and rbac filter resources (ECDS) that enforce `policies` on `groups`."""
+    for policy in policies:
+        if not any(policy_applies(policy, m, report) for g in groups for m in g.members):
+            report.warn(policy.label, "spec.to", "applies to none of the imported channels; ignored")
+    providers, rules, rbac_policies = {}, [], {}
+    for index, group in enumerate(groups):
+        hosts = getattr(group, "host_names", [])
+        if not hosts:
+            continue
+        audience = channel_audience(group, report)
+        senders = channel_senders(group, policies, default_mode, report)
+        provider = f"channel-{index}"
+        providers[provider] = {
+            "issuer": issuer,
+            "audiences": [audience] if audience else [],
+            "local_jwks": {"filename": jwks},
+            "payload_in_metadata": "jwt_payload",
+        }
+        authority = {"name": ":authority", "string_match": {"safe_regex": {"regex": host_regex(hosts)}}}
+        rules.append({"match": {"prefix": "/", "headers": [authority]}, "requires": {"provider_name": provider}})
+        if senders == "any":
+            principals = [{"any": True}]
+        else:
+            principals = [subject_principal(s) for s in senders]
+        if principals:
+            rbac_policies[group.name] = {"permissions": [{"header": authority}], "principals": principals}
+    jwt = {
+        "@type": render.EXTENSION_TYPE,
+        "name": "senders-jwt",
+        "typed_config": {"@type": JWT_TYPE, "providers": providers, "rules": rules},
+    }
+    rbac = {
+        "@type": render.EXTENSION_TYPE,
+        "name": "senders-rbac",
+        "typed_config": {"@type": RBAC_TYPE, "rules": {"action": "ALLOW", "policies": rbac_policies}},
+    }
+    return jwt, rbac
 
 
 def main():
@@ -1011,12 +1241,42 @@ def main():
         help=f"CA bundle for https URIs without CACerts, as Envoy sees it (default {DEFAULT_TRUSTED_CA})",
     )
     parser.add_argument("--connect-timeout", default="1s", help="the clusters' connect_timeout (default 1s)")
+    parser.add_argument(
+        "--oidc-issuer",
+        metavar="URL",
+        help="check senders' OIDC tokens from this issuer and enforce the EventPolicies: writes "
+        "senders-jwt.yaml and senders-rbac.yaml for envoy/configmap/envoy-senders.yaml",
+    )
+    parser.add_argument(
+        "--jwks",
+        default=DEFAULT_JWKS,
+        metavar="FILE",
+        help=f"the issuer's JWKS as Envoy sees it (default {DEFAULT_JWKS})",
+    )
+    parser.add_argument(
+        "--default-authorization-mode",
+        choices=AUTHORIZATION_MODES,
+        default="allow-same-namespace",
+        help="who may send to a channel no EventPolicy applies to (Knative's feature flag; "
+        "default allow-same-namespace, as Knative's)",
+    )
     args = parser.parse_args()
 
     report = Report()
     resolve = Resolve(args.resolve)
     objects = read_objects(args.objects, report)
-    config, clusters = convert(objects, report)
+    config, clusters, groups, policies = convert(objects, report, bool(args.oidc_issuer))
+    senders = None
+    if args.oidc_issuer:
+        senders = senders_filters(groups, policies, args.oidc_issuer, args.jwks, args.default_authorization_mode, report)
+    else:
+        for policy in policies:
+            report.error(
+                policy.label,
+                "kind",
+                "EventPolicy: who may send is enforced only with --oidc-issuer (and --jwks); "
+                "without it every sender could send",
+            )
     cluster_resources = clusters.resources(resolve, args.trusted_ca, args.connect_timeout, report)
     resolve.report_unused(report)
 
@@ -1038,11 +1298,15 @@ def main():
     render.write(render.discovery_response(cluster_resources), os.path.join(args.output, "clusters.yaml"))
     filter_document = render.discovery_response([render.filter_resource(plugin_config, "fanout", args.wasm)])
     render.write(filter_document, os.path.join(args.output, "fanout.yaml"))
+    if senders is not None:
+        for resource in senders:
+            render.write(render.discovery_response([resource]), os.path.join(args.output, f"{resource['name']}.yaml"))
     subscribers = sum(len(c["subscribers"]) for c in config["channels"])
     print(
         f"knative-import: wrote {os.path.join(args.output, 'fanout.json')}, fanout.yaml and "
         f"clusters.yaml: {len(config['channels'])} channel(s), {subscribers} subscriber(s), "
         f"{len(cluster_resources)} cluster(s)"
+        + (f", {len(policies)} EventPolicy(ies) in senders-jwt.yaml and senders-rbac.yaml" if senders else "")
         + (f", {len(report.warnings)} warning(s)" if report.warnings else "")
     )
 

@@ -22,6 +22,7 @@ mod reload;
 mod knative_delivery;
 mod knative_import;
 mod knative_ingress;
+mod knative_senders;
 // Hostile conditions and the soak.
 mod faults;
 mod soak;

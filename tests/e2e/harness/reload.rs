@@ -171,14 +171,20 @@ pub fn render_clusters(clusters: &[(&str, u16)]) -> String {
 /// The shipped bootstrap, as JSON, with the ConfigMap paths moved to `volume`, the listener
 /// and the admin on loopback with ports of the kernel's choosing.
 pub fn shipped_bootstrap(volume: &Path) -> Value {
-    let mut bootstrap = read_shipped_yaml(SHIPPED_BOOTSTRAP);
+    shipped_bootstrap_from(SHIPPED_BOOTSTRAP, volume)
+}
+
+/// The same for another shipped ConfigMap bootstrap (`rel`, e.g. the one with sender
+/// authorization), which must use the same volume path and name its listener `ingress`.
+pub fn shipped_bootstrap_from(rel: &str, volume: &Path) -> Value {
+    let mut bootstrap = read_shipped_yaml(rel);
     move_volume(&mut bootstrap, &volume.to_string_lossy());
     let loopback = json!({ "socket_address": { "address": "127.0.0.1", "port_value": 0 } });
     bootstrap["admin"]["address"] = loopback.clone();
     let listeners = bootstrap["static_resources"]["listeners"]
         .as_array_mut()
         .expect("the shipped bootstrap has static listeners");
-    assert_eq!(listeners.len(), 1, "{SHIPPED_BOOTSTRAP}: one listener");
+    assert_eq!(listeners.len(), 1, "{rel}: one listener");
     assert_eq!(
         listeners[0]["name"], "ingress",
         "the harness finds the listener by the name `ingress`"
