@@ -25,6 +25,7 @@ mod knative_ingress;
 // Hostile conditions and the soak.
 mod faults;
 mod soak;
-// The shipped configurations and the demo; the harness's own checks.
+// The shipped configurations, the demo and the docs; the harness's own checks.
+mod docs;
 mod harness_selftest;
 mod shipped_configs;
