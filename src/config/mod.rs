@@ -1042,10 +1042,10 @@ mod tests {
         assert_eq!(not_an_event, [false, false, true, true]);
     }
 
-    /// The example of the README's "Subscription filters" section, as it is printed there.
+    /// The example of docs/configuration.md's "Subscription filters", as printed there.
     #[test]
     fn readme_filter_example_is_accepted_and_means_what_it_says() {
-        let readme = include_str!("../../README.md");
+        let readme = include_str!("../../docs/configuration.md");
         let section = &readme[readme.find("## Subscription filters").unwrap()..];
         let start = section.find("```json\n").unwrap() + "```json\n".len();
         let example = &section[start..start + section[start..].find("```").unwrap()];

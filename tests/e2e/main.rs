@@ -26,7 +26,9 @@ mod knative_senders;
 // Hostile conditions and the soak.
 mod faults;
 mod soak;
-// The shipped configurations and the demo; the harness's own checks.
+// Who may send: the shipped sender authorization.
 mod authz;
+// The shipped configurations, the demo and the docs; the harness's own checks.
+mod docs;
 mod harness_selftest;
 mod shipped_configs;
