@@ -5,10 +5,18 @@
 //! - Only a subscriber with a reply target is asked for replies (`Prefer: reply`), and only its
 //!   answers are looked at.
 //! - A `202` is never a reply, whatever its body: the spec says so.
-//! - Another 2xx is a reply when it is a CloudEvent: in binary mode (some `ce-*` header), or in
-//!   structured or batched mode (a `content-type` of `application/cloudevents...`). Anything
-//!   else is discarded, as Knative's dispatcher discards what does not decode as an event: the
-//!   delivery is done. A 2xx with neither a body nor `ce-*` headers is simply done.
+//! - Another 2xx is a reply when it is a valid CloudEvent as Knative's SDK reads one
+//!   (cloudevents sdk-go `binding.ToEvent`): in binary mode `ce-specversion` (1.0 or 0.3) with
+//!   the other required attributes (`ce-id`, `ce-source`, `ce-type`, not empty, UTF-8 once
+//!   percent-decoded), or in structured mode the content type `application/cloudevents+json`.
+//!   Anything else with a body or a `ce-*` header (a batch, `ce-*` headers without
+//!   `ce-specversion`, a binary event missing an attribute) is discarded, as Knative's
+//!   dispatcher discards what does not decode as one event: the delivery is done. A 2xx with
+//!   neither a body nor `ce-*` headers is simply done.
+//! - A reply goes on with its event headers (`content-type`, `ce-*`) and the pass-through
+//!   headers Knative's dispatcher keeps (knative/eventing `pkg/utils/headers.go`):
+//!   `x-request-id`, `knative-*` and `x-b3-*`. Not `retry-after`, which Knative's list also
+//!   has: on a request to the reply target it would ask nothing of anyone.
 //! - A reply larger than `max_body_bytes` is not passed on cut short: it is a failed reply
 //!   ([`crate::call::Failure::TooLarge`]).
 //!
@@ -31,7 +39,8 @@ pub fn may_be_reply(status: u16) -> bool {
 pub enum Answered {
     /// Neither a body nor a CloudEvent: done, nothing to pass on.
     Nothing,
-    /// A body that is not a CloudEvent: not a reply, discarded (and counted).
+    /// Not a valid CloudEvent (a body, or `ce-*` headers without a valid event): not a reply,
+    /// discarded (and counted).
     NotAnEvent,
     /// A reply event larger than `max_body_bytes`: a failed reply, its body not to be read.
     TooLarge(Failure),
@@ -43,34 +52,84 @@ pub enum Answered {
 /// most `max_body_bytes`.
 pub fn read(headers: Vec<(String, Vec<u8>)>, body_size: usize, max_body_bytes: u64) -> Answered {
     match event_headers(headers) {
-        None if body_size == 0 => Answered::Nothing,
-        None => Answered::NotAnEvent,
-        Some(_) if u64::try_from(body_size).unwrap_or(u64::MAX) > max_body_bytes => {
+        Reading::NoEvent if body_size == 0 => Answered::Nothing,
+        Reading::NoEvent | Reading::NotValid => Answered::NotAnEvent,
+        Reading::Event(_) if u64::try_from(body_size).unwrap_or(u64::MAX) > max_body_bytes => {
             Answered::TooLarge(Failure::TooLarge {
                 size: body_size,
                 limit: max_body_bytes,
             })
         }
-        Some(headers) => Answered::Event(headers),
+        Reading::Event(headers) => Answered::Event(headers),
     }
 }
 
-/// The answer's headers that travel with it as a reply event (`content-type` and `ce-*`, as
-/// valid header values), if the answer is a CloudEvent; `None` if it is not one.
-fn event_headers(headers: Vec<(String, Vec<u8>)>) -> Option<Vec<(String, String)>> {
-    let mut cloudevent = false;
+/// What an answer's headers tell of it: a reply event (with the headers that travel with it),
+/// something that looks like an event but is not a valid one, or nothing of an event.
+#[derive(Debug, PartialEq, Eq)]
+enum Reading {
+    Event(Vec<(String, String)>),
+    NotValid,
+    NoEvent,
+}
+
+/// Whether a header of the answer goes on with the reply: the event's own, and Knative's
+/// pass-through headers.
+fn travels(name: &str) -> bool {
+    name == "content-type"
+        || name.starts_with("ce-")
+        || name == "x-request-id"
+        || name.starts_with("knative-")
+        || name.starts_with("x-b3-")
+}
+
+/// Reads an answer's headers: a valid CloudEvent in binary or structured mode is an event,
+/// with its `travels` headers (as valid header values).
+fn event_headers(headers: Vec<(String, Vec<u8>)>) -> Reading {
+    let mut looks_like_event = false;
     let kept: Vec<(String, String)> = headers
         .into_iter()
-        .filter(|(name, _)| name == "content-type" || name.starts_with("ce-"))
+        .filter(|(name, _)| travels(name))
+        .inspect(|(name, _)| looks_like_event |= name.starts_with("ce-"))
         .filter_map(|(name, value)| String::from_utf8(value).ok().map(|v| (name, v)))
         .filter(|(_, value)| crate::headers::is_valid_value(value))
-        .inspect(|(name, value)| {
-            cloudevent |= name.starts_with("ce-")
-                || crate::cloudevents::media_type(value.as_bytes())
-                    .starts_with("application/cloudevents");
-        })
         .collect();
-    cloudevent.then_some(kept)
+    let value = |name: &str| {
+        kept.iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let media_type = value("content-type").map(|v| crate::cloudevents::media_type(v.as_bytes()));
+    if media_type.as_deref() == Some(crate::cloudevents::STRUCTURED_JSON) {
+        return Reading::Event(kept);
+    }
+    let cloudevents_type = media_type
+        .as_deref()
+        .is_some_and(|m| m.starts_with("application/cloudevents"));
+    if value("ce-specversion").is_some() && binary_attributes_valid(&value) {
+        return Reading::Event(kept);
+    }
+    if looks_like_event || cloudevents_type {
+        Reading::NotValid
+    } else {
+        Reading::NoEvent
+    }
+}
+
+/// Binary mode's required attributes: present, not empty, UTF-8 once percent-decoded, and a
+/// `specversion` fanout knows.
+fn binary_attributes_valid<'a>(value: &impl Fn(&str) -> Option<&'a str>) -> bool {
+    use crate::cloudevents::{percent_decode, REQUIRED_ATTRIBUTES, SPEC_VERSIONS};
+    REQUIRED_ATTRIBUTES.iter().all(|attribute| {
+        let Some(raw) = value(&format!("ce-{attribute}")) else {
+            return false;
+        };
+        let decoded = percent_decode(raw.as_bytes());
+        match std::str::from_utf8(&decoded) {
+            Ok("") | Err(_) => false,
+            Ok(text) => *attribute != "specversion" || SPEC_VERSIONS.contains(&text),
+        }
+    })
 }
 
 #[cfg(test)]
@@ -96,38 +155,133 @@ mod tests {
         }
     }
 
+    /// A binary event's required headers, with `more` (in their place when they name one).
+    fn binary(more: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
+        let mut all = vec![
+            ("ce-specversion", "1.0"),
+            ("ce-id", "r-1"),
+            ("ce-source", "/billing"),
+            ("ce-type", "com.example.reply"),
+        ];
+        for (name, value) in more {
+            match all.iter_mut().find(|(n, _)| n == name) {
+                Some(pair) => pair.1 = value,
+                None => all.push((name, value)),
+            }
+        }
+        headers(&all)
+    }
+
+    fn kept(pairs: &[(&str, &str)]) -> Reading {
+        Reading::Event(
+            pairs
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
     #[test]
-    fn binary_structured_and_batched_answers_are_replies_with_their_event_headers() {
-        let binary = event_headers(headers(&[
+    fn binary_and_structured_answers_are_replies_with_their_event_and_pass_through_headers() {
+        let reply = event_headers(binary(&[
             (":status", "200"),
             ("content-type", "application/json"),
-            ("ce-type", "com.example.reply"),
             ("set-cookie", "secret"),
+            ("x-request-id", "abc"),
+            ("knative-trace", "t1"),
+            ("x-b3-traceid", "b3"),
+            ("traceparent", "00-1-2-01"),
+            ("retry-after", "5"),
         ]));
         assert_eq!(
-            binary,
-            Some(vec![
-                ("content-type".to_string(), "application/json".to_string()),
-                ("ce-type".to_string(), "com.example.reply".to_string()),
+            reply,
+            kept(&[
+                ("ce-specversion", "1.0"),
+                ("ce-id", "r-1"),
+                ("ce-source", "/billing"),
+                ("ce-type", "com.example.reply"),
+                ("content-type", "application/json"),
+                ("x-request-id", "abc"),
+                ("knative-trace", "t1"),
+                ("x-b3-traceid", "b3"),
             ])
         );
         for content_type in [
             "application/cloudevents+json",
             "Application/CloudEvents+JSON; charset=utf-8",
-            "application/cloudevents-batch+json",
         ] {
             let reply = event_headers(headers(&[("content-type", content_type)]));
             assert_eq!(
                 reply,
-                Some(vec![("content-type".to_string(), content_type.to_string())]),
+                kept(&[("content-type", content_type)]),
                 "{content_type}"
+            );
+        }
+        let version_03 = event_headers(headers(&[
+            ("ce-specversion", "0.3"),
+            ("ce-id", "1"),
+            ("ce-source", "%2Fa"),
+            ("ce-type", "t"),
+        ]));
+        assert!(matches!(version_03, Reading::Event(_)));
+    }
+
+    #[test]
+    fn what_looks_like_an_event_but_is_not_a_valid_one_is_not_a_reply() {
+        for (why, answer) in [
+            ("a ce-* header alone", headers(&[("ce-abc", "x")])),
+            (
+                "no ce-specversion",
+                headers(&[("ce-id", "1"), ("ce-source", "/s"), ("ce-type", "t")]),
+            ),
+            (
+                "an unknown specversion",
+                binary(&[("ce-specversion", "2.0")]),
+            ),
+            (
+                "an empty ce-id",
+                headers(&[
+                    ("ce-specversion", "1.0"),
+                    ("ce-id", ""),
+                    ("ce-source", "/s"),
+                    ("ce-type", "t"),
+                ]),
+            ),
+            (
+                "a ce-type that is not UTF-8 once percent-decoded",
+                headers(&[
+                    ("ce-specversion", "1.0"),
+                    ("ce-id", "1"),
+                    ("ce-source", "/s"),
+                    ("ce-type", "%FF"),
+                ]),
+            ),
+            (
+                "a batch",
+                headers(&[("content-type", "application/cloudevents-batch+json")]),
+            ),
+            // A ce-* header that cannot be passed on does not make an event either.
+            (
+                "a ce-* value with a newline",
+                binary(&[("ce-type", "a\nb")]),
+            ),
+        ] {
+            assert_eq!(
+                event_headers(answer.clone()),
+                Reading::NotValid,
+                "{why}: {answer:?}"
+            );
+            assert_eq!(
+                read(answer, 0, 10),
+                Answered::NotAnEvent,
+                "{why}: discarded, counted"
             );
         }
     }
 
     #[test]
     fn an_answer_is_nothing_discarded_too_large_or_a_reply() {
-        let event = || headers(&[("ce-type", "t")]);
+        let event = || binary(&[]);
         let plain = || headers(&[("content-type", "text/plain")]);
         assert_eq!(read(plain(), 0, 10), Answered::Nothing);
         assert_eq!(read(plain(), 1, 10), Answered::NotAnEvent);
@@ -136,7 +290,10 @@ mod tests {
             Answered::NotAnEvent,
             "discarded, whatever its size"
         );
-        let reply = Answered::Event(vec![("ce-type".to_string(), "t".to_string())]);
+        let reply = match event_headers(event()) {
+            Reading::Event(headers) => Answered::Event(headers),
+            other => panic!("{other:?}"),
+        };
         assert_eq!(read(event(), 0, 10), reply, "an event without data");
         assert_eq!(read(event(), 10, 10), reply, "at the limit");
         assert_eq!(
@@ -154,12 +311,15 @@ mod tests {
             headers(&[]),
             headers(&[("content-type", "application/json")]),
             headers(&[("content-type", "text/plain"), ("x-ce-type", "no")]),
-            // A ce-* header that cannot be passed on does not make an event.
-            headers(&[("content-type", "text/plain"), ("ce-type", "a\nb")]),
+            headers(&[("x-request-id", "abc")]),
         ] {
-            assert_eq!(event_headers(answer.clone()), None, "{answer:?}");
+            assert_eq!(
+                event_headers(answer.clone()),
+                Reading::NoEvent,
+                "{answer:?}"
+            );
         }
         let not_utf8 = vec![("ce-type".to_string(), vec![0xff])];
-        assert_eq!(event_headers(not_utf8), None);
+        assert_eq!(event_headers(not_utf8), Reading::NotValid);
     }
 }

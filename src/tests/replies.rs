@@ -5,6 +5,14 @@ use super::*;
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
+/// The headers of a binary-mode reply event: its required attributes.
+const REPLY: &[(&str, &str)] = &[
+    ("ce-specversion", "1.0"),
+    ("ce-id", "r-1"),
+    ("ce-source", "/a"),
+    ("ce-type", "com.example.reply"),
+];
+
 #[test]
 fn a_reply_is_forwarded_with_its_content_type_and_ce_headers() {
     let plugin = FakeEnvoy::configured(
@@ -17,6 +25,9 @@ fn a_reply_is_forwarded_with_its_content_type_and_ce_headers() {
         state.call_response_headers = vec![
             (":status".into(), b"200".to_vec()),
             ("content-type".into(), b"application/json".to_vec()),
+            ("ce-specversion".into(), b"1.0".to_vec()),
+            ("ce-id".into(), b"r-1".to_vec()),
+            ("ce-source".into(), b"/a".to_vec()),
             ("ce-type".into(), b"com.example.reply".to_vec()),
             ("set-cookie".into(), b"secret".to_vec()),
         ];
@@ -101,6 +112,36 @@ fn a_2xx_body_that_is_not_a_cloudevent_is_discarded_and_counted() {
 }
 
 #[test]
+fn an_answer_that_looks_like_an_event_but_is_not_a_valid_one_is_discarded_and_counted() {
+    // An empty 200 with only a ce-* header, a binary event without ce-specversion, a batch:
+    // none of them is one valid CloudEvent, so none is passed on as a reply.
+    let not_events: [(&[(&str, &str)], &[u8]); 3] = [
+        (&[("ce-abc", "x")], b""),
+        (
+            &[("ce-id", "1"), ("ce-source", "/a"), ("ce-type", "t")],
+            b"{}",
+        ),
+        (
+            &[("content-type", "application/cloudevents-batch+json")],
+            b"[]",
+        ),
+    ];
+    for (i, (headers, body)) in not_events.into_iter().enumerate() {
+        let mut plugin = FakeEnvoy::configured(REPLYING);
+        let mut ctx = send(&plugin, &post("x"), b"event");
+        plugin.answer_call(&mut ctx, 2, Some(200), "");
+        plugin.answer_call_with(&mut ctx, 1, 200, headers, body);
+        assert_eq!(plugin.only_answer(), Answer::accepted(), "{i}");
+        assert_eq!(plugin.state().dispatched.len(), 2, "{i}: a reply was sent");
+        assert_eq!(
+            plugin.flushed("fanout.subscriber.answering.reply_discarded"),
+            1,
+            "{i}"
+        );
+    }
+}
+
+#[test]
 fn a_structured_reply_is_passed_on_whole_at_the_limit() {
     let plugin = FakeEnvoy::configured(REPLYING);
     let mut ctx = send(&plugin, &post("x"), b"event");
@@ -127,7 +168,7 @@ fn a_reply_over_max_body_bytes_is_a_failed_reply_never_read_nor_sent_cut_short()
     );
     let mut ctx = send(&plugin, &post("x"), b"event");
     plugin.host.0.borrow_mut().now_ms = 9;
-    plugin.answer_call_with(&mut ctx, 1, 200, &[("ce-type", "t")], &[b'x'; 65]);
+    plugin.answer_call_with(&mut ctx, 1, 200, REPLY, &[b'x'; 65]);
     assert_eq!(plugin.state().dispatched.len(), 1, "a reply was sent");
     assert_eq!(plugin.state().call_body_reads, 0, "the body was read");
     let answer = plugin.only_answer();
@@ -165,7 +206,7 @@ fn a_reply_target_envoy_refuses_is_a_failed_reply_counted_by_its_reason() {
         .unknown_clusters
         .insert("replies".into());
     let mut ctx = send(&plugin, &post("x"), b"event");
-    plugin.answer_call_with(&mut ctx, 1, 200, &[("ce-type", "t")], b"answer");
+    plugin.answer_call_with(&mut ctx, 1, 200, REPLY, b"answer");
     let answer = plugin.only_answer();
     assert_eq!(answer.status, 500);
     let failed = &report(&answer)["failed"][0];
@@ -190,7 +231,7 @@ fn a_reply_that_failed_for_good_sends_the_original_event_to_the_dead_letter() {
     headers.extend([("ce-id", "7"), ("ce-knativeerrorcode", "999")]);
     let mut ctx = send(&plugin, &headers, b"event");
     plugin.answer_call(&mut ctx, 2, Some(200), "");
-    plugin.answer_call_with(&mut ctx, 1, 200, &[("ce-type", "reply")], b"answer");
+    plugin.answer_call_with(&mut ctx, 1, 200, REPLY, b"answer");
     let reply = plugin.last_call();
     assert_eq!(reply.cluster, "replies");
     plugin.answer_call_with(&mut ctx, reply.token, 503, &[], b"replies down");

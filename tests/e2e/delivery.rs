@@ -147,8 +147,10 @@ fn a_reply_is_forwarded_and_a_failed_reply_fails_the_delivery() {
             status: 200,
             headers: vec![
                 ("content-type".into(), "application/json".into()),
+                ("ce-specversion".into(), "1.0".into()),
                 ("ce-type".into(), "com.example.answer".into()),
                 ("ce-id".into(), "r-1".into()),
+                ("ce-source".into(), "/answering".into()),
                 ("set-cookie".into(), "secret=1".into()),
             ],
             body: "{\"answer\":42}".into(),

@@ -19,6 +19,14 @@ use harness::timing::{assert_waited_about, assert_waited_at_least, poll_until};
 use harness::{read_shipped_yaml, send, Behavior, Client, Envoy, Recorded, Subscriber};
 use serde_json::{json, Value};
 
+/// The headers of a valid binary-mode reply event: its required attributes.
+const REPLY: &[(&str, &str)] = &[
+    ("ce-specversion", "1.0"),
+    ("ce-id", "r-1"),
+    ("ce-source", "/answering"),
+    ("ce-type", "com.example.reply"),
+];
+
 fn respond(status: u16, headers: &[(&str, &str)], body: &str) -> Behavior {
     Behavior::Respond {
         status,
@@ -230,16 +238,56 @@ fn a_2xx_body_that_is_not_a_cloudevent_is_discarded_counted_and_the_delivery_don
 }
 
 #[test]
+fn only_a_valid_cloudevent_is_a_reply_and_it_carries_knatives_pass_through_headers() {
+    // Knative's SDK reads an answer as an event only with ce-specversion (binary) or a
+    // CloudEvents content type (structured): the rest is discarded and counted.
+    let answering = Subscriber::start("answering", respond(200, &[("ce-abc", "x")], ""));
+    let replies = Subscriber::ok("replies");
+    let config = json!({
+        "subscribers": [{ "cluster": "answering", "reply": { "cluster": "replies" } }]
+    });
+    let envoy = Envoy::with_subscribers(&config, &[&answering, &replies]);
+    let not_events: [&[(&str, &str)]; 3] = [
+        &[("ce-abc", "x")],
+        &[("ce-id", "1"), ("ce-source", "/a"), ("ce-type", "t")],
+        &[("content-type", "application/cloudevents-batch+json")],
+    ];
+    for (i, headers) in not_events.into_iter().enumerate() {
+        answering.set_behavior(respond(200, headers, if i == 2 { "[]" } else { "" }));
+        let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
+        assert_eq!(reply.status, 202, "{}", reply.text());
+    }
+    envoy.expect_stat(
+        "wasmcustom.fanout.subscriber.answering.reply_discarded",
+        |n| n == 3,
+        Duration::from_secs(10),
+    );
+    stays_at(&replies, 0, Duration::from_millis(200));
+
+    // A valid binary event goes on with its event headers and Knative's pass-through ones.
+    let mut headers = REPLY.to_vec();
+    headers.extend([
+        ("x-request-id", "answer-7"),
+        ("knative-hop", "1"),
+        ("x-b3-traceid", "80f198ee56343ba864fe8b2a57d3eff7"),
+        ("retry-after", "5"),
+        ("set-cookie", "secret=1"),
+    ]);
+    answering.set_behavior(respond(200, &headers, "{\"answer\":1}"));
+    let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
+    assert_eq!(reply.status, 202, "{}", reply.text());
+    let forwarded = replies.only_request();
+    for (name, value) in REPLY.iter().chain(&headers[4..7]) {
+        assert_eq!(forwarded.header(name), Some(*value), "{name}");
+    }
+    assert_eq!(forwarded.header("retry-after"), None);
+    assert_eq!(forwarded.header("set-cookie"), None);
+}
+
+#[test]
 fn a_reply_larger_than_max_body_bytes_fails_too_large_and_is_never_forwarded_cut_short() {
     let big = "x".repeat(5000);
-    let answering = Subscriber::start(
-        "answering",
-        respond(
-            200,
-            &[("ce-type", "com.example.reply"), ("ce-id", "r")],
-            &big,
-        ),
-    );
+    let answering = Subscriber::start("answering", respond(200, REPLY, &big));
     let replies = Subscriber::ok("replies");
     let config = json!({
         "max_body_bytes": 4096,
@@ -276,7 +324,7 @@ fn a_reply_larger_than_max_body_bytes_fails_too_large_and_is_never_forwarded_cut
     });
     assert!(found.is_some(), "no `{want} 1` in {last:#?}");
     // At the limit, a reply is passed on whole.
-    answering.set_behavior(respond(200, &[("ce-type", "t")], &"y".repeat(4096)));
+    answering.set_behavior(respond(200, REPLY, &"y".repeat(4096)));
     let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
     assert_eq!(reply.status, 202, "{}", reply.text());
     assert_eq!(replies.only_request().body, "y".repeat(4096).as_bytes());
@@ -330,7 +378,7 @@ fn a_reply_that_failed_for_good_sends_the_original_event_to_the_dead_letter_targ
     assert_eq!(read["error_data"], "replies are down");
 
     // A reply too large to pass on goes there too, with the code 413.
-    answering.set_behavior(respond(200, &[("ce-type", "t")], &"z".repeat(2_000_000)));
+    answering.set_behavior(respond(200, REPLY, &"z".repeat(2_000_000)));
     let reply = post_event(&envoy, &headers, &body);
     assert_eq!(reply.status, 202, "{}", reply.text());
     assert_eq!(dlq.wait_for(2, Duration::from_secs(10)), 2);
