@@ -115,7 +115,8 @@ fn a_2xx_body_that_is_not_a_cloudevent_is_discarded_and_counted() {
 fn an_answer_that_looks_like_an_event_but_is_not_a_valid_one_is_discarded_and_counted() {
     // An empty 200 with only a ce-* header, a binary event without ce-specversion, a batch:
     // none of them is one valid CloudEvent, so none is passed on as a reply.
-    let not_events: [(&[(&str, &str)], &[u8]); 3] = [
+    type HeadersAndBody<'a> = (&'a [(&'a str, &'a str)], &'a [u8]);
+    let not_events: [HeadersAndBody; 3] = [
         (&[("ce-abc", "x")], b""),
         (
             &[("ce-id", "1"), ("ce-source", "/a"), ("ce-type", "t")],
