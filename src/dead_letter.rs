@@ -29,8 +29,9 @@ use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use crate::answer::sanitize;
 use crate::call::{Failure, Leg, BODY_PEEK_BYTES};
-use crate::cloudevents::{media_type, OnlyObject, STRUCTURED_JSON};
+use crate::cloudevents::{media_type, STRUCTURED_JSON};
 use crate::headers::Forwarded;
+use crate::json::OnlyObject;
 
 /// Headers on a dead letter: which subscriber failed, how, and the start of its answer.
 pub const DEAD_LETTER_CLUSTER: &str = "x-fanout-failed-cluster";

@@ -10,12 +10,12 @@
 //! orchestration and performs host calls for it. docs/design.md has the module map and one
 //! request's walk through it; README.md is the user contract.
 
-// Values: an answer, one call, an event's attributes, header rules, channel routing.
+// Values: an answer, one call, an event's attributes, header rules, JSON, channel routing.
 pub mod answer;
 pub mod call;
 pub mod cloudevents;
 pub mod headers;
-pub mod json_node;
+pub mod json;
 pub mod routing;
 // Policies over them: retries and their jitter, replies, dead letters, subscription filters.
 pub mod dead_letter;

@@ -13,7 +13,7 @@
 //! accepted from serde_json (a non-negative integer as u64, a negative one as i64, `null` as
 //! none), and every message is serde_json's: made by `serde_json::Error` (`unknown field`,
 //! `missing field`, `duplicate field`, `unknown variant`), or in its words by
-//! [`crate::cloudevents::json_kind`] (`invalid type: null, expected u32`, `floating point
+//! [`crate::json::kind`] (`invalid type: null, expected u32`, `floating point
 //! `1.5``), which keeps serde's float formatting out of the module. The path is
 //! built as serde_path_to_error builds it: a map value or key adds `.key`, a sequence element
 //! `[i]`, an enum's content `.variant`; an error of a struct itself (a missing or duplicate
@@ -32,8 +32,8 @@ use std::fmt;
 
 use serde::de;
 
-use crate::cloudevents::json_kind;
-pub use crate::json_node::Node;
+use crate::json::kind as json_kind;
+pub use crate::json::Node;
 
 /// Why a document could not be read.
 #[derive(Debug)]
