@@ -274,6 +274,7 @@ impl<H: Host> Stream<H> {
         let nothing_to_send = recipients.fanout.is_done();
         let job = Job {
             config: config.clone(),
+            channel: channel.clone(),
             fanout: recipients.fanout,
             body,
             forwarded: admitted.forwarded,

@@ -10,6 +10,7 @@
 //! This module does not know about proxy-wasm.
 
 use std::fmt;
+use std::rc::Rc;
 use std::time::Duration;
 
 #[cfg(test)]
@@ -263,7 +264,8 @@ pub struct Config {
     pub allow: String,
     pub max_body_bytes: u64,
     pub forward: HeaderSelector,
-    pub channels: Vec<Channel>,
+    /// Shared with every fan-out to them (a [`crate::deliveries::Job`] holds its own).
+    pub channels: Vec<Rc<Channel>>,
     pub router: Router,
     /// Whether to count requests and calls in Envoy's stats (default true).
     pub metrics: bool,
@@ -399,7 +401,7 @@ impl Config {
         raw.validate()
     }
 
-    pub fn channel(&self, index: usize) -> Option<&Channel> {
+    pub fn channel(&self, index: usize) -> Option<&Rc<Channel>> {
         self.channels.get(index)
     }
 }

@@ -3,6 +3,7 @@
 //! worked out here: the call headers of every target, the routing table, the retry
 //! policies, the filters, the subscribers' dedupe identities.
 
+use std::rc::Rc;
 use std::time::Duration;
 
 use super::{
@@ -102,7 +103,7 @@ impl RawConfig {
             methods,
             max_body_bytes: self.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
             forward,
-            channels,
+            channels: channels.into_iter().map(Rc::new).collect(),
             router,
             metrics: self.metrics.unwrap_or(true),
             body_wait: self.body_wait,

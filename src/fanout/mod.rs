@@ -669,6 +669,7 @@ mod tests {
         DEAD_LETTER_OUTCOME, DEAD_LETTER_STATUS,
     };
     use base64::Engine;
+    use std::rc::Rc;
 
     fn dispatch_error(detail: &str) -> Failure {
         Failure::DispatchError {
@@ -678,12 +679,12 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn channel_from(json: &str) -> Channel {
+    fn channel_from(json: &str) -> Rc<Channel> {
         let mut config = Config::from_json(json.as_bytes()).unwrap();
         config.channels.remove(0)
     }
 
-    fn channel(n: usize) -> Channel {
+    fn channel(n: usize) -> Rc<Channel> {
         let subs: Vec<String> = (0..n)
             .map(|i| format!(r#"{{"cluster": "c{i}", "path": "/p{i}", "timeout_ms": 250}}"#))
             .collect();
