@@ -202,7 +202,8 @@ impl Deliveries {
             .jobs
             .iter()
             .filter(|&(&id, job)| {
-                job.is_lost(now, self.gate.holds_line(id), self.gate.left_line_at(id))
+                let (holds_line, left_line_at) = self.gate.line_of(id);
+                job.is_lost(now, holds_line, left_line_at)
             })
             .map(|(id, _)| *id)
             .collect();

@@ -33,6 +33,15 @@ pub struct GaugeChange<'a> {
     pub queued: i64,
 }
 
+/// A job's calls in line.
+#[derive(Default)]
+struct Line {
+    /// Calls waiting (a job with calls waiting is never lost).
+    queued: usize,
+    /// When a call of it last left the line (its deadline runs from then).
+    left_at: Option<u64>,
+}
+
 #[derive(Default)]
 pub struct SlotGate {
     /// Calls in flight and waiting per cluster, keyed by cluster.
@@ -41,10 +50,8 @@ pub struct SlotGate {
     slot_of: HashMap<u32, Slot>,
     /// Calls that got a slot, to be sent by the root context's next tick, in that order.
     released: VecDeque<(Waiting, Slot)>,
-    /// Per job, its calls waiting in line (a job with calls waiting is never lost).
-    queued_by_job: HashMap<u64, usize>,
-    /// Per job, when a call of it last left the line (its deadline runs from then).
-    sent_from_line: HashMap<u64, u64>,
+    /// Per job that ever had a call wait: its calls in line, when one last left it.
+    lines: HashMap<u64, Line>,
     /// The capped clusters' calls in flight and waiting as last reported.
     reported: HashMap<String, (u32, usize)>,
 }
@@ -81,8 +88,8 @@ impl SlotGate {
         match self.slots.start(&cluster.to_string(), waiting) {
             Start::Now(slot) => Pass::Now(slot),
             Start::Queued => {
-                let queued = self.queued_by_job.entry(id).or_default();
-                *queued = queued.saturating_add(1);
+                let line = self.lines.entry(id).or_default();
+                line.queued = line.queued.saturating_add(1);
                 Pass::Queued
             }
         }
@@ -115,14 +122,13 @@ impl SlotGate {
     /// its own waiting calls takes a freed slot.
     pub fn cancel_job(&mut self, id: u64) {
         self.slots.cancel(|waiting| waiting.0 == id);
-        self.queued_by_job.remove(&id);
         self.released.retain(|(waiting, _)| waiting.0 != id);
         self.job_ended(id);
     }
 
-    /// Job `id` ended: when its calls left the line no longer matters.
+    /// Job `id` ended: its line is forgotten.
     pub fn job_ended(&mut self, id: u64) {
-        self.sent_from_line.remove(&id);
+        self.lines.remove(&id);
     }
 
     /// Whether calls wait for the next tick to be sent.
@@ -133,18 +139,15 @@ impl SlotGate {
     /// The next call that got a slot, in the order they got one; noted as sent at `now_ms`.
     pub fn next_released(&mut self, now_ms: impl FnOnce() -> u64) -> Option<(Waiting, Slot)> {
         let (waiting, slot) = self.released.pop_front()?;
-        self.sent_from_line.insert(waiting.0, now_ms());
+        self.lines.entry(waiting.0).or_default().left_at = Some(now_ms());
         Some((waiting, slot))
     }
 
-    /// Whether job `id` has calls waiting in line.
-    pub fn holds_line(&self, id: u64) -> bool {
-        self.queued_by_job.contains_key(&id)
-    }
-
-    /// When a call of job `id` last left the line.
-    pub fn left_line_at(&self, id: u64) -> Option<u64> {
-        self.sent_from_line.get(&id).copied()
+    /// Whether job `id` has calls waiting in line, and when a call of it last left the line.
+    pub fn line_of(&self, id: u64) -> (bool, Option<u64>) {
+        self.lines
+            .get(&id)
+            .map_or((false, None), |line| (line.queued > 0, line.left_at))
     }
 
     /// The caps of a (new) configuration; calls that now have room go out at the next tick.
@@ -175,11 +178,8 @@ impl SlotGate {
     }
 
     fn left_line(&mut self, id: u64) {
-        if let Some(n) = self.queued_by_job.get_mut(&id) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.queued_by_job.remove(&id);
-            }
+        if let Some(line) = self.lines.get_mut(&id) {
+            line.queued = line.queued.saturating_sub(1);
         }
     }
 }
@@ -234,22 +234,25 @@ mod tests {
         let first = slot(gate.pass(true, "a", (1, 0, Leg::Event)));
         assert_eq!(gate.pass(true, "a", (2, 0, Leg::Event)), Pass::Queued);
         assert_eq!(gate.pass(true, "a", (2, 1, Leg::Event)), Pass::Queued);
-        assert!(gate.holds_line(2) && !gate.holds_line(1));
+        assert!(gate.line_of(2).0 && !gate.line_of(1).0);
         gate.hold(7, first);
         gate.call_ended(7);
         // The slot went to the first in line, to be sent at the next tick.
         assert!(gate.has_released());
         let (waiting, next) = gate.next_released(|| 500).unwrap();
         assert_eq!(waiting, (2, 0, Leg::Event));
-        assert_eq!(gate.left_line_at(2), Some(500));
-        assert!(gate.holds_line(2), "one call of job 2 still waits");
+        assert_eq!(
+            gate.line_of(2),
+            (true, Some(500)),
+            "one call of job 2 still waits"
+        );
         gate.release(next);
         let (waiting, _) = gate.next_released(|| 600).unwrap();
         assert_eq!(waiting, (2, 1, Leg::Event));
-        assert!(!gate.holds_line(2));
+        assert_eq!(gate.line_of(2), (false, Some(600)));
         assert!(gate.next_released(|| 700).is_none());
         gate.job_ended(2);
-        assert_eq!(gate.left_line_at(2), None);
+        assert_eq!(gate.line_of(2), (false, None));
     }
 
     #[test]
@@ -274,7 +277,7 @@ mod tests {
         gate.call_ended(3);
         let (waiting, _) = gate.next_released(|| 0).unwrap();
         assert_eq!(waiting, (2, 0, Leg::Event));
-        assert!(!gate.holds_line(1));
+        assert_eq!(gate.line_of(1), (false, None));
     }
 
     #[test]
