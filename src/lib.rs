@@ -30,7 +30,7 @@ pub mod config;
 // Per-request state, pure: admission, the fan-out state and its verdict, dedupe's records,
 // the counts.
 pub mod dedupe;
-pub mod fanout;
+pub mod fan_out_state;
 pub mod metrics;
 pub mod request;
 // The seam to Envoy, and what goes through it: the stats.

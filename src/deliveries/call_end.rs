@@ -8,7 +8,7 @@
 
 use crate::call::{classify, is_success, Failure, Leg, BODY_PEEK_BYTES};
 use crate::config::Subscriber;
-use crate::fanout::{CallEnd, ReplyEvent};
+use crate::fan_out_state::{CallEnd, ReplyEvent};
 use crate::host::Host;
 use crate::reply::{self, Answered};
 use crate::retry::{honours_retry_after, parse_retry_after};

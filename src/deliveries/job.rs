@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use crate::call::{Failure, Leg};
 use crate::config::{Channel, Config, Subscriber};
-use crate::fanout::FanOut;
+use crate::fan_out_state::FanOut;
 use crate::headers::Forwarded;
 use crate::metrics::Tally;
 use crate::redelivery::Redelivery;
@@ -178,7 +178,7 @@ pub fn leg_cluster(sub: &Subscriber, leg: Leg) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fanout::{CallEnd, ReplyEvent};
+    use crate::fan_out_state::{CallEnd, ReplyEvent};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -186,7 +186,7 @@ mod tests {
         let config = Rc::new(Config::from_json(json.as_bytes()).unwrap());
         let channel = config.channels[0].clone();
         Job {
-            fanout: FanOut::new(0, channel.subscribers.len(), started_ms),
+            fanout: FanOut::new(channel.subscribers.len(), started_ms),
             config,
             channel,
             body: Vec::new(),
