@@ -262,8 +262,7 @@ fn check_required(mode: &str, lookup: impl Fn(&str) -> (String, Member)) -> Resu
 
 /// The media type of a content-type value: lower case, without parameters.
 pub fn media_type(value: &[u8]) -> Cow<'_, str> {
-    let end = value.iter().position(|&b| b == b';').unwrap_or(value.len());
-    let value = &value[..end];
+    let value = value.split(|&b| b == b';').next().unwrap_or(value);
     match std::str::from_utf8(value) {
         // The usual value, already trimmed and lower-case: no copy.
         Ok(text) if !text.bytes().any(|b| b.is_ascii_uppercase()) => Cow::Borrowed(text.trim()),

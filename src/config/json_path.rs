@@ -306,7 +306,10 @@ impl<'n, 'c> At<'n, 'c> {
     ) -> Result<E, PathError> {
         let (name, content) = match self.node {
             Node::Str(name) => (name, None),
-            Node::Object(entries) if entries.len() == 1 => (&entries[0].0, Some(&entries[0].1)),
+            Node::Object(entries) => match entries.as_slice() {
+                [(name, content)] => (name, Some(content)),
+                _ => return Err(self.wrong_type(expected)),
+            },
             _ => return Err(self.wrong_type(expected)),
         };
         let Some(value) = variants

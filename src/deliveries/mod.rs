@@ -152,7 +152,7 @@ impl Deliveries {
         send_now: bool,
     ) -> (u64, Option<Finished>) {
         let id = self.next_job;
-        self.next_job += 1;
+        self.next_job = self.next_job.saturating_add(1);
         let mut job = job;
         job.fanout.seed_jitter(self.jitter_rng.next_seed());
         self.count(&job.config, |tally| tally.fanout_started());

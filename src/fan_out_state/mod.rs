@@ -253,8 +253,8 @@ impl FanOut {
         if let Some(call) = self.calls.get_mut(index) {
             if call.state == CallState::Ready && call.leg == Leg::Event && call.leg_attempts == 0 {
                 call.state = state;
-                self.open -= 1;
-                self.to_send -= 1;
+                self.open = self.open.saturating_sub(1);
+                self.to_send = self.to_send.saturating_sub(1);
             }
         }
     }
@@ -315,7 +315,7 @@ impl FanOut {
             };
             if due {
                 call.state = CallState::Sending;
-                self.to_send -= 1;
+                self.to_send = self.to_send.saturating_sub(1);
                 sends.push(ReadyCall {
                     index,
                     leg: call.leg,
@@ -346,9 +346,9 @@ impl FanOut {
         if let Some(call) = self.calls.get_mut(index) {
             if call.state == CallState::Sending {
                 call.state = CallState::Pending { token };
-                call.leg_attempts += 1;
+                call.leg_attempts = call.leg_attempts.saturating_add(1);
                 if call.leg == Leg::Event {
-                    call.event_attempts += 1;
+                    call.event_attempts = call.event_attempts.saturating_add(1);
                 }
             }
         }
@@ -369,9 +369,9 @@ impl FanOut {
         if call.state != CallState::Sending {
             return;
         }
-        call.leg_attempts += 1;
+        call.leg_attempts = call.leg_attempts.saturating_add(1);
         if call.leg == Leg::Event {
-            call.event_attempts += 1;
+            call.event_attempts = call.event_attempts.saturating_add(1);
         }
         self.fail(index, failure, CallEnd::ok(), now_ms, channel);
     }
@@ -449,7 +449,7 @@ impl FanOut {
                 match reply {
                     Ok(reply) => {
                         call.reply = Some(reply);
-                        self.to_send += 1;
+                        self.to_send = self.to_send.saturating_add(1);
                         CallState::Ready
                     }
                     // The reply leg fails before any call: too large to pass on.
@@ -462,7 +462,7 @@ impl FanOut {
             (Leg::DeadLetter, _) => CallState::DeadLettered,
         };
         if call.ended() {
-            self.open -= 1;
+            self.open = self.open.saturating_sub(1);
         }
     }
 
@@ -499,7 +499,7 @@ impl FanOut {
             call.state = CallState::Waiting {
                 until_ms: now_ms.saturating_add(delay),
             };
-            self.to_send += 1;
+            self.to_send = self.to_send.saturating_add(1);
             return;
         }
         // The event, or its reply, failed for good.
@@ -507,13 +507,13 @@ impl FanOut {
             call.leg = Leg::DeadLetter;
             call.leg_attempts = 0;
             call.state = CallState::Ready;
-            self.to_send += 1;
+            self.to_send = self.to_send.saturating_add(1);
             return;
         }
         call.state = CallState::Failed {
             elapsed_ms: now_ms.saturating_sub(self.started_ms),
         };
-        self.open -= 1;
+        self.open = self.open.saturating_sub(1);
     }
 
     /// Ends every delivery still open as failed with no answer: for a fan-out whose answers
@@ -522,14 +522,14 @@ impl FanOut {
         let elapsed_ms = now_ms.saturating_sub(self.started_ms);
         for call in self.calls.iter_mut().filter(|call| !call.ended()) {
             if matches!(call.state, CallState::Ready | CallState::Waiting { .. }) {
-                self.to_send -= 1;
+                self.to_send = self.to_send.saturating_sub(1);
             }
             *call.failure_slot(call.leg) = Some(LegFailure {
                 failure: Failure::NoResponse,
                 body: Vec::new(),
             });
             call.state = CallState::Failed { elapsed_ms };
-            self.open -= 1;
+            self.open = self.open.saturating_sub(1);
         }
     }
 

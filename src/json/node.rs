@@ -48,7 +48,7 @@ impl Node {
             entries
                 .iter()
                 .enumerate()
-                .filter(|(i, (name, _))| !entries[i + 1..].iter().any(|(n, _)| n == name))
+                .filter(|(i, (name, _))| !entries.iter().skip(i + 1).any(|(n, _)| n == name))
                 .map(|(_, (name, node))| (name.as_str(), node))
                 .collect(),
         )
