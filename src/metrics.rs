@@ -436,8 +436,8 @@ impl Tally {
 
     /// Takes everything counted since the last flush.
     pub fn flush(&mut self) -> Flush {
-        // In the order the counters were registered (no sort: its code is ~4 KB of module
-        // per element type, and Envoy does not care in which order stats change).
+        // In the order the counters were registered (no sort: its code costs module size per
+        // element type, and Envoy does not care in which order stats change).
         let counters: Vec<(String, u64)> = self
             .names
             .iter()

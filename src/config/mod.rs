@@ -177,8 +177,8 @@ struct RawTarget {
 }
 
 /// A target's `headers` object: names and values in document order, a name given twice
-/// keeping its last value (as a map would). A list, not a `BTreeMap`: the map's code was
-/// ~4 KB of the module for the few headers a target has.
+/// keeping its last value (as a map would). A list, not a `BTreeMap`: a target has few
+/// headers, and a map's code costs module size.
 #[derive(Debug, Clone, Default)]
 struct RawHeaders(Vec<(String, String)>);
 

@@ -463,7 +463,7 @@ fn call_caps(
     channels: &[Rc<Channel>],
     shorthand: bool,
 ) -> Result<Vec<(String, CallCap)>, ConfigError> {
-    // Each cluster's first subscriber: a list, clusters are few (a map was ~3 KB of code).
+    // Each cluster's first subscriber: a list, as clusters are few (a map costs module size).
     let mut first: Vec<(&str, Option<CallCap>, String)> = Vec::new();
     let mut caps = Vec::new();
     for (c, channel) in channels.iter().enumerate() {
