@@ -17,12 +17,12 @@ pub mod cloudevents;
 pub mod headers;
 pub mod json;
 pub mod routing;
-// Policies over them: retries and their jitter, replies, dead letters, subscription filters.
+// Policies over them: retries and their jitter, replies, dead letters, subscription filters,
+// the per-cluster caps on calls in flight.
+pub mod call_slots;
 pub mod dead_letter;
 pub mod event_filter;
 pub mod jitter;
-// Per-cluster caps on calls in flight (issue 16, not wired yet).
-pub mod call_slots;
 pub mod reply;
 pub mod retry;
 // The configuration, validated into what a request needs.

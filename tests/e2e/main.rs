@@ -30,3 +30,5 @@ mod soak;
 // The shipped configurations and the demo; the harness's own checks.
 mod harness_selftest;
 mod shipped_configs;
+// docs/design.md's module map against src/ (no Envoy).
+mod design_map;
