@@ -28,6 +28,19 @@ pub struct Job {
     pub started_ms: u64,
     /// `dedupe`'s claims of this event, settled when the fan-out ends.
     pub redelivery: Option<Redelivery>,
+    /// Its calls in `max_concurrent_calls`' line (the deliveries' to keep; start with the
+    /// default).
+    pub line: InLine,
+}
+
+/// A job's calls in line.
+#[derive(Debug, Default)]
+pub struct InLine {
+    /// Calls waiting for a call slot, or given one and not yet sent: a job with calls in
+    /// line is never lost.
+    pub calls: usize,
+    /// When a call of it last left the line (its deadline runs from then).
+    pub left_at: Option<u64>,
 }
 
 /// How long past its worst case (every attempt timing out, every backoff at its longest) a
@@ -83,17 +96,16 @@ impl Job {
             .saturating_add(LOST_CALL_GRACE_MS)
     }
 
-    /// Whether its open calls are lost at `now_ms`. A job with calls waiting in line
-    /// (`holds_line`) is not; once a call of it left the line (at `left_line_at`), its
-    /// deadline runs from then.
-    pub fn is_lost(&self, now_ms: u64, holds_line: bool, left_line_at: Option<u64>) -> bool {
+    /// Whether its open calls are lost at `now_ms`. A job with calls in line is not; once a
+    /// call of it left the line, its deadline runs from then.
+    pub fn is_lost(&self, now_ms: u64) -> bool {
         let deadline = self.deadline_ms();
-        let from_line = left_line_at.map_or(0, |sent| {
+        let from_line = self.line.left_at.map_or(0, |sent| {
             deadline
                 .saturating_sub(self.started_ms)
                 .saturating_add(sent)
         });
-        !holds_line && now_ms > deadline.max(from_line)
+        self.line.calls == 0 && now_ms > deadline.max(from_line)
     }
 
     /// Records the end of call `token` (subscriber `index`, `leg`) at `now_ms` and logs a
@@ -106,7 +118,10 @@ impl Job {
         ended: Ended,
         now_ms: u64,
     ) -> Option<Recorded> {
-        let reply_refused = ended.reply_refused().cloned();
+        let reply_refused = match &ended.end.reply {
+            Some(Err(failure)) => Some(failure.clone()),
+            _ => None,
+        };
         let result = ended.end.result.clone();
         self.fanout
             .completed_at(index, token, ended.end, now_ms, &self.channel)?;
@@ -138,9 +153,11 @@ impl Job {
             .subscribers
             .get(index)
             .map_or("?", |s| s.cluster.as_str());
+        // `Leg::name` in parentheses, after the subscriber.
         let what = match leg {
-            Leg::Event => String::new(),
-            other => format!(" ({})", other.name()),
+            Leg::Event => "",
+            Leg::Reply => " (reply)",
+            Leg::DeadLetter => " (dead_letter)",
         };
         if self.fanout.is_failed(index) {
             log::warn!(
@@ -195,6 +212,7 @@ mod tests {
             log_id: 1,
             started_ms,
             redelivery: None,
+            line: InLine::default(),
         }
     }
 
@@ -221,18 +239,21 @@ mod tests {
 
     #[test]
     fn the_deadline_is_the_slowest_subscribers_worst_case_and_the_grace() {
-        let job = job(
+        let mut job = job(
             r#"{"subscribers": [{"cluster": "a", "timeout_ms": 1000},
                                 {"cluster": "b", "timeout_ms": 3000}]}"#,
             100,
         );
         assert_eq!(job.deadline_ms(), 100 + 3000 + LOST_CALL_GRACE_MS);
-        assert!(!job.is_lost(job.deadline_ms(), false, None));
-        assert!(job.is_lost(job.deadline_ms() + 1, false, None));
-        // Calls waiting in line: never lost; one that left the line late: its deadline moves.
-        assert!(!job.is_lost(u64::MAX, true, None));
-        assert!(!job.is_lost(job.deadline_ms() + 1, false, Some(5000)));
-        assert!(job.is_lost(job.deadline_ms() + 5000, false, Some(5000)));
+        assert!(!job.is_lost(job.deadline_ms()));
+        assert!(job.is_lost(job.deadline_ms() + 1));
+        // Calls in line: never lost; one that left the line late: its deadline moves.
+        job.line.calls = 1;
+        assert!(!job.is_lost(u64::MAX));
+        job.line.calls = 0;
+        job.line.left_at = Some(5000);
+        assert!(!job.is_lost(job.deadline_ms() + 1));
+        assert!(job.is_lost(job.deadline_ms() + 5000));
     }
 
     #[test]

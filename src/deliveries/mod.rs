@@ -26,7 +26,7 @@ use crate::telemetry::Telemetry;
 use call_end::Expected;
 use call_plan::CallPlan;
 use job::leg_cluster;
-pub use job::Job;
+pub use job::{InLine, Job};
 use slot_gate::{Pass, SlotGate};
 
 mod call_end;
@@ -201,10 +201,7 @@ impl Deliveries {
         let lost: Vec<u64> = self
             .jobs
             .iter()
-            .filter(|&(&id, job)| {
-                let (holds_line, left_line_at) = self.gate.line_of(id);
-                job.is_lost(now, holds_line, left_line_at)
-            })
+            .filter(|(_, job)| job.is_lost(now))
             .map(|(id, _)| *id)
             .collect();
         let mut finished = Vec::new();
@@ -272,9 +269,13 @@ impl Deliveries {
             }
             for send in sends {
                 let cluster = leg_cluster(channel.subscribers.get(send.index)?, send.leg);
-                if let Pass::Now(slot) = self.gate.pass(capped, cluster, (id, send.index, send.leg))
-                {
-                    self.send_one(host, clock, id, send.index, send.leg, slot);
+                match self.gate.pass(capped, cluster, (id, send.index, send.leg)) {
+                    Pass::Now(slot) => self.send_one(host, clock, id, send.index, send.leg, slot),
+                    Pass::Queued => {
+                        if let Some(job) = self.jobs.get_mut(&id) {
+                            job.line.calls = job.line.calls.saturating_add(1);
+                        }
+                    }
                 }
             }
         }
@@ -352,10 +353,15 @@ impl Deliveries {
         }
     }
 
-    /// Sends the calls that got a slot since the last tick, in the order they got it.
+    /// Sends the calls that got a slot since the last tick, in the order they got it; each
+    /// leaves its job's line as it goes.
     fn send_released<H: Host>(&mut self, host: &H, clock: &Clock<'_, H>) -> Vec<Finished> {
         let mut finished = Vec::new();
-        while let Some(((id, index, leg), slot)) = self.gate.next_released(|| clock.now()) {
+        while let Some(((id, index, leg), slot)) = self.gate.next_released() {
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.line.calls = job.line.calls.saturating_sub(1);
+                job.line.left_at = Some(clock.now());
+            }
             self.send_one(host, clock, id, index, leg, slot);
             finished.extend(self.pump(host, clock, id, true));
         }
@@ -439,7 +445,6 @@ impl Deliveries {
             return self.answer_if_due(id);
         }
         let mut job = self.jobs.remove(&id)?;
-        self.gate.job_ended(id);
         self.settle(clock, &mut job);
         let channel = &job.channel;
         let answer = job.fanout.verdict(channel);

@@ -1,6 +1,6 @@
 //! The gate every call of the deliveries passes (`max_concurrent_calls`): which call holds
-//! which slot, the calls that got a slot and wait for the root context's next tick, each
-//! job's calls waiting in line, and the gauges last reported.
+//! which slot, the calls that got a slot and wait for the root context's next tick, and the
+//! gauges last reported. (Each job counts its own calls in line: [`super::InLine`].)
 //!
 //! The policy (caps, the FIFO line, the admission of an event) is [`crate::call_slots`]'s;
 //! this is the deliveries' bookkeeping around it, by call token and by job. It sends nothing:
@@ -33,15 +33,6 @@ pub struct GaugeChange<'a> {
     pub queued: i64,
 }
 
-/// A job's calls in line.
-#[derive(Default)]
-struct Line {
-    /// Calls waiting (a job with calls waiting is never lost).
-    queued: usize,
-    /// When a call of it last left the line (its deadline runs from then).
-    left_at: Option<u64>,
-}
-
 #[derive(Default)]
 pub struct SlotGate {
     /// Calls in flight and waiting per cluster, keyed by cluster.
@@ -50,8 +41,6 @@ pub struct SlotGate {
     slot_of: HashMap<u32, Slot>,
     /// Calls that got a slot, to be sent by the root context's next tick, in that order.
     released: VecDeque<(Waiting, Slot)>,
-    /// Per job that ever had a call wait: its calls in line, when one last left it.
-    lines: HashMap<u64, Line>,
     /// The capped clusters' calls in flight and waiting as last reported.
     reported: HashMap<String, (u32, usize)>,
 }
@@ -84,14 +73,9 @@ impl SlotGate {
         if self.slots.is_unused() && !capped {
             return Pass::Now(Slot::uncounted());
         }
-        let id = waiting.0;
         match self.slots.start(&cluster.to_string(), waiting) {
             Start::Now(slot) => Pass::Now(slot),
-            Start::Queued => {
-                let line = self.lines.entry(id).or_default();
-                line.queued = line.queued.saturating_add(1);
-                Pass::Queued
-            }
+            Start::Queued => Pass::Queued,
         }
     }
 
@@ -111,24 +95,17 @@ impl SlotGate {
     /// cluster, if any, takes it and is sent by the root context's next tick (Envoy ties a
     /// call to the context that makes it, and the root's calls outlive every stream).
     pub fn release(&mut self, slot: Slot) {
-        if let Some((waiting, slot)) = self.slots.end(slot) {
-            self.left_line(waiting.0);
-            self.released.push_back((waiting, slot));
+        if let Some(released) = self.slots.end(slot) {
+            self.released.push_back(released);
         }
     }
 
-    /// Job `id` is given up: its waiting calls leave the line, and nothing of it is kept.
-    /// Call this before its calls in flight end ([`SlotGate::call_ended`]), so that none of
-    /// its own waiting calls takes a freed slot.
+    /// Job `id` is given up: its waiting calls leave the line. Call this before its calls
+    /// in flight end ([`SlotGate::call_ended`]), so that none of its own waiting calls takes
+    /// a freed slot.
     pub fn cancel_job(&mut self, id: u64) {
         self.slots.cancel(|waiting| waiting.0 == id);
         self.released.retain(|(waiting, _)| waiting.0 != id);
-        self.job_ended(id);
-    }
-
-    /// Job `id` ended: its line is forgotten.
-    pub fn job_ended(&mut self, id: u64) {
-        self.lines.remove(&id);
     }
 
     /// Whether calls wait for the next tick to be sent.
@@ -136,26 +113,15 @@ impl SlotGate {
         !self.released.is_empty()
     }
 
-    /// The next call that got a slot, in the order they got one; noted as sent at `now_ms`.
-    pub fn next_released(&mut self, now_ms: impl FnOnce() -> u64) -> Option<(Waiting, Slot)> {
-        let (waiting, slot) = self.released.pop_front()?;
-        self.lines.entry(waiting.0).or_default().left_at = Some(now_ms());
-        Some((waiting, slot))
-    }
-
-    /// Whether job `id` has calls waiting in line, and when a call of it last left the line.
-    pub fn line_of(&self, id: u64) -> (bool, Option<u64>) {
-        self.lines
-            .get(&id)
-            .map_or((false, None), |line| (line.queued > 0, line.left_at))
+    /// The next call that got a slot, in the order they got one, to be sent now.
+    pub fn next_released(&mut self) -> Option<(Waiting, Slot)> {
+        self.released.pop_front()
     }
 
     /// The caps of a (new) configuration; calls that now have room go out at the next tick.
     pub fn set_caps(&mut self, caps: &[(String, CallCap)]) {
-        for (waiting, slot) in self.slots.set_caps(caps.iter().cloned()) {
-            self.left_line(waiting.0);
-            self.released.push_back((waiting, slot));
-        }
+        self.released
+            .extend(self.slots.set_caps(caps.iter().cloned()));
     }
 
     /// How the capped clusters' calls in flight and waiting changed since the last call, each
@@ -174,12 +140,6 @@ impl SlotGate {
                 queued: count_delta(now.1, last.1),
             });
             self.reported.insert(gauges.key.clone(), now);
-        }
-    }
-
-    fn left_line(&mut self, id: u64) {
-        if let Some(line) = self.lines.get_mut(&id) {
-            line.queued = line.queued.saturating_sub(1);
         }
     }
 }
@@ -234,25 +194,20 @@ mod tests {
         let first = slot(gate.pass(true, "a", (1, 0, Leg::Event)));
         assert_eq!(gate.pass(true, "a", (2, 0, Leg::Event)), Pass::Queued);
         assert_eq!(gate.pass(true, "a", (2, 1, Leg::Event)), Pass::Queued);
-        assert!(gate.line_of(2).0 && !gate.line_of(1).0);
         gate.hold(7, first);
         gate.call_ended(7);
         // The slot went to the first in line, to be sent at the next tick.
         assert!(gate.has_released());
-        let (waiting, next) = gate.next_released(|| 500).unwrap();
+        let (waiting, next) = gate.next_released().unwrap();
         assert_eq!(waiting, (2, 0, Leg::Event));
-        assert_eq!(
-            gate.line_of(2),
-            (true, Some(500)),
-            "one call of job 2 still waits"
+        assert!(
+            !gate.has_released(),
+            "one call of job 2 still waits for a slot"
         );
         gate.release(next);
-        let (waiting, _) = gate.next_released(|| 600).unwrap();
+        let (waiting, _) = gate.next_released().unwrap();
         assert_eq!(waiting, (2, 1, Leg::Event));
-        assert_eq!(gate.line_of(2), (false, Some(600)));
-        assert!(gate.next_released(|| 700).is_none());
-        gate.job_ended(2);
-        assert_eq!(gate.line_of(2), (false, None));
+        assert!(gate.next_released().is_none());
     }
 
     #[test]
@@ -275,9 +230,12 @@ mod tests {
         assert_eq!(gate.pass(true, "a", (2, 0, Leg::Event)), Pass::Queued);
         gate.cancel_job(1);
         gate.call_ended(3);
-        let (waiting, _) = gate.next_released(|| 0).unwrap();
+        let (waiting, _) = gate.next_released().unwrap();
         assert_eq!(waiting, (2, 0, Leg::Event));
-        assert_eq!(gate.line_of(1), (false, None));
+        assert!(
+            gate.next_released().is_none(),
+            "job 1's waiting call is gone"
+        );
     }
 
     #[test]

@@ -48,7 +48,10 @@ impl Node {
             entries
                 .iter()
                 .enumerate()
-                .filter(|(i, (name, _))| !entries.iter().skip(i + 1).any(|(n, _)| n == name))
+                .filter(|(i, (name, _))| {
+                    let later = entries.get(i + 1..).unwrap_or_default();
+                    !later.iter().any(|(n, _)| n == name)
+                })
                 .map(|(_, (name, node))| (name.as_str(), node))
                 .collect(),
         )
