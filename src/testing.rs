@@ -83,6 +83,7 @@ impl FakeState {
     /// The token of the latest call made to `cluster`, for a test to answer it by the
     /// subscriber's name rather than by the order calls went out. Panics (failing the test)
     /// if no call went to `cluster`.
+    #[allow(clippy::panic)] // test support: failing the test that asked is the point
     pub fn token_of(&self, cluster: &str) -> u32 {
         match self
             .dispatched

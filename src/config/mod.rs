@@ -264,7 +264,7 @@ pub struct Config {
     pub allow: String,
     pub max_body_bytes: u64,
     pub forward: HeaderSelector,
-    /// Shared with every fan-out to them (a [`crate::deliveries::Job`] holds its own).
+    /// Shared with the fan-outs delivering to them (each holds its channel).
     pub channels: Vec<Rc<Channel>>,
     pub router: Router,
     /// Whether to count requests and calls in Envoy's stats (default true).
