@@ -155,7 +155,7 @@ fn name_colour(name: &str) -> &'static str {
     let sum = name
         .bytes()
         .fold(0usize, |acc, b| acc.wrapping_mul(31).wrapping_add(b.into()));
-    COLOURS[sum % COLOURS.len()]
+    COLOURS.get(sum % COLOURS.len()).copied().unwrap_or("1")
 }
 
 fn clock() -> String {

@@ -139,7 +139,7 @@ impl<K, C> Lane<K, C> {
             return None;
         }
         let call = self.waiting.pop_front()?;
-        self.in_flight += 1;
+        self.in_flight = self.in_flight.saturating_add(1);
         Some((call, Slot { lane }))
     }
 }
@@ -264,7 +264,7 @@ impl<K: Clone + Eq + Hash, C> CallSlots<K, C> {
             return Start::Now(Slot::uncounted());
         };
         if lane.waiting.is_empty() && lane.has_room() {
-            lane.in_flight += 1;
+            lane.in_flight = lane.in_flight.saturating_add(1);
             Start::Now(Slot { lane: index })
         } else {
             lane.waiting.push_back(call);
@@ -342,7 +342,7 @@ impl<K: Clone + Eq + Hash, C> CallSlots<K, C> {
             lane.last_warning_ms = Some(now_ms);
             Some(std::mem::take(&mut lane.unlogged_refusals))
         } else {
-            lane.unlogged_refusals += 1;
+            lane.unlogged_refusals = lane.unlogged_refusals.saturating_add(1);
             None
         }
     }

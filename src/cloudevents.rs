@@ -27,6 +27,7 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 
 use crate::headers::HeaderMap;
+use crate::json::{number_text, OnlyObject};
 
 /// `content-type` of a structured CloudEvent in the JSON event format.
 pub const STRUCTURED_JSON: &str = "application/cloudevents+json";
@@ -261,8 +262,7 @@ fn check_required(mode: &str, lookup: impl Fn(&str) -> (String, Member)) -> Resu
 
 /// The media type of a content-type value: lower case, without parameters.
 pub fn media_type(value: &[u8]) -> Cow<'_, str> {
-    let end = value.iter().position(|&b| b == b';').unwrap_or(value.len());
-    let value = &value[..end];
+    let value = value.split(|&b| b == b';').next().unwrap_or(value);
     match std::str::from_utf8(value) {
         // The usual value, already trimmed and lower-case: no copy.
         Ok(text) if !text.bytes().any(|b| b.is_ascii_uppercase()) => Cow::Borrowed(text.trim()),
@@ -270,35 +270,12 @@ pub fn media_type(value: &[u8]) -> Cow<'_, str> {
     }
 }
 
-/// `%XX` (either case of hex digit) becomes the byte XX; anything else, including a `%` not
-/// followed by two hex digits, stays as it is.
+/// A binary-mode header value decoded as the HTTP binding says (v1.0.2, 3.1.3.2): one round of
+/// percent-decoding, `%XX` (either case of hex digit) becoming the byte XX; a `%` not followed
+/// by two hex digits stays as it is. Whether the result is UTF-8 (the binding rejects a value
+/// that is not) is the caller's check. Borrowed when there is nothing to decode.
 pub fn percent_decode(value: &[u8]) -> Cow<'_, [u8]> {
-    if !value.contains(&b'%') {
-        return Cow::Borrowed(value);
-    }
-    let mut out = Vec::with_capacity(value.len());
-    let mut i = 0;
-    while i < value.len() {
-        if value[i] == b'%' && i + 2 < value.len() {
-            if let (Some(hi), Some(lo)) = (hex(value[i + 1]), hex(value[i + 2])) {
-                out.push(hi << 4 | lo);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(value[i]);
-        i += 1;
-    }
-    Cow::Owned(out)
-}
-
-fn hex(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
+    percent_encoding::percent_decode(value).into()
 }
 
 /// The attributes of a structured JSON event: its top-level members but the payload.
@@ -314,144 +291,6 @@ pub fn parse_structured_event(body: &[u8]) -> Result<StructuredEvent, EventError
              object): {e}"
         ))
     })
-}
-
-/// `v` as f64's `Display` writes it (`1.5`, `2` for `2.0`, `1000` for `1e3`, `0.0000001`,
-/// never an exponent), made from the shortest digits serde_json writes (zmij). `Display`
-/// itself would keep core's float formatting in the module (~20 KB of code and tables) for
-/// this one use. One difference: a value exactly halfway between two shortest texts (16 or
-/// 17 digits) ends in the even digit (`1055564202423516.2`), where `Display` rounds up
-/// (`…516.3`); both read back as the same f64.
-pub fn number_text(v: f64) -> String {
-    let Some(number) = serde_json::Number::from_f64(v) else {
-        // Not from JSON (it has no NaN or infinity): Display's words for them.
-        return if v.is_nan() {
-            "NaN".to_string()
-        } else if v > 0.0 {
-            "inf".to_string()
-        } else {
-            "-inf".to_string()
-        };
-    };
-    // serde_json's form: `-`, digits with a `.` (`1.5`, `2.0`), maybe `e` and an exponent
-    // (`1e16`, `1.5e-7`).
-    let json = number.to_string();
-    let (sign, unsigned) = match json.strip_prefix('-') {
-        Some(rest) => ("-", rest),
-        None => ("", json.as_str()),
-    };
-    let (mantissa, exponent) = match unsigned.split_once('e') {
-        Some((mantissa, exponent)) => (mantissa, exponent.parse::<i64>().unwrap_or(0)),
-        None => (unsigned, 0),
-    };
-    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    // The digits, and where the decimal point goes among them.
-    let digits = format!("{whole}{fraction}");
-    let leading = digits.len() - digits.trim_start_matches('0').len();
-    let digits = digits.trim_matches('0');
-    let point = whole.len() as i64 + exponent - leading as i64;
-    let mut text = String::from(sign);
-    if digits.is_empty() {
-        text.push('0');
-    } else if point <= 0 {
-        text.push_str("0.");
-        text.extend(std::iter::repeat_n('0', point.unsigned_abs() as usize));
-        text.push_str(digits);
-    } else if point as usize >= digits.len() {
-        text.push_str(digits);
-        text.extend(std::iter::repeat_n('0', point as usize - digits.len()));
-    } else {
-        let (before, after) = digits.split_at(point as usize);
-        text.push_str(before);
-        text.push('.');
-        text.push_str(after);
-    }
-    text
-}
-
-/// serde_json's words for a JSON value in its messages (`invalid type: integer `7`, expected
-/// a string`), written here: serde's own `Display` for them formats floats with core's float
-/// formatting, which would then stay in the module whatever else is done.
-pub mod json_kind {
-    use std::fmt::Display;
-
-    pub fn null() -> String {
-        "null".to_string()
-    }
-    pub fn bool(v: bool) -> String {
-        format!("boolean `{v}`")
-    }
-    pub fn integer(v: impl Display) -> String {
-        format!("integer `{v}`")
-    }
-    /// As serde_json writes it (`1.5`, `2.0`, `1e300`).
-    pub fn float(v: f64) -> String {
-        match serde_json::Number::from_f64(v) {
-            Some(number) => format!("floating point `{number}`"),
-            None => format!("floating point `{}`", super::number_text(v)),
-        }
-    }
-    pub fn string(v: &str) -> String {
-        format!("string {v:?}")
-    }
-    pub fn sequence() -> String {
-        "sequence".to_string()
-    }
-    pub fn map() -> String {
-        "map".to_string()
-    }
-    pub fn invalid_type(kind: &str, expected: impl Display) -> String {
-        format!("invalid type: {kind}, expected {expected}")
-    }
-    pub fn invalid_value(kind: &str, expected: impl Display) -> String {
-        format!("invalid value: {kind}, expected {expected}")
-    }
-}
-
-/// `V`, offered only a JSON object: anything else is refused with serde_json's words, made
-/// here (see [`json_kind`]). serde_json's own refusal (`deserialize_map` on a non-object)
-/// would go through serde's.
-pub struct OnlyObject<V>(pub V);
-
-impl<V> OnlyObject<V> {
-    fn refuse<E: de::Error>(&self, kind: String) -> E
-    where
-        Self: de::Expected,
-    {
-        E::custom(json_kind::invalid_type(&kind, self as &dyn de::Expected))
-    }
-}
-
-impl<'de, V: Visitor<'de>> Visitor<'de> for OnlyObject<V> {
-    type Value = V::Value;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        self.0.expecting(f)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
-        self.0.visit_map(map)
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<V::Value, E> {
-        Err(self.refuse(json_kind::null()))
-    }
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<V::Value, E> {
-        Err(self.refuse(json_kind::bool(v)))
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<V::Value, E> {
-        Err(self.refuse(json_kind::integer(v)))
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<V::Value, E> {
-        Err(self.refuse(json_kind::integer(v)))
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<V::Value, E> {
-        Err(self.refuse(json_kind::float(v)))
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<V::Value, E> {
-        Err(self.refuse(json_kind::string(v)))
-    }
-    fn visit_seq<A: de::SeqAccess<'de>>(self, _seq: A) -> Result<V::Value, A::Error> {
-        Err(self.refuse(json_kind::sequence()))
-    }
 }
 
 /// A parsed structured event.
@@ -813,65 +652,6 @@ mod tests {
         assert_eq!(a.get("data_base64"), None);
         assert_eq!(a.get("items"), None);
         assert_eq!(a.len(), 13);
-    }
-
-    /// [`number_text`] against `Display`, on chosen and random values.
-    #[test]
-    fn number_text_is_f64_display() {
-        let mut values = vec![
-            0.0,
-            -0.0,
-            1.5,
-            2.0,
-            1e3,
-            0.1,
-            1e-7,
-            1.5e-7,
-            123456.789,
-            1e15,
-            1e16,
-            1e22,
-            1e23,
-            1.2345e20,
-            1e300,
-            5e-324,
-            f64::MAX,
-            f64::MIN_POSITIVE,
-            f64::NAN,
-            f64::INFINITY,
-            f64::NEG_INFINITY,
-        ];
-        // Every exponent and sign, random mantissas; integers.
-        let mut rng = fastrand::Rng::with_seed(18);
-        values.extend((0..20_000).map(|_| f64::from_bits(rng.u64(..))));
-        values.extend((0..20_000).map(|_| (rng.f64() - 0.5) * 10f64.powi(rng.i32(-20..25))));
-        values.extend((0..2_000).map(|_| rng.i64(..) as f64));
-        let mut ties = 0;
-        for v in values {
-            let (ours, display) = (number_text(v), v.to_string());
-            if ours == display {
-                continue;
-            }
-            // The one difference: a value exactly halfway between two shortest texts, where
-            // zmij ends in the even digit and Display rounds up. Both read back as `v`.
-            let (last, display_last) = (
-                ours.as_bytes()[ours.len() - 1],
-                display.as_bytes()[display.len() - 1],
-            );
-            assert_eq!(ours.parse::<f64>(), Ok(v), "{ours} for {display}");
-            assert_eq!(ours.len(), display.len(), "{ours} for {display}");
-            assert_eq!(
-                ours[..ours.len() - 1],
-                display[..display.len() - 1],
-                "{ours} for {display}"
-            );
-            assert!(
-                last % 2 == 0 && display_last == last + 1,
-                "{ours} for {display}"
-            );
-            ties += 1;
-        }
-        assert!(ties < 100, "{ties} ties");
     }
 
     /// The words of serde_json's messages, for a body that is not an object, as serde_json

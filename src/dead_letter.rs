@@ -29,8 +29,9 @@ use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use crate::answer::sanitize;
 use crate::call::{Failure, Leg, BODY_PEEK_BYTES};
-use crate::cloudevents::{media_type, OnlyObject, STRUCTURED_JSON};
+use crate::cloudevents::{media_type, STRUCTURED_JSON};
 use crate::headers::Forwarded;
+use crate::json::OnlyObject;
 
 /// Headers on a dead letter: which subscriber failed, how, and the start of its answer.
 pub const DEAD_LETTER_CLUSTER: &str = "x-fanout-failed-cluster";
@@ -185,7 +186,7 @@ fn error_data<'a>(cause: &Cause<'a>) -> &'a [u8] {
         Failure::Status { .. } => cause.answer,
         _ => cause.detail.as_bytes(),
     };
-    &data[..data.len().min(ERROR_DATA_BYTES)]
+    data.get(..ERROR_DATA_BYTES).unwrap_or(data)
 }
 
 /// `event` with `members` (`"name":value` pairs, comma-separated) added at the end of its
@@ -196,13 +197,14 @@ fn with_members(event: &[u8], members: &str) -> Option<Vec<u8>> {
     let object: ObjectSize = serde_json::from_slice(event).ok()?;
     // Valid JSON: after the object's closing brace comes only whitespace.
     let close = event.iter().rposition(|&b| b == b'}')?;
+    let (before, after) = event.split_at_checked(close)?;
     let mut body = Vec::with_capacity(event.len() + members.len() + 1);
-    body.extend_from_slice(&event[..close]);
+    body.extend_from_slice(before);
     if object.0 > 0 {
         body.push(b',');
     }
     body.extend_from_slice(members.as_bytes());
-    body.extend_from_slice(&event[close..]);
+    body.extend_from_slice(after);
     Some(body)
 }
 
@@ -226,9 +228,9 @@ impl<'de> Visitor<'de> for ObjectSizeVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ObjectSize, A::Error> {
-        let mut members = 0;
+        let mut members: usize = 0;
         while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
-            members += 1;
+            members = members.saturating_add(1);
         }
         Ok(ObjectSize(members))
     }

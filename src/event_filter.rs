@@ -24,7 +24,7 @@
 use std::fmt;
 
 use crate::cloudevents::Attributes;
-use crate::json_node::Node;
+use crate::json::Node;
 
 /// A compiled filter.
 #[derive(Debug, Clone, PartialEq, Eq)]

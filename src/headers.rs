@@ -136,7 +136,7 @@ impl Iterator for Spans<'_> {
         }
         let span = self.read();
         self.broken = span.is_none();
-        self.next += 1;
+        self.next = self.next.saturating_add(1);
         span
     }
 }

@@ -31,7 +31,7 @@ impl Jitter {
             Err(format!(
                 "must be from 0.0 (no jitter) to 1.0 (waits from 0 to twice the backoff), got \
                  {}",
-                crate::cloudevents::number_text(fraction)
+                crate::json::number_text(fraction)
             ))
         }
     }

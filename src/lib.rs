@@ -10,19 +10,19 @@
 //! orchestration and performs host calls for it. docs/design.md has the module map and one
 //! request's walk through it; README.md is the user contract.
 
-// Values: an answer, one call, an event's attributes, header rules, channel routing.
+// Values: an answer, one call, an event's attributes, header rules, JSON, channel routing.
 pub mod answer;
 pub mod call;
 pub mod cloudevents;
 pub mod headers;
-pub mod json_node;
+pub mod json;
 pub mod routing;
-// Policies over them: retries and their jitter, replies, dead letters, subscription filters.
+// Policies over them: retries and their jitter, replies, dead letters, subscription filters,
+// the per-cluster caps on calls in flight.
+pub mod call_slots;
 pub mod dead_letter;
 pub mod event_filter;
 pub mod jitter;
-// Per-cluster caps on calls in flight (issue 16, not wired yet).
-pub mod call_slots;
 pub mod reply;
 pub mod retry;
 // The configuration, validated into what a request needs.
@@ -30,7 +30,7 @@ pub mod config;
 // Per-request state, pure: admission, the fan-out state and its verdict, dedupe's records,
 // the counts.
 pub mod dedupe;
-pub mod fanout;
+pub mod fan_out_state;
 pub mod metrics;
 pub mod request;
 // The seam to Envoy, and what goes through it: the stats.
@@ -44,7 +44,9 @@ pub mod recipients;
 pub mod redelivery;
 pub mod stream;
 
+// Test support (the fake host): an index out of bounds there is a test's bug.
 #[cfg(any(test, feature = "testing"))]
+#[allow(clippy::indexing_slicing)]
 pub mod testing;
 #[cfg(test)]
 mod tests;

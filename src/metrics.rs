@@ -30,7 +30,9 @@ pub enum Kind {
 
 /// Why a subscriber call (or a reply) failed, as a stat name segment.
 pub fn failure_kind(failure: &Failure) -> &'static str {
-    FAILURE_KINDS[failure_index(failure)]
+    FAILURE_KINDS
+        .get(failure_index(failure))
+        .map_or("", |kind| kind)
 }
 
 fn failure_index(failure: &Failure) -> usize {
@@ -170,7 +172,7 @@ impl Tally {
 
     fn add(&mut self, id: usize, n: u64) {
         if let Some(count) = self.counts.get_mut(id) {
-            *count += n;
+            *count = count.saturating_add(n);
         }
     }
 
@@ -179,16 +181,17 @@ impl Tally {
             return ids;
         }
         let prefix = format!("fanout.subscriber.{}", stat_segment(cluster));
-        let ids = SubscriberCounters {
+        let mut ids = SubscriberCounters {
             calls: self.counter(&format!("{prefix}.calls")),
             delivered: self.counter(&format!("{prefix}.delivered")),
             retries: self.counter(&format!("{prefix}.retries")),
             dead_lettered: self.counter(&format!("{prefix}.dead_lettered")),
             skipped: self.counter(&format!("{prefix}.skipped")),
-            failed: std::array::from_fn(|i| {
-                self.counter(&format!("{prefix}.failed.{}", FAILURE_KINDS[i]))
-            }),
+            failed: [0; CALL_FAILURE_KINDS],
         };
+        for (id, kind) in ids.failed.iter_mut().zip(FAILURE_KINDS) {
+            *id = self.counter(&format!("{prefix}.failed.{kind}"));
+        }
         self.subscribers.insert(cluster.to_string(), ids);
         ids
     }
@@ -245,12 +248,12 @@ impl Tally {
     }
 
     pub fn fanout_started(&mut self) {
-        self.in_flight_delta += 1;
+        self.in_flight_delta = self.in_flight_delta.saturating_add(1);
     }
 
     /// A fan-out ended: answered (with its duration), or its client went away.
     pub fn fanout_ended(&mut self, duration_ms: Option<u64>) {
-        self.in_flight_delta -= 1;
+        self.in_flight_delta = self.in_flight_delta.saturating_sub(1);
         if let Some(ms) = duration_ms {
             push_bounded(&mut self.fanout_ms, ms);
         }
@@ -297,7 +300,7 @@ impl Tally {
 
     /// Events added to (or, negative, removed from) the store by one write.
     pub fn dedupe_entries(&mut self, delta: i64) {
-        self.dedupe_entries_delta += delta;
+        self.dedupe_entries_delta = self.dedupe_entries_delta.saturating_add(delta);
     }
 
     /// Makes the counters of a cluster exist (at zero) before its first call.
@@ -319,7 +322,9 @@ impl Tally {
     /// `cluster`'s reply failed for good (it may still have gone to the dead-letter target).
     pub fn reply_failed(&mut self, cluster: &str, failure: &Failure) {
         let ids = self.replies(cluster);
-        self.bump(ids.failed[failure_index(failure)]);
+        if let Some(&id) = ids.failed.get(failure_index(failure)) {
+            self.bump(id);
+        }
     }
 
     /// Every counter name known so far.
@@ -378,7 +383,7 @@ impl Tally {
         ] {
             if delta != 0 {
                 if let Some(total) = self.gauge(&format!("{prefix}.{gauge}")) {
-                    *total += delta;
+                    *total = total.saturating_add(delta);
                 }
             }
         }
@@ -431,8 +436,8 @@ impl Tally {
 
     /// Takes everything counted since the last flush.
     pub fn flush(&mut self) -> Flush {
-        // In the order the counters were registered (no sort: its code is ~4 KB of module
-        // per element type, and Envoy does not care in which order stats change).
+        // In the order the counters were registered (no sort: its code costs module size per
+        // element type, and Envoy does not care in which order stats change).
         let counters: Vec<(String, u64)> = self
             .names
             .iter()

@@ -15,7 +15,7 @@
 use crate::answer::Answer;
 use crate::config::{AnswerMode, Channel, Config, ReportDetail};
 use crate::dedupe::{shard_key, update, Event as StoredEvent, Limits, Seen, CLAIM_MARGIN_MS};
-use crate::fanout::FanOut;
+use crate::fan_out_state::FanOut;
 use crate::host::{Host, HostStore};
 use crate::redelivery::{owner_id, Redelivery};
 use crate::request::Event;
@@ -50,13 +50,9 @@ pub fn choose<H: Host>(
     admit_calls: impl FnOnce(&[&str]) -> Result<(), Answer>,
 ) -> Result<Recipients, Answer> {
     let channel = request.channel;
-    let mut fanout = FanOut::new(
-        request.channel_index,
-        channel.subscribers.len(),
-        request.started_ms,
-    )
-    .with_full_report(config.report == ReportDetail::Full)
-    .with_only_required(channel.subscribers.iter().all(|s| s.required));
+    let mut fanout = FanOut::new(channel.subscribers.len(), request.started_ms)
+        .with_full_report(config.report == ReportDetail::Full)
+        .with_only_required(channel.subscribers.iter().all(|s| s.required));
     let mut wanted = Vec::with_capacity(channel.subscribers.len());
     for (index, subscriber) in channel.subscribers.iter().enumerate() {
         if subscriber.accepts(request.event.attributes.as_ref()) {

@@ -11,7 +11,7 @@ use std::hash::BuildHasher;
 
 use crate::config::Config;
 use crate::dedupe::{self, shard_key, update, Event, Limits};
-use crate::fanout::FanOut;
+use crate::fan_out_state::FanOut;
 use crate::host::{Host, HostStore};
 use crate::metrics::Tally;
 

@@ -18,7 +18,7 @@ use std::rc::Rc;
 
 use crate::answer::{Answer, PENDING_HEADER};
 use crate::config::{AnswerMode, BodyWait, Config};
-use crate::deliveries::{Deliveries, Finished, Job};
+use crate::deliveries::{Deliveries, Finished, InLine, Job};
 use crate::host::Host;
 use crate::recipients::{self, Request};
 use crate::request::{admit, Admitted};
@@ -274,6 +274,7 @@ impl<H: Host> Stream<H> {
         let nothing_to_send = recipients.fanout.is_done();
         let job = Job {
             config: config.clone(),
+            channel: channel.clone(),
             fanout: recipients.fanout,
             body,
             forwarded: admitted.forwarded,
@@ -281,6 +282,7 @@ impl<H: Host> Stream<H> {
             log_id: self.id,
             started_ms: self.started_ms,
             redelivery: recipients.claims,
+            line: InLine::default(),
         };
         // A channel of best-effort subscribers only answers at once, like async mode.
         let answer_now = config.mode == AnswerMode::Async || channel.all_best_effort();

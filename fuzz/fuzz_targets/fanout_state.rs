@@ -1,4 +1,4 @@
-//! The per-request state machine (`fanout::fanout::FanOut`) fed arbitrary sequences of
+//! The per-request state machine (`fanout::fan_out_state::FanOut`) fed arbitrary sequences of
 //! callbacks: calls handed out, dispatched (with any token, including one already in use) or
 //! refused at dispatch, answered with any token (unknown, late, duplicate) and any status,
 //! body, `retry-after` and reply (or a reply too large); subscribers skipped; the clock moving; indexes out of range.
@@ -29,7 +29,7 @@ use std::collections::BTreeSet;
 use arbitrary::{Arbitrary, Unstructured};
 use fanout::answer::FAILED_HEADER;
 use fanout::config::{Channel, Config};
-use fanout::fanout::{CallEnd, FanOut, ReplyEvent};
+use fanout::fan_out_state::{CallEnd, FanOut, ReplyEvent};
 use fanout::answer::{DEAD_LETTERED_HEADER};
 use fanout::call::{classify, Failure, BODY_PEEK_BYTES, DETAIL_BYTES};
 use fanout::headers::{is_token_byte, is_valid_value, Forwarded};
@@ -173,7 +173,7 @@ impl<'a> Arbitrary<'a> for Input {
     }
 }
 
-fn channel(subs: &[SubSpec]) -> Channel {
+fn channel(subs: &[SubSpec]) -> std::rc::Rc<Channel> {
     let subscribers: Vec<Value> = subs
         .iter()
         .enumerate()
@@ -225,7 +225,7 @@ fuzz_target!(|input: Input| {
         tally.register_subscriber(&s.cluster);
     }
     let mut now: u64 = 1_000;
-    let mut f = FanOut::new(0, n, now);
+    let mut f = FanOut::new(n, now);
     let mut m = Model {
         sending: BTreeSet::new(),
         pending: vec![None; n],

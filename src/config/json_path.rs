@@ -1,39 +1,36 @@
 //! Reads the plugin configuration's JSON into the config's raw types and, when the document
 //! does not fit them, says where: the field path (`channels[0].subscribers[1].timeout_ms`)
-//! with serde's own message, exactly as `serde_path_to_error` over `serde_json` gave them.
+//! and serde_json's message for it.
 //!
-//! Why not that crate: it wraps every visitor of every type it reads, and those wrappers
-//! were about 60 KB of the 460 KB module. Nor serde's derived readers: they were ~25 KB more.
-//! Here the document is first parsed into a [`Node`] tree (one small visitor; a syntax error
-//! is serde_json's, with its position), then the raw types are read from the tree by hand
-//! (`read.rs`) through [`At`], a value and its path, whose readers take what serde's readers
-//! of those types took and put the path on any error.
+//! The document is first parsed into a [`Node`] tree (one small visitor; a syntax error is
+//! serde_json's, with its position), then the raw types are read from the tree by hand
+//! (`read.rs`) through [`At`], a value and its path, whose readers put the path on any error.
+//! Why by hand rather than serde's derived readers under a path-tracking wrapper: the module's
+//! size (bench/README.md, "Size").
 //!
-//! What stays as it was, and why it does: each reader accepts the kinds of value serde's
-//! accepted from serde_json (a non-negative integer as u64, a negative one as i64, `null` as
-//! none), and every message is serde_json's: made by `serde_json::Error` (`unknown field`,
-//! `missing field`, `duplicate field`, `unknown variant`), or in its words by
-//! [`crate::cloudevents::json_kind`] (`invalid type: null, expected u32`, `floating point
-//! `1.5``), which keeps serde's float formatting out of the module. The path is
-//! built as serde_path_to_error builds it: a map value or key adds `.key`, a sequence element
-//! `[i]`, an enum's content `.variant`; an error of a struct itself (a missing or duplicate
-//! field) has the struct's path; the root is `.`.
-//! What differs: a document that is not valid JSON is reported as such even where a field
-//! error comes before the syntax error (the whole document is parsed first); an enum
-//! field (`mode`, `body_wait`, `report`, `backoff_policy`) holding neither a string nor a
-//! one-entry object is refused with its path and type (`mode: invalid type: integer `7`,
-//! expected enum AnswerMode`), where serde_json's streaming reader said "not valid JSON:
-//! expected value at line 1 column 14"; and a struct (a target, `delivery`, `dedupe`, a
-//! channel) must be an object: serde_json also reads an array of its fields in order
-//! (`"reply": ["c", null, null, null, {}]`), which is refused here (`reply: invalid type:
-//! sequence, expected struct RawTarget`).
+//! Each reader accepts the kinds of value serde's readers accept from serde_json (a
+//! non-negative integer as u64, a negative one as i64, `null` as none), and every message is
+//! serde_json's: made by `serde_json::Error` (`unknown field`, `missing field`, `duplicate
+//! field`, `unknown variant`), or in its words by [`crate::json::kind`] (`invalid type: null,
+//! expected u32`, `floating point `1.5``). A map value or key adds `.key` to the path, a
+//! sequence element `[i]`, an enum's content `.variant`; an error of a struct itself (a
+//! missing or duplicate field) has the struct's path; the root is `.`. The tests hold both
+//! against serde_path_to_error over the derived readers.
+//!
+//! The whole document is parsed first, so a document that is not valid JSON is reported as
+//! such even where a field error comes before the syntax error. An enum field (`mode`,
+//! `body_wait`, `report`, `backoff_policy`) holding neither a string nor a one-entry object is
+//! refused with its path and type (`mode: invalid type: integer `7`, expected enum
+//! AnswerMode`). A struct (a target, `delivery`, `dedupe`, a channel) must be a JSON object:
+//! an array of its fields is refused (`reply: invalid type: sequence, expected struct
+//! RawTarget`).
 
 use std::fmt;
 
 use serde::de;
 
-use crate::cloudevents::json_kind;
-pub use crate::json_node::Node;
+use crate::json::kind as json_kind;
+pub use crate::json::Node;
 
 /// Why a document could not be read.
 #[derive(Debug)]
@@ -306,7 +303,10 @@ impl<'n, 'c> At<'n, 'c> {
     ) -> Result<E, PathError> {
         let (name, content) = match self.node {
             Node::Str(name) => (name, None),
-            Node::Object(entries) if entries.len() == 1 => (&entries[0].0, Some(&entries[0].1)),
+            Node::Object(entries) => match entries.as_slice() {
+                [(name, content)] => (name, Some(content)),
+                _ => return Err(self.wrong_type(expected)),
+            },
             _ => return Err(self.wrong_type(expected)),
         };
         let Some(value) = variants
@@ -335,8 +335,8 @@ impl<'n, 'c> At<'n, 'c> {
 
 #[cfg(test)]
 mod tests {
-    //! The reader against what the filter used before it: serde_path_to_error over
-    //! serde_json's streaming deserializer, on every field of a configuration that uses them
+    //! The reader against the reference: serde_path_to_error over serde_json's streaming
+    //! deserializer and the derived readers, on every field of a configuration that uses them
     //! all, each replaced by values of every JSON kind, removed, given twice, and joined by an
     //! unknown field. Both must accept the same documents with the same values, and refuse
     //! the rest with the same path and message.
@@ -346,8 +346,7 @@ mod tests {
     use super::super::{read, RawConfig};
     use super::ReadError;
 
-    /// serde_path_to_error's path and serde_json's message without its position, as the
-    /// filter reported them.
+    /// serde_path_to_error's path and serde_json's message without its position.
     fn reference(bytes: &[u8]) -> Result<String, String> {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
         let raw: RawConfig = serde_path_to_error::deserialize(&mut *de).map_err(|e| {

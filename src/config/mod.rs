@@ -10,6 +10,7 @@
 //! This module does not know about proxy-wasm.
 
 use std::fmt;
+use std::rc::Rc;
 use std::time::Duration;
 
 #[cfg(test)]
@@ -176,8 +177,8 @@ struct RawTarget {
 }
 
 /// A target's `headers` object: names and values in document order, a name given twice
-/// keeping its last value (as a map would). A list, not a `BTreeMap`: the map's code was
-/// ~4 KB of the module for the few headers a target has.
+/// keeping its last value (as a map would). A list, not a `BTreeMap`: a target has few
+/// headers, and a map's code costs module size.
 #[derive(Debug, Clone, Default)]
 struct RawHeaders(Vec<(String, String)>);
 
@@ -263,7 +264,8 @@ pub struct Config {
     pub allow: String,
     pub max_body_bytes: u64,
     pub forward: HeaderSelector,
-    pub channels: Vec<Channel>,
+    /// Shared with the fan-outs delivering to them (each holds its channel).
+    pub channels: Vec<Rc<Channel>>,
     pub router: Router,
     /// Whether to count requests and calls in Envoy's stats (default true).
     pub metrics: bool,
@@ -399,7 +401,7 @@ impl Config {
         raw.validate()
     }
 
-    pub fn channel(&self, index: usize) -> Option<&Channel> {
+    pub fn channel(&self, index: usize) -> Option<&Rc<Channel>> {
         self.channels.get(index)
     }
 }

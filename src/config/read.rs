@@ -1,8 +1,8 @@
 //! The configuration's raw types read from the JSON tree ([`json_path::At`]), by hand: what
 //! serde's derived readers did (`deny_unknown_fields`, `Option` fields `null` or absent,
 //! `#[serde(default)]`, unit enums in lower case), with their messages, at the same paths.
-//! The derived readers were ~25 KB of the module; they stay for the tests only, as the
-//! reference this reader is checked against (json_path's tests read ~1,500 variants both ways).
+//! The derived readers are built for the tests only, as the reference this reader is checked
+//! against (json_path's tests read ~1,500 variants both ways).
 //!
 //! Each struct's field list is in its declaration order, as serde lists them in "unknown
 //! field `x`, expected one of ...".

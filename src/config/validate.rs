@@ -3,6 +3,7 @@
 //! worked out here: the call headers of every target, the routing table, the retry
 //! policies, the filters, the subscribers' dedupe identities.
 
+use std::rc::Rc;
 use std::time::Duration;
 
 use super::{
@@ -172,7 +173,7 @@ fn channels(
     shorthand: bool,
     default_timeout: Duration,
     defaults: &Defaults,
-) -> Result<(Vec<Channel>, Router), ConfigError> {
+) -> Result<(Vec<Rc<Channel>>, Router), ConfigError> {
     let mut router = Router::default();
     let mut channels = Vec::with_capacity(raw_channels.len());
     for (c, raw) in raw_channels.into_iter().enumerate() {
@@ -191,7 +192,7 @@ fn channels(
             Some(name) => name,
             None => format!("channels[{c}]"),
         };
-        if let Some(other) = channels.iter().position(|ch: &Channel| ch.name == name) {
+        if let Some(other) = channels.iter().position(|ch: &Rc<Channel>| ch.name == name) {
             return Err(ConfigError::new(
                 format!("{at}name"),
                 format!("\"{name}\" is already the name of channels[{other}]"),
@@ -222,18 +223,18 @@ fn channels(
             sub.dedupe_id = id;
         }
         let filtered = subscribers.iter().any(|s| s.filter.is_some());
-        channels.push(Channel {
+        channels.push(Rc::new(Channel {
             name,
             subscribers,
             filtered,
-        });
+        }));
     }
     Ok((channels, router))
 }
 
 /// Valid, but probably not what the user wants: a sync delivery that can outlast Envoy's
 /// default stream idle timeout.
-fn sync_warnings(mode: AnswerMode, channels: &[Channel]) -> Vec<String> {
+fn sync_warnings(mode: AnswerMode, channels: &[Rc<Channel>]) -> Vec<String> {
     let mut warnings = Vec::new();
     if mode != AnswerMode::Sync {
         return warnings;
@@ -458,8 +459,11 @@ fn call_cap(
 
 /// The cap of every capped cluster, once per cluster in the order they first appear; two
 /// subscribers of one cluster with different caps are refused (the cap is the cluster's).
-fn call_caps(channels: &[Channel], shorthand: bool) -> Result<Vec<(String, CallCap)>, ConfigError> {
-    // Each cluster's first subscriber: a list, clusters are few (a map was ~3 KB of code).
+fn call_caps(
+    channels: &[Rc<Channel>],
+    shorthand: bool,
+) -> Result<Vec<(String, CallCap)>, ConfigError> {
+    // Each cluster's first subscriber: a list, as clusters are few (a map costs module size).
     let mut first: Vec<(&str, Option<CallCap>, String)> = Vec::new();
     let mut caps = Vec::new();
     for (c, channel) in channels.iter().enumerate() {

@@ -11,26 +11,28 @@
 //! borrowed while Envoy runs the local reply.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::rc::Rc;
 
 use hashbrown::HashMap;
 
 use crate::answer::Answer;
-use crate::call::{classify, is_success, Failure, Leg, BODY_PEEK_BYTES};
-use crate::call_slots::{CallCap, CallSlots, Slot, Start};
-use crate::config::{AnswerMode, Channel, Config, Subscriber};
-use crate::fanout::{CallEnd, FanOut, ReplyEvent};
-use crate::headers::Forwarded;
+use crate::call::Leg;
+use crate::call_slots::{CallCap, Slot};
+use crate::config::{AnswerMode, Config};
 use crate::host::Host;
 use crate::jitter::{self, JitterRng};
-use crate::redelivery::{self, Redelivery};
-use crate::reply::{self, Answered};
-use crate::retry::{honours_retry_after, parse_retry_after};
+use crate::redelivery;
 use crate::telemetry::Telemetry;
+use call_end::Expected;
 use call_plan::CallPlan;
+use job::leg_cluster;
+pub use job::{InLine, Job};
+use slot_gate::{Pass, SlotGate};
 
+mod call_end;
 mod call_plan;
+mod job;
+mod slot_gate;
 
 /// The host's clock, read at most once per callback and only if something needs the time:
 /// a plain success with metrics off costs no clock read (each read is a host call).
@@ -57,46 +59,6 @@ impl<'h, H: Host> Clock<'h, H> {
     }
 }
 
-/// One event being delivered.
-pub struct Job {
-    pub config: Rc<Config>,
-    pub fanout: FanOut,
-    pub body: Vec<u8>,
-    pub forwarded: Forwarded,
-    /// The stream waiting for the answer (sync mode); `None` once async or abandoned.
-    pub answer_to: Option<u32>,
-    /// Context id for log lines.
-    pub log_id: u32,
-    pub started_ms: u64,
-    /// `dedupe`'s claims of this event, settled when the fan-out ends.
-    pub redelivery: Option<Redelivery>,
-}
-
-/// How long past its worst case (every attempt timing out, every backoff at its longest) a
-/// fan-out is kept before its open calls are given up as lost. Calls end by their timeouts,
-/// so this only matters when Envoy drops a call without an answer, e.g. one made by a root
-/// context that a configuration update retired.
-const LOST_CALL_GRACE_MS: u64 = 30_000;
-
-impl Job {
-    fn deadline_ms(&self) -> u64 {
-        let worst = self
-            .config
-            .channel(self.fanout.channel())
-            .map_or(0, |channel| {
-                channel
-                    .subscribers
-                    .iter()
-                    .map(|sub| sub.worst_case_ms())
-                    .max()
-                    .unwrap_or(0)
-            });
-        self.started_ms
-            .saturating_add(worst)
-            .saturating_add(LOST_CALL_GRACE_MS)
-    }
-}
-
 /// A fan-out that ended: the answer for its sender, if one is waiting.
 pub struct Finished {
     pub answer_to: Option<u32>,
@@ -113,19 +75,8 @@ pub struct Deliveries {
     /// The VM's generator for retry jitter: each fan-out draws its own seed from it. Seeded
     /// by [`Deliveries::seed_jitter`] when the plugin is configured.
     jitter_rng: JitterRng,
-    /// Calls in flight and waiting per cluster (`max_concurrent_calls`), keyed by cluster;
-    /// a waiting call is its job, subscriber and leg.
-    slots: CallSlots<String, (u64, usize, Leg)>,
-    /// The slot each call in flight holds.
-    slot_of: HashMap<u32, Slot>,
-    /// Calls that got a slot, to be sent by the root context's next tick.
-    released: VecDeque<((u64, usize, Leg), Slot)>,
-    /// Per job, its calls waiting in line (a job with calls waiting is never lost).
-    queued_by_job: HashMap<u64, usize>,
-    /// Per job, when a call of it last left the line (its deadline runs from then).
-    sent_from_line: HashMap<u64, u64>,
-    /// The capped clusters' calls in flight and waiting as last counted into the gauges.
-    reported: HashMap<String, (u32, usize)>,
+    /// `max_concurrent_calls`: the slot each call holds, the calls waiting for one.
+    gate: SlotGate,
 }
 
 impl Deliveries {
@@ -136,12 +87,7 @@ impl Deliveries {
             next_job: 1,
             telemetry,
             jitter_rng: JitterRng::with_seed(0),
-            slots: CallSlots::new(),
-            slot_of: HashMap::new(),
-            released: VecDeque::new(),
-            queued_by_job: HashMap::new(),
-            sent_from_line: HashMap::new(),
-            reported: HashMap::new(),
+            gate: SlotGate::new(),
         }
     }
 
@@ -171,10 +117,10 @@ impl Deliveries {
         config: &Config,
         clusters: &[&str],
     ) -> Result<(), Answer> {
-        let Err(refusal) = self.slots.check(clusters.iter().copied()) else {
+        let Err((refusal, warn)) = self.gate.admit(clusters, || host.now_ms()) else {
             return Ok(());
         };
-        if let Some(unlogged) = self.slots.note_refusal(&refusal.key, host.now_ms()) {
+        if let Some(unlogged) = warn {
             let earlier = if unlogged > 0 {
                 format!(" ({unlogged} more since the last warning)")
             } else {
@@ -206,7 +152,7 @@ impl Deliveries {
         send_now: bool,
     ) -> (u64, Option<Finished>) {
         let id = self.next_job;
-        self.next_job += 1;
+        self.next_job = self.next_job.saturating_add(1);
         let mut job = job;
         job.fanout.seed_jitter(self.jitter_rng.next_seed());
         self.count(&job.config, |tally| tally.fanout_started());
@@ -232,10 +178,7 @@ impl Deliveries {
         if let Some(mut job) = self.jobs.remove(&id) {
             // Its waiting calls leave the line before its calls in flight free their slots,
             // so that none of them takes one.
-            self.slots.cancel(|waiting| waiting.0 == id);
-            self.queued_by_job.remove(&id);
-            self.sent_from_line.remove(&id);
-            self.released.retain(|(waiting, _)| waiting.0 != id);
+            self.gate.cancel_job(id);
             self.forget_calls(id);
             self.settle(&Clock::new(host), &mut job);
             self.count(&job.config, |tally| tally.fanout_ended(None));
@@ -247,7 +190,7 @@ impl Deliveries {
         self.jobs
             .values()
             .any(|job| job.fanout.has_ready() || job.fanout.waiting() > 0)
-            || !self.released.is_empty()
+            || self.gate.has_released()
     }
 
     /// The root context's timer: sends what is due in every fan-out, and gives up on those
@@ -258,16 +201,7 @@ impl Deliveries {
         let lost: Vec<u64> = self
             .jobs
             .iter()
-            .filter(|&(id, job)| {
-                // A job with calls waiting in line is not lost; its deadline runs from the
-                // last call that left the line.
-                let from_line = self.sent_from_line.get(id).map_or(0, |sent| {
-                    job.deadline_ms()
-                        .saturating_sub(job.started_ms)
-                        .saturating_add(*sent)
-                });
-                !self.queued_by_job.contains_key(id) && now > job.deadline_ms().max(from_line)
-            })
+            .filter(|(_, job)| job.is_lost(now))
             .map(|(id, _)| *id)
             .collect();
         let mut finished = Vec::new();
@@ -319,8 +253,8 @@ impl Deliveries {
             } else {
                 0
             };
-            let config = job.config.clone();
-            let channel = config.channel(job.fanout.channel())?;
+            let capped = !job.config.call_caps.is_empty();
+            let channel = job.channel.clone();
             // Best-effort subscribers are called from the root context only: Envoy cancels a
             // stream's calls when the stream ends, and their delivery outlives the answer.
             let sends = if from_root {
@@ -334,22 +268,13 @@ impl Deliveries {
                 break;
             }
             for send in sends {
-                // A worker that never had a cap counts no calls: no bookkeeping per call.
-                // (Calls sent before the first cap arrives are not counted against it.)
-                if self.slots.is_unused() && config.call_caps.is_empty() {
-                    self.send_one(host, clock, id, send.index, send.leg, Slot::uncounted());
-                    continue;
-                }
                 let cluster = leg_cluster(channel.subscribers.get(send.index)?, send.leg);
-                // Every leg to a capped cluster waits for a slot; an uncapped one always
-                // gets one at once.
-                match self
-                    .slots
-                    .start(&cluster.to_string(), (id, send.index, send.leg))
-                {
-                    Start::Now(slot) => self.send_one(host, clock, id, send.index, send.leg, slot),
-                    Start::Queued => {
-                        *self.queued_by_job.entry(id).or_default() += 1;
+                match self.gate.pass(capped, cluster, (id, send.index, send.leg)) {
+                    Pass::Now(slot) => self.send_one(host, clock, id, send.index, send.leg, slot),
+                    Pass::Queued => {
+                        if let Some(job) = self.jobs.get_mut(&id) {
+                            job.line.calls = job.line.calls.saturating_add(1);
+                        }
                     }
                 }
             }
@@ -369,36 +294,33 @@ impl Deliveries {
     ) {
         let telemetry = self.telemetry.clone();
         let Some(job) = self.jobs.get_mut(&id) else {
-            self.release(slot);
+            self.gate.release(slot);
             return;
         };
         let config = job.config.clone();
-        let Some(channel) = config.channel(job.fanout.channel()) else {
-            self.release(slot);
-            return;
-        };
+        let channel = job.channel.clone();
         let Some(sub_cluster) = channel.subscribers.get(index).map(|s| s.cluster.as_str()) else {
-            self.release(slot);
+            self.gate.release(slot);
             return;
         };
-        let Some(call) = CallPlan::new(job, channel, index, leg) else {
-            self.release(slot);
+        let Some(call) = CallPlan::new(job, &channel, index, leg) else {
+            self.gate.release(slot);
             return;
         };
         let result = host.dispatch(call.cluster, call.headers(), &call.body, call.timeout);
         let cluster = call.cluster;
         drop(call);
-        let retry = leg == Leg::Event && job_attempts(job, index) > 0;
+        let retry = leg == Leg::Event && job.fanout.event_attempts(index) > 0;
         match result {
             Ok(token) => {
                 job.fanout.dispatched(index, token);
                 self.tokens.insert(token, (id, index));
-                self.slot_of.insert(token, slot);
+                self.gate.hold(token, slot);
             }
             Err(failure) => {
                 job.fanout
-                    .dispatch_failed(index, failure.clone(), clock.now(), channel);
-                log_failure(job, channel, index, leg, &failure);
+                    .dispatch_failed(index, failure.clone(), clock.now(), &channel);
+                job.log_failure(index, leg, &failure);
                 let reply_gave_up = leg == Leg::Reply && !job.fanout.is_retrying(index);
                 count(&telemetry, &config, |tally| {
                     if reply_gave_up {
@@ -406,7 +328,7 @@ impl Deliveries {
                     }
                     tally.call_ended(cluster, &Err(failure.clone()), None)
                 });
-                self.release(slot);
+                self.gate.release(slot);
             }
         }
         count(&telemetry, &config, |tally| {
@@ -415,25 +337,6 @@ impl Deliveries {
                 tally.retried(sub_cluster);
             }
         });
-    }
-
-    /// A call's slot is free: the next call waiting for its cluster, if any, takes it and is
-    /// sent by the root context's next tick (Envoy ties a call to the context that makes it,
-    /// and the root's calls outlive every stream).
-    fn release(&mut self, slot: Slot) {
-        if let Some((waiting, slot)) = self.slots.end(slot) {
-            self.left_line(waiting.0);
-            self.released.push_back((waiting, slot));
-        }
-    }
-
-    fn left_line(&mut self, id: u64) {
-        if let Some(n) = self.queued_by_job.get_mut(&id) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.queued_by_job.remove(&id);
-            }
-        }
     }
 
     /// Forgets job `id`'s calls in flight (abandoned, or lost): their slots are free.
@@ -446,17 +349,19 @@ impl Deliveries {
             .collect();
         for token in tokens {
             self.tokens.remove(&token);
-            if let Some(slot) = self.slot_of.remove(&token) {
-                self.release(slot);
-            }
+            self.gate.call_ended(token);
         }
     }
 
-    /// Sends the calls that got a slot since the last tick, in the order they got it.
+    /// Sends the calls that got a slot since the last tick, in the order they got it; each
+    /// leaves its job's line as it goes.
     fn send_released<H: Host>(&mut self, host: &H, clock: &Clock<'_, H>) -> Vec<Finished> {
         let mut finished = Vec::new();
-        while let Some(((id, index, leg), slot)) = self.released.pop_front() {
-            self.sent_from_line.insert(id, clock.now());
+        while let Some(((id, index, leg), slot)) = self.gate.next_released() {
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.line.calls = job.line.calls.saturating_sub(1);
+                job.line.left_at = Some(clock.now());
+            }
             self.send_one(host, clock, id, index, leg, slot);
             finished.extend(self.pump(host, clock, id, true));
         }
@@ -468,27 +373,16 @@ impl Deliveries {
         let Ok(mut telemetry) = self.telemetry.try_borrow_mut() else {
             return;
         };
-        for gauges in self.slots.gauges() {
-            let last = self.reported.get(gauges.key).copied().unwrap_or((0, 0));
-            let now = (gauges.in_flight, gauges.queued);
-            if now == last || (self.slots.cap(gauges.key).is_none() && last == (0, 0)) {
-                continue;
-            }
-            telemetry.tally.call_gauges(
-                gauges.key,
-                i64::from(now.0) - i64::from(last.0),
-                now.1 as i64 - last.1 as i64,
-            );
-            self.reported.insert(gauges.key.clone(), now);
-        }
+        self.gate.report_gauges(|change| {
+            telemetry
+                .tally
+                .call_gauges(change.cluster, change.in_flight, change.queued)
+        });
     }
 
     /// The caps of a (new) configuration; calls that now have room go out at the next tick.
     pub fn set_caps(&mut self, caps: &[(String, CallCap)]) {
-        for (waiting, slot) in self.slots.set_caps(caps.iter().cloned()) {
-            self.left_line(waiting.0);
-            self.released.push_back((waiting, slot));
-        }
+        self.gate.set_caps(caps);
     }
 
     /// The answer to call `token` is being delivered (to whichever context made the call).
@@ -501,76 +395,25 @@ impl Deliveries {
         body_size: usize,
         from_root: bool,
     ) -> Option<Finished> {
-        if let Some(slot) = self.slot_of.remove(&token) {
-            self.release(slot);
-        }
+        self.gate.call_ended(token);
         let (id, index) = self.tokens.remove(&token)?;
         let job = self.jobs.get_mut(&id)?;
-        let config = job.config.clone();
-        let channel = config.channel(job.fanout.channel())?;
         let leg = job.fanout.leg_at(index, token)?;
+        let channel = job.channel.clone();
         let sub = channel.subscribers.get(index)?;
-        let status = if num_headers == 0 {
-            None
-        } else {
-            host.call_status()
-        };
         let clock = Clock::new(host);
         // The cluster this leg called.
         let cluster = leg_cluster(sub, leg);
-        let mut discarded = false;
-        let end = match status {
-            Some(status) if is_success(status) => {
-                // Read an answer's headers and body only to pass it on: a plain success costs
-                // no more host calls.
-                let reply =
-                    if leg == Leg::Event && sub.reply.is_some() && reply::may_be_reply(status) {
-                        match reply::read(host.call_headers(), body_size, config.max_body_bytes) {
-                            Answered::Nothing => None,
-                            Answered::NotAnEvent => {
-                                discarded = true;
-                                None
-                            }
-                            Answered::TooLarge(failure) => Some(Err(failure)),
-                            Answered::Event(headers) => Some(Ok(ReplyEvent {
-                                headers: headers.into_iter().collect(),
-                                body: if body_size > 0 {
-                                    host.call_body(body_size)
-                                } else {
-                                    Vec::new()
-                                },
-                            })),
-                        }
-                    } else {
-                        None
-                    };
-                CallEnd {
-                    reply,
-                    ..CallEnd::ok()
-                }
-            }
-            _ => {
-                let body = if body_size > 0 {
-                    host.call_body(body_size.min(BODY_PEEK_BYTES))
-                } else {
-                    Vec::new()
-                };
-                let retry_after_ms =
-                    if sub.retry.retry > 0 && status.is_some_and(honours_retry_after) {
-                        host.call_header("retry-after")
-                            .and_then(|v| parse_retry_after(&v, clock.now()))
-                    } else {
-                        None
-                    };
-                CallEnd {
-                    result: classify(cluster, status, &body),
-                    retry_after_ms,
-                    body,
-                    reply: None,
-                }
-            }
+        let expected = Expected {
+            sub,
+            leg,
+            cluster,
+            num_headers,
+            body_size,
+            max_body_bytes: job.config.max_body_bytes,
         };
-        if discarded {
+        let ended = call_end::read(host, &expected, || clock.now());
+        if ended.discarded {
             log::debug!(
                 "[#{}] channel {}: subscriber {} answered {} with a body that is not a \
                  CloudEvent (no ce-* header, no application/cloudevents content type): not a \
@@ -578,47 +421,19 @@ impl Deliveries {
                 job.log_id,
                 channel.name,
                 sub.cluster,
-                status.unwrap_or(0)
+                ended.status.unwrap_or(0)
             );
         }
-        let reply_refused = match &end.reply {
-            Some(Err(failure)) => Some(failure.clone()),
-            _ => None,
-        };
         // The time: for a failure (its wait, its elapsed time) and for the duration metric.
-        let now = if end.result.is_err() || reply_refused.is_some() || config.metrics {
-            clock.now()
-        } else {
-            0
-        };
-        let result = end.result.clone();
-        job.fanout.completed_at(index, token, end, now, channel)?;
-        // A reply that failed for good: the reply leg's own failure, or one too large to send.
-        let reply_failure = match (&result, reply_refused) {
-            (_, Some(failure)) => Some(failure),
-            (Err(failure), None) if leg == Leg::Reply => Some(failure.clone()),
-            _ => None,
-        }
-        .filter(|_| !job.fanout.is_retrying(index));
-        if let Err(failure) = &result {
-            log_failure(job, channel, index, leg, failure);
-        }
-        if let Some(failure) = reply_failure.as_ref().filter(|_| result.is_ok()) {
-            log_failure(job, channel, index, Leg::Reply, failure);
-        }
-        let duration = now.saturating_sub(job.started_ms);
-        let dead_lettered = leg == Leg::DeadLetter && result.is_ok();
-        count(&self.telemetry, &config, |tally| {
-            tally.call_ended(cluster, &result, Some(duration));
-            if dead_lettered {
-                tally.dead_lettered(&sub.cluster);
-            }
-            if discarded {
-                tally.reply_discarded(&sub.cluster);
-            }
-            if let Some(failure) = &reply_failure {
-                tally.reply_failed(&sub.cluster, failure);
-            }
+        let now =
+            if ended.end.result.is_err() || ended.reply_refused().is_some() || job.config.metrics {
+                clock.now()
+            } else {
+                0
+            };
+        let recorded = job.record(index, token, leg, ended, now)?;
+        count(&self.telemetry, &job.config, |tally| {
+            recorded.count(tally, cluster, &sub.cluster)
         });
         // A leg that just changed (reply, dead letter) goes out at once.
         self.pump(host, &clock, id, from_root)
@@ -631,7 +446,7 @@ impl Deliveries {
         }
         let mut job = self.jobs.remove(&id)?;
         self.settle(clock, &mut job);
-        let channel = job.config.channel(job.fanout.channel())?;
+        let channel = &job.channel;
         let answer = job.fanout.verdict(channel);
         let duration = if job.config.metrics {
             clock.now().saturating_sub(job.started_ms)
@@ -707,11 +522,10 @@ impl Deliveries {
     /// the 500 of a required failure) and the rest goes on from the root context.
     fn answer_if_due(&mut self, id: u64) -> Option<Finished> {
         let job = self.jobs.get_mut(&id)?;
-        let channel = job.config.channel(job.fanout.channel())?;
-        if job.answer_to.is_none() || !job.fanout.required_done(channel) {
+        if job.answer_to.is_none() || !job.fanout.required_done(&job.channel) {
             return None;
         }
-        let answer = job.fanout.verdict(channel);
+        let answer = job.fanout.verdict(&job.channel);
         let answer_to = job.answer_to.take();
         let config = job.config.clone();
         let status = answer.status;
@@ -751,50 +565,5 @@ fn count(
         if let Ok(mut telemetry) = telemetry.try_borrow_mut() {
             record(&mut telemetry.tally);
         }
-    }
-}
-
-/// The cluster the `leg` call of `sub` goes to.
-fn leg_cluster(sub: &Subscriber, leg: Leg) -> &str {
-    match leg {
-        Leg::Event => sub.cluster.as_str(),
-        Leg::Reply => sub.reply.as_ref().map_or("", |t| t.cluster.as_str()),
-        Leg::DeadLetter => sub.dead_letter.as_ref().map_or("", |t| t.cluster.as_str()),
-    }
-}
-
-fn job_attempts(job: &Job, index: usize) -> u32 {
-    job.fanout.event_attempts(index)
-}
-
-fn log_failure(job: &Job, channel: &Channel, index: usize, leg: Leg, failure: &Failure) {
-    let cluster = channel
-        .subscribers
-        .get(index)
-        .map_or("?", |s| s.cluster.as_str());
-    let what = match leg {
-        Leg::Event => String::new(),
-        other => format!(" ({})", other.name()),
-    };
-    if job.fanout.is_failed(index) {
-        log::warn!(
-            "[#{}] channel {}: subscriber {cluster} failed{what}: {failure}",
-            job.log_id,
-            channel.name
-        );
-    } else if job.fanout.is_retrying(index) {
-        log::debug!(
-            "[#{}] channel {}: subscriber {cluster}{what}: {failure}; trying again",
-            job.log_id,
-            channel.name
-        );
-    } else {
-        // Its dead-letter target is called next; a warning follows if that fails too.
-        log::debug!(
-            "[#{}] channel {}: subscriber {cluster} failed{what}: {failure}; sending the event \
-             to its dead-letter target",
-            job.log_id,
-            channel.name
-        );
     }
 }

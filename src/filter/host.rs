@@ -185,7 +185,8 @@ fn serialized_map(map_type: MapType) -> Option<Vec<u8>> {
     // buffer of `size` bytes through the SDK's exported `proxy_on_memory_allocate` (a boxed
     // slice of exactly `size` bytes from this module's allocator) and hands it over: it is
     // this module's to own and free, which `Vec::from_raw_parts` with that length and
-    // capacity does (as the SDK's own `get_map` does).
+    // capacity does (as the SDK's own `get_map` does). The crate's one unsafe block.
+    #[allow(unsafe_code)]
     unsafe {
         match proxy_get_header_map_pairs(map_type, &mut data, &mut size) {
             proxy_wasm::types::Status::Ok if data.is_null() => Some(Vec::new()),

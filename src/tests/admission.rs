@@ -200,7 +200,7 @@ fn continue_mode_lets_headers_on_and_fans_out_at_end_of_stream() {
     assert_eq!(ctx.on_request_body(5, false), Flow::Pause);
     assert_eq!(ctx.on_request_body(5, true), Flow::Pause);
     assert_eq!(plugin.state().dispatched[0].body, b"event");
-    plugin.answer_call(&mut ctx, 1, Some(200), "");
+    plugin.answer(&mut ctx, "a", Some(200), "");
     assert_eq!(plugin.only_answer(), Answer::accepted());
     // Our own local reply passes through the response path: nothing to flag.
     assert_eq!(ctx.on_response_headers(), Flow::Continue);

@@ -48,7 +48,7 @@ fn a_failing_best_effort_subscriber_never_makes_a_500_and_is_retried_then_dead_l
     let b = plugin.last_call();
     // It fails before the required one ends: the answer is still 202.
     plugin.answer_root_call(b.token, Some(500), "down", &[]);
-    plugin.answer_call(&mut ctx, 1, Some(200), "");
+    plugin.answer(&mut ctx, "a", Some(200), "");
     let answer = plugin.only_answer();
     assert_eq!(answer.status, 202);
     assert_eq!(header(&answer, "x-fanout-pending").as_deref(), Some("1"));

@@ -99,7 +99,7 @@ fn root_contexts_of_one_vm_share_counts_and_deliveries() {
     let mut ctx = old.create_stream(STREAM);
     ctx.on_request_headers(true);
     host.0.borrow_mut().call_response = (Some(503), Vec::new());
-    ctx.on_call_response(1, 1, 0);
+    ctx.on_call_response(host.token_of("a"), 1, 0);
 
     // The update: a new root in the same VM; the old one is retired.
     let mut new = Plugin::with_shared(ROOT + 10, host.clone(), shared);
@@ -110,13 +110,13 @@ fn root_contexts_of_one_vm_share_counts_and_deliveries() {
     host.0.borrow_mut().now_ms = 200;
     host.0.borrow_mut().effective = ROOT + 10;
     new.on_tick();
-    let retry = host.0.borrow().dispatched.last().cloned().unwrap();
-    assert_eq!(
-        retry.token, 2,
-        "the new root's timer sent the old request's retry"
+    let calls = host.0.borrow().dispatched.clone();
+    assert!(
+        calls.len() == 2 && calls[1].cluster == "a" && calls[1].context == ROOT + 10,
+        "the new root's timer sent the old request's retry: {calls:?}"
     );
     host.0.borrow_mut().call_response = (Some(200), Vec::new());
-    new.on_call_response(2, 1, 0);
+    new.on_call_response(host.token_of("a"), 1, 0);
     assert_eq!(host.0.borrow().answers, vec![Answer::accepted()]);
     host.0.borrow_mut().now_ms = 2000;
     new.on_tick();

@@ -65,10 +65,10 @@ fn every_subscriber_gets_one_call_with_body_and_headers() {
 fn all_subscribers_2xx_answers_202_after_the_last() {
     let plugin = FakeEnvoy::configured(THREE);
     let mut ctx = send(&plugin, &post("orders.default"), b"{}");
-    plugin.answer_call(&mut ctx, 2, Some(200), "");
-    plugin.answer_call(&mut ctx, 1, Some(204), "");
+    plugin.answer(&mut ctx, "shipping", Some(200), "");
+    plugin.answer(&mut ctx, "billing", Some(204), "");
     assert!(plugin.answers().is_empty());
-    plugin.answer_call(&mut ctx, 3, Some(202), "ignored body");
+    plugin.answer(&mut ctx, "analytics", Some(202), "ignored body");
     assert_eq!(plugin.only_answer(), Answer::accepted());
     // Successes cost no read of the answer's body.
     assert_eq!(plugin.state().call_body_reads, 0);
@@ -80,10 +80,10 @@ fn one_failure_answers_500_naming_it() {
     let plugin = FakeEnvoy::configured(THREE);
     let mut ctx = send(&plugin, &post("orders.default"), b"{}");
     plugin.host.0.borrow_mut().now_ms = 0;
-    plugin.answer_call(&mut ctx, 1, Some(200), "");
+    plugin.answer(&mut ctx, "billing", Some(200), "");
     plugin.host.0.borrow_mut().now_ms = 35;
-    plugin.answer_call(&mut ctx, 2, Some(500), "database down\r\n");
-    plugin.answer_call(&mut ctx, 3, Some(200), "");
+    plugin.answer(&mut ctx, "shipping", Some(500), "database down\r\n");
+    plugin.answer(&mut ctx, "analytics", Some(200), "");
     let answer = plugin.only_answer();
     assert_eq!(answer.status, 500);
     assert!(answer
@@ -116,7 +116,7 @@ fn outcome_kinds_in_the_report() {
     for (status, body, outcome) in cases {
         let plugin = FakeEnvoy::configured(r#"{"subscribers": [{"cluster": "a"}]}"#);
         let mut ctx = send(&plugin, &post("x"), b"e");
-        plugin.answer_call(&mut ctx, 1, *status, body);
+        plugin.answer(&mut ctx, "a", *status, body);
         let answer = plugin.only_answer();
         assert_eq!(answer.status, 500, "{status:?} {body}");
         assert_eq!(
@@ -139,9 +139,9 @@ fn unknown_cluster_fails_at_dispatch_and_others_are_still_called() {
         .insert("shipping".into());
     let mut ctx = send(&plugin, &post("orders.default"), b"{}");
     assert_eq!(plugin.state().dispatched.len(), 2);
-    plugin.answer_call(&mut ctx, 1, Some(200), "");
+    plugin.answer(&mut ctx, "billing", Some(200), "");
     assert!(plugin.answers().is_empty());
-    plugin.answer_call(&mut ctx, 2, Some(200), "");
+    plugin.answer(&mut ctx, "analytics", Some(200), "");
     let doc = report(&plugin.only_answer());
     assert_eq!(doc["failed"][0]["cluster"], "shipping");
     assert_eq!(doc["failed"][0]["outcome"], "dispatch_error");
@@ -177,15 +177,15 @@ fn no_subscribers_answers_202_at_once() {
 fn late_duplicate_and_unknown_callbacks_change_nothing() {
     let plugin = FakeEnvoy::configured(THREE);
     let mut ctx = send(&plugin, &post("orders.default"), b"{}");
-    plugin.answer_call(&mut ctx, 99, Some(500), "stranger");
-    plugin.answer_call(&mut ctx, 1, Some(200), "");
-    plugin.answer_call(&mut ctx, 1, Some(500), "duplicate");
-    plugin.answer_call(&mut ctx, 2, Some(200), "");
+    plugin.answer_call(&mut ctx, NEVER_SENT, Some(500), "stranger");
+    plugin.answer(&mut ctx, "billing", Some(200), "");
+    plugin.answer(&mut ctx, "billing", Some(500), "duplicate");
+    plugin.answer(&mut ctx, "shipping", Some(200), "");
     assert!(plugin.answers().is_empty());
-    plugin.answer_call(&mut ctx, 3, Some(200), "");
+    plugin.answer(&mut ctx, "analytics", Some(200), "");
     assert_eq!(plugin.only_answer(), Answer::accepted());
-    plugin.answer_call(&mut ctx, 3, Some(500), "late");
-    plugin.answer_call(&mut ctx, 2, None, "");
+    plugin.answer(&mut ctx, "analytics", Some(500), "late");
+    plugin.answer(&mut ctx, "shipping", None, "");
     assert_eq!(plugin.answers().len(), 1);
     assert_eq!(ctx.on_request_body(10, true), Flow::Pause);
     assert_eq!(plugin.answers().len(), 1);
@@ -199,7 +199,7 @@ fn a_stream_that_ends_early_does_not_disturb_another() {
     let mut second = send(&plugin, &post("x"), b"2");
     assert!(first.on_done());
     drop(first);
-    plugin.answer_call(&mut second, 2, Some(200), "");
+    plugin.answer(&mut second, "a", Some(200), "");
     assert_eq!(plugin.only_answer(), Answer::accepted());
 }
 
@@ -295,7 +295,7 @@ fn a_circuit_breaker_overflow_in_either_form_is_reported_and_counted_as_overflow
         .insert("b".into());
     let mut ctx = send(&plugin, &post("x"), b"e");
     assert_eq!(clusters(&plugin), ["a"], "a refused call was sent");
-    plugin.answer_call(&mut ctx, 1, Some(503), OVERFLOW_BODY);
+    plugin.answer(&mut ctx, "a", Some(503), OVERFLOW_BODY);
     let doc = report(&plugin.only_answer());
     for (failed, cluster) in doc["failed"].as_array().unwrap().iter().zip(["a", "b"]) {
         assert_eq!(failed["cluster"], cluster);
@@ -321,7 +321,7 @@ fn an_overflow_is_retried_and_dead_lettered_as_overflow() {
              "dead_letter": {"cluster": "dlq"}}, "subscribers": [{"cluster": "a"}]}"#,
     );
     let mut ctx = send(&plugin, &post("x"), b"e");
-    plugin.answer_call(&mut ctx, 1, Some(503), OVERFLOW_BODY);
+    plugin.answer(&mut ctx, "a", Some(503), OVERFLOW_BODY);
     plugin
         .host
         .0

@@ -19,9 +19,9 @@ fn binary_event_reaches_only_the_subscribers_whose_filter_matches() {
         .headers
         .iter()
         .all(|(n, _)| !n.starts_with("ce-")));
-    plugin.answer_call(&mut ctx, 1, Some(200), "");
+    plugin.answer(&mut ctx, "shipped", Some(200), "");
     assert!(plugin.answers().is_empty());
-    plugin.answer_call(&mut ctx, 2, Some(200), "");
+    plugin.answer(&mut ctx, "everything", Some(200), "");
     assert_eq!(plugin.only_answer(), Answer::accepted());
 }
 
@@ -43,8 +43,8 @@ fn structured_event_is_parsed_once_and_filtered() {
     assert_eq!(clusters(&plugin), ["created", "eu"]);
     assert_eq!(plugin.state().body_reads, 1);
     assert_eq!(plugin.state().dispatched[0].body, body);
-    plugin.answer_call(&mut ctx, 1, Some(200), "");
-    plugin.answer_call(&mut ctx, 2, Some(200), "");
+    plugin.answer(&mut ctx, "created", Some(200), "");
+    plugin.answer(&mut ctx, "eu", Some(200), "");
     assert_eq!(plugin.only_answer(), Answer::accepted());
 }
 
@@ -77,8 +77,8 @@ fn the_500_report_lists_skipped_subscribers_apart_from_failed() {
     let headers = with("orders.default", &[("ce-type", "order.created")]);
     let mut ctx = send(&plugin, &headers, b"{}");
     assert_eq!(clusters(&plugin), ["created", "everything"]);
-    plugin.answer_call(&mut ctx, 1, Some(503), "busy");
-    plugin.answer_call(&mut ctx, 2, Some(200), "");
+    plugin.answer(&mut ctx, "created", Some(503), "busy");
+    plugin.answer(&mut ctx, "everything", Some(200), "");
     let answer = plugin.only_answer();
     assert_eq!(answer.status, 500);
     assert!(answer
@@ -137,8 +137,8 @@ fn without_filters_a_structured_body_is_not_parsed() {
     let headers = with("plain.default", &[STRUCTURED]);
     let mut ctx = send(&plugin, &headers, b"{not json");
     assert_eq!(clusters(&plugin), ["a", "b"]);
-    plugin.answer_call(&mut ctx, 1, Some(200), "");
-    plugin.answer_call(&mut ctx, 2, Some(200), "");
+    plugin.answer(&mut ctx, "a", Some(200), "");
+    plugin.answer(&mut ctx, "b", Some(200), "");
     assert_eq!(plugin.only_answer(), Answer::accepted());
     // ...and a batch goes out to all as it is.
     let plugin = FakeEnvoy::configured(FILTERED);

@@ -34,11 +34,11 @@ fn metrics_are_defined_at_configure_and_flushed_on_tick() {
     assert_eq!(plugin.state().value("fanout.in_flight"), 1);
     assert_eq!(plugin.state().value("fanout.subscriber.billing.calls"), 1);
     plugin.host.0.borrow_mut().now_ms = 1005;
-    plugin.answer_call(&mut ctx, 1, Some(200), "");
+    plugin.answer(&mut ctx, "billing", Some(200), "");
     plugin.host.0.borrow_mut().now_ms = 1007;
-    plugin.answer_call(&mut ctx, 2, Some(500), "");
+    plugin.answer(&mut ctx, "shipping", Some(500), "");
     plugin.host.0.borrow_mut().now_ms = 1010;
-    plugin.answer_call(&mut ctx, 3, Some(504), "upstream request timeout");
+    plugin.answer(&mut ctx, "analytics", Some(504), "upstream request timeout");
     // A rejection and a success with no subscribers.
     let _r = send(&plugin, &post("nobody"), b"{}");
     let _e = send(&plugin, &post("empty.default"), b"");
@@ -81,7 +81,7 @@ fn metrics_off_defines_and_counts_nothing() {
     let mut plugin =
         FakeEnvoy::configured(r#"{"metrics": false, "subscribers": [{"cluster": "a"}]}"#);
     let mut ctx = send(&plugin, &post("x"), b"e");
-    plugin.answer_call(&mut ctx, 1, Some(200), "");
+    plugin.answer(&mut ctx, "a", Some(200), "");
     plugin.root.on_tick();
     let state = plugin.state();
     assert!(state.metrics.is_empty(), "{:?}", state.metrics);

@@ -65,6 +65,9 @@ const ROOT: u32 = 1;
 
 const STREAM: u32 = 2;
 
+/// A call token no call was given.
+const NEVER_SENT: u32 = 99;
+
 /// A configured plugin in a fake Envoy, and a way to open streams on it.
 struct FakeEnvoy {
     host: FakeHost,
@@ -128,6 +131,12 @@ impl FakeEnvoy {
 
     fn state(&self) -> std::cell::Ref<'_, FakeState> {
         self.host.0.borrow()
+    }
+
+    /// Delivers `status` (`None`: no headers, as for a reset) and `body` as the answer to the
+    /// latest call to `cluster`, to the stream that made it.
+    fn answer(&self, ctx: &mut Stream<FakeHost>, cluster: &str, status: Option<u16>, body: &str) {
+        self.answer_call(ctx, self.host.token_of(cluster), status, body);
     }
 
     /// Delivers the answer to call `token`, as Envoy would.
@@ -236,6 +245,18 @@ const WITH_DEAD_LETTER: &str = r#"{"delivery": {"dead_letter": {"cluster": "dlq"
     "authority": "dlq.local", "path": "/dead"}}, "subscribers": [{"cluster": "a"}]}"#;
 
 impl FakeEnvoy {
+    /// [`FakeEnvoy::answer`] with headers.
+    fn answer_with(
+        &self,
+        ctx: &mut Stream<FakeHost>,
+        cluster: &str,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) {
+        self.answer_call_with(ctx, self.host.token_of(cluster), status, headers, body);
+    }
+
     /// Delivers the answer to call `token` from the stream, with headers.
     fn answer_call_with(
         &self,

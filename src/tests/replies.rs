@@ -32,7 +32,7 @@ fn a_reply_is_forwarded_with_its_content_type_and_ce_headers() {
             ("set-cookie".into(), b"secret".to_vec()),
         ];
     }
-    ctx.on_call_response(1, 4, 13);
+    ctx.on_call_response(plugin.host.token_of("a"), 4, 13);
     let reply = plugin.last_call();
     assert_eq!(reply.cluster, "replies");
     assert_eq!(reply.body, b"{\"answer\": 1}");
@@ -68,10 +68,10 @@ fn prefer_reply_goes_only_to_subscribers_with_a_reply_target() {
 fn a_202_is_never_a_reply_and_nothing_of_it_is_read() {
     let plugin = FakeEnvoy::configured(REPLYING);
     let mut ctx = send(&plugin, &post("x"), b"event");
-    plugin.answer_call(&mut ctx, 2, Some(200), "");
-    plugin.answer_call_with(
+    plugin.answer(&mut ctx, "plain", Some(200), "");
+    plugin.answer_with(
         &mut ctx,
-        1,
+        "answering",
         202,
         &[("ce-type", "com.example.reply"), ("ce-id", "r")],
         b"{\"looks\": \"like an event\"}",
@@ -89,10 +89,10 @@ fn a_2xx_body_that_is_not_a_cloudevent_is_discarded_and_counted() {
         0
     );
     let mut ctx = send(&plugin, &post("x"), b"event");
-    plugin.answer_call(&mut ctx, 2, Some(200), "");
-    plugin.answer_call_with(
+    plugin.answer(&mut ctx, "plain", Some(200), "");
+    plugin.answer_with(
         &mut ctx,
-        1,
+        "answering",
         200,
         &[("content-type", "application/json")],
         b"{\"ok\": true}",
@@ -130,8 +130,8 @@ fn an_answer_that_looks_like_an_event_but_is_not_a_valid_one_is_discarded_and_co
     for (i, (headers, body)) in not_events.into_iter().enumerate() {
         let mut plugin = FakeEnvoy::configured(REPLYING);
         let mut ctx = send(&plugin, &post("x"), b"event");
-        plugin.answer_call(&mut ctx, 2, Some(200), "");
-        plugin.answer_call_with(&mut ctx, 1, 200, headers, body);
+        plugin.answer(&mut ctx, "plain", Some(200), "");
+        plugin.answer_with(&mut ctx, "answering", 200, headers, body);
         assert_eq!(plugin.only_answer(), Answer::accepted(), "{i}");
         assert_eq!(plugin.state().dispatched.len(), 2, "{i}: a reply was sent");
         assert_eq!(
@@ -146,11 +146,11 @@ fn an_answer_that_looks_like_an_event_but_is_not_a_valid_one_is_discarded_and_co
 fn a_structured_reply_is_passed_on_whole_at_the_limit() {
     let plugin = FakeEnvoy::configured(REPLYING);
     let mut ctx = send(&plugin, &post("x"), b"event");
-    plugin.answer_call(&mut ctx, 2, Some(200), "");
+    plugin.answer(&mut ctx, "plain", Some(200), "");
     let body = [b'x'; 64];
-    plugin.answer_call_with(
+    plugin.answer_with(
         &mut ctx,
-        1,
+        "answering",
         200,
         &[("content-type", "application/cloudevents+json")],
         &body,
@@ -169,7 +169,7 @@ fn a_reply_over_max_body_bytes_is_a_failed_reply_never_read_nor_sent_cut_short()
     );
     let mut ctx = send(&plugin, &post("x"), b"event");
     plugin.host.0.borrow_mut().now_ms = 9;
-    plugin.answer_call_with(&mut ctx, 1, 200, REPLY, &[b'x'; 65]);
+    plugin.answer_with(&mut ctx, "answering", 200, REPLY, &[b'x'; 65]);
     assert_eq!(plugin.state().dispatched.len(), 1, "a reply was sent");
     assert_eq!(plugin.state().call_body_reads, 0, "the body was read");
     let answer = plugin.only_answer();
@@ -207,7 +207,7 @@ fn a_reply_target_envoy_refuses_is_a_failed_reply_counted_by_its_reason() {
         .unknown_clusters
         .insert("replies".into());
     let mut ctx = send(&plugin, &post("x"), b"event");
-    plugin.answer_call_with(&mut ctx, 1, 200, REPLY, b"answer");
+    plugin.answer_with(&mut ctx, "answering", 200, REPLY, b"answer");
     let answer = plugin.only_answer();
     assert_eq!(answer.status, 500);
     let failed = &report(&answer)["failed"][0];
@@ -231,8 +231,8 @@ fn a_reply_that_failed_for_good_sends_the_original_event_to_the_dead_letter() {
     let mut headers = post("x");
     headers.extend([("ce-id", "7"), ("ce-knativeerrorcode", "999")]);
     let mut ctx = send(&plugin, &headers, b"event");
-    plugin.answer_call(&mut ctx, 2, Some(200), "");
-    plugin.answer_call_with(&mut ctx, 1, 200, REPLY, b"answer");
+    plugin.answer(&mut ctx, "plain", Some(200), "");
+    plugin.answer_with(&mut ctx, "answering", 200, REPLY, b"answer");
     let reply = plugin.last_call();
     assert_eq!(reply.cluster, "replies");
     plugin.answer_call_with(&mut ctx, reply.token, 503, &[], b"replies down");

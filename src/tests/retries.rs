@@ -16,9 +16,9 @@ fn a_sync_retry_goes_out_from_the_root_after_its_backoff_and_the_root_answers_th
         .dispatched
         .iter()
         .all(|c| c.context == STREAM));
-    plugin.answer_call(&mut ctx, 1, Some(200), "");
+    plugin.answer(&mut ctx, "a", Some(200), "");
     plugin.host.0.borrow_mut().now_ms = 5;
-    plugin.answer_call(&mut ctx, 2, Some(503), "busy");
+    plugin.answer(&mut ctx, "b", Some(503), "busy");
     assert!(plugin.answers().is_empty());
     plugin.tick_at(104);
     assert_eq!(
@@ -46,8 +46,8 @@ fn a_sync_retry_goes_out_from_the_root_after_its_backoff_and_the_root_answers_th
 fn the_sender_leaving_during_a_retry_wait_drops_the_fan_out() {
     let mut plugin = FakeEnvoy::configured(RETRY_TWICE);
     let mut ctx = send(&plugin, &post("x"), b"event");
-    plugin.answer_call(&mut ctx, 1, Some(200), "");
-    plugin.answer_call(&mut ctx, 2, Some(503), "");
+    plugin.answer(&mut ctx, "a", Some(200), "");
+    plugin.answer(&mut ctx, "b", Some(503), "");
     assert!(ctx.on_done());
     plugin.host.0.borrow_mut().gone.insert(STREAM);
     plugin.tick_at(10_000);
@@ -63,8 +63,8 @@ fn the_sender_leaving_during_a_retry_wait_drops_the_fan_out() {
 fn retries_run_out_into_a_500_with_the_attempts() {
     let mut plugin = FakeEnvoy::configured(RETRY_TWICE);
     let mut ctx = send(&plugin, &post("x"), b"event");
-    plugin.answer_call(&mut ctx, 1, Some(200), "");
-    plugin.answer_call(&mut ctx, 2, Some(500), "");
+    plugin.answer(&mut ctx, "a", Some(200), "");
+    plugin.answer(&mut ctx, "b", Some(500), "");
     plugin.tick_at(100);
     plugin.answer_root_call(plugin.last_call().token, None, "", &[]);
     plugin.tick_at(300);
@@ -81,8 +81,8 @@ fn retries_run_out_into_a_500_with_the_attempts() {
 fn a_400_is_not_retried() {
     let mut plugin = FakeEnvoy::configured(RETRY_TWICE);
     let mut ctx = send(&plugin, &post("x"), b"event");
-    plugin.answer_call(&mut ctx, 1, Some(200), "");
-    plugin.answer_call(&mut ctx, 2, Some(400), "bad event");
+    plugin.answer(&mut ctx, "a", Some(200), "");
+    plugin.answer(&mut ctx, "b", Some(400), "bad event");
     assert_eq!(plugin.only_answer().status, 500);
     plugin.tick_at(10_000);
     assert_eq!(plugin.state().dispatched.len(), 2);
@@ -100,7 +100,7 @@ fn retry_after_is_read_and_honoured() {
         state.call_response = (Some(429), Vec::new());
         state.call_response_headers = vec![("retry-after".into(), b"2".to_vec())];
     }
-    ctx.on_call_response(1, 2, 0);
+    ctx.on_call_response(plugin.host.token_of("a"), 2, 0);
     plugin.tick_at(1999);
     assert_eq!(plugin.state().dispatched.len(), 1);
     plugin.tick_at(2000);
@@ -113,7 +113,7 @@ fn a_failed_subscriber_is_dead_lettered_with_the_failure_headers() {
     let mut headers = post("x");
     headers.push(("ce-id", "7"));
     let mut ctx = send(&plugin, &headers, b"event");
-    plugin.answer_call(&mut ctx, 1, Some(500), "db\ndown");
+    plugin.answer(&mut ctx, "a", Some(500), "db\ndown");
     // The dead letter goes out at once, from the stream.
     let dlq = plugin.last_call();
     assert_eq!(dlq.cluster, "dlq");
@@ -142,8 +142,8 @@ fn a_failed_subscriber_is_dead_lettered_with_the_failure_headers() {
 fn a_failing_dead_letter_is_a_500() {
     let plugin = FakeEnvoy::configured(WITH_DEAD_LETTER);
     let mut ctx = send(&plugin, &post("x"), b"event");
-    plugin.answer_call(&mut ctx, 1, Some(500), "");
-    plugin.answer_call(&mut ctx, 2, Some(503), "");
+    plugin.answer(&mut ctx, "a", Some(500), "");
+    plugin.answer(&mut ctx, "dlq", Some(503), "");
     let answer = plugin.only_answer();
     assert_eq!(answer.status, 500);
     assert_eq!(report(&answer)["failed"][0]["leg"], "dead_letter");
@@ -156,8 +156,8 @@ fn a_structured_dead_letter_carries_the_attributes_in_its_json() {
     headers.push(("content-type", "application/cloudevents+json"));
     let event = br#"{"specversion":"1.0","id":"1","source":"/s","type":"t"}"#;
     let mut ctx = send(&plugin, &headers, event);
-    plugin.answer_call(&mut ctx, 1, Some(200), "");
-    plugin.answer_call(&mut ctx, 2, Some(400), "no");
+    plugin.answer(&mut ctx, "answering", Some(200), "");
+    plugin.answer(&mut ctx, "plain", Some(400), "no");
     let dlq = plugin.last_call();
     assert_eq!(dlq.cluster, "dlq");
     let want = r#"{"specversion":"1.0","id":"1","source":"/s","type":"t","knativeerrordest":"http://plain/","knativeerrorcode":400,"knativeerrordata":"bm8="}"#;
@@ -184,7 +184,7 @@ fn retry_after_never_shortens_the_backoff_and_is_read_on_429_and_503_only() {
     ] {
         let mut plugin = FakeEnvoy::configured(config);
         let mut ctx = send(&plugin, &post("x"), b"event");
-        plugin.answer_call_with(&mut ctx, 1, status, &[("retry-after", retry_after)], b"");
+        plugin.answer_with(&mut ctx, "a", status, &[("retry-after", retry_after)], b"");
         plugin.tick_at(wait - 1);
         assert_eq!(
             plugin.state().dispatched.len(),
@@ -211,9 +211,9 @@ fn retry_after_as_an_http_date_is_read_against_the_hosts_wall_clock() {
     let now = 1_445_412_477_000;
     plugin.host.0.borrow_mut().now_ms = now;
     let mut ctx = send(&plugin, &post("x"), b"event");
-    plugin.answer_call_with(
+    plugin.answer_with(
         &mut ctx,
-        1,
+        "a",
         429,
         &[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")],
         b"",

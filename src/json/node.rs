@@ -6,7 +6,7 @@ use std::fmt;
 
 use serde::de::{self, Deserialize, Visitor};
 
-use crate::cloudevents::json_kind;
+use super::kind;
 
 /// A parsed JSON value. Objects keep their entries in document order, duplicates included, so
 /// that a struct still sees (and refuses) a field given twice.
@@ -48,7 +48,10 @@ impl Node {
             entries
                 .iter()
                 .enumerate()
-                .filter(|(i, (name, _))| !entries[i + 1..].iter().any(|(n, _)| n == name))
+                .filter(|(i, (name, _))| {
+                    let later = entries.get(i + 1..).unwrap_or_default();
+                    !later.iter().any(|(n, _)| n == name)
+                })
                 .map(|(_, (name, node))| (name.as_str(), node))
                 .collect(),
         )
@@ -57,14 +60,14 @@ impl Node {
     /// What serde_json calls this value in its messages (`integer `7``, `string "s"`, `null`).
     pub fn kind(&self) -> String {
         match self {
-            Node::Null => json_kind::null(),
-            Node::Bool(b) => json_kind::bool(*b),
-            Node::Unsigned(n) => json_kind::integer(n),
-            Node::Signed(n) => json_kind::integer(n),
-            Node::Float(n) => json_kind::float(*n),
-            Node::Str(s) => json_kind::string(s),
-            Node::Array(_) => json_kind::sequence(),
-            Node::Object(_) => json_kind::map(),
+            Node::Null => kind::null(),
+            Node::Bool(b) => kind::bool(*b),
+            Node::Unsigned(n) => kind::integer(n),
+            Node::Signed(n) => kind::integer(n),
+            Node::Float(n) => kind::float(*n),
+            Node::Str(s) => kind::string(s),
+            Node::Array(_) => kind::sequence(),
+            Node::Object(_) => kind::map(),
         }
     }
 }

@@ -19,7 +19,7 @@ mod report;
 
 /// A call to make now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Send {
+pub struct ReadyCall {
     pub index: usize,
     pub leg: Leg,
 }
@@ -166,7 +166,6 @@ impl Call {
 /// One event's delivery to every subscriber of its channel.
 #[derive(Debug)]
 pub struct FanOut {
-    channel: usize,
     /// The 500 report lists the subscribers that took the event too.
     full_report: bool,
     started_ms: u64,
@@ -185,12 +184,11 @@ pub struct FanOut {
 }
 
 impl FanOut {
-    /// A fan-out to the `subscribers` subscribers of the channel at index `channel`, started
-    /// at `now_ms` (any clock; only differences are reported). Every subscriber is ready to
-    /// be sent the event.
-    pub fn new(channel: usize, subscribers: usize, now_ms: u64) -> FanOut {
+    /// A fan-out to the `subscribers` subscribers of a channel, started at `now_ms` (any
+    /// clock; only differences are reported). Every subscriber is ready to be sent the event.
+    /// The methods that need the channel's configuration are given it.
+    pub fn new(subscribers: usize, now_ms: u64) -> FanOut {
         FanOut {
-            channel,
             full_report: false,
             started_ms: now_ms,
             calls: vec![
@@ -216,10 +214,6 @@ impl FanOut {
     /// Seeds the draws of its retry waits' jitter (`delivery.backoff_jitter`).
     pub fn seed_jitter(&mut self, seed: u64) {
         self.jitter_rng = JitterRng::with_seed(seed);
-    }
-
-    pub fn channel(&self) -> usize {
-        self.channel
     }
 
     /// Tells that every subscriber of its channel is required, so that whether the required
@@ -259,8 +253,8 @@ impl FanOut {
         if let Some(call) = self.calls.get_mut(index) {
             if call.state == CallState::Ready && call.leg == Leg::Event && call.leg_attempts == 0 {
                 call.state = state;
-                self.open -= 1;
-                self.to_send -= 1;
+                self.open = self.open.saturating_sub(1);
+                self.to_send = self.to_send.saturating_sub(1);
             }
         }
     }
@@ -291,12 +285,16 @@ impl FanOut {
     /// The calls to make now: every subscriber ready to be sent something, and every retry
     /// whose wait is over at `now_ms`. The caller reports each back with
     /// [`FanOut::dispatched`] or [`FanOut::dispatch_failed`].
-    pub fn take_ready(&mut self, now_ms: u64) -> Vec<Send> {
+    pub fn take_ready(&mut self, now_ms: u64) -> Vec<ReadyCall> {
         self.take_ready_where(now_ms, |_| true)
     }
 
     /// [`FanOut::take_ready`] for the subscribers `wanted` accepts; the others stay ready.
-    pub fn take_ready_where(&mut self, now_ms: u64, wanted: impl Fn(usize) -> bool) -> Vec<Send> {
+    pub fn take_ready_where(
+        &mut self,
+        now_ms: u64,
+        wanted: impl Fn(usize) -> bool,
+    ) -> Vec<ReadyCall> {
         // The tests and fuzz targets (debug builds) check the count on every call.
         debug_assert_eq!(
             self.to_send,
@@ -317,8 +315,8 @@ impl FanOut {
             };
             if due {
                 call.state = CallState::Sending;
-                self.to_send -= 1;
-                sends.push(Send {
+                self.to_send = self.to_send.saturating_sub(1);
+                sends.push(ReadyCall {
                     index,
                     leg: call.leg,
                 });
@@ -348,9 +346,9 @@ impl FanOut {
         if let Some(call) = self.calls.get_mut(index) {
             if call.state == CallState::Sending {
                 call.state = CallState::Pending { token };
-                call.leg_attempts += 1;
+                call.leg_attempts = call.leg_attempts.saturating_add(1);
                 if call.leg == Leg::Event {
-                    call.event_attempts += 1;
+                    call.event_attempts = call.event_attempts.saturating_add(1);
                 }
             }
         }
@@ -371,9 +369,9 @@ impl FanOut {
         if call.state != CallState::Sending {
             return;
         }
-        call.leg_attempts += 1;
+        call.leg_attempts = call.leg_attempts.saturating_add(1);
         if call.leg == Leg::Event {
-            call.event_attempts += 1;
+            call.event_attempts = call.event_attempts.saturating_add(1);
         }
         self.fail(index, failure, CallEnd::ok(), now_ms, channel);
     }
@@ -451,7 +449,7 @@ impl FanOut {
                 match reply {
                     Ok(reply) => {
                         call.reply = Some(reply);
-                        self.to_send += 1;
+                        self.to_send = self.to_send.saturating_add(1);
                         CallState::Ready
                     }
                     // The reply leg fails before any call: too large to pass on.
@@ -464,7 +462,7 @@ impl FanOut {
             (Leg::DeadLetter, _) => CallState::DeadLettered,
         };
         if call.ended() {
-            self.open -= 1;
+            self.open = self.open.saturating_sub(1);
         }
     }
 
@@ -501,7 +499,7 @@ impl FanOut {
             call.state = CallState::Waiting {
                 until_ms: now_ms.saturating_add(delay),
             };
-            self.to_send += 1;
+            self.to_send = self.to_send.saturating_add(1);
             return;
         }
         // The event, or its reply, failed for good.
@@ -509,13 +507,13 @@ impl FanOut {
             call.leg = Leg::DeadLetter;
             call.leg_attempts = 0;
             call.state = CallState::Ready;
-            self.to_send += 1;
+            self.to_send = self.to_send.saturating_add(1);
             return;
         }
         call.state = CallState::Failed {
             elapsed_ms: now_ms.saturating_sub(self.started_ms),
         };
-        self.open -= 1;
+        self.open = self.open.saturating_sub(1);
     }
 
     /// Ends every delivery still open as failed with no answer: for a fan-out whose answers
@@ -524,14 +522,14 @@ impl FanOut {
         let elapsed_ms = now_ms.saturating_sub(self.started_ms);
         for call in self.calls.iter_mut().filter(|call| !call.ended()) {
             if matches!(call.state, CallState::Ready | CallState::Waiting { .. }) {
-                self.to_send -= 1;
+                self.to_send = self.to_send.saturating_sub(1);
             }
             *call.failure_slot(call.leg) = Some(LegFailure {
                 failure: Failure::NoResponse,
                 body: Vec::new(),
             });
             call.state = CallState::Failed { elapsed_ms };
-            self.open -= 1;
+            self.open = self.open.saturating_sub(1);
         }
     }
 
@@ -669,6 +667,7 @@ mod tests {
         DEAD_LETTER_OUTCOME, DEAD_LETTER_STATUS,
     };
     use base64::Engine;
+    use std::rc::Rc;
 
     fn dispatch_error(detail: &str) -> Failure {
         Failure::DispatchError {
@@ -678,12 +677,12 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn channel_from(json: &str) -> Channel {
+    fn channel_from(json: &str) -> Rc<Channel> {
         let mut config = Config::from_json(json.as_bytes()).unwrap();
         config.channels.remove(0)
     }
 
-    fn channel(n: usize) -> Channel {
+    fn channel(n: usize) -> Rc<Channel> {
         let subs: Vec<String> = (0..n)
             .map(|i| format!(r#"{{"cluster": "c{i}", "path": "/p{i}", "timeout_ms": 250}}"#))
             .collect();
@@ -702,7 +701,7 @@ mod tests {
     }
 
     /// Sends everything ready, giving tokens from `next`; returns the sends.
-    fn send_all(f: &mut FanOut, now: u64, next: &mut u32) -> Vec<(Send, u32)> {
+    fn send_all(f: &mut FanOut, now: u64, next: &mut u32) -> Vec<(ReadyCall, u32)> {
         let sends = f.take_ready(now);
         sends
             .into_iter()
@@ -716,12 +715,12 @@ mod tests {
 
     #[test]
     fn every_subscriber_is_sent_the_event_once() {
-        let mut f = FanOut::new(0, 3, 0);
+        let mut f = FanOut::new(3, 0);
         let sends = f.take_ready(0);
         assert_eq!(
             sends,
             (0..3)
-                .map(|index| Send {
+                .map(|index| ReadyCall {
                     index,
                     leg: Leg::Event
                 })
@@ -733,7 +732,7 @@ mod tests {
     #[test]
     fn all_delivered_is_202() {
         let ch = channel(3);
-        let mut f = FanOut::new(0, 3, 1000);
+        let mut f = FanOut::new(3, 1000);
         let mut next = 9;
         send_all(&mut f, 1000, &mut next);
         assert!(!f.is_done());
@@ -747,7 +746,7 @@ mod tests {
 
     #[test]
     fn no_subscribers_is_done_at_once_and_202() {
-        let f = FanOut::new(0, 0, 0);
+        let f = FanOut::new(0, 0);
         assert!(f.is_done());
         assert_eq!(f.verdict(&channel(0)).status, 202);
     }
@@ -755,7 +754,7 @@ mod tests {
     #[test]
     fn one_failure_makes_a_500_report_naming_it() {
         let ch = channel(3);
-        let mut f = FanOut::new(0, 3, 1000);
+        let mut f = FanOut::new(3, 1000);
         let mut next = 0;
         send_all(&mut f, 1000, &mut next);
         f.completed(2, CallEnd::ok(), 1005, &ch);
@@ -789,7 +788,7 @@ mod tests {
     #[test]
     fn a_full_report_lists_the_subscribers_that_took_the_event() {
         let ch = channel(2);
-        let mut f = FanOut::new(0, 2, 0).with_full_report(true);
+        let mut f = FanOut::new(2, 0).with_full_report(true);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
         f.completed(1, CallEnd::ok(), 1, &ch);
@@ -801,7 +800,7 @@ mod tests {
                                 "dead_lettered": false, "attempts": 1}])
         );
         // Not listed by default.
-        let mut f = FanOut::new(0, 2, 0);
+        let mut f = FanOut::new(2, 0);
         send_all(&mut f, 0, &mut next);
         f.completed(3, CallEnd::ok(), 1, &ch);
         f.completed(4, status(500), 1, &ch);
@@ -811,7 +810,7 @@ mod tests {
     #[test]
     fn giving_up_fails_what_is_still_open() {
         let ch = channel(3);
-        let mut f = FanOut::new(0, 3, 0);
+        let mut f = FanOut::new(3, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
         f.completed(1, CallEnd::ok(), 1, &ch);
@@ -828,7 +827,7 @@ mod tests {
     #[test]
     fn a_refused_call_fails_at_once() {
         let ch = channel(2);
-        let mut f = FanOut::new(0, 2, 0);
+        let mut f = FanOut::new(2, 0);
         let sends = f.take_ready(0);
         assert_eq!(sends.len(), 2);
         f.dispatched(0, 1);
@@ -846,7 +845,7 @@ mod tests {
     #[test]
     fn timeout_report_says_the_timeout() {
         let ch = channel(1);
-        let mut f = FanOut::new(0, 1, 0);
+        let mut f = FanOut::new(1, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
         f.completed(1, CallEnd::failed(Failure::Timeout), 251, &ch);
@@ -861,7 +860,7 @@ mod tests {
     #[test]
     fn late_unknown_and_duplicate_tokens_are_ignored() {
         let ch = channel(2);
-        let mut f = FanOut::new(0, 2, 0);
+        let mut f = FanOut::new(2, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
         assert_eq!(
@@ -889,7 +888,7 @@ mod tests {
     fn dedupe_marks_are_named_in_every_answer_and_kept_apart_from_filter_skips() {
         let ch = channel(3);
         // All already delivered: 202 at once, saying so.
-        let mut f = FanOut::new(0, 3, 0);
+        let mut f = FanOut::new(3, 0);
         (0..3).for_each(|i| f.already_delivered(i));
         assert!(f.is_done());
         assert!(f.take_ready(0).is_empty());
@@ -908,7 +907,7 @@ mod tests {
         assert!(doc.get("in_progress").is_none());
 
         // One already delivered, one delivered, one failed: 500 naming both.
-        let mut f = FanOut::new(0, 3, 0);
+        let mut f = FanOut::new(3, 0);
         f.already_delivered(0);
         let mut next = 0;
         assert_eq!(send_all(&mut f, 0, &mut next).len(), 2);
@@ -922,7 +921,7 @@ mod tests {
         assert_eq!(doc["failed"][0]["cluster"], "c2");
 
         // In progress elsewhere, skipped by a filter, nothing failed: 409, retry.
-        let mut f = FanOut::new(0, 3, 0);
+        let mut f = FanOut::new(3, 0);
         f.in_progress_elsewhere(0);
         f.skip(1);
         // A subscriber's state is set once: a later mark changes nothing.
@@ -944,7 +943,7 @@ mod tests {
     #[test]
     fn a_call_is_dispatched_or_refused_once() {
         let ch = channel(1);
-        let mut f = FanOut::new(0, 1, 0);
+        let mut f = FanOut::new(1, 0);
         f.take_ready(0);
         f.dispatched(0, 1);
         f.dispatch_failed(0, dispatch_error("late"), 0, &ch);
@@ -961,12 +960,12 @@ mod tests {
     #[test]
     fn skipped_subscribers_are_done_and_not_failures() {
         let ch = channel(3);
-        let mut f = FanOut::new(0, 3, 0);
+        let mut f = FanOut::new(3, 0);
         f.skip(0);
         f.skip(2);
         assert_eq!(
             f.take_ready(0),
-            vec![Send {
+            vec![ReadyCall {
                 index: 1,
                 leg: Leg::Event
             }]
@@ -982,7 +981,7 @@ mod tests {
     #[test]
     fn skipped_subscribers_are_never_sent_and_the_report_lists_them_apart_from_failed() {
         let ch = channel(4);
-        let mut f = FanOut::new(0, 4, 0);
+        let mut f = FanOut::new(4, 0);
         f.skip(0);
         f.skip(3);
         let mut next = 0;
@@ -1009,7 +1008,7 @@ mod tests {
     #[test]
     fn all_skipped_is_done_at_once_and_202() {
         let ch = channel(2);
-        let mut f = FanOut::new(0, 2, 0);
+        let mut f = FanOut::new(2, 0);
         f.skip(0);
         f.skip(1);
         assert!(f.is_done());
@@ -1023,7 +1022,7 @@ mod tests {
     #[test]
     fn a_retryable_failure_waits_its_backoff_then_is_sent_again() {
         let ch = channel_from(RETRYING);
-        let mut f = FanOut::new(0, 1, 0);
+        let mut f = FanOut::new(1, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
         f.completed(1, status(503), 10, &ch);
@@ -1043,7 +1042,7 @@ mod tests {
     #[test]
     fn retries_run_out_and_the_report_counts_the_attempts() {
         let ch = channel_from(RETRYING);
-        let mut f = FanOut::new(0, 1, 0);
+        let mut f = FanOut::new(1, 0);
         let mut next = 0;
         for now in [0, 1000, 2000] {
             send_all(&mut f, now, &mut next);
@@ -1059,7 +1058,7 @@ mod tests {
     #[test]
     fn a_400_is_never_retried() {
         let ch = channel_from(RETRYING);
-        let mut f = FanOut::new(0, 1, 0);
+        let mut f = FanOut::new(1, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
         f.completed(1, status(400), 5, &ch);
@@ -1071,7 +1070,7 @@ mod tests {
     #[test]
     fn retry_after_lengthens_the_wait_capped_by_the_maximum_and_never_shortens_it() {
         let ch = channel_from(RETRYING);
-        let mut f = FanOut::new(0, 1, 0);
+        let mut f = FanOut::new(1, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
         let mut end = status(429);
@@ -1092,7 +1091,7 @@ mod tests {
     #[test]
     fn a_refused_call_is_retried_too() {
         let ch = channel_from(RETRYING);
-        let mut f = FanOut::new(0, 1, 0);
+        let mut f = FanOut::new(1, 0);
         f.take_ready(0);
         f.dispatch_failed(0, dispatch_error("no such cluster"), 0, &ch);
         assert!(!f.is_done());
@@ -1116,7 +1115,7 @@ mod tests {
     #[test]
     fn failed_for_good_goes_to_the_dead_letter_and_counts_as_delivered() {
         let ch = channel_from(DEAD_LETTER);
-        let mut f = FanOut::new(0, 2, 0);
+        let mut f = FanOut::new(2, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next); // a: 1, b: 2
         f.completed(2, CallEnd::ok(), 1, &ch);
@@ -1133,7 +1132,7 @@ mod tests {
         let sends = send_all(&mut f, 101, &mut next); // dlq: 4
         assert_eq!(
             sends[0].0,
-            Send {
+            ReadyCall {
                 index: 0,
                 leg: Leg::DeadLetter
             }
@@ -1165,7 +1164,7 @@ mod tests {
     #[test]
     fn a_failing_dead_letter_is_a_failure_reporting_both() {
         let ch = channel_from(DEAD_LETTER);
-        let mut f = FanOut::new(0, 2, 0);
+        let mut f = FanOut::new(2, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
         f.completed(2, CallEnd::ok(), 1, &ch);
@@ -1190,7 +1189,7 @@ mod tests {
     #[test]
     fn a_2xx_with_a_body_is_passed_to_the_reply_target() {
         let ch = channel_from(REPLY);
-        let mut f = FanOut::new(0, 1, 0);
+        let mut f = FanOut::new(1, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
         let reply = ReplyEvent {
@@ -1202,7 +1201,7 @@ mod tests {
         let sends = send_all(&mut f, 1, &mut next);
         assert_eq!(
             sends[0].0,
-            Send {
+            ReadyCall {
                 index: 0,
                 leg: Leg::Reply
             }
@@ -1216,13 +1215,13 @@ mod tests {
     #[test]
     fn a_2xx_without_a_reply_is_done_and_a_failed_reply_is_a_failed_delivery() {
         let ch = channel_from(REPLY);
-        let mut f = FanOut::new(0, 1, 0);
+        let mut f = FanOut::new(1, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
         f.completed(1, CallEnd::ok(), 1, &ch);
         assert!(f.is_done(), "no reply event means done");
 
-        let mut f = FanOut::new(0, 1, 0);
+        let mut f = FanOut::new(1, 0);
         send_all(&mut f, 0, &mut next);
         let reply = ReplyEvent {
             headers: [("ce-type", "t")].into_iter().collect(),
@@ -1240,7 +1239,7 @@ mod tests {
     #[test]
     fn a_reply_event_without_data_is_passed_on_too() {
         let ch = channel_from(REPLY);
-        let mut f = FanOut::new(0, 1, 0);
+        let mut f = FanOut::new(1, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
         let reply = ReplyEvent {
@@ -1265,7 +1264,7 @@ mod tests {
     #[test]
     fn a_reply_too_large_is_a_failed_reply_never_sent() {
         let ch = channel_from(REPLY);
-        let mut f = FanOut::new(0, 1, 0);
+        let mut f = FanOut::new(1, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
         f.completed(1, too_large_reply(), 7, &ch);
@@ -1296,7 +1295,7 @@ mod tests {
     #[test]
     fn a_reply_that_failed_for_good_sends_the_original_event_to_the_dead_letter() {
         let ch = channel_from(REPLY_AND_DEAD_LETTER);
-        let mut f = FanOut::new(0, 1, 0);
+        let mut f = FanOut::new(1, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next); // a: 1
         let reply = ReplyEvent {
@@ -1333,7 +1332,7 @@ mod tests {
     #[test]
     fn a_reply_too_large_goes_to_the_dead_letter_and_a_failing_one_reports_both() {
         let ch = channel_from(REPLY_AND_DEAD_LETTER);
-        let mut f = FanOut::new(0, 1, 0);
+        let mut f = FanOut::new(1, 0);
         let mut next = 0;
         send_all(&mut f, 0, &mut next);
         f.completed(1, too_large_reply(), 1, &ch);

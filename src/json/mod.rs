@@ -1,0 +1,14 @@
+//! JSON as fanout reads and words it, apart from what any one document means: a parsed value
+//! ([`Node`]), serde_json's words for a value in its messages ([`kind`]), a visitor that takes
+//! only an object ([`OnlyObject`]), and a number's text ([`number_text`]). The configuration,
+//! subscription filters, CloudEvents and dead letters use them; this module knows none of
+//! them.
+
+pub mod kind;
+mod node;
+mod number;
+mod only_object;
+
+pub use node::Node;
+pub use number::number_text;
+pub use only_object::OnlyObject;
