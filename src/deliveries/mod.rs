@@ -126,6 +126,39 @@ pub struct Deliveries {
     sent_from_line: HashMap<u64, u64>,
     /// The capped clusters' calls in flight and waiting as last counted into the gauges.
     reported: HashMap<String, (u32, usize)>,
+    /// The root context whose callback is running (set by the plugin around its calls in);
+    /// `None` while a stream's runs.
+    acting_root: Option<u32>,
+    /// Calls in flight made from a root context, and which one: a retired root lives until
+    /// its own calls are answered (Envoy cancels a context's calls when it is deleted).
+    root_of: HashMap<u32, u32>,
+}
+
+/// What a worker still owes: every fan-out not yet ended, by what it waits for. What
+/// `fanout.in_flight` counts, itemised for the log line of a plugin retired with work owed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Owed {
+    /// Fan-outs not ended (the gauge `fanout.in_flight`).
+    pub fanouts: usize,
+    /// Of those, their sender already answered: async, or best-effort deliveries after it.
+    pub answered: usize,
+    /// Of those, with a retry waiting for its backoff.
+    pub retrying: usize,
+    /// Calls in flight (events, dead letters, replies).
+    pub calls: usize,
+    /// Calls waiting for a slot (`max_concurrent_calls`).
+    pub queued: usize,
+}
+
+impl std::fmt::Display for Owed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} fan-out(s) ({} already answered, {} with a retry waiting), {} call(s) in \
+             flight, {} waiting for a slot",
+            self.fanouts, self.answered, self.retrying, self.calls, self.queued
+        )
+    }
 }
 
 impl Deliveries {
@@ -142,6 +175,34 @@ impl Deliveries {
             queued_by_job: HashMap::new(),
             sent_from_line: HashMap::new(),
             reported: HashMap::new(),
+            acting_root: None,
+            root_of: HashMap::new(),
+        }
+    }
+
+    /// The root context `root` is running (or, `None`, none is): the calls sent from now on
+    /// are its own.
+    pub fn act_for(&mut self, root: Option<u32>) {
+        self.acting_root = root;
+    }
+
+    /// Calls root context `root` made that are still in flight.
+    pub fn open_calls_of(&self, root: u32) -> usize {
+        self.root_of.values().filter(|r| **r == root).count()
+    }
+
+    /// Everything this worker still owes.
+    pub fn owed(&self) -> Owed {
+        Owed {
+            fanouts: self.jobs.len(),
+            answered: self.async_in_flight(),
+            retrying: self
+                .jobs
+                .values()
+                .filter(|job| job.fanout.waiting() > 0)
+                .count(),
+            calls: self.tokens.len(),
+            queued: self.queued_by_job.values().sum(),
         }
     }
 
@@ -393,6 +454,9 @@ impl Deliveries {
             Ok(token) => {
                 job.fanout.dispatched(index, token);
                 self.tokens.insert(token, (id, index));
+                if let Some(root) = self.acting_root {
+                    self.root_of.insert(token, root);
+                }
                 self.slot_of.insert(token, slot);
             }
             Err(failure) => {
@@ -446,6 +510,7 @@ impl Deliveries {
             .collect();
         for token in tokens {
             self.tokens.remove(&token);
+            self.root_of.remove(&token);
             if let Some(slot) = self.slot_of.remove(&token) {
                 self.release(slot);
             }
@@ -501,6 +566,7 @@ impl Deliveries {
         body_size: usize,
         from_root: bool,
     ) -> Option<Finished> {
+        self.root_of.remove(&token);
         if let Some(slot) = self.slot_of.remove(&token) {
             self.release(slot);
         }
