@@ -36,6 +36,7 @@
 mod client;
 mod envoy;
 pub mod faults;
+pub mod front;
 pub mod reload;
 pub mod sdk;
 mod server;
