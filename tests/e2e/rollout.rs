@@ -79,7 +79,11 @@ impl Subscribers {
     /// Requests per event id, at each subscriber that must take every event once.
     fn received(&self) -> BTreeMap<&'static str, BTreeMap<String, usize>> {
         let mut out = BTreeMap::new();
-        for (name, sub) in [("quick", &self.quick), ("slow", &self.slow), ("dlq", &self.dlq)] {
+        for (name, sub) in [
+            ("quick", &self.quick),
+            ("slow", &self.slow),
+            ("dlq", &self.dlq),
+        ] {
             let mut ids: BTreeMap<String, usize> = BTreeMap::new();
             for r in sub.requests() {
                 let id = r.header("ce-id").unwrap_or("(none)").to_owned();
@@ -161,7 +165,12 @@ impl Sender {
     }
 
     fn accepted(&self) -> usize {
-        self.sent.lock().unwrap().iter().filter(|s| s.status == 202).count()
+        self.sent
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.status == 202)
+            .count()
     }
 
     fn finish(mut self) -> Vec<Sent> {
@@ -204,7 +213,11 @@ impl std::ops::Add for Counted {
 }
 
 fn counted(replica: &Envoy) -> Counted {
-    let stat = |name: &str| replica.stat(&format!("wasmcustom.fanout.{name}")).unwrap_or(0);
+    let stat = |name: &str| {
+        replica
+            .stat(&format!("wasmcustom.fanout.{name}"))
+            .unwrap_or(0)
+    };
     Counted {
         accepted: stat("requests.accepted"),
         quick: stat("subscriber.quick.delivered"),
@@ -238,7 +251,10 @@ fn drain(replica: &Envoy, deadline_s: u32) -> (i32, String, Duration) {
 fn settle(replicas: &[&Envoy]) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while replicas.iter().any(|r| in_flight(r) > 0) {
-        assert!(Instant::now() < deadline, "the replicas still owe work after 30 s");
+        assert!(
+            Instant::now() < deadline,
+            "the replicas still owe work after 30 s"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     // The gauge and the counters are flushed together, once a second.
@@ -284,7 +300,11 @@ fn a_rolling_restart_with_drain_sh_loses_and_duplicates_nothing() {
     std::thread::sleep(Duration::from_secs(2));
     let sent = sender.finish();
     settle(&replicas.iter().collect::<Vec<_>>());
-    let total = retired + replicas.iter().map(counted).fold(Counted::default(), |a, b| a + b);
+    let total = retired
+        + replicas
+            .iter()
+            .map(counted)
+            .fold(Counted::default(), |a, b| a + b);
 
     let accepted: BTreeSet<&str> = sent
         .iter()
@@ -300,14 +320,21 @@ fn a_rolling_restart_with_drain_sh_loses_and_duplicates_nothing() {
         others.len(),
         others.iter().map(|s| s.status).collect::<BTreeSet<_>>()
     );
-    assert!(accepted.len() >= 200, "hundreds of events: {}", accepted.len());
+    assert!(
+        accepted.len() >= 200,
+        "hundreds of events: {}",
+        accepted.len()
+    );
     assert!(
         drains.iter().any(|(owed, _)| *owed > 0),
         "no replica owed anything when its drain began: the test proves nothing ({drains:?})"
     );
     let received = subs.received();
     for (name, ids) in &received {
-        let missing: Vec<&&str> = accepted.iter().filter(|id| !ids.contains_key(**id)).collect();
+        let missing: Vec<&&str> = accepted
+            .iter()
+            .filter(|id| !ids.contains_key(**id))
+            .collect();
         let twice: Vec<(&String, &usize)> = ids.iter().filter(|(_, n)| **n > 1).collect();
         assert!(
             missing.is_empty(),
@@ -315,8 +342,14 @@ fn a_rolling_restart_with_drain_sh_loses_and_duplicates_nothing() {
             missing.len(),
             &missing[..missing.len().min(5)]
         );
-        assert!(twice.is_empty(), "{name} got events more than once: {twice:?}");
-        let unknown: Vec<&String> = ids.keys().filter(|id| !accepted.contains(id.as_str())).collect();
+        assert!(
+            twice.is_empty(),
+            "{name} got events more than once: {twice:?}"
+        );
+        let unknown: Vec<&String> = ids
+            .keys()
+            .filter(|id| !accepted.contains(id.as_str()))
+            .collect();
         assert!(
             unknown.is_empty(),
             "{name} got events whose sender did not get a 202: {unknown:?}"
@@ -361,7 +394,11 @@ fn sigkill_loses_what_the_killed_replica_owed_and_nothing_else() {
     let received = subs.received();
     let complete = |id: &str| received.values().all(|ids| ids.get(id) == Some(&1));
     let accepted: Vec<&Sent> = sent.iter().filter(|s| s.status == 202).collect();
-    let lost: Vec<&Sent> = accepted.iter().copied().filter(|s| !complete(&s.id)).collect();
+    let lost: Vec<&Sent> = accepted
+        .iter()
+        .copied()
+        .filter(|s| !complete(&s.id))
+        .collect();
     // Accepted after the gauge was read, or up to one flush before it: not in `owed` yet.
     let unflushed = accepted
         .iter()
@@ -374,8 +411,14 @@ fn sigkill_loses_what_the_killed_replica_owed_and_nothing_else() {
         accepted.len(),
         lost.len()
     );
-    assert!(owed > 0, "the victim owed nothing at the kill: the test proves nothing");
-    assert!(!lost.is_empty(), "a SIGKILL with {owed} fan-out(s) owed lost nothing?");
+    assert!(
+        owed > 0,
+        "the victim owed nothing at the kill: the test proves nothing"
+    );
+    assert!(
+        !lost.is_empty(),
+        "a SIGKILL with {owed} fan-out(s) owed lost nothing?"
+    );
     assert!(
         lost.len() as u64 <= owed + unflushed,
         "lost {} events, more than the victim owed ({owed}) plus those accepted since its \
@@ -392,7 +435,10 @@ fn sigkill_loses_what_the_killed_replica_owed_and_nothing_else() {
     // Nothing is duplicated, lost or not.
     for (name, ids) in &received {
         let twice: Vec<(&String, &usize)> = ids.iter().filter(|(_, n)| **n > 1).collect();
-        assert!(twice.is_empty(), "{name} got events more than once: {twice:?}");
+        assert!(
+            twice.is_empty(),
+            "{name} got events more than once: {twice:?}"
+        );
     }
 }
 
@@ -445,7 +491,9 @@ fn async_deliveries_in_flight_when_a_new_configuration_retires_the_plugin_are_fi
         .sum();
     assert_eq!(
         (
-            stats.get("wasmcustom.fanout.subscriber.slow.delivered").copied(),
+            stats
+                .get("wasmcustom.fanout.subscriber.slow.delivered")
+                .copied(),
             stats.get("wasmcustom.fanout.in_flight").copied(),
             failed,
             stats.get("wasmcustom.fanout.requests.undelivered").copied(),
@@ -454,7 +502,10 @@ fn async_deliveries_in_flight_when_a_new_configuration_retires_the_plugin_are_fi
         "after the update (waited {took:?}): {stats:?}"
     );
     assert!(
-        envoy.wait_for_log("retired plugin: its last call was answered", Duration::from_secs(10)),
+        envoy.wait_for_log(
+            "retired plugin: its last call was answered",
+            Duration::from_secs(10)
+        ),
         "the retired root never told Envoy it was done"
     );
     // Nobody was called twice, and the calls were the old configuration's.
@@ -463,4 +514,182 @@ fn async_deliveries_in_flight_when_a_new_configuration_retires_the_plugin_are_fi
         .requests()
         .iter()
         .all(|r| r.header("x-config") == Some("1")));
+}
+
+/// The longest delivery of a fanout configuration (JSON), in ms: what fanout itself computes
+/// per subscriber (every attempt of every leg timing out, every wait at its longest).
+fn longest_delivery_ms(fanout_json: &str) -> u64 {
+    let config = fanout::config::Config::from_json(fanout_json.as_bytes())
+        .unwrap_or_else(|e| panic!("the example's fanout configuration is refused: {e}"));
+    config
+        .channels
+        .iter()
+        .flat_map(|c| &c.subscribers)
+        .map(|s| s.worst_case_ms())
+        .max()
+        .unwrap_or(0)
+}
+
+fn arg_after<'a>(args: &'a [Value], flag: &str) -> &'a str {
+    let at = args
+        .iter()
+        .position(|a| a == flag)
+        .unwrap_or_else(|| panic!("no {flag} in {args:?}"));
+    args[at + 1].as_str().unwrap()
+}
+
+fn as_u64(v: &Value) -> u64 {
+    v.as_u64()
+        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+        .unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+#[test]
+fn the_kubernetes_example_drains_with_drain_sh_and_its_grace_period_covers_the_longest_delivery() {
+    use crate::harness::{read_shipped, read_shipped_yaml, validate_config, wasm_path};
+    let configmap = read_shipped_yaml("examples/kubernetes/configmap.yaml");
+    assert_eq!(
+        configmap["data"]["drain.sh"].as_str().unwrap(),
+        read_shipped("envoy/drain.sh"),
+        "the ConfigMap's drain.sh is not envoy/drain.sh as shipped"
+    );
+    let envoy_yaml = configmap["data"]["envoy.yaml"].as_str().unwrap();
+    let bootstrap = crate::harness::yaml_to_json(envoy_yaml, "the ConfigMap's envoy.yaml");
+    let wasm = &bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"]["http_filters"][0]["typed_config"]["config"];
+    let fanout_json = wasm["configuration"]["value"].as_str().unwrap();
+    let longest_ms = longest_delivery_ms(fanout_json);
+    assert_eq!(
+        longest_ms, 50_000,
+        "the longest delivery the comments compute"
+    );
+    // The bootstrap is one Envoy takes (with the module where the test has it).
+    let module = wasm["vm_config"]["code"]["local"]["filename"]
+        .as_str()
+        .unwrap();
+    validate_config(
+        &envoy_yaml.replace(module, &wasm_path().display().to_string()),
+        "examples/kubernetes/configmap.yaml's envoy.yaml",
+    );
+
+    let deployment = read_shipped_yaml("examples/kubernetes/deployment.yaml");
+    let spec = &deployment["spec"];
+    assert_eq!(spec["replicas"], 2);
+    assert_eq!(spec["strategy"]["rollingUpdate"]["maxUnavailable"], 0);
+    let pod = &spec["template"]["spec"];
+    let container = &pod["containers"][0];
+    let args = container["args"].as_array().unwrap();
+    assert_eq!(arg_after(args, "--drain-strategy"), "immediate");
+    let drain_time_s: u64 = arg_after(args, "--drain-time-s").parse().unwrap();
+    let pre_stop: Vec<&str> = container["lifecycle"]["preStop"]["exec"]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        &pre_stop[..3],
+        ["sh", "/etc/fanout/drain.sh", "http://127.0.0.1:9901"]
+    );
+    let deadline_s: u64 = pre_stop[3].parse().unwrap();
+    let quiet_s = 3;
+    assert!(
+        deadline_s * 1000 >= (drain_time_s + quiet_s) * 1000 + longest_ms,
+        "drain.sh's deadline ({deadline_s} s) must cover the drain time ({drain_time_s} s), \
+         the longest delivery ({longest_ms} ms) and the quiet window ({quiet_s} s)"
+    );
+    let grace = as_u64(&pod["terminationGracePeriodSeconds"]);
+    assert!(
+        grace > deadline_s,
+        "terminationGracePeriodSeconds ({grace}) counts from preStop: it must exceed \
+         drain.sh's deadline ({deadline_s})"
+    );
+    assert!(container["readinessProbe"].is_object());
+    // drain.sh is where the hook looks: the ConfigMap mounted at /etc/fanout.
+    let mounts = container["volumeMounts"].as_array().unwrap();
+    let config_mount = mounts
+        .iter()
+        .find(|m| m["mountPath"] == "/etc/fanout")
+        .unwrap();
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == config_mount["name"])
+        .unwrap();
+    assert_eq!(volume["configMap"]["name"], configmap["metadata"]["name"]);
+
+    // The Services: both select the pods, the headless one on the port the front dials.
+    let services: Vec<Value> =
+        serde_yaml_ng::Deserializer::from_str(&read_shipped("examples/kubernetes/service.yaml"))
+            .map(|doc| {
+                let v: serde_yaml_ng::Value = serde::Deserialize::deserialize(doc).unwrap();
+                serde_json::to_value(v).unwrap()
+            })
+            .collect();
+    assert_eq!(services.len(), 2);
+    let labels = &spec["template"]["metadata"]["labels"];
+    for svc in &services {
+        assert_eq!(&svc["spec"]["selector"], labels);
+    }
+    let headless = services
+        .iter()
+        .find(|s| s["spec"]["clusterIP"] == "None")
+        .expect("a headless Service for the front");
+    let front = read_shipped_yaml("envoy/front-affinity.yaml");
+    let endpoint = &front["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]
+        ["lb_endpoints"][0]["endpoint"]["address"]["socket_address"];
+    assert!(endpoint["address"].as_str().unwrap().starts_with(&format!(
+        "{}.",
+        headless["metadata"]["name"].as_str().unwrap()
+    )));
+    assert_eq!(
+        endpoint["port_value"],
+        container["ports"][0]["containerPort"]
+    );
+
+    // Istio: the hook on the sidecar, inbound listeners only, and the drain duration.
+    let istio = read_shipped_yaml("examples/kubernetes/istio/deployment.yaml");
+    let pod = &istio["spec"]["template"];
+    let proxy_config: Value = serde_json::from_str(
+        pod["metadata"]["annotations"]["proxy.istio.io/config"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let drain_duration_s: u64 = proxy_config["terminationDrainDuration"]
+        .as_str()
+        .unwrap()
+        .trim_end_matches('s')
+        .parse()
+        .unwrap();
+    let sidecar = pod["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "istio-proxy")
+        .expect("an istio-proxy container to merge the hook into");
+    let pre_stop: Vec<&str> = sidecar["lifecycle"]["preStop"]["exec"]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        &pre_stop[..3],
+        ["sh", "/etc/fanout-drain/drain.sh", "http://127.0.0.1:15000"]
+    );
+    assert!(sidecar["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["name"] == "FANOUT_DRAIN_PARAMS"
+            && e["value"].as_str().unwrap().contains("inboundonly")));
+    let istio_deadline_s: u64 = pre_stop[3].parse().unwrap();
+    let plugin = &read_shipped("envoy/istio-wasmplugin.yaml");
+    let plugin = crate::harness::yaml_to_json(plugin.split("\n---").next().unwrap(), "WasmPlugin");
+    let istio_longest_ms = longest_delivery_ms(&plugin["spec"]["pluginConfig"].to_string());
+    assert!(istio_deadline_s * 1000 >= istio_longest_ms + quiet_s * 1000);
+    let grace = as_u64(&pod["spec"]["terminationGracePeriodSeconds"]);
+    assert!(grace > istio_deadline_s + drain_duration_s);
 }
