@@ -220,8 +220,8 @@ impl<H: Host + Clone> Plugin<H> {
         if owed.fanouts > 0 {
             log::warn!(
                 "plugin retired (a new configuration, or Envoy stopping) while this worker \
-                 owes {owed}; they are finished before it goes (an Envoy that exits now loses \
-                 them)"
+                 owes {owed}: after a configuration update they are finished; an Envoy that \
+                 is exiting loses them (drain it first: envoy/drain.sh)"
             );
         }
         self.retiring = self.owes_calls();

@@ -693,3 +693,36 @@ fn the_kubernetes_example_drains_with_drain_sh_and_its_grace_period_covers_the_l
     let grace = as_u64(&pod["spec"]["terminationGracePeriodSeconds"]);
     assert!(grace > istio_deadline_s + drain_duration_s);
 }
+
+/// SIGTERM without draining first: Envoy exits at once and what the replica owed is lost,
+/// but not silently: the retired plugin's log line names it.
+#[test]
+fn sigterm_without_drain_sh_logs_what_the_replica_owed() {
+    let subs = Subscribers::start();
+    let port = free_ports(1)[0];
+    let mut replica = subs.replica(port);
+    let client = Client::http1();
+    for i in 0..5 {
+        let reply = crate::harness::send(
+            client
+                .post(&replica.url("/"))
+                .header("ce-id", format!("t-{i}"))
+                .body("{}"),
+        );
+        assert_eq!(reply.status, 202);
+    }
+    assert_eq!(subs.slow.wait_for(5, Duration::from_secs(10)), 5);
+    let started = Instant::now();
+    replica.stop();
+    let took = started.elapsed();
+    let log = replica.log();
+    eprintln!("SIGTERM with 5 fan-outs owed: Envoy exited in {took:?}");
+    // One line per worker that owed something; together they name all five.
+    let marker = "plugin retired (a new configuration, or Envoy stopping) while this worker owes ";
+    let owed: u64 = log
+        .lines()
+        .filter_map(|line| line.split(marker).nth(1))
+        .map(|rest| rest.split(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(owed, 5, "the fan-outs owed at SIGTERM, as logged:\n{log}");
+}
