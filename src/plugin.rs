@@ -218,11 +218,19 @@ impl<H: Host + Clone> Plugin<H> {
             .map(|deliveries| deliveries.owed())
             .unwrap_or_default();
         if owed.fanouts > 0 {
-            log::warn!(
-                "plugin retired (a new configuration, or Envoy stopping) while this worker \
-                 owes {owed}: after a configuration update they are finished; an Envoy that \
-                 is exiting loses them (drain it first: envoy/drain.sh)"
-            );
+            if self.newest.get().0 == self.id {
+                // Nobody carries on after this one: Envoy is stopping, or the filter is gone.
+                log::warn!(
+                    "plugin retired with no newer configuration while this worker owes \
+                     {owed}: it finishes them before it goes, unless Envoy is exiting, which \
+                     loses them (drain it first: envoy/drain.sh)"
+                );
+            } else {
+                log::info!(
+                    "plugin retired by a newer configuration while this worker owes {owed}: \
+                     the newer one carries them on"
+                );
+            }
         }
         self.retiring = self.owes_calls();
         !self.retiring
