@@ -7,12 +7,12 @@
 //! their answers and retries belong to [`Deliveries`], shared by the plugin and its streams;
 //! see there for who sends what.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::deliveries::{Deliveries, Finished};
+use crate::deliveries::{Deliveries, Finished, Owed};
 use crate::host::Host;
 use crate::jitter::Jitter;
 use crate::redelivery;
@@ -36,6 +36,12 @@ pub struct Plugin<H> {
     deliveries: Rc<RefCell<Deliveries>>,
     tick: Duration,
     last_flush_ms: u64,
+    /// The VM's newest configured root context and whether its timer runs (see `on_tick`).
+    newest: Rc<Cell<(u32, bool)>>,
+    /// `on_done` came while this root's own calls were in flight: it waits for their answers
+    /// (Envoy cancels a deleted context's calls) and then tells Envoy, once.
+    retiring: bool,
+    retired: bool,
 }
 
 /// What every root context of one VM shares. A configuration update (e.g. through ECDS)
@@ -46,6 +52,7 @@ pub struct Plugin<H> {
 pub struct VmShared {
     telemetry: Rc<RefCell<Telemetry>>,
     deliveries: Rc<RefCell<Deliveries>>,
+    newest: Rc<Cell<(u32, bool)>>,
 }
 
 impl Default for VmShared {
@@ -54,6 +61,7 @@ impl Default for VmShared {
         VmShared {
             deliveries: Rc::new(RefCell::new(Deliveries::new(telemetry.clone()))),
             telemetry,
+            newest: Rc::default(),
         }
     }
 }
@@ -86,6 +94,9 @@ impl<H: Host + Clone> Plugin<H> {
             telemetry: shared.telemetry,
             tick: Duration::ZERO,
             last_flush_ms: 0,
+            newest: shared.newest,
+            retiring: false,
+            retired: false,
         }
     }
 
@@ -146,6 +157,7 @@ impl<H: Host + Clone> Plugin<H> {
                         .seed_jitter(&self.host, self.id);
                 }
                 self.config = Some(Rc::new(config));
+                self.newest.set((self.id, false));
                 self.retune_timer();
                 true
             }
@@ -157,8 +169,19 @@ impl<H: Host + Clone> Plugin<H> {
     }
 
     pub fn on_tick(&mut self) {
-        let finished = self.deliveries.borrow_mut().tick(&self.host);
-        self.deliver(finished);
+        // A retired root waiting for its own calls sends nothing new while the newest root's
+        // timer runs (that one carries the VM's deliveries on), so that it can end.
+        let (newest, newest_ticks) = self.newest.get();
+        if !self.retiring || newest == self.id || !newest_ticks {
+            let finished = {
+                let mut deliveries = self.deliveries.borrow_mut();
+                deliveries.act_for(Some(self.id));
+                let finished = deliveries.tick(&self.host);
+                deliveries.act_for(None);
+                finished
+            };
+            self.deliver(finished);
+        }
         let now = self.host.now_ms();
         if self.tick >= METRICS_FLUSH || now.saturating_sub(self.last_flush_ms) >= 1000 {
             self.telemetry.borrow_mut().flush(&self.host);
@@ -169,23 +192,76 @@ impl<H: Host + Clone> Plugin<H> {
 
     /// Answers to the calls the root made (retries, async deliveries).
     pub fn on_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        let finished = self.deliveries.borrow_mut().on_response(
-            &self.host,
-            token,
-            num_headers,
-            body_size,
-            true,
-        );
+        let finished = {
+            let mut deliveries = self.deliveries.borrow_mut();
+            deliveries.act_for(Some(self.id));
+            let finished = deliveries.on_response(&self.host, token, num_headers, body_size, true);
+            deliveries.act_for(None);
+            finished
+        };
         self.deliver(finished.into_iter().collect());
     }
 
     /// The plugin is being retired (a newer configuration took over, or Envoy stops): hand
-    /// over what was counted since the last tick.
+    /// over what was counted since the last tick. What the VM still owes is logged. Its
+    /// fan-outs belong to the VM, and the newest root's timer carries them on; but Envoy
+    /// cancels the calls of a context it deletes, so while calls this root made are in
+    /// flight (or, for the newest root, while anything is owed) it answers `false` and
+    /// [`Plugin::take_retired`] tells the glue when to let Envoy delete it.
     pub fn on_done(&mut self) -> bool {
         if let Ok(mut telemetry) = self.telemetry.try_borrow_mut() {
             telemetry.flush(&self.host);
         }
+        let owed = self
+            .deliveries
+            .try_borrow()
+            .map(|deliveries| deliveries.owed())
+            .unwrap_or_default();
+        if owed.fanouts > 0 {
+            if self.newest.get().0 == self.id {
+                // Nobody carries on after this one: Envoy is stopping, or the filter is gone.
+                log::warn!(
+                    "plugin retired with no newer configuration while this worker owes \
+                     {owed}: it finishes them before it goes, unless Envoy is exiting, which \
+                     loses them (drain it first: envoy/drain.sh)"
+                );
+            } else {
+                log::info!(
+                    "plugin retired by a newer configuration while this worker owes {owed}: \
+                     the newer one carries them on"
+                );
+            }
+        }
+        self.retiring = self.owes_calls();
+        !self.retiring
+    }
+
+    /// Whether a retired root (one whose `on_done` answered `false`) may now be deleted: its
+    /// calls were all answered. True once; the glue then calls proxy-wasm's `done`.
+    pub fn take_retired(&mut self) -> bool {
+        if !self.retiring || self.retired || self.owes_calls() {
+            return false;
+        }
+        self.retired = true;
+        log::info!("retired plugin: its last call was answered");
         true
+    }
+
+    /// This root's calls in flight, or, for the newest root (nobody carries on after it),
+    /// anything still owed.
+    fn owes_calls(&self) -> bool {
+        self.deliveries.try_borrow().is_ok_and(|deliveries| {
+            deliveries.open_calls_of(self.id) > 0
+                || (self.newest.get().0 == self.id && deliveries.owed().fanouts > 0)
+        })
+    }
+
+    /// What this worker still owes (the itemised `fanout.in_flight`).
+    pub fn owed(&self) -> Owed {
+        self.deliveries
+            .try_borrow()
+            .map(|deliveries| deliveries.owed())
+            .unwrap_or_default()
     }
 
     /// A new request, with the configuration of now.
@@ -217,6 +293,9 @@ impl<H: Host + Clone> Plugin<H> {
         if wanted != self.tick {
             self.host.set_tick_period(wanted);
             self.tick = wanted;
+        }
+        if self.newest.get().0 == self.id {
+            self.newest.set((self.id, wanted != Duration::ZERO));
         }
     }
 

@@ -77,6 +77,39 @@ pub struct Deliveries {
     jitter_rng: JitterRng,
     /// `max_concurrent_calls`: the slot each call holds, the calls waiting for one.
     gate: SlotGate,
+    /// The root context whose callback is running (set by the plugin around its calls in);
+    /// `None` while a stream's runs.
+    acting_root: Option<u32>,
+    /// Calls in flight made from a root context, and which one: a retired root lives until
+    /// its own calls are answered (Envoy cancels a context's calls when it is deleted).
+    root_of: HashMap<u32, u32>,
+}
+
+/// What a worker still owes: every fan-out not yet ended, by what it waits for. What
+/// `fanout.in_flight` counts, itemised for the log line of a plugin retired with work owed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Owed {
+    /// Fan-outs not ended (the gauge `fanout.in_flight`).
+    pub fanouts: usize,
+    /// Of those, their sender already answered: async, or best-effort deliveries after it.
+    pub answered: usize,
+    /// Of those, with a retry waiting for its backoff.
+    pub retrying: usize,
+    /// Calls in flight (events, dead letters, replies).
+    pub calls: usize,
+    /// Calls waiting for a slot (`max_concurrent_calls`).
+    pub queued: usize,
+}
+
+impl std::fmt::Display for Owed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} fan-out(s) ({} already answered, {} with a retry waiting), {} call(s) in \
+             flight, {} waiting for a slot",
+            self.fanouts, self.answered, self.retrying, self.calls, self.queued
+        )
+    }
 }
 
 impl Deliveries {
@@ -88,6 +121,34 @@ impl Deliveries {
             telemetry,
             jitter_rng: JitterRng::with_seed(0),
             gate: SlotGate::new(),
+            acting_root: None,
+            root_of: HashMap::new(),
+        }
+    }
+
+    /// The root context `root` is running (or, `None`, none is): the calls sent from now on
+    /// are its own.
+    pub fn act_for(&mut self, root: Option<u32>) {
+        self.acting_root = root;
+    }
+
+    /// Calls root context `root` made that are still in flight.
+    pub fn open_calls_of(&self, root: u32) -> usize {
+        self.root_of.values().filter(|r| **r == root).count()
+    }
+
+    /// Everything this worker still owes.
+    pub fn owed(&self) -> Owed {
+        Owed {
+            fanouts: self.jobs.len(),
+            answered: self.async_in_flight(),
+            retrying: self
+                .jobs
+                .values()
+                .filter(|job| job.fanout.waiting() > 0)
+                .count(),
+            calls: self.tokens.len(),
+            queued: self.jobs.values().map(|job| job.line.calls).sum(),
         }
     }
 
@@ -315,6 +376,9 @@ impl Deliveries {
             Ok(token) => {
                 job.fanout.dispatched(index, token);
                 self.tokens.insert(token, (id, index));
+                if let Some(root) = self.acting_root {
+                    self.root_of.insert(token, root);
+                }
                 self.gate.hold(token, slot);
             }
             Err(failure) => {
@@ -349,6 +413,7 @@ impl Deliveries {
             .collect();
         for token in tokens {
             self.tokens.remove(&token);
+            self.root_of.remove(&token);
             self.gate.call_ended(token);
         }
     }
@@ -395,6 +460,7 @@ impl Deliveries {
         body_size: usize,
         from_root: bool,
     ) -> Option<Finished> {
+        self.root_of.remove(&token);
         self.gate.call_ended(token);
         let (id, index) = self.tokens.remove(&token)?;
         let job = self.jobs.get_mut(&id)?;

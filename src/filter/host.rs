@@ -169,6 +169,7 @@ impl Host for ProxyHost {
 // call is declared here, as the SDK declares it.
 #[link(wasm_import_module = "env")]
 extern "C" {
+    fn proxy_done() -> proxy_wasm::types::Status;
     fn proxy_get_header_map_pairs(
         map_type: MapType,
         return_map_data: *mut *mut u8,
@@ -185,7 +186,8 @@ fn serialized_map(map_type: MapType) -> Option<Vec<u8>> {
     // buffer of `size` bytes through the SDK's exported `proxy_on_memory_allocate` (a boxed
     // slice of exactly `size` bytes from this module's allocator) and hands it over: it is
     // this module's to own and free, which `Vec::from_raw_parts` with that length and
-    // capacity does (as the SDK's own `get_map` does). The crate's one unsafe block.
+    // capacity does (as the SDK's own `get_map` does). One of the crate's two unsafe blocks,
+    // both here.
     #[allow(unsafe_code)]
     unsafe {
         match proxy_get_header_map_pairs(map_type, &mut data, &mut size) {
@@ -193,5 +195,17 @@ fn serialized_map(map_type: MapType) -> Option<Vec<u8>> {
             proxy_wasm::types::Status::Ok => Some(Vec::from_raw_parts(data, size, size)),
             _ => None,
         }
+    }
+}
+
+/// Tells Envoy that the current root context, which answered `false` to `on_done`, is done
+/// now. The SDK's own `done` panics on a status other than `Ok`; this returns it.
+pub fn root_done() -> Result<(), proxy_wasm::types::Status> {
+    // SAFETY: a host call without arguments.
+    #[allow(unsafe_code)]
+    let status = unsafe { proxy_done() };
+    match status {
+        proxy_wasm::types::Status::Ok => Ok(()),
+        refused => Err(refused),
     }
 }

@@ -38,10 +38,23 @@ impl Context for FanoutRoot {
         _num_trailers: usize,
     ) {
         self.0.on_call_response(token_id, num_headers, body_size);
+        self.done_if_retired();
     }
 
     fn on_done(&mut self) -> bool {
         self.0.on_done()
+    }
+}
+
+impl FanoutRoot {
+    /// A retired root whose last call was answered: Envoy may delete it now (once; it
+    /// answered `false` to `on_done`, so Envoy holds it until this).
+    fn done_if_retired(&mut self) {
+        if self.0.take_retired() {
+            if let Err(status) = host::root_done() {
+                log::warn!("Envoy refused proxy_done for a retired plugin: {status:?}");
+            }
+        }
     }
 }
 
@@ -56,6 +69,7 @@ impl RootContext for FanoutRoot {
 
     fn on_tick(&mut self) {
         self.0.on_tick();
+        self.done_if_retired();
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

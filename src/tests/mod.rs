@@ -13,6 +13,7 @@ mod flow_control;
 mod metrics;
 mod replies;
 mod retries;
+mod shutdown;
 
 use std::cell::RefCell;
 use std::rc::Rc;

@@ -13,6 +13,7 @@ mod harness;
 // The contract with a sender and subscribers.
 mod contract;
 // Each area of behaviour.
+mod affinity;
 mod compat;
 mod dedupe;
 mod delivery;
@@ -20,6 +21,7 @@ mod filters;
 mod flow;
 mod metrics;
 mod reload;
+mod rollout;
 // Knative's contract, with the CloudEvents SDK; the importer of Knative objects.
 mod knative_delivery;
 mod knative_import;

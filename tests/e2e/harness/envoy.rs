@@ -149,6 +149,8 @@ pub struct EnvoyBuilder {
     concurrency: Option<u32>,
     /// HTTP filters before the router given as they are, instead of fanout's own stanza.
     http_filters: Option<Vec<Value>>,
+    /// More command-line arguments (e.g. `--drain-time-s`).
+    args: Vec<String>,
 }
 
 impl EnvoyBuilder {
@@ -241,6 +243,12 @@ impl EnvoyBuilder {
     }
 
     /// Envoy's log level (default `info`, or `$FANOUT_E2E_ENVOY_LOG_LEVEL`).
+    /// One more command-line argument for Envoy.
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.to_owned());
+        self
+    }
+
     pub fn log_level(mut self, level: &str) -> Self {
         self.log_level = Some(level.to_owned());
         self
@@ -463,6 +471,7 @@ impl EnvoyBuilder {
             .args(["--log-level", &log_level])
             // The log file is flushed every 10 s by default; tests read it.
             .args(["--file-flush-interval-msec", "20"])
+            .args(&self.args)
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)

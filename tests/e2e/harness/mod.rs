@@ -24,6 +24,7 @@
 //! | misbehave at the transport level | [`faults::FaultServer`] (silent, raw bytes, huge bodies, kill and restart), [`faults::raw_request`] |
 //! | send requests | [`Client::http1`], [`Client::h2c`] (and `_resolving` for host names), [`send`] -> [`Reply`], [`chunked_body`] |
 //! | check an answer | [`assert_202`], [`assert_202_empty`], [`assert_status`], [`assert_rejected`] (4xx with `{"error": ...}`), [`Reply::assert_not_tripwire`] |
+//! | run N fanout replicas behind a front Envoy (the shipped `envoy/front-affinity.yaml`, or round robin) | [`front::Front::start`]`(`[`front::Balance`]`, &ports)`, a replica on a fixed port: [`front::start_replica`]`(builder, port)` |
 //! | reload the filter the way a ConfigMap does (ECDS, CDS) | [`reload::ReloadEnvoy`] (derefs to [`Envoy`]), [`reload::ConfigMapVolume`], [`reload::Load`] |
 //! | run Envoy on ConfigMap files written elsewhere (e.g. by `envoy/knative-import.py`) | [`reload::ReloadEnvoy::start_on_files`] |
 //! | run a shipped Python script | [`reload::run_script`], [`reload::run_render`] |
@@ -36,6 +37,7 @@
 mod client;
 mod envoy;
 pub mod faults;
+pub mod front;
 pub mod reload;
 pub mod sdk;
 mod server;
