@@ -430,8 +430,11 @@ fn sigkill_loses_what_the_killed_replica_owed_and_nothing_else() {
     // Each lost event was in flight at the kill: answered before it, and recently (its
     // deliveries take under a second here; three allow for a loaded machine).
     for s in &lost {
+        // `at` is when the sender's thread saw the answer, which on a busy machine can be a
+        // scheduling delay after the victim sent it; the new replica starts 1 s after the
+        // kill, so half a second still tells the victim's answers from the new one's.
         assert!(
-            s.at <= killed_at,
+            s.at <= killed_at + Duration::from_millis(500),
             "{} was answered 202 after the kill and still lost",
             s.id
         );
