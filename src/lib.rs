@@ -41,7 +41,6 @@ pub mod telemetry;
 pub mod deliveries;
 pub mod plugin;
 pub mod recipients;
-pub mod redelivery;
 pub mod stream;
 
 #[cfg(any(test, feature = "testing"))]

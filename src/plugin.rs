@@ -12,10 +12,10 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crate::config::Config;
+use crate::dedupe::settle;
 use crate::deliveries::{Deliveries, Finished};
 use crate::host::Host;
 use crate::jitter::Jitter;
-use crate::redelivery;
 use crate::stream::{answer_stream, Stream};
 use crate::telemetry::{Counter, Telemetry};
 
@@ -133,7 +133,7 @@ impl<H: Host + Clone> Plugin<H> {
                     }
                     telemetry.define_all(&self.host);
                 }
-                redelivery::prepare(&self.host, &config);
+                settle::prepare(&self.host, &config);
                 self.deliveries.borrow_mut().set_caps(&config.call_caps);
                 if config
                     .channels

@@ -17,20 +17,20 @@ use serde::Deserialize;
 
 use crate::call_slots::CallCap;
 use crate::cloudevents::Attributes;
+use crate::dedupe::settings::RawDedupe;
 use crate::event_filter::{self, Filter};
 use crate::headers::HeaderSelector;
 use crate::jitter::Jitter;
 use crate::retry::{BackoffPolicy, RetryPolicy};
 use crate::routing::Router;
 
-mod dedupe;
 /// The JSON document read with field paths in its errors.
 mod json_path;
 /// The raw types read from it.
 mod read;
 pub use json_path::Node;
 mod validate;
-pub use dedupe::{
+pub use crate::dedupe::settings::{
     DedupeConfig, Identity, DEFAULT_DEDUPE_MAX_ENTRIES, DEFAULT_DEDUPE_TTL_MS, MAX_ENTRIES_LIMIT,
     MAX_KEY_BYTES, MAX_TTL_MS, SHARD_CAPACITY,
 };
@@ -121,16 +121,6 @@ pub enum ReportDetail {
     Failures,
     /// Also every subscriber that took the event.
     Full,
-}
-
-/// `"dedupe": {"ttl_ms": 600000, "max_entries": 100000}` (and `"key": "<header>"` to name
-/// events by a header instead of their CloudEvents identity); off when absent.
-#[derive(Debug, Default)]
-#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
-struct RawDedupe {
-    key: Option<String>,
-    ttl_ms: Option<u64>,
-    max_entries: Option<u32>,
 }
 
 #[derive(Debug, Default)]
@@ -321,7 +311,7 @@ pub struct Subscriber {
     pub reply: Option<Target>,
     /// Which events it wants; `None`: every request, CloudEvent or not.
     pub filter: Option<Filter>,
-    /// Its identity in `dedupe`'s records (see `config::dedupe::subscriber_ids`).
+    /// Its identity in `dedupe`'s records (see `dedupe::settings::subscriber_ids`).
     pub dedupe_id: u64,
     /// `delivery.backoff_jitter`: how much its retry waits are spread.
     pub backoff_jitter: Jitter,

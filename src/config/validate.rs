@@ -6,12 +6,13 @@
 use std::time::Duration;
 
 use super::{
-    dedupe, AnswerMode, Channel, Config, ConfigError, RawChannel, RawConfig, RawDedupe,
-    RawDelivery, RawSubscriber, RawTarget, Subscriber, Target, DEFAULT_FORWARD_HEADERS,
-    DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT_MS, OPTIONS, SUBSCRIBER_METHOD,
+    AnswerMode, Channel, Config, ConfigError, RawChannel, RawConfig, RawDedupe, RawDelivery,
+    RawSubscriber, RawTarget, Subscriber, Target, DEFAULT_FORWARD_HEADERS, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT_MS, OPTIONS, SUBSCRIBER_METHOD,
     SYNC_DEADLINE_WARNING_MS,
 };
 use crate::call_slots::{CallCap, DEFAULT_MAX_QUEUED_CALLS};
+use crate::dedupe::settings::subscriber_ids;
 use crate::event_filter;
 use crate::headers::{self, HeaderSelector};
 use crate::jitter::Jitter;
@@ -112,7 +113,11 @@ impl RawConfig {
             call_caps,
             needs_timer,
             warnings,
-            dedupe: self.dedupe.map(RawDedupe::validate).transpose()?,
+            dedupe: self
+                .dedupe
+                .map(RawDedupe::validate)
+                .transpose()
+                .map_err(|e| ConfigError::new(e.path, e.message))?,
             require_cloudevents: self.require_cloudevents.unwrap_or(false),
         })
     }
@@ -217,7 +222,11 @@ fn channels(
                 defaults,
             )?);
         }
-        let ids = dedupe::subscriber_ids(&subscribers);
+        let ids = subscriber_ids(
+            subscribers
+                .iter()
+                .map(|s| (s.cluster.as_str(), s.call_headers.as_slice())),
+        );
         for (sub, id) in subscribers.iter_mut().zip(ids) {
             sub.dedupe_id = id;
         }

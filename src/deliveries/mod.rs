@@ -20,11 +20,11 @@ use crate::answer::Answer;
 use crate::call::{classify, is_success, Failure, Leg, BODY_PEEK_BYTES};
 use crate::call_slots::{CallCap, CallSlots, Slot, Start};
 use crate::config::{AnswerMode, Channel, Config, Subscriber};
+use crate::dedupe::settle::{self, Claims};
 use crate::fanout::{CallEnd, FanOut, ReplyEvent};
 use crate::headers::Forwarded;
 use crate::host::Host;
 use crate::jitter::{self, JitterRng};
-use crate::redelivery::{self, Redelivery};
 use crate::reply::{self, Answered};
 use crate::retry::{honours_retry_after, parse_retry_after};
 use crate::telemetry::Telemetry;
@@ -69,7 +69,7 @@ pub struct Job {
     pub log_id: u32,
     pub started_ms: u64,
     /// `dedupe`'s claims of this event, settled when the fan-out ends.
-    pub redelivery: Option<Redelivery>,
+    pub redelivery: Option<Claims>,
 }
 
 /// How long past its worst case (every attempt timing out, every backoff at its longest) a
@@ -723,7 +723,7 @@ impl Deliveries {
     /// delivery, not at its 202).
     fn settle<H: Host>(&self, clock: &Clock<'_, H>, job: &mut Job) {
         if let Some(claimed) = job.redelivery.take() {
-            let settled = redelivery::settle(
+            let settled = settle::settle(
                 clock.host,
                 clock.now(),
                 &job.config,

@@ -1,16 +1,15 @@
-//! Where a delivery meets [`crate::dedupe`]'s store (Envoy's shared data, through the
-//! [`Host`]) besides the claims `recipients` makes: at configure time (the shard
-//! keys), and when a fan-out ends, sync or async, from whichever context ends it (recording
-//! who took the event, releasing the rest; also when a sync sender goes away).
+//! Dedupe after the calls: when a fan-out ends, sync or async, from whichever context ends
+//! it (also when a sync sender goes away), the claims it made (`claim`) are settled:
+//! who took the event is recorded, the other claims released so that a retry calls them
+//! again. And at configure time, the store made ready (the shard keys).
 //!
-//! Cost per request with dedupe on and a key: the claim's get and set before the calls, one
-//! get and one set after (a retry per CAS conflict with another worker). Off, or without a
-//! key: no host call.
+//! Cost per request with the `envoy` store and a key: one get and one set after the calls
+//! (a retry per CAS conflict with another worker). Off, or without a key: no host call.
 
 use std::hash::BuildHasher;
 
+use super::{create_shards, shard_key, update, Event, Limits};
 use crate::config::Config;
-use crate::dedupe::{self, shard_key, update, Event, Limits};
 use crate::fanout::FanOut;
 use crate::host::{Host, HostStore};
 use crate::metrics::Tally;
@@ -18,7 +17,7 @@ use crate::metrics::Tally;
 /// What a request claimed, to settle when its fan-out ends: carried in the delivery's job, so
 /// that whichever context ends the fan-out (the stream, or the root context for retries and
 /// async deliveries) records it.
-pub struct Redelivery {
+pub struct Claims {
     shard: u32,
     channel: String,
     key: Vec<u8>,
@@ -33,7 +32,7 @@ pub fn prepare<H: Host>(host: &H, config: &Config) {
     let Some(dedupe) = &config.dedupe else {
         return;
     };
-    dedupe::create_shards(&HostStore(host), dedupe);
+    create_shards(&HostStore(host), dedupe);
     let channel_bytes = config.channels.iter().map(|c| c.name.len()).max();
     let subscribers = config.channels.iter().map(|c| c.subscribers.len()).max();
     log::info!(
@@ -53,7 +52,7 @@ pub fn owner_id(context_id: u32, now_ms: u64) -> u64 {
     std::collections::hash_map::RandomState::new().hash_one((context_id, now_ms))
 }
 
-impl Redelivery {
+impl Claims {
     /// The claims a request made on `subscribers` (index in the channel, identity) of the
     /// event `key` of `channel`, in `shard`, as `owner`.
     pub fn new(
@@ -63,7 +62,7 @@ impl Redelivery {
         owner: u64,
         subscribers: Vec<(usize, u64)>,
     ) -> Self {
-        Redelivery {
+        Claims {
             shard,
             channel,
             key,
@@ -95,7 +94,7 @@ pub fn settle<H: Host>(
     host: &H,
     now: u64,
     config: &Config,
-    claimed: Redelivery,
+    claimed: Claims,
     fanout: &FanOut,
     log_id: u32,
 ) -> Settled {

@@ -1,10 +1,38 @@
 //! The `dedupe` settings: what names an event, how long and how many events are kept, and
 //! what follows from them at configure time: the shard ring, the memory bound, and every
-//! subscriber's identity in the store. The store itself is the `dedupe`
-//! module's.
+//! subscriber's identity in the store. The configuration (`config`) reads the raw settings
+//! and keeps the validated ones; nothing here imports it.
 
-use super::{ConfigError, RawDedupe, Subscriber};
+#[cfg(test)]
+use serde::Deserialize;
+
 use crate::headers;
+
+/// `"dedupe": {"ttl_ms": 600000, "max_entries": 100000}` (and `"key": "<header>"` to name
+/// events by a header instead of their CloudEvents identity); off when absent.
+#[derive(Debug, Default)]
+#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
+pub struct RawDedupe {
+    pub(crate) key: Option<String>,
+    pub(crate) ttl_ms: Option<u64>,
+    pub(crate) max_entries: Option<u32>,
+}
+
+/// A `dedupe` setting refused: the field's path and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub path: String,
+    pub message: String,
+}
+
+impl Invalid {
+    fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Invalid {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
 
 /// Events per shard at most: bounds the bytes copied per store access.
 pub const SHARD_CAPACITY: u32 = 32;
@@ -101,17 +129,20 @@ impl Fnv {
 /// target (cluster, authority, path, its own headers), so that records survive a
 /// configuration update that reorders or adds subscribers. Two identical subscribers get
 /// different identities (the second hashes its occurrence too).
-pub fn subscriber_ids(subscribers: &[Subscriber]) -> Vec<u64> {
+/// Each subscriber is given as its cluster and its own headers.
+pub fn subscriber_ids<'a>(
+    subscribers: impl ExactSizeIterator<Item = (&'a str, &'a [(String, String)])>,
+) -> Vec<u64> {
     let mut ids: Vec<u64> = Vec::with_capacity(subscribers.len());
-    for sub in subscribers {
+    for (cluster, call_headers) in subscribers {
         let mut h = Fnv::new();
-        for (name, value) in &sub.call_headers {
+        for (name, value) in call_headers {
             h.write(name.as_bytes());
             h.write(&[0]);
             h.write(value.as_bytes());
             h.write(&[0]);
         }
-        h.write(sub.cluster.as_bytes());
+        h.write(cluster.as_bytes());
         let mut id = h.finish();
         let mut occurrence = 0u8;
         while ids.contains(&id) {
@@ -129,13 +160,13 @@ pub const DEFAULT_DEDUPE_TTL_MS: u64 = 600_000;
 pub const DEFAULT_DEDUPE_MAX_ENTRIES: u32 = 100_000;
 
 impl RawDedupe {
-    pub(super) fn validate(self) -> Result<DedupeConfig, ConfigError> {
+    pub fn validate(self) -> Result<DedupeConfig, Invalid> {
         let key = match self.key {
             None => Identity::CloudEvent,
             Some(name) => {
                 let name = name.to_ascii_lowercase();
                 if name.is_empty() || !name.bytes().all(headers::is_token_byte) {
-                    return Err(ConfigError::new(
+                    return Err(Invalid::new(
                         "dedupe.key",
                         format!(
                             "\"{name}\" is not a header name, e.g. \"x-event-id\" (leave `key` out \
@@ -148,14 +179,14 @@ impl RawDedupe {
         };
         let ttl_ms = self.ttl_ms.unwrap_or(DEFAULT_DEDUPE_TTL_MS);
         if !(1..=MAX_TTL_MS).contains(&ttl_ms) {
-            return Err(ConfigError::new(
+            return Err(Invalid::new(
                 "dedupe.ttl_ms",
                 format!("must be from 1 to {MAX_TTL_MS} (7 days), got {ttl_ms}"),
             ));
         }
         let max_entries = self.max_entries.unwrap_or(DEFAULT_DEDUPE_MAX_ENTRIES);
         if !(1..=MAX_ENTRIES_LIMIT).contains(&max_entries) {
-            return Err(ConfigError::new(
+            return Err(Invalid::new(
                 "dedupe.max_entries",
                 format!("must be from 1 to {MAX_ENTRIES_LIMIT}, got {max_entries}"),
             ));
