@@ -11,8 +11,12 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::config::Config;
+use crate::call::Failure;
+use crate::config::{Config, Store};
+use crate::dedupe::etcd::Family;
+use crate::dedupe::remote::Answered;
 use crate::dedupe::settle;
+use crate::dedupe::CLAIM_MARGIN_MS;
 use crate::deliveries::{Deliveries, Finished};
 use crate::host::Host;
 use crate::jitter::Jitter;
@@ -134,6 +138,10 @@ impl<H: Host + Clone> Plugin<H> {
                     telemetry.define_all(&self.host);
                 }
                 settle::prepare(&self.host, &config);
+                if let Err(error) = self.prepare_etcd(&config) {
+                    log::error!("invalid plugin configuration: {error}");
+                    return false;
+                }
                 self.deliveries.borrow_mut().set_caps(&config.call_caps);
                 if config
                     .channels
@@ -160,6 +168,7 @@ impl<H: Host + Clone> Plugin<H> {
         let finished = self.deliveries.borrow_mut().tick(&self.host);
         self.deliver(finished);
         let now = self.host.now_ms();
+        self.etcd_tick(now);
         if self.tick >= METRICS_FLUSH || now.saturating_sub(self.last_flush_ms) >= 1000 {
             self.telemetry.borrow_mut().flush(&self.host);
             self.last_flush_ms = now;
@@ -169,6 +178,9 @@ impl<H: Host + Clone> Plugin<H> {
 
     /// Answers to the calls the root made (retries, async deliveries).
     pub fn on_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
+        if self.etcd_answer(token, num_headers, body_size) {
+            return;
+        }
         let finished = self.deliveries.borrow_mut().on_response(
             &self.host,
             token,
@@ -198,6 +210,100 @@ impl<H: Host + Clone> Plugin<H> {
             Counter::new(metrics.then(|| self.telemetry.clone())),
             self.deliveries.clone(),
         )
+    }
+
+    /// The etcd store's leases of `config`, the first granted now: a cluster Envoy does not
+    /// have refuses the configuration (proxy-wasm cannot list clusters, but Envoy refuses a
+    /// call to an unknown one at once).
+    fn prepare_etcd(&self, config: &Config) -> Result<(), String> {
+        let Some(dedupe) = &config.dedupe else {
+            return Ok(());
+        };
+        let Store::Etcd(store) = &dedupe.store else {
+            return Ok(());
+        };
+        let longest = config
+            .channels
+            .iter()
+            .flat_map(|c| &c.subscribers)
+            .map(|s| s.worst_case_ms())
+            .max()
+            .unwrap_or(0);
+        let families = vec![
+            Family::for_horizon(dedupe.ttl_ms),
+            Family::for_horizon(longest.saturating_add(CLAIM_MARGIN_MS)),
+        ];
+        let mut deliveries = self.deliveries.borrow_mut();
+        deliveries.store.configure(families);
+        match deliveries
+            .store
+            .grant(&self.host, self.host.now_ms(), store)
+        {
+            Err(Failure::DispatchError { detail }) => Err(format!(
+                "dedupe.store.etcd.cluster: Envoy has no cluster \"{}\" ({detail})",
+                store.cluster
+            )),
+            // No endpoint yet, or a full circuit breaker: the timer asks again.
+            _ => Ok(()),
+        }
+    }
+
+    /// The etcd store's timer work: the leases due, the settles owed.
+    fn etcd_tick(&self, now: u64) {
+        let Some(config) = self.config.as_deref() else {
+            return;
+        };
+        let Some(Store::Etcd(store)) = config.dedupe.as_ref().map(|d| &d.store) else {
+            return;
+        };
+        let Ok(mut deliveries) = self.deliveries.try_borrow_mut() else {
+            return;
+        };
+        let _ = deliveries.store.grant(&self.host, now, store);
+        let failed = deliveries.store.send_settles(&self.host, now);
+        drop(deliveries);
+        if failed > 0 && config.metrics {
+            if let Ok(mut telemetry) = self.telemetry.try_borrow_mut() {
+                for _ in 0..failed {
+                    telemetry.tally.dedupe_store_error();
+                }
+            }
+        }
+    }
+
+    /// An answer to one of the root's etcd calls (a lease grant, a settle); false if the
+    /// call is not one.
+    fn etcd_answer(&self, token: u32, num_headers: usize, body_size: usize) -> bool {
+        let Ok(mut deliveries) = self.deliveries.try_borrow_mut() else {
+            return false;
+        };
+        let host = &self.host;
+        let answered = deliveries.store.on_response(
+            token,
+            || (num_headers > 0).then(|| host.call_status()).flatten(),
+            || {
+                if body_size > 0 {
+                    host.call_body(body_size)
+                } else {
+                    Vec::new()
+                }
+            },
+            || host.now_ms(),
+        );
+        drop(deliveries);
+        match answered {
+            None => false,
+            Some(Answered::SettleFailed) => {
+                let metrics = self.config.as_ref().is_some_and(|c| c.metrics);
+                if metrics {
+                    if let Ok(mut telemetry) = self.telemetry.try_borrow_mut() {
+                        telemetry.tally.dedupe_store_error();
+                    }
+                }
+                true
+            }
+            Some(_) => true,
+        }
     }
 
     /// The timer the current configuration and the deliveries in flight need.

@@ -12,7 +12,7 @@
 
 use crate::answer::Answer;
 use crate::config::{AnswerMode, Channel, Config, ReportDetail};
-use crate::dedupe::claim::{self, Claims};
+use crate::dedupe::claim::{self, Claim};
 use crate::fanout::FanOut;
 use crate::host::Host;
 use crate::request::Event;
@@ -33,8 +33,8 @@ pub struct Request<'a> {
 pub struct Recipients {
     /// One call per subscriber: ready for those who get the event, ended for the others.
     pub fanout: FanOut,
-    /// `dedupe`'s claims, settled when the fan-out ends.
-    pub claims: Option<Claims>,
+    /// `dedupe`'s claims, settled when the fan-out ends; or the etcd store to ask first.
+    pub claim: Claim,
 }
 
 /// Decides who gets the event of `request`. `async_in_flight` is asked only in async mode.
@@ -45,6 +45,7 @@ pub fn choose<H: Host>(
     request: &Request<'_>,
     async_in_flight: impl FnOnce() -> usize,
     admit_calls: impl FnOnce(&[&str]) -> Result<(), Answer>,
+    lease: impl FnOnce(u64) -> Option<i64>,
 ) -> Result<Recipients, Answer> {
     let channel = request.channel;
     let mut fanout = FanOut::new(
@@ -80,7 +81,7 @@ pub fn choose<H: Host>(
             .collect();
         admit_calls(&clusters)?;
     }
-    let claims = claim::claim(
+    let claim = claim::claim(
         host,
         counter,
         config,
@@ -92,6 +93,7 @@ pub fn choose<H: Host>(
         },
         &wanted,
         &mut fanout,
+        lease,
     );
-    Ok(Recipients { fanout, claims })
+    Ok(Recipients { fanout, claim })
 }

@@ -31,8 +31,8 @@ mod read;
 pub use json_path::Node;
 mod validate;
 pub use crate::dedupe::settings::{
-    DedupeConfig, Identity, DEFAULT_DEDUPE_MAX_ENTRIES, DEFAULT_DEDUPE_TTL_MS, MAX_ENTRIES_LIMIT,
-    MAX_KEY_BYTES, MAX_TTL_MS, SHARD_CAPACITY,
+    DedupeConfig, EtcdStore, Identity, OnStoreError, Store, DEFAULT_DEDUPE_MAX_ENTRIES,
+    DEFAULT_DEDUPE_TTL_MS, MAX_ENTRIES_LIMIT, MAX_KEY_BYTES, MAX_TTL_MS, SHARD_CAPACITY,
 };
 
 /// Per-call timeout when neither the subscriber nor the top level sets one.
@@ -1117,7 +1117,9 @@ mod tests {
             Some(DedupeConfig {
                 key: Identity::CloudEvent,
                 ttl_ms: 600_000,
-                max_entries: 100_000
+                max_entries: 100_000,
+                store: Store::Envoy,
+                on_store_error: OnStoreError::Deliver,
             })
         );
         let config = parse(
@@ -1127,6 +1129,23 @@ mod tests {
         let dedupe = config.dedupe.unwrap();
         assert_eq!(dedupe.key, Identity::Header("x-event-id".into()));
         assert_eq!((dedupe.ttl_ms, dedupe.max_entries), (1, 1));
+        let config = parse(
+            r#"{"dedupe": {"store": {"etcd": {"cluster": "etcd"}}, "on_store_error": "reject"},
+                "subscribers": []}"#,
+        )
+        .unwrap();
+        let dedupe = config.dedupe.unwrap();
+        assert_eq!(
+            dedupe.store,
+            Store::Etcd(EtcdStore {
+                cluster: "etcd".into(),
+                prefix: "/fanout/".into(),
+                timeout_ms: 250,
+            })
+        );
+        assert_eq!(dedupe.on_store_error, OnStoreError::Reject);
+        let config = parse(r#"{"dedupe": {"store": "envoy"}, "subscribers": []}"#).unwrap();
+        assert_eq!(config.dedupe.unwrap().store, Store::Envoy);
     }
 
     #[test]
@@ -1156,6 +1175,30 @@ mod tests {
                 "dedupe.max_entries: invalid value",
             ),
             (r#"{"ttl": 5}"#, "dedupe.ttl: unknown field `ttl`"),
+            (
+                r#"{"store": "redis"}"#,
+                "dedupe.store: unknown variant `redis`, expected `envoy` or `etcd`",
+            ),
+            (
+                r#"{"store": {"etcd": {}}}"#,
+                "dedupe.store.etcd.cluster: required",
+            ),
+            (
+                r#"{"store": {"etcd": {"cluster": "etcd", "prefix": "fanout/"}}}"#,
+                "dedupe.store.etcd.prefix: must start with \"/\"",
+            ),
+            (
+                r#"{"store": {"etcd": {"cluster": "etcd", "timeout_ms": 0}}}"#,
+                "dedupe.store.etcd.timeout_ms: must be at least 1",
+            ),
+            (
+                r#"{"store": {"etcd": {"cluster": "etcd", "timeout": 5}}}"#,
+                "dedupe.store.etcd.timeout: unknown field `timeout`",
+            ),
+            (
+                r#"{"on_store_error": "drop"}"#,
+                "dedupe.on_store_error: unknown variant `drop`, expected `deliver` or `reject`",
+            ),
         ];
         for (dedupe, expected) in cases {
             let message = error(&format!(r#"{{"dedupe": {dedupe}, "subscribers": []}}"#));

@@ -18,6 +18,8 @@
 use settings::MAX_KEY_BYTES;
 
 pub mod claim;
+pub mod etcd;
+pub mod remote;
 pub mod settings;
 pub mod settle;
 mod shard;
@@ -307,6 +309,8 @@ mod tests {
                 key: Identity::CloudEvent,
                 ttl_ms: 1000,
                 max_entries: 1,
+                store: Default::default(),
+                on_store_error: Default::default(),
             },
         );
         let racy = RacyStore {
@@ -407,6 +411,8 @@ mod tests {
             key: Identity::CloudEvent,
             ttl_ms: 1,
             max_entries: 100,
+            store: Default::default(),
+            on_store_error: Default::default(),
         };
         store.set(&shard_key(1), b"keep", None).unwrap();
         assert_eq!(create_shards(&store, &config), 4 + 3);

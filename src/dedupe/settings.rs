@@ -16,7 +16,61 @@ pub struct RawDedupe {
     pub(crate) key: Option<String>,
     pub(crate) ttl_ms: Option<u64>,
     pub(crate) max_entries: Option<u32>,
+    pub(crate) store: Option<RawStore>,
+    pub(crate) on_store_error: Option<OnStoreError>,
 }
+
+/// `"store": "envoy"` or `"store": {"etcd": {...}}`.
+#[derive(Debug)]
+#[cfg_attr(test, derive(Deserialize), serde(rename_all = "lowercase"))]
+pub enum RawStore {
+    Envoy,
+    Etcd(RawEtcd),
+}
+
+/// `{"cluster": "etcd", "prefix": "/fanout/", "timeout_ms": 250}`.
+#[derive(Debug, Default)]
+#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
+pub struct RawEtcd {
+    pub(crate) cluster: Option<String>,
+    pub(crate) prefix: Option<String>,
+    pub(crate) timeout_ms: Option<u32>,
+}
+
+/// Where the records and claims are kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Store {
+    /// Envoy's shared data: one process, all its workers.
+    #[default]
+    Envoy,
+    /// An etcd cluster: every replica, across restarts.
+    Etcd(EtcdStore),
+}
+
+/// The validated `store.etcd`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdStore {
+    /// The Envoy cluster of etcd's members.
+    pub cluster: String,
+    /// Every key fanout writes starts with it.
+    pub prefix: String,
+    /// Per etcd call.
+    pub timeout_ms: u32,
+}
+
+/// What an event gets when the store cannot answer (`on_store_error`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(test, derive(Deserialize), serde(rename_all = "lowercase"))]
+pub enum OnStoreError {
+    /// Everyone is called, as if dedupe were off.
+    #[default]
+    Deliver,
+    /// 503 with `retry-after`, nobody called.
+    Reject,
+}
+
+pub const DEFAULT_ETCD_PREFIX: &str = "/fanout/";
+pub const DEFAULT_ETCD_TIMEOUT_MS: u32 = 250;
 
 /// A `dedupe` setting refused: the field's path and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +104,8 @@ pub struct DedupeConfig {
     pub key: Identity,
     pub ttl_ms: u64,
     pub max_entries: u32,
+    pub store: Store,
+    pub on_store_error: OnStoreError,
 }
 
 /// What names an event for `dedupe`.
@@ -191,10 +247,50 @@ impl RawDedupe {
                 format!("must be from 1 to {MAX_ENTRIES_LIMIT}, got {max_entries}"),
             ));
         }
+        let store = match self.store {
+            None | Some(RawStore::Envoy) => Store::Envoy,
+            Some(RawStore::Etcd(etcd)) => Store::Etcd(etcd.validate()?),
+        };
         Ok(DedupeConfig {
             key,
             ttl_ms,
             max_entries,
+            store,
+            on_store_error: self.on_store_error.unwrap_or_default(),
+        })
+    }
+}
+
+impl RawEtcd {
+    fn validate(self) -> Result<EtcdStore, Invalid> {
+        const AT: &str = "dedupe.store.etcd";
+        let cluster = match self.cluster {
+            Some(cluster) if !cluster.is_empty() => cluster,
+            _ => {
+                return Err(Invalid::new(
+                    format!("{AT}.cluster"),
+                    "required: the Envoy cluster of the etcd members",
+                ))
+            }
+        };
+        let prefix = self.prefix.unwrap_or_else(|| DEFAULT_ETCD_PREFIX.into());
+        if !prefix.starts_with('/') {
+            return Err(Invalid::new(
+                format!("{AT}.prefix"),
+                format!("must start with \"/\", got \"{prefix}\""),
+            ));
+        }
+        let timeout_ms = self.timeout_ms.unwrap_or(DEFAULT_ETCD_TIMEOUT_MS);
+        if timeout_ms == 0 {
+            return Err(Invalid::new(
+                format!("{AT}.timeout_ms"),
+                "must be at least 1 (ms, per etcd call)",
+            ));
+        }
+        Ok(EtcdStore {
+            cluster,
+            prefix,
+            timeout_ms,
         })
     }
 }
@@ -213,6 +309,8 @@ mod tests {
                 key: Identity::CloudEvent,
                 ttl_ms: 1,
                 max_entries,
+                store: Store::Envoy,
+                on_store_error: OnStoreError::Deliver,
             };
             let total: usize = (0..config.shards()).map(|s| config.capacity(s)).sum();
             assert_eq!(total, max_entries as usize);
@@ -222,6 +320,8 @@ mod tests {
             key: Identity::CloudEvent,
             ttl_ms: 1,
             max_entries: 100_000,
+            store: Store::Envoy,
+            on_store_error: OnStoreError::Deliver,
         };
         assert_eq!(config.shards(), 3125);
         // 100 000 events, channel names up to 32 bytes, 5 subscribers: about 42 MB at most.

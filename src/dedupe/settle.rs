@@ -8,8 +8,9 @@
 
 use std::hash::BuildHasher;
 
+use super::etcd;
 use super::{create_shards, shard_key, update, Event, Limits};
-use crate::config::Config;
+use crate::config::{Config, Store};
 use crate::fanout::FanOut;
 use crate::host::{Host, HostStore};
 use crate::metrics::Tally;
@@ -24,6 +25,23 @@ pub struct Claims {
     owner: u64,
     /// Index in the channel and identity of each subscriber this request calls.
     subscribers: Vec<(usize, u64)>,
+    /// In the etcd store: each one's key and our claim value (else in Envoy's, `shard`).
+    etcd: Option<Vec<(Vec<u8>, String)>>,
+}
+
+/// An etcd settle, sent by the root context (Envoy cancels a stream's calls when the stream
+/// ends; the root's outlive it).
+pub struct RemoteSettle {
+    pub cluster: String,
+    pub timeout_ms: u32,
+    /// Keys and the records to put.
+    pub delivered: Vec<(Vec<u8>, String)>,
+    /// Keys and our claims, to delete if still ours.
+    pub released: Vec<(Vec<u8>, String)>,
+    /// When the records lapse: the lease they need lives at least until then.
+    pub until_ms: u64,
+    pub log_id: u32,
+    pub metrics: bool,
 }
 
 /// At configure time: creates the shard keys, so that no request meets a missing one, and
@@ -68,6 +86,16 @@ impl Claims {
             key,
             owner,
             subscribers,
+            etcd: None,
+        }
+    }
+
+    /// The same claims, made in the etcd store as `marks` (key, claim value; one per
+    /// subscriber, in order).
+    pub fn in_etcd(self, marks: Vec<(Vec<u8>, String)>) -> Self {
+        Claims {
+            etcd: Some(marks),
+            ..self
         }
     }
 }
@@ -76,6 +104,8 @@ impl Claims {
 pub struct Settled {
     entries_delta: i64,
     store_error: bool,
+    /// The etcd txn to send from the root context.
+    pub remote: Option<RemoteSettle>,
 }
 
 impl Settled {
@@ -102,6 +132,7 @@ pub fn settle<H: Host>(
         return Settled {
             entries_delta: 0,
             store_error: false,
+            remote: None,
         };
     };
     let outcomes: Vec<(u64, bool)> = claimed
@@ -109,6 +140,31 @@ pub fn settle<H: Host>(
         .iter()
         .map(|(index, id)| (*id, fanout.is_delivered(*index)))
         .collect();
+    if let (Some(marks), Store::Etcd(store)) = (&claimed.etcd, &dedupe.store) {
+        let until_ms = now.saturating_add(dedupe.ttl_ms);
+        let mut delivered = Vec::new();
+        let mut released = Vec::new();
+        for ((key, claim), (_, took)) in marks.iter().zip(&outcomes) {
+            if *took {
+                delivered.push((key.clone(), etcd::delivered_value(until_ms)));
+            } else {
+                released.push((key.clone(), claim.clone()));
+            }
+        }
+        return Settled {
+            entries_delta: 0,
+            store_error: false,
+            remote: Some(RemoteSettle {
+                cluster: store.cluster.clone(),
+                timeout_ms: store.timeout_ms,
+                delivered,
+                released,
+                until_ms,
+                log_id,
+                metrics: config.metrics,
+            }),
+        };
+    }
     let event = Event {
         channel: &claimed.channel,
         key: &claimed.key,
@@ -125,6 +181,7 @@ pub fn settle<H: Host>(
         Ok(done) => Settled {
             entries_delta: done.entries_delta,
             store_error: false,
+            remote: None,
         },
         Err(_) => {
             // The claims lapse on their own; deliveries not recorded may be repeated.
@@ -132,6 +189,7 @@ pub fn settle<H: Host>(
             Settled {
                 entries_delta: 0,
                 store_error: true,
+                remote: None,
             }
         }
     }

@@ -20,6 +20,7 @@ use crate::answer::Answer;
 use crate::call::{classify, is_success, Failure, Leg, BODY_PEEK_BYTES};
 use crate::call_slots::{CallCap, CallSlots, Slot, Start};
 use crate::config::{AnswerMode, Channel, Config, Subscriber};
+use crate::dedupe::remote::Remote;
 use crate::dedupe::settle::{self, Claims};
 use crate::fanout::{CallEnd, FanOut, ReplyEvent};
 use crate::headers::Forwarded;
@@ -126,6 +127,8 @@ pub struct Deliveries {
     sent_from_line: HashMap<u64, u64>,
     /// The capped clusters' calls in flight and waiting as last counted into the gauges.
     reported: HashMap<String, (u32, usize)>,
+    /// `dedupe`'s etcd store on this VM: leases, settles owed (sent by the root's tick).
+    pub store: Remote,
 }
 
 impl Deliveries {
@@ -142,6 +145,7 @@ impl Deliveries {
             queued_by_job: HashMap::new(),
             sent_from_line: HashMap::new(),
             reported: HashMap::new(),
+            store: Remote::default(),
         }
     }
 
@@ -721,9 +725,9 @@ impl Deliveries {
 
     /// Records `dedupe`'s outcome of a job that ended (async too: at the end of the background
     /// delivery, not at its 202).
-    fn settle<H: Host>(&self, clock: &Clock<'_, H>, job: &mut Job) {
+    fn settle<H: Host>(&mut self, clock: &Clock<'_, H>, job: &mut Job) {
         if let Some(claimed) = job.redelivery.take() {
-            let settled = settle::settle(
+            let mut settled = settle::settle(
                 clock.host,
                 clock.now(),
                 &job.config,
@@ -731,6 +735,9 @@ impl Deliveries {
                 &job.fanout,
                 job.log_id,
             );
+            if let Some(remote) = settled.remote.take() {
+                self.store.queue(remote);
+            }
             self.count(&job.config, |tally| settled.record(tally));
         }
     }
