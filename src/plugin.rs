@@ -138,10 +138,7 @@ impl<H: Host + Clone> Plugin<H> {
                     telemetry.define_all(&self.host);
                 }
                 settle::prepare(&self.host, &config);
-                if let Err(error) = self.prepare_etcd(&config) {
-                    log::error!("invalid plugin configuration: {error}");
-                    return false;
-                }
+                self.prepare_etcd(&config);
                 self.deliveries.borrow_mut().set_caps(&config.call_caps);
                 if config
                     .channels
@@ -212,16 +209,17 @@ impl<H: Host + Clone> Plugin<H> {
         )
     }
 
-    /// The etcd store's leases of `config`, the first granted now: a cluster Envoy does not
-    /// have refuses the configuration (proxy-wasm cannot list clusters, but Envoy refuses a
-    /// call to an unknown one at once).
-    fn prepare_etcd(&self, config: &Config) -> Result<(), String> {
+    /// The etcd store's lease kinds of `config`; the leases are granted by the timer. (Not
+    /// here: Envoy's main-thread VM is configured before its clusters are ready, and refuses
+    /// a call to any cluster then, known or not; so a cluster Envoy does not have cannot be
+    /// told at configure time, and is reported by the timer instead.)
+    fn prepare_etcd(&self, config: &Config) {
         let Some(dedupe) = &config.dedupe else {
-            return Ok(());
+            return;
         };
-        let Store::Etcd(store) = &dedupe.store else {
-            return Ok(());
-        };
+        if !matches!(dedupe.store, Store::Etcd(_)) {
+            return;
+        }
         let longest = config
             .channels
             .iter()
@@ -233,19 +231,7 @@ impl<H: Host + Clone> Plugin<H> {
             Family::for_horizon(dedupe.ttl_ms),
             Family::for_horizon(longest.saturating_add(CLAIM_MARGIN_MS)),
         ];
-        let mut deliveries = self.deliveries.borrow_mut();
-        deliveries.store.configure(families);
-        match deliveries
-            .store
-            .grant(&self.host, self.host.now_ms(), store)
-        {
-            Err(Failure::DispatchError { detail }) => Err(format!(
-                "dedupe.store.etcd.cluster: Envoy has no cluster \"{}\" ({detail})",
-                store.cluster
-            )),
-            // No endpoint yet, or a full circuit breaker: the timer asks again.
-            _ => Ok(()),
-        }
+        self.deliveries.borrow_mut().store.configure(families);
     }
 
     /// The etcd store's timer work: the leases due, the settles owed.
@@ -259,7 +245,17 @@ impl<H: Host + Clone> Plugin<H> {
         let Ok(mut deliveries) = self.deliveries.try_borrow_mut() else {
             return;
         };
-        let _ = deliveries.store.grant(&self.host, now, store);
+        if let Err(Failure::DispatchError { detail }) =
+            deliveries.store.grant(&self.host, now, store)
+        {
+            if deliveries.store.warn(now).is_some() {
+                log::error!(
+                    "dedupe.store.etcd.cluster: Envoy refused a call to \"{}\" ({detail}); \
+                     every event is treated as a store error (on_store_error)",
+                    store.cluster
+                );
+            }
+        }
         let failed = deliveries.store.send_settles(&self.host, now);
         drop(deliveries);
         if failed > 0 && config.metrics {

@@ -68,6 +68,7 @@ impl FakeEnvoy {
     /// The plugin with the etcd store, its first leases granted (by recorded answers).
     fn with_etcd(json: &str) -> FakeEnvoy {
         let mut plugin = FakeEnvoy::configured(json);
+        plugin.tick_at(0);
         plugin.grant_leases();
         plugin
     }
@@ -109,13 +110,16 @@ impl FakeEnvoy {
 }
 
 #[test]
-fn configure_grants_the_leases_ahead_from_the_root() {
-    let plugin = FakeEnvoy::configured(ETCD);
+fn the_timer_grants_the_leases_ahead_from_the_root() {
+    let mut plugin = FakeEnvoy::configured(ETCD);
+    assert!(plugin.state().dispatched.is_empty(), "no call at configure time");
+    plugin.tick_at(0);
     let grants = plugin.state().dispatched.clone();
     // Records and claims, this bucket and the next.
     assert_eq!(grants.len(), 4, "{grants:?}");
     for grant in &grants {
         assert_eq!(grant.cluster, "etcd");
+        assert_eq!(grant.context, ROOT);
         assert_eq!(header_of(grant, ":method").as_deref(), Some("POST"));
         assert_eq!(
             header_of(grant, ":path").as_deref(),
@@ -130,22 +134,19 @@ fn configure_grants_the_leases_ahead_from_the_root() {
 }
 
 #[test]
-fn a_cluster_envoy_does_not_have_refuses_the_configuration() {
+fn a_cluster_envoy_does_not_have_makes_every_event_a_store_error() {
+    // Envoy's main-thread VM is configured before the clusters are ready and refuses calls
+    // to every cluster then: the configuration is accepted, the timer asks again.
     let host = FakeHost::default();
     host.0.borrow_mut().config = Some(ETCD.as_bytes().to_vec());
     host.0.borrow_mut().unknown_clusters.insert("etcd".into());
-    let mut root = Plugin::new(ROOT, host.clone());
-    assert!(root.on_vm_start());
-    assert!(!root.on_configure());
-    // No endpoint yet (a circuit breaker refusal looks the same): accepted, asked again.
-    let host = FakeHost::default();
-    host.0.borrow_mut().config = Some(ETCD.as_bytes().to_vec());
-    host.0
-        .borrow_mut()
-        .overflowing_clusters
-        .insert("etcd".into());
-    let mut root = Plugin::new(ROOT, host.clone());
-    assert!(root.on_configure());
+    let root = Plugin::new(ROOT, host.clone());
+    let mut plugin = FakeEnvoy { host, root };
+    assert!(plugin.root.on_configure());
+    plugin.tick_at(1_000);
+    let _ctx = send(&plugin, &event("e1"), b"{}");
+    assert_eq!(plugin.subscriber_calls().len(), 3);
+    assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 1);
 }
 
 /// The first delivery of e1: billing and analytics take it, shipping fails.

@@ -18,6 +18,7 @@ mod filters;
 mod flow;
 mod metrics;
 mod reload;
+mod replicas_store;
 // Knative's contract, with the CloudEvents SDK; the importer of Knative objects.
 mod knative_delivery;
 mod knative_import;

@@ -35,6 +35,7 @@
 
 mod client;
 mod envoy;
+pub mod etcd;
 pub mod faults;
 pub mod reload;
 pub mod sdk;
