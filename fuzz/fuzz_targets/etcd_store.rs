@@ -48,6 +48,8 @@ fuzz_target!(|data: &[u8]| {
     let mut root = Plugin::new(1, host.clone());
     root.on_vm_start();
     assert!(root.on_configure());
+    // The timer grants the leases.
+    root.on_tick();
     let grants: Vec<u32> = host.0.borrow().dispatched.iter().map(|d| d.token).collect();
     for token in grants {
         host.0.borrow_mut().call_response = (
@@ -70,9 +72,7 @@ fuzz_target!(|data: &[u8]| {
     let mut stream = root.create_stream(2);
     stream.on_request_headers(true);
     let claim = host.0.borrow().dispatched.get(before).map(|d| d.token);
-    let Some(claim) = claim else {
-        return;
-    };
+    let claim = claim.expect("with its leases granted, the request asks etcd first");
     host.0.borrow_mut().call_response = (status, rest.to_vec());
     stream.on_call_response(claim, usize::from(status.is_some()), rest.len());
     let state = host.0.borrow();

@@ -330,3 +330,39 @@ fn ttl_is_honoured_and_no_key_is_left() {
     let gone = written.elapsed();
     eprintln!("records gone from etcd {gone:?} after they were written (ttl_ms 2000)");
 }
+
+/// What the etcd store adds to the sender's answer on loopback: p50 and p99 of 300
+/// sequential events (unique ids) to 4 subscribers, dedupe off / `envoy` store / `etcd`
+/// store. A measurement, not a check: run with
+/// `cargo test --test e2e replicas_store::latency -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn latency_per_event() {
+    let etcd = EtcdCluster::start(3);
+    let subs: Vec<Subscriber> = ["a", "b", "c", "d"].iter().map(|n| Subscriber::ok(n)).collect();
+    let refs: Vec<&Subscriber> = subs.iter().collect();
+    let client = Client::http1();
+    for (name, dedupe) in [
+        ("off", Value::Null),
+        ("envoy", json!({ "ttl_ms": 60000 })),
+        ("etcd", etcd_dedupe("/fanout-bench/", "deliver")),
+    ] {
+        let envoy = replica(dedupe, &refs, Some(&etcd));
+        for i in 0..50 {
+            post(&client, &envoy, &format!("warm-{name}-{i}"));
+        }
+        let mut times: Vec<Duration> = (0..300)
+            .map(|i| {
+                let start = Instant::now();
+                assert_eq!(post(&client, &envoy, &format!("{name}-{i}")).status, 202);
+                start.elapsed()
+            })
+            .collect();
+        times.sort();
+        eprintln!(
+            "dedupe {name}: p50 {:?}, p99 {:?} (N = 4, loopback)",
+            times[times.len() / 2],
+            times[times.len() * 99 / 100]
+        );
+    }
+}
