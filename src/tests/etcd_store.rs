@@ -112,7 +112,10 @@ impl FakeEnvoy {
 #[test]
 fn the_timer_grants_the_leases_ahead_from_the_root() {
     let mut plugin = FakeEnvoy::configured(ETCD);
-    assert!(plugin.state().dispatched.is_empty(), "no call at configure time");
+    assert!(
+        plugin.state().dispatched.is_empty(),
+        "no call at configure time"
+    );
     plugin.tick_at(0);
     let grants = plugin.state().dispatched.clone();
     // Records and claims, this bucket and the next.

@@ -339,7 +339,10 @@ fn ttl_is_honoured_and_no_key_is_left() {
 #[ignore]
 fn latency_per_event() {
     let etcd = EtcdCluster::start(3);
-    let subs: Vec<Subscriber> = ["a", "b", "c", "d"].iter().map(|n| Subscriber::ok(n)).collect();
+    let subs: Vec<Subscriber> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| Subscriber::ok(n))
+        .collect();
     let refs: Vec<&Subscriber> = subs.iter().collect();
     let client = Client::http1();
     for (name, dedupe) in [
