@@ -50,6 +50,16 @@ pub fn prepare<H: Host>(host: &H, config: &Config) {
     let Some(dedupe) = &config.dedupe else {
         return;
     };
+    if let Store::Etcd(store) = &dedupe.store {
+        log::info!(
+            "dedupe on {}: events kept {} ms in etcd (cluster {}, keys under {})",
+            dedupe.key,
+            dedupe.ttl_ms,
+            store.cluster,
+            store.prefix
+        );
+        return;
+    }
     create_shards(&HostStore(host), dedupe);
     let channel_bytes = config.channels.iter().map(|c| c.name.len()).max();
     let subscribers = config.channels.iter().map(|c| c.subscribers.len()).max();

@@ -137,6 +137,12 @@ fn the_timer_grants_the_leases_ahead_from_the_root() {
 }
 
 #[test]
+fn the_etcd_store_creates_no_shared_data_keys() {
+    let plugin = FakeEnvoy::configured(ETCD);
+    assert!(plugin.state().shared.borrow().values.is_empty());
+}
+
+#[test]
 fn a_cluster_envoy_does_not_have_makes_every_event_a_store_error() {
     // Envoy's main-thread VM is configured before the clusters are ready and refuses calls
     // to every cluster then: the configuration is accepted, the timer asks again.
