@@ -256,12 +256,13 @@ impl<H: Host + Clone> Plugin<H> {
                 );
             }
         }
-        let failed = deliveries.store.send_settles(&self.host, now);
+        let failed = deliveries.store.send_settles(&self.host, now).counted;
         drop(deliveries);
-        if failed > 0 && config.metrics {
+        if failed > 0 {
             if let Ok(mut telemetry) = self.telemetry.try_borrow_mut() {
                 for _ in 0..failed {
                     telemetry.tally.dedupe_store_error();
+                    telemetry.tally.owed(-1);
                 }
             }
         }
@@ -287,19 +288,21 @@ impl<H: Host + Clone> Plugin<H> {
             || host.now_ms(),
         );
         drop(deliveries);
-        match answered {
-            None => false,
-            Some(Answered::SettleFailed) => {
-                let metrics = self.config.as_ref().is_some_and(|c| c.metrics);
-                if metrics {
-                    if let Ok(mut telemetry) = self.telemetry.try_borrow_mut() {
-                        telemetry.tally.dedupe_store_error();
-                    }
+        let (metrics, failed) = match answered {
+            None => return false,
+            Some(Answered::Grant) => return true,
+            Some(Answered::Settled { metrics }) => (metrics, false),
+            Some(Answered::SettleFailed { metrics }) => (metrics, true),
+        };
+        if metrics {
+            if let Ok(mut telemetry) = self.telemetry.try_borrow_mut() {
+                telemetry.tally.owed(-1);
+                if failed {
+                    telemetry.tally.dedupe_store_error();
                 }
-                true
             }
-            Some(_) => true,
         }
+        true
     }
 
     /// The timer the current configuration and the deliveries in flight need.

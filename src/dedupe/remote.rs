@@ -21,8 +21,8 @@ pub struct Remote {
     families: Vec<Family>,
     /// Settles to send at the next tick.
     queued: Vec<RemoteSettle>,
-    /// Settles sent: token and context id (for log lines).
-    in_flight: Vec<(u32, u32)>,
+    /// Settles sent: token, context id (for log lines), whether counted in the metrics.
+    in_flight: Vec<(u32, u32, bool)>,
     last_warning_ms: Option<u64>,
     unlogged: u32,
 }
@@ -31,10 +31,16 @@ pub struct Remote {
 pub enum Answered {
     /// A lease grant: nothing to count.
     Grant,
-    /// A settle that was applied.
-    Settled,
+    /// A settle that was applied; `metrics`: its configuration counts.
+    Settled { metrics: bool },
     /// A settle that failed: counted as a store error.
-    SettleFailed,
+    SettleFailed { metrics: bool },
+}
+
+/// Settles that ended at once when sent (no lease, refused at dispatch), each a store error:
+/// how many, of configurations with metrics on.
+pub struct NotSent {
+    pub counted: u32,
 }
 
 impl Remote {
@@ -97,9 +103,9 @@ impl Remote {
         Ok(())
     }
 
-    /// Sends the settles queued (the root context is the current one); returns how many
+    /// Sends the settles queued (the root context is the current one); returns those that
     /// failed at once (no lease, refused at dispatch), each counted as a store error.
-    pub fn send_settles<H: Host>(&mut self, host: &H, now_ms: u64) -> u32 {
+    pub fn send_settles<H: Host>(&mut self, host: &H, now_ms: u64) -> NotSent {
         let mut failed = 0;
         for settle in std::mem::take(&mut self.queued) {
             let lease = if settle.delivered.is_empty() {
@@ -113,7 +119,7 @@ impl Remote {
                     &StoreError("no etcd lease for the records".into()),
                     now_ms,
                 );
-                failed += 1;
+                failed += u32::from(settle.metrics);
                 continue;
             };
             let delivered: Vec<(&[u8], &str)> = settle
@@ -134,18 +140,18 @@ impl Remote {
                 body.as_bytes(),
                 timeout,
             ) {
-                Ok(token) => self.in_flight.push((token, settle.log_id)),
+                Ok(token) => self.in_flight.push((token, settle.log_id, settle.metrics)),
                 Err(failure) => {
                     self.settle_failed(
                         settle.log_id,
                         &StoreError(format!("refused at dispatch: {failure}")),
                         now_ms,
                     );
-                    failed += 1;
+                    failed += u32::from(settle.metrics);
                 }
             }
         }
-        failed
+        NotSent { counted: failed }
     }
 
     fn settle_failed(&mut self, log_id: u32, error: &StoreError, now_ms: u64) {
@@ -184,13 +190,13 @@ impl Remote {
                 .granted(token, result, if failed { now() } else { 0 });
             return Some(Answered::Grant);
         }
-        let at = self.in_flight.iter().position(|(t, _)| *t == token)?;
-        let (_, log_id) = self.in_flight.swap_remove(at);
+        let at = self.in_flight.iter().position(|(t, _, _)| *t == token)?;
+        let (_, log_id, metrics) = self.in_flight.swap_remove(at);
         match etcd::read_answer(status(), &body()).and_then(|a| etcd::read_txn_ok(&a)) {
-            Ok(()) => Some(Answered::Settled),
+            Ok(()) => Some(Answered::Settled { metrics }),
             Err(error) => {
                 self.settle_failed(log_id, &error, now());
-                Some(Answered::SettleFailed)
+                Some(Answered::SettleFailed { metrics })
             }
         }
     }

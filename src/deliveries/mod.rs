@@ -252,6 +252,7 @@ impl Deliveries {
             .values()
             .any(|job| job.fanout.has_ready() || job.fanout.waiting() > 0)
             || !self.released.is_empty()
+            || self.store.owed() > 0
     }
 
     /// The root context's timer: sends what is due in every fan-out, and gives up on those
@@ -737,6 +738,7 @@ impl Deliveries {
             );
             if let Some(remote) = settled.remote.take() {
                 self.store.queue(remote);
+                self.count(&job.config, |tally| tally.owed(1));
             }
             self.count(&job.config, |tally| settled.record(tally));
         }

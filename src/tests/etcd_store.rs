@@ -189,10 +189,11 @@ fn first_delivery(plugin: &mut FakeEnvoy) {
     plugin.answer_call(&mut ctx, calls[1].0, Some(503), "down");
     plugin.answer_call(&mut ctx, calls[2].0, Some(200), "");
     assert_eq!(plugin.last_answer().status, 500);
-    // The settle goes out from the root context, at its next tick.
+    // The settle goes out from the root context, at its next tick; until etcd answers it,
+    // it is work owed (in `fanout.in_flight`).
     assert_eq!(plugin.etcd_calls().len(), 1);
     let now = plugin.state().now_ms;
-    plugin.tick_at(now + 10);
+    assert_eq!(plugin.flushed("fanout.in_flight"), 1);
     let settle = plugin.etcd_calls().last().cloned().unwrap();
     assert_eq!(settle.context, ROOT);
     let values = puts(&settle.body);
@@ -210,6 +211,7 @@ fn first_delivery(plugin: &mut FakeEnvoy) {
         "shipping's claim released: {text}"
     );
     plugin.answer_root_call(settle.token, Some(200), &fixture("settle"), &[]);
+    assert_eq!(plugin.flushed("fanout.in_flight"), 0);
 }
 
 #[test]
