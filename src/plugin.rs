@@ -11,12 +11,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::call::Failure;
-use crate::config::{Config, Store};
-use crate::dedupe::etcd::Family;
-use crate::dedupe::remote::Answered;
-use crate::dedupe::settle;
-use crate::dedupe::CLAIM_MARGIN_MS;
+use crate::config::Config;
+use crate::dedupe::{remote, settle};
 use crate::deliveries::{Deliveries, Finished};
 use crate::host::Host;
 use crate::jitter::Jitter;
@@ -138,7 +134,7 @@ impl<H: Host + Clone> Plugin<H> {
                     telemetry.define_all(&self.host);
                 }
                 settle::prepare(&self.host, &config);
-                self.prepare_etcd(&config);
+                remote::prepare(&mut self.deliveries.borrow_mut().store, &config);
                 self.deliveries.borrow_mut().set_caps(&config.call_caps);
                 if config
                     .channels
@@ -165,7 +161,16 @@ impl<H: Host + Clone> Plugin<H> {
         let finished = self.deliveries.borrow_mut().tick(&self.host);
         self.deliver(finished);
         let now = self.host.now_ms();
-        self.etcd_tick(now);
+        if let Ok(mut deliveries) = self.deliveries.try_borrow_mut() {
+            let config = self.config.as_deref();
+            remote::tick(
+                &self.host,
+                now,
+                config,
+                &mut deliveries.store,
+                &self.telemetry,
+            );
+        }
         if self.tick >= METRICS_FLUSH || now.saturating_sub(self.last_flush_ms) >= 1000 {
             self.telemetry.borrow_mut().flush(&self.host);
             self.last_flush_ms = now;
@@ -175,8 +180,18 @@ impl<H: Host + Clone> Plugin<H> {
 
     /// Answers to the calls the root made (retries, async deliveries).
     pub fn on_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        if self.etcd_answer(token, num_headers, body_size) {
-            return;
+        if let Ok(mut deliveries) = self.deliveries.try_borrow_mut() {
+            let store = &mut deliveries.store;
+            if remote::on_response(
+                &self.host,
+                token,
+                num_headers,
+                body_size,
+                store,
+                &self.telemetry,
+            ) {
+                return;
+            }
         }
         let finished = self.deliveries.borrow_mut().on_response(
             &self.host,
@@ -207,102 +222,6 @@ impl<H: Host + Clone> Plugin<H> {
             Counter::new(metrics.then(|| self.telemetry.clone())),
             self.deliveries.clone(),
         )
-    }
-
-    /// The etcd store's lease kinds of `config`; the leases are granted by the timer. (Not
-    /// here: Envoy's main-thread VM is configured before its clusters are ready, and refuses
-    /// a call to any cluster then, known or not; so a cluster Envoy does not have cannot be
-    /// told at configure time, and is reported by the timer instead.)
-    fn prepare_etcd(&self, config: &Config) {
-        let Some(dedupe) = &config.dedupe else {
-            return;
-        };
-        if !matches!(dedupe.store, Store::Etcd(_)) {
-            return;
-        }
-        let longest = config
-            .channels
-            .iter()
-            .flat_map(|c| &c.subscribers)
-            .map(|s| s.worst_case_ms())
-            .max()
-            .unwrap_or(0);
-        let families = vec![
-            Family::for_horizon(dedupe.ttl_ms),
-            Family::for_horizon(longest.saturating_add(CLAIM_MARGIN_MS)),
-        ];
-        self.deliveries.borrow_mut().store.configure(families);
-    }
-
-    /// The etcd store's timer work: the leases due, the settles owed.
-    fn etcd_tick(&self, now: u64) {
-        let Some(config) = self.config.as_deref() else {
-            return;
-        };
-        let Some(Store::Etcd(store)) = config.dedupe.as_ref().map(|d| &d.store) else {
-            return;
-        };
-        let Ok(mut deliveries) = self.deliveries.try_borrow_mut() else {
-            return;
-        };
-        if let Err(Failure::DispatchError { detail }) =
-            deliveries.store.grant(&self.host, now, store)
-        {
-            if deliveries.store.warn(now).is_some() {
-                log::error!(
-                    "dedupe.store.etcd.cluster: Envoy refused a call to \"{}\" ({detail}); \
-                     every event is treated as a store error (on_store_error)",
-                    store.cluster
-                );
-            }
-        }
-        let failed = deliveries.store.send_settles(&self.host, now).counted;
-        drop(deliveries);
-        if failed > 0 {
-            if let Ok(mut telemetry) = self.telemetry.try_borrow_mut() {
-                for _ in 0..failed {
-                    telemetry.tally.dedupe_store_error();
-                    telemetry.tally.owed(-1);
-                }
-            }
-        }
-    }
-
-    /// An answer to one of the root's etcd calls (a lease grant, a settle); false if the
-    /// call is not one.
-    fn etcd_answer(&self, token: u32, num_headers: usize, body_size: usize) -> bool {
-        let Ok(mut deliveries) = self.deliveries.try_borrow_mut() else {
-            return false;
-        };
-        let host = &self.host;
-        let answered = deliveries.store.on_response(
-            token,
-            || (num_headers > 0).then(|| host.call_status()).flatten(),
-            || {
-                if body_size > 0 {
-                    host.call_body(body_size)
-                } else {
-                    Vec::new()
-                }
-            },
-            || host.now_ms(),
-        );
-        drop(deliveries);
-        let (metrics, failed) = match answered {
-            None => return false,
-            Some(Answered::Grant) => return true,
-            Some(Answered::Settled { metrics }) => (metrics, false),
-            Some(Answered::SettleFailed { metrics }) => (metrics, true),
-        };
-        if metrics {
-            if let Ok(mut telemetry) = self.telemetry.try_borrow_mut() {
-                telemetry.tally.owed(-1);
-                if failed {
-                    telemetry.tally.dedupe_store_error();
-                }
-            }
-        }
-        true
     }
 
     /// The timer the current configuration and the deliveries in flight need.

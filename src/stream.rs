@@ -7,6 +7,8 @@
 //! the answer), the body held until end of stream, then `Stream::fan_out`: the event,
 //! [`recipients::choose`] (who gets it), and [`Deliveries::start`] (the calls). The answer
 //! comes back from [`Deliveries`] as a [`Finished`], and `Stream::answer` sends it, once.
+//! With `dedupe`'s etcd store, the claims are one etcd call made from this stream: the
+//! stream waits for its answer (`Stage::Claiming`) before the subscribers are called.
 //!
 //! How Envoy behaves here: the body reaches a filter that paused in the headers callback only
 //! with `allow_on_headers_stop_iteration: true`; a call to a cluster Envoy does not know fails

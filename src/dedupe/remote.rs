@@ -3,13 +3,17 @@
 //! timer, since Envoy cancels a stream's calls when the stream ends), and the store-error
 //! warnings (one per 10 s at most).
 
+use std::cell::RefCell;
 use std::time::Duration;
 
 use super::claim::etcd_headers;
 use super::etcd::{self, Family, Leases, StoreError};
 use super::settle::RemoteSettle;
-use crate::config::EtcdStore;
+use super::CLAIM_MARGIN_MS;
+use crate::call::Failure;
+use crate::config::{Config, EtcdStore, Store};
 use crate::host::Host;
+use crate::telemetry::Telemetry;
 
 /// At most one store-error warning per this long.
 const WARNING_EVERY_MS: u64 = 10_000;
@@ -200,4 +204,100 @@ impl Remote {
             }
         }
     }
+}
+
+/// At configure time: the etcd store's lease kinds of `config`; the leases are granted by the
+/// timer. (Not here: Envoy's main-thread VM is configured before its clusters are ready, and
+/// refuses a call to any cluster then, known or not; so a cluster Envoy does not have cannot
+/// be told at configure time, and is reported by the timer instead.)
+pub fn prepare(remote: &mut Remote, config: &Config) {
+    let Some(dedupe) = &config.dedupe else {
+        return;
+    };
+    if !matches!(dedupe.store, Store::Etcd(_)) {
+        return;
+    }
+    let longest = config
+        .channels
+        .iter()
+        .flat_map(|c| &c.subscribers)
+        .map(|s| s.worst_case_ms())
+        .max()
+        .unwrap_or(0);
+    let families = vec![
+        Family::for_horizon(dedupe.ttl_ms),
+        Family::for_horizon(longest.saturating_add(CLAIM_MARGIN_MS)),
+    ];
+    remote.configure(families);
+}
+
+/// The root context's timer (the root is the current context): the leases due, the settles
+/// owed. Nothing unless `config` uses the etcd store.
+pub fn tick<H: Host>(
+    host: &H,
+    now: u64,
+    config: Option<&Config>,
+    remote: &mut Remote,
+    telemetry: &RefCell<Telemetry>,
+) {
+    let Some(Store::Etcd(store)) = config.and_then(|c| c.dedupe.as_ref()).map(|d| &d.store) else {
+        return;
+    };
+    if let Err(Failure::DispatchError { detail }) = remote.grant(host, now, store) {
+        if remote.warn(now).is_some() {
+            log::error!(
+                "dedupe.store.etcd.cluster: Envoy refused a call to \"{}\" ({detail}); \
+                 every event is treated as a store error (on_store_error)",
+                store.cluster
+            );
+        }
+    }
+    let failed = remote.send_settles(host, now).counted;
+    if failed > 0 {
+        if let Ok(mut telemetry) = telemetry.try_borrow_mut() {
+            for _ in 0..failed {
+                telemetry.tally.dedupe_store_error();
+                telemetry.tally.owed(-1);
+            }
+        }
+    }
+}
+
+/// An answer delivered to the root context: taken if it is one of the etcd store's calls (a
+/// lease grant, a settle), and false if it is not.
+pub fn on_response<H: Host>(
+    host: &H,
+    token: u32,
+    num_headers: usize,
+    body_size: usize,
+    remote: &mut Remote,
+    telemetry: &RefCell<Telemetry>,
+) -> bool {
+    let answered = remote.on_response(
+        token,
+        || (num_headers > 0).then(|| host.call_status()).flatten(),
+        || {
+            if body_size > 0 {
+                host.call_body(body_size)
+            } else {
+                Vec::new()
+            }
+        },
+        || host.now_ms(),
+    );
+    let (metrics, failed) = match answered {
+        None => return false,
+        Some(Answered::Grant) => return true,
+        Some(Answered::Settled { metrics }) => (metrics, false),
+        Some(Answered::SettleFailed { metrics }) => (metrics, true),
+    };
+    if metrics {
+        if let Ok(mut telemetry) = telemetry.try_borrow_mut() {
+            telemetry.tally.owed(-1);
+            if failed {
+                telemetry.tally.dedupe_store_error();
+            }
+        }
+    }
+    true
 }
