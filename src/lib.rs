@@ -41,7 +41,6 @@ pub mod telemetry;
 pub mod deliveries;
 pub mod plugin;
 pub mod recipients;
-pub mod redelivery;
 pub mod stream;
 
 // Test support (the fake host): an index out of bounds there is a test's bug.

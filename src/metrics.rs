@@ -251,6 +251,12 @@ impl Tally {
         self.in_flight_delta = self.in_flight_delta.saturating_add(1);
     }
 
+    /// Work still owed after its fan-out ended (a dedupe settle queued for etcd or in
+    /// flight): counted in `fanout.in_flight` too, `delta` +1 when owed, -1 when done.
+    pub fn owed(&mut self, delta: i64) {
+        self.in_flight_delta += delta;
+    }
+
     /// A fan-out ended: answered (with its duration), or its client went away.
     pub fn fanout_ended(&mut self, duration_ms: Option<u64>) {
         self.in_flight_delta = self.in_flight_delta.saturating_sub(1);

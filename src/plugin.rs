@@ -12,10 +12,10 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crate::config::Config;
+use crate::dedupe::{remote, settle};
 use crate::deliveries::{Deliveries, Finished, Owed};
 use crate::host::Host;
 use crate::jitter::Jitter;
-use crate::redelivery;
 use crate::stream::{answer_stream, Stream};
 use crate::telemetry::{Counter, Telemetry};
 
@@ -144,7 +144,8 @@ impl<H: Host + Clone> Plugin<H> {
                     }
                     telemetry.define_all(&self.host);
                 }
-                redelivery::prepare(&self.host, &config);
+                settle::prepare(&self.host, &config);
+                remote::prepare(&mut self.deliveries.borrow_mut().store, &config);
                 self.deliveries.borrow_mut().set_caps(&config.call_caps);
                 if config
                     .channels
@@ -183,6 +184,16 @@ impl<H: Host + Clone> Plugin<H> {
             self.deliver(finished);
         }
         let now = self.host.now_ms();
+        if let Ok(mut deliveries) = self.deliveries.try_borrow_mut() {
+            let config = self.config.as_deref();
+            remote::tick(
+                &self.host,
+                now,
+                config,
+                &mut deliveries.store,
+                &self.telemetry,
+            );
+        }
         if self.tick >= METRICS_FLUSH || now.saturating_sub(self.last_flush_ms) >= 1000 {
             self.telemetry.borrow_mut().flush(&self.host);
             self.last_flush_ms = now;
@@ -192,6 +203,19 @@ impl<H: Host + Clone> Plugin<H> {
 
     /// Answers to the calls the root made (retries, async deliveries).
     pub fn on_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
+        if let Ok(mut deliveries) = self.deliveries.try_borrow_mut() {
+            let store = &mut deliveries.store;
+            if remote::on_response(
+                &self.host,
+                token,
+                num_headers,
+                body_size,
+                store,
+                &self.telemetry,
+            ) {
+                return;
+            }
+        }
         let finished = {
             let mut deliveries = self.deliveries.borrow_mut();
             deliveries.act_for(Some(self.id));

@@ -8,16 +8,13 @@
 //! What comes out is a [`FanOut`] whose ready calls are exactly the subscribers to call, and
 //! the claims to settle when it ends; or the answer the request gets instead.
 //!
-//! Cost with dedupe on and a key: one get and one set of the event's shard (a retry per CAS
-//! conflict with another worker); a request whose subscribers all already have the event
-//! costs one get. Off, or without a key: no host call.
+//! The claims are `dedupe::claim`'s.
 
 use crate::answer::Answer;
 use crate::config::{AnswerMode, Channel, Config, ReportDetail};
-use crate::dedupe::{shard_key, update, Event as StoredEvent, Limits, Seen, CLAIM_MARGIN_MS};
+use crate::dedupe::claim::{self, Claim};
 use crate::fan_out_state::FanOut;
-use crate::host::{Host, HostStore};
-use crate::redelivery::{owner_id, Redelivery};
+use crate::host::Host;
 use crate::request::Event;
 use crate::telemetry::Counter;
 
@@ -36,8 +33,8 @@ pub struct Request<'a> {
 pub struct Recipients {
     /// One call per subscriber: ready for those who get the event, ended for the others.
     pub fanout: FanOut,
-    /// `dedupe`'s claims, settled when the fan-out ends.
-    pub claims: Option<Redelivery>,
+    /// `dedupe`'s claims, settled when the fan-out ends; or the etcd store to ask first.
+    pub claim: Claim,
 }
 
 /// Decides who gets the event of `request`. `async_in_flight` is asked only in async mode.
@@ -48,6 +45,7 @@ pub fn choose<H: Host>(
     request: &Request<'_>,
     async_in_flight: impl FnOnce() -> usize,
     admit_calls: impl FnOnce(&[&str]) -> Result<(), Answer>,
+    lease: impl FnOnce(u64) -> Option<i64>,
 ) -> Result<Recipients, Answer> {
     let channel = request.channel;
     let mut fanout = FanOut::new(channel.subscribers.len(), request.started_ms)
@@ -79,103 +77,19 @@ pub fn choose<H: Host>(
             .collect();
         admit_calls(&clusters)?;
     }
-    let claims = claim(host, counter, config, request, &wanted, &mut fanout);
-    Ok(Recipients { fanout, claims })
-}
-
-/// `dedupe`, before the calls: for each subscriber in `wanted` (those its filter did not
-/// skip), marks it in `fanout` as already delivered, or as being delivered by another
-/// request, or claims it for this request (left ready to call). Returns the claims to settle
-/// when the fan-out ends. Changes nothing (everyone wanted is called) when dedupe is off, the
-/// request has no key, or the store cannot be updated.
-fn claim<H: Host>(
-    host: &H,
-    counter: &Counter,
-    config: &Config,
-    request: &Request<'_>,
-    wanted: &[usize],
-    fanout: &mut FanOut,
-) -> Option<Redelivery> {
-    let dedupe = config.dedupe.as_ref()?;
-    let channel = request.channel;
-    let Some(key) = request.event.key.as_deref() else {
-        counter.count(host, |tally| tally.dedupe_missing_key());
-        return None;
-    };
-    if wanted.is_empty() {
-        return None;
-    }
-    // The request's start, read when its headers came: no clock read of its own.
-    let now = request.started_ms;
-    let mut ids = Vec::with_capacity(wanted.len());
-    let mut until = Vec::with_capacity(wanted.len());
-    for &index in wanted {
-        let sub = channel.subscribers.get(index)?;
-        ids.push(sub.dedupe_id);
-        // Retries, a dead letter and a reply all happen under the claim.
-        until.push(
-            now.saturating_add(sub.worst_case_ms())
-                .saturating_add(CLAIM_MARGIN_MS),
-        );
-    }
-    let owner = owner_id(request.log_id, now);
-    let event = StoredEvent {
-        channel: &channel.name,
-        key,
-    };
-    let shard = dedupe.shard_of(&channel.name, key);
-    let limits = Limits {
-        capacity: dedupe.capacity(shard),
-        ttl_ms: dedupe.ttl_ms,
-    };
-    let claimed = update(&HostStore(host), &shard_key(shard), |s| {
-        s.claim(&event, &ids, &until, owner, now, limits)
-    });
-    let done = match claimed {
-        Ok(done) => done,
-        Err(contended) => {
-            log::warn!(
-                "[#{}] dedupe: the store stayed contended after {} host calls; \
-                 delivering to every subscriber",
-                request.log_id,
-                contended.store_calls
-            );
-            counter.count(host, |tally| tally.dedupe_store_error());
-            return None;
-        }
-    };
-    if done.replaced_corrupt {
-        log::warn!(
-            "[#{}] dedupe: replaced an unreadable shard {shard}",
-            request.log_id
-        );
-    }
-    let seen = done.value;
-    let already = seen
-        .iter()
-        .filter(|s| **s == Seen::AlreadyDelivered)
-        .count();
-    let in_progress = seen.iter().filter(|s| **s == Seen::InProgress).count();
-    let delta = done.entries_delta;
-    counter.count(host, |tally| {
-        tally.dedupe_skipped(already, in_progress);
-        tally.dedupe_entries(delta);
-    });
-    let mut subscribers = Vec::new();
-    for ((&index, id), s) in wanted.iter().zip(&ids).zip(&seen) {
-        match s {
-            Seen::Deliver => subscribers.push((index, *id)),
-            Seen::AlreadyDelivered => fanout.already_delivered(index),
-            Seen::InProgress => fanout.in_progress_elsewhere(index),
-        }
-    }
-    (!subscribers.is_empty()).then(|| {
-        Redelivery::new(
-            shard,
-            channel.name.clone(),
-            key.to_vec(),
-            owner,
-            subscribers,
-        )
-    })
+    let claim = claim::claim(
+        host,
+        counter,
+        config,
+        &claim::Asking {
+            log_id: request.log_id,
+            started_ms: request.started_ms,
+            channel,
+            key: request.event.key.as_deref(),
+        },
+        &wanted,
+        &mut fanout,
+        lease,
+    );
+    Ok(Recipients { fanout, claim })
 }

@@ -7,6 +7,8 @@
 //! the answer), the body held until end of stream, then `Stream::fan_out`: the event,
 //! [`recipients::choose`] (who gets it), and [`Deliveries::start`] (the calls). The answer
 //! comes back from [`Deliveries`] as a [`Finished`], and `Stream::answer` sends it, once.
+//! With `dedupe`'s etcd store, the claims are one etcd call made from this stream: the
+//! stream waits for its answer (`Stage::Claiming`) before the subscribers are called.
 //!
 //! How Envoy behaves here: the body reaches a filter that paused in the headers callback only
 //! with `allow_on_headers_stop_iteration: true`; a call to a cluster Envoy does not know fails
@@ -17,8 +19,12 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use crate::answer::{Answer, PENDING_HEADER};
-use crate::config::{AnswerMode, BodyWait, Config};
+use crate::config::{AnswerMode, BodyWait, Channel, Config};
+use crate::dedupe::claim::{self, Ask, Claim, Claims};
+use crate::dedupe::etcd::StoreError;
 use crate::deliveries::{Deliveries, Finished, InLine, Job};
+use crate::fan_out_state::FanOut;
+use crate::headers::Forwarded;
 use crate::host::Host;
 use crate::recipients::{self, Request};
 use crate::request::{admit, Admitted};
@@ -39,10 +45,21 @@ enum Stage {
     Headers,
     /// Admitted; buffering the body until end of stream.
     Body { admitted: Admitted, received: usize },
+    /// Waiting for the etcd store's answer to `dedupe`'s claims (its call `token`).
+    Claiming { token: u32, claiming: Box<Claiming> },
     /// A sync fan-out in the deliveries, answered when it ends.
     Delivering { job: u64 },
     /// The answer is sent; whatever comes now is ignored.
     Answered,
+}
+
+/// A request whose recipients are chosen but not yet claimed in the etcd store.
+struct Claiming {
+    ask: Ask,
+    channel: Rc<Channel>,
+    fanout: FanOut,
+    body: Vec<u8>,
+    forwarded: Forwarded,
 }
 
 /// One request.
@@ -138,6 +155,10 @@ impl<H: Host> Stream<H> {
 
     /// The answer to a call this stream made.
     pub fn on_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
+        if matches!(self.stage, Stage::Claiming { token: t, .. } if t == token) {
+            self.claim_answered(num_headers, body_size);
+            return;
+        }
         let finished = self.deliveries.borrow_mut().on_response(
             &self.host,
             token,
@@ -258,6 +279,7 @@ impl<H: Host> Stream<H> {
             &request,
             || deliveries.borrow().async_in_flight(),
             |clusters| deliveries.borrow_mut().admit(host, config, clusters),
+            |until| deliveries.borrow().store.leases.pick(until),
         );
         let recipients = match chosen {
             Ok(recipients) => recipients,
@@ -266,22 +288,129 @@ impl<H: Host> Stream<H> {
                 return;
             }
         };
-        let in_progress = recipients.fanout.in_progress();
+        let forwarded = admitted.forwarded;
+        match recipients.claim {
+            Claim::Done(claims) => {
+                self.deliver(config, channel, recipients.fanout, claims, body, forwarded)
+            }
+            Claim::Failed(error) => {
+                self.store_failed(config, channel, recipients.fanout, &error, body, forwarded)
+            }
+            Claim::Ask(ask) => {
+                // From this stream: its answer comes back here, and the stream waits.
+                match self.host.dispatch(
+                    &ask.cluster,
+                    ask.headers(),
+                    ask.body.as_bytes(),
+                    ask.timeout,
+                ) {
+                    Ok(token) => {
+                        self.stage = Stage::Claiming {
+                            token,
+                            claiming: Box::new(Claiming {
+                                ask,
+                                channel: channel.clone(),
+                                fanout: recipients.fanout,
+                                body,
+                                forwarded,
+                            }),
+                        };
+                    }
+                    Err(failure) => {
+                        let error = StoreError(format!("refused at dispatch: {failure}"));
+                        self.store_failed(
+                            config,
+                            channel,
+                            recipients.fanout,
+                            &error,
+                            body,
+                            forwarded,
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The etcd store answered this request's claims.
+    fn claim_answered(&mut self, num_headers: usize, body_size: usize) {
+        let Some(config) = self.config.clone() else {
+            return;
+        };
+        let Stage::Claiming { claiming, .. } = std::mem::replace(&mut self.stage, Stage::Headers)
+        else {
+            return;
+        };
+        let Claiming {
+            ask,
+            channel,
+            mut fanout,
+            body,
+            forwarded,
+        } = *claiming;
+        let status = if num_headers == 0 {
+            None
+        } else {
+            self.host.call_status()
+        };
+        let answer = if body_size > 0 {
+            self.host.call_body(body_size)
+        } else {
+            Vec::new()
+        };
+        match claim::answered(&self.host, &self.counter, ask, status, &answer, &mut fanout) {
+            Ok(claims) => self.deliver(&config, &channel, fanout, claims, body, forwarded),
+            Err(error) => self.store_failed(&config, &channel, fanout, &error, body, forwarded),
+        }
+    }
+
+    /// The dedupe store failed: everyone is called (`on_store_error: deliver`), or 503.
+    fn store_failed(
+        &mut self,
+        config: &Rc<Config>,
+        channel: &Rc<Channel>,
+        fanout: FanOut,
+        error: &StoreError,
+        body: Vec<u8>,
+        forwarded: Forwarded,
+    ) {
+        let now = self.started_ms;
+        let deliveries = &self.deliveries;
+        let failed = claim::store_failed(&self.host, &self.counter, config, self.id, error, || {
+            deliveries.borrow_mut().store.warn(now)
+        });
+        match failed {
+            Ok(()) => self.deliver(config, channel, fanout, None, body, forwarded),
+            Err(answer) => self.reject(answer),
+        }
+    }
+
+    /// Who gets the event is decided (and claimed): hand it to the deliveries.
+    fn deliver(
+        &mut self,
+        config: &Rc<Config>,
+        channel: &Rc<Channel>,
+        fanout: FanOut,
+        claims: Option<Claims>,
+        body: Vec<u8>,
+        forwarded: Forwarded,
+    ) {
+        let in_progress = fanout.in_progress();
         // Subscribers to call: in a channel of best-effort ones, all still pending at the 202.
-        let to_call = recipients.fanout.open();
+        let to_call = fanout.open();
         // Nothing to send (every subscriber skipped, or already delivered): the deliveries
         // end the job at once.
-        let nothing_to_send = recipients.fanout.is_done();
+        let nothing_to_send = fanout.is_done();
         let job = Job {
             config: config.clone(),
             channel: channel.clone(),
-            fanout: recipients.fanout,
+            fanout,
             body,
-            forwarded: admitted.forwarded,
+            forwarded,
             answer_to: None,
             log_id: self.id,
             started_ms: self.started_ms,
-            redelivery: recipients.claims,
+            redelivery: claims,
             line: InLine::default(),
         };
         // A channel of best-effort subscribers only answers at once, like async mode.

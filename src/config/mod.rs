@@ -18,22 +18,22 @@ use serde::Deserialize;
 
 use crate::call_slots::CallCap;
 use crate::cloudevents::Attributes;
+use crate::dedupe::settings::RawDedupe;
 use crate::event_filter::{self, Filter};
 use crate::headers::HeaderSelector;
 use crate::jitter::Jitter;
 use crate::retry::{BackoffPolicy, RetryPolicy};
 use crate::routing::Router;
 
-mod dedupe;
 /// The JSON document read with field paths in its errors.
 mod json_path;
 /// The raw types read from it.
 mod read;
 pub use json_path::Node;
 mod validate;
-pub use dedupe::{
-    DedupeConfig, Identity, DEFAULT_DEDUPE_MAX_ENTRIES, DEFAULT_DEDUPE_TTL_MS, MAX_ENTRIES_LIMIT,
-    MAX_KEY_BYTES, MAX_TTL_MS, SHARD_CAPACITY,
+pub use crate::dedupe::settings::{
+    DedupeConfig, EtcdStore, Identity, OnStoreError, Store, DEFAULT_DEDUPE_MAX_ENTRIES,
+    DEFAULT_DEDUPE_TTL_MS, MAX_ENTRIES_LIMIT, MAX_KEY_BYTES, MAX_TTL_MS, SHARD_CAPACITY,
 };
 
 /// Per-call timeout when neither the subscriber nor the top level sets one.
@@ -122,16 +122,6 @@ pub enum ReportDetail {
     Failures,
     /// Also every subscriber that took the event.
     Full,
-}
-
-/// `"dedupe": {"ttl_ms": 600000, "max_entries": 100000}` (and `"key": "<header>"` to name
-/// events by a header instead of their CloudEvents identity); off when absent.
-#[derive(Debug, Default)]
-#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
-struct RawDedupe {
-    key: Option<String>,
-    ttl_ms: Option<u64>,
-    max_entries: Option<u32>,
 }
 
 #[derive(Debug, Default)]
@@ -323,7 +313,7 @@ pub struct Subscriber {
     pub reply: Option<Target>,
     /// Which events it wants; `None`: every request, CloudEvent or not.
     pub filter: Option<Filter>,
-    /// Its identity in `dedupe`'s records (see `config::dedupe::subscriber_ids`).
+    /// Its identity in `dedupe`'s records (see `dedupe::settings::subscriber_ids`).
     pub dedupe_id: u64,
     /// `delivery.backoff_jitter`: how much its retry waits are spread.
     pub backoff_jitter: Jitter,
@@ -1129,7 +1119,9 @@ mod tests {
             Some(DedupeConfig {
                 key: Identity::CloudEvent,
                 ttl_ms: 600_000,
-                max_entries: 100_000
+                max_entries: 100_000,
+                store: Store::Envoy,
+                on_store_error: OnStoreError::Deliver,
             })
         );
         let config = parse(
@@ -1139,6 +1131,23 @@ mod tests {
         let dedupe = config.dedupe.unwrap();
         assert_eq!(dedupe.key, Identity::Header("x-event-id".into()));
         assert_eq!((dedupe.ttl_ms, dedupe.max_entries), (1, 1));
+        let config = parse(
+            r#"{"dedupe": {"store": {"etcd": {"cluster": "etcd"}}, "on_store_error": "reject"},
+                "subscribers": []}"#,
+        )
+        .unwrap();
+        let dedupe = config.dedupe.unwrap();
+        assert_eq!(
+            dedupe.store,
+            Store::Etcd(EtcdStore {
+                cluster: "etcd".into(),
+                prefix: "/fanout/".into(),
+                timeout_ms: 250,
+            })
+        );
+        assert_eq!(dedupe.on_store_error, OnStoreError::Reject);
+        let config = parse(r#"{"dedupe": {"store": "envoy"}, "subscribers": []}"#).unwrap();
+        assert_eq!(config.dedupe.unwrap().store, Store::Envoy);
     }
 
     #[test]
@@ -1168,6 +1177,30 @@ mod tests {
                 "dedupe.max_entries: invalid value",
             ),
             (r#"{"ttl": 5}"#, "dedupe.ttl: unknown field `ttl`"),
+            (
+                r#"{"store": "redis"}"#,
+                "dedupe.store: unknown variant `redis`, expected `envoy` or `etcd`",
+            ),
+            (
+                r#"{"store": {"etcd": {}}}"#,
+                "dedupe.store.etcd.cluster: required",
+            ),
+            (
+                r#"{"store": {"etcd": {"cluster": "etcd", "prefix": "fanout/"}}}"#,
+                "dedupe.store.etcd.prefix: must start with \"/\"",
+            ),
+            (
+                r#"{"store": {"etcd": {"cluster": "etcd", "timeout_ms": 0}}}"#,
+                "dedupe.store.etcd.timeout_ms: must be at least 1",
+            ),
+            (
+                r#"{"store": {"etcd": {"cluster": "etcd", "timeout": 5}}}"#,
+                "dedupe.store.etcd.timeout: unknown field `timeout`",
+            ),
+            (
+                r#"{"on_store_error": "drop"}"#,
+                "dedupe.on_store_error: unknown variant `drop`, expected `deliver` or `reject`",
+            ),
         ];
         for (dedupe, expected) in cases {
             let message = error(&format!(r#"{{"dedupe": {dedupe}, "subscribers": []}}"#));

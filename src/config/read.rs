@@ -12,6 +12,8 @@ use super::{
     AnswerMode, BodyWait, RawChannel, RawConfig, RawDedupe, RawDelivery, RawHeaders, RawSubscriber,
     RawTarget, ReportDetail,
 };
+use crate::dedupe::settings::{OnStoreError, RawEtcd, RawStore};
+use crate::json::Node;
 use crate::retry::BackoffPolicy;
 
 /// The plugin configuration from its JSON text.
@@ -77,12 +79,70 @@ impl RawDedupe {
     fn read(at: At) -> Result<RawDedupe, PathError> {
         at.fields(
             "struct RawDedupe",
-            &["key", "ttl_ms", "max_entries"],
+            &["key", "ttl_ms", "max_entries", "store", "on_store_error"],
             |raw: &mut RawDedupe, name, at| {
                 match name {
                     "key" => raw.key = at.option(At::string)?,
                     "ttl_ms" => raw.ttl_ms = at.option(At::u64)?,
                     "max_entries" => raw.max_entries = at.option(At::u32)?,
+                    "store" => raw.store = at.option(read_store)?,
+                    "on_store_error" => {
+                        raw.on_store_error = at.option(|at| {
+                            at.variant(
+                                "enum OnStoreError",
+                                &["deliver", "reject"],
+                                &[OnStoreError::Deliver, OnStoreError::Reject],
+                            )
+                        })?
+                    }
+                    _ => {}
+                }
+                Ok(())
+            },
+        )
+    }
+}
+
+/// `"envoy"`, or `{"etcd": {...}}`: serde's externally tagged enum.
+fn read_store(at: At) -> Result<RawStore, PathError> {
+    const VARIANTS: &[&str] = &["envoy", "etcd"];
+    if matches!(at.node(), Node::Str(_)) {
+        return at
+            .variant("enum RawStore", VARIANTS, &[0u8, 1])
+            .and_then(|v| match v {
+                0 => Ok(RawStore::Envoy),
+                _ => Err(at.fail(serde::de::Error::invalid_type(
+                    serde::de::Unexpected::UnitVariant,
+                    &"newtype variant",
+                ))),
+            });
+    }
+    let mut store = None;
+    at.object("enum RawStore", VARIANTS, &mut |name, at| {
+        store = Some(match name {
+            "etcd" => RawStore::Etcd(RawEtcd::read(at)?),
+            _ => RawStore::Envoy,
+        });
+        Ok(())
+    })?;
+    store.ok_or_else(|| {
+        at.fail(serde::de::Error::invalid_length(
+            0,
+            &"an object of one entry: the store's name",
+        ))
+    })
+}
+
+impl RawEtcd {
+    fn read(at: At) -> Result<RawEtcd, PathError> {
+        at.fields(
+            "struct RawEtcd",
+            &["cluster", "prefix", "timeout_ms"],
+            |raw: &mut RawEtcd, name, at| {
+                match name {
+                    "cluster" => raw.cluster = at.option(At::string)?,
+                    "prefix" => raw.prefix = at.option(At::string)?,
+                    "timeout_ms" => raw.timeout_ms = at.option(At::u32)?,
                     _ => {}
                 }
                 Ok(())

@@ -7,12 +7,13 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use super::{
-    dedupe, AnswerMode, Channel, Config, ConfigError, RawChannel, RawConfig, RawDedupe,
-    RawDelivery, RawSubscriber, RawTarget, Subscriber, Target, DEFAULT_FORWARD_HEADERS,
-    DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT_MS, OPTIONS, SUBSCRIBER_METHOD,
+    AnswerMode, Channel, Config, ConfigError, RawChannel, RawConfig, RawDedupe, RawDelivery,
+    RawSubscriber, RawTarget, Subscriber, Target, DEFAULT_FORWARD_HEADERS, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT_MS, OPTIONS, SUBSCRIBER_METHOD,
     SYNC_DEADLINE_WARNING_MS,
 };
 use crate::call_slots::{CallCap, DEFAULT_MAX_QUEUED_CALLS};
+use crate::dedupe::settings::{subscriber_ids, Store};
 use crate::event_filter;
 use crate::headers::{self, HeaderSelector};
 use crate::jitter::Jitter;
@@ -90,7 +91,16 @@ impl RawConfig {
         let capped = !call_caps.is_empty();
         // Best-effort subscribers are called from the root context, by its timer.
         // Calls that waited for a slot are sent by the root context's timer.
+        let dedupe = self
+            .dedupe
+            .map(RawDedupe::validate)
+            .transpose()
+            .map_err(|e| ConfigError::new(e.path, e.message))?;
+        // The etcd store's leases are granted, and its settles sent, by the timer.
         let needs_timer = capped
+            || dedupe
+                .as_ref()
+                .is_some_and(|d| matches!(d.store, Store::Etcd(_)))
             || self.mode == AnswerMode::Async
             || channels
                 .iter()
@@ -113,7 +123,7 @@ impl RawConfig {
             call_caps,
             needs_timer,
             warnings,
-            dedupe: self.dedupe.map(RawDedupe::validate).transpose()?,
+            dedupe,
             require_cloudevents: self.require_cloudevents.unwrap_or(false),
         })
     }
@@ -218,7 +228,11 @@ fn channels(
                 defaults,
             )?);
         }
-        let ids = dedupe::subscriber_ids(&subscribers);
+        let ids = subscriber_ids(
+            subscribers
+                .iter()
+                .map(|s| (s.cluster.as_str(), s.call_headers.as_slice())),
+        );
         for (sub, id) in subscribers.iter_mut().zip(ids) {
             sub.dedupe_id = id;
         }

@@ -2,9 +2,12 @@
 //! that every worker of an Envoy process shares, so that a sender's retry reaches only the
 //! subscribers that did not take the event the first time.
 //!
-//! The record format and the rules ([`Shard`], in `shard.rs`) and the CAS loop over the store
-//! ([`update`], in `store.rs`); neither knows proxy-wasm. The store is behind [`SharedStore`],
-//! which Envoy's shared data implements (through the `Host`) and the tests fake.
+//! All of dedupe is here: its settings (`settings.rs`, read by `config`), the record format
+//! and the rules ([`Shard`], in `shard.rs`), the CAS loop over Envoy's shared data
+//! ([`update`], in `store.rs`), the claims a request makes before its calls (`claim.rs`) and
+//! their settling when its fan-out ends (`settle.rs`). Only `claim` and `settle` call the
+//! host; none of it knows proxy-wasm. The store is behind [`SharedStore`], which Envoy's
+//! shared data implements (through the `Host`) and the tests fake.
 //!
 //! In short: records live in a fixed ring of shard keys of Envoy's shared data, created at
 //! configure time (shared data has no delete); every change is get, change, set under CAS
@@ -12,8 +15,13 @@
 //! calling them, and settles the claims when its fan-out ends. docs/dedupe.md has the
 //! layout, the concurrency, the memory bound and the cost.
 
-use crate::config::MAX_KEY_BYTES;
+use settings::MAX_KEY_BYTES;
 
+pub mod claim;
+pub mod etcd;
+pub mod remote;
+pub mod settings;
+pub mod settle;
 // Its five indexing sites are in bounds by the shard format's own checks; they are the
 // dedupe module's to rewrite (clippy::indexing_slicing is denied everywhere else).
 #[allow(clippy::indexing_slicing)]
@@ -304,6 +312,8 @@ mod tests {
                 key: Identity::CloudEvent,
                 ttl_ms: 1000,
                 max_entries: 1,
+                store: Default::default(),
+                on_store_error: Default::default(),
             },
         );
         let racy = RacyStore {
@@ -404,6 +414,8 @@ mod tests {
             key: Identity::CloudEvent,
             ttl_ms: 1,
             max_entries: 100,
+            store: Default::default(),
+            on_store_error: Default::default(),
         };
         store.set(&shard_key(1), b"keep", None).unwrap();
         assert_eq!(create_shards(&store, &config), 4 + 3);

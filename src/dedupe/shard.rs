@@ -1,7 +1,7 @@
 //! One shard's value: its events and each subscriber's mark, the binary record format, and
 //! the rules a request applies to them (claim before the calls, settle after, expire, evict).
 
-use crate::config::SHARD_CAPACITY;
+use super::settings::SHARD_CAPACITY;
 
 /// Record format version, the first byte of every shard value.
 pub(super) const FORMAT: u8 = 1;
@@ -179,7 +179,8 @@ impl Shard {
         }
     }
 
-    fn entry_mut(&mut self, event: &Event<'_>, now_ms: u64) -> &mut Entry {
+    /// The event's entry, created if it has none (always `Some`).
+    fn entry_mut(&mut self, event: &Event<'_>, now_ms: u64) -> Option<&mut Entry> {
         let index = match self.entries.iter().position(|e| e.is(event)) {
             Some(i) => i,
             None => {
@@ -189,10 +190,10 @@ impl Shard {
                     created_ms: now_ms,
                     marks: Vec::new(),
                 });
-                self.entries.len() - 1
+                self.entries.len().saturating_sub(1)
             }
         };
-        &mut self.entries[index]
+        self.entries.get_mut(index)
     }
 
     /// Decides, for each subscriber (`ids[i]`, whose claim would last until
@@ -220,16 +221,17 @@ impl Shard {
         if !seen.contains(&Seen::Deliver) {
             return (seen, false);
         }
-        let entry = self.entry_mut(event, now_ms);
-        for ((id, until), s) in ids.iter().zip(claim_until).zip(&seen) {
-            if *s == Seen::Deliver {
-                entry.set(
-                    *id,
-                    Mark::Claimed {
-                        until_ms: *until,
-                        owner,
-                    },
-                );
+        if let Some(entry) = self.entry_mut(event, now_ms) {
+            for ((id, until), s) in ids.iter().zip(claim_until).zip(&seen) {
+                if *s == Seen::Deliver {
+                    entry.set(
+                        *id,
+                        Mark::Claimed {
+                            until_ms: *until,
+                            owner,
+                        },
+                    );
+                }
             }
         }
         self.evict(limits.capacity);
@@ -250,9 +252,10 @@ impl Shard {
         self.expire(now_ms, limits.ttl_ms);
         let mut changed = false;
         if outcomes.iter().any(|(_, delivered)| *delivered) {
-            let entry = self.entry_mut(event, now_ms);
-            for (id, _) in outcomes.iter().filter(|(_, d)| *d) {
-                entry.set(*id, Mark::Delivered { at_ms: now_ms });
+            if let Some(entry) = self.entry_mut(event, now_ms) {
+                for (id, _) in outcomes.iter().filter(|(_, d)| *d) {
+                    entry.set(*id, Mark::Delivered { at_ms: now_ms });
+                }
             }
             changed = true;
         }
@@ -281,7 +284,7 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     // Channel names and keys are far below 64 KiB (keys are cut off at MAX_KEY_BYTES).
     let len = bytes.len().min(u16::MAX as usize);
     out.extend_from_slice(&(len as u16).to_le_bytes());
-    out.extend_from_slice(&bytes[..len]);
+    out.extend_from_slice(bytes.get(..len).unwrap_or_default());
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -295,22 +298,20 @@ impl<'a> Reader<'a> {
         self.0 = tail;
         Ok(head)
     }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], Corrupt> {
+        self.take(N)?.try_into().map_err(|_| Corrupt)
+    }
     fn u8(&mut self) -> Result<u8, Corrupt> {
-        Ok(self.take(1)?[0])
+        Ok(u8::from_le_bytes(self.array()?))
     }
     fn u16(&mut self) -> Result<u16, Corrupt> {
-        let b = self.take(2)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
+        Ok(u16::from_le_bytes(self.array()?))
     }
     fn u32(&mut self) -> Result<u32, Corrupt> {
-        let mut a = [0u8; 4];
-        a.copy_from_slice(self.take(4)?);
-        Ok(u32::from_le_bytes(a))
+        Ok(u32::from_le_bytes(self.array()?))
     }
     fn u64(&mut self) -> Result<u64, Corrupt> {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(self.take(8)?);
-        Ok(u64::from_le_bytes(a))
+        Ok(u64::from_le_bytes(self.array()?))
     }
     fn bytes(&mut self) -> Result<&'a [u8], Corrupt> {
         let n = self.u16()? as usize;

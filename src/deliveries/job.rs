@@ -6,10 +6,10 @@ use std::rc::Rc;
 
 use crate::call::{Failure, Leg};
 use crate::config::{Channel, Config, Subscriber};
+use crate::dedupe::settle::Claims;
 use crate::fan_out_state::FanOut;
 use crate::headers::Forwarded;
 use crate::metrics::Tally;
-use crate::redelivery::Redelivery;
 
 use super::call_end::Ended;
 
@@ -27,7 +27,7 @@ pub struct Job {
     pub log_id: u32,
     pub started_ms: u64,
     /// `dedupe`'s claims of this event, settled when the fan-out ends.
-    pub redelivery: Option<Redelivery>,
+    pub redelivery: Option<Claims>,
     /// Its calls in `max_concurrent_calls`' line (the deliveries' to keep; start with the
     /// default).
     pub line: InLine,

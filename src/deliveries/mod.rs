@@ -19,9 +19,10 @@ use crate::answer::Answer;
 use crate::call::Leg;
 use crate::call_slots::{CallCap, Slot};
 use crate::config::{AnswerMode, Config};
+use crate::dedupe::remote::Remote;
+use crate::dedupe::settle;
 use crate::host::Host;
 use crate::jitter::{self, JitterRng};
-use crate::redelivery;
 use crate::telemetry::Telemetry;
 use call_end::Expected;
 use call_plan::CallPlan;
@@ -83,6 +84,8 @@ pub struct Deliveries {
     /// Calls in flight made from a root context, and which one: a retired root lives until
     /// its own calls are answered (Envoy cancels a context's calls when it is deleted).
     root_of: HashMap<u32, u32>,
+    /// `dedupe`'s etcd store on this VM: leases, settles owed (sent by the root's tick).
+    pub store: Remote,
 }
 
 /// What a worker still owes: every fan-out not yet ended, by what it waits for. What
@@ -123,6 +126,7 @@ impl Deliveries {
             gate: SlotGate::new(),
             acting_root: None,
             root_of: HashMap::new(),
+            store: Remote::default(),
         }
     }
 
@@ -252,6 +256,7 @@ impl Deliveries {
             .values()
             .any(|job| job.fanout.has_ready() || job.fanout.waiting() > 0)
             || self.gate.has_released()
+            || self.store.owed() > 0
     }
 
     /// The root context's timer: sends what is due in every fan-out, and gives up on those
@@ -601,9 +606,9 @@ impl Deliveries {
 
     /// Records `dedupe`'s outcome of a job that ended (async too: at the end of the background
     /// delivery, not at its 202).
-    fn settle<H: Host>(&self, clock: &Clock<'_, H>, job: &mut Job) {
+    fn settle<H: Host>(&mut self, clock: &Clock<'_, H>, job: &mut Job) {
         if let Some(claimed) = job.redelivery.take() {
-            let settled = redelivery::settle(
+            let mut settled = settle::settle(
                 clock.host,
                 clock.now(),
                 &job.config,
@@ -611,6 +616,10 @@ impl Deliveries {
                 &job.fanout,
                 job.log_id,
             );
+            if let Some(remote) = settled.remote.take() {
+                self.store.queue(remote);
+                self.count(&job.config, |tally| tally.owed(1));
+            }
             self.count(&job.config, |tally| settled.record(tally));
         }
     }

@@ -21,6 +21,7 @@ mod filters;
 mod flow;
 mod metrics;
 mod reload;
+mod replicas_store;
 mod rollout;
 // Knative's contract, with the CloudEvents SDK; the importer of Knative objects.
 mod knative_delivery;

@@ -36,6 +36,7 @@
 
 mod client;
 mod envoy;
+pub mod etcd;
 pub mod faults;
 pub mod front;
 pub mod reload;

@@ -1,16 +1,16 @@
-//! Where a delivery meets [`crate::dedupe`]'s store (Envoy's shared data, through the
-//! [`Host`]) besides the claims `recipients` makes: at configure time (the shard
-//! keys), and when a fan-out ends, sync or async, from whichever context ends it (recording
-//! who took the event, releasing the rest; also when a sync sender goes away).
+//! Dedupe after the calls: when a fan-out ends, sync or async, from whichever context ends
+//! it (also when a sync sender goes away), the claims it made (`claim`) are settled:
+//! who took the event is recorded, the other claims released so that a retry calls them
+//! again. And at configure time, the store made ready (the shard keys).
 //!
-//! Cost per request with dedupe on and a key: the claim's get and set before the calls, one
-//! get and one set after (a retry per CAS conflict with another worker). Off, or without a
-//! key: no host call.
+//! Cost per request with the `envoy` store and a key: one get and one set after the calls
+//! (a retry per CAS conflict with another worker). Off, or without a key: no host call.
 
 use std::hash::BuildHasher;
 
-use crate::config::Config;
-use crate::dedupe::{self, shard_key, update, Event, Limits};
+use super::etcd;
+use super::{create_shards, shard_key, update, Event, Limits};
+use crate::config::{Config, Store};
 use crate::fan_out_state::FanOut;
 use crate::host::{Host, HostStore};
 use crate::metrics::Tally;
@@ -18,13 +18,30 @@ use crate::metrics::Tally;
 /// What a request claimed, to settle when its fan-out ends: carried in the delivery's job, so
 /// that whichever context ends the fan-out (the stream, or the root context for retries and
 /// async deliveries) records it.
-pub struct Redelivery {
+pub struct Claims {
     shard: u32,
     channel: String,
     key: Vec<u8>,
     owner: u64,
     /// Index in the channel and identity of each subscriber this request calls.
     subscribers: Vec<(usize, u64)>,
+    /// In the etcd store: each one's key and our claim value (else in Envoy's, `shard`).
+    etcd: Option<Vec<(Vec<u8>, String)>>,
+}
+
+/// An etcd settle, sent by the root context (Envoy cancels a stream's calls when the stream
+/// ends; the root's outlive it).
+pub struct RemoteSettle {
+    pub cluster: String,
+    pub timeout_ms: u32,
+    /// Keys and the records to put.
+    pub delivered: Vec<(Vec<u8>, String)>,
+    /// Keys and our claims, to delete if still ours.
+    pub released: Vec<(Vec<u8>, String)>,
+    /// When the records lapse: the lease they need lives at least until then.
+    pub until_ms: u64,
+    pub log_id: u32,
+    pub metrics: bool,
 }
 
 /// At configure time: creates the shard keys, so that no request meets a missing one, and
@@ -33,7 +50,17 @@ pub fn prepare<H: Host>(host: &H, config: &Config) {
     let Some(dedupe) = &config.dedupe else {
         return;
     };
-    dedupe::create_shards(&HostStore(host), dedupe);
+    if let Store::Etcd(store) = &dedupe.store {
+        log::info!(
+            "dedupe on {}: events kept {} ms in etcd (cluster {}, keys under {})",
+            dedupe.key,
+            dedupe.ttl_ms,
+            store.cluster,
+            store.prefix
+        );
+        return;
+    }
+    create_shards(&HostStore(host), dedupe);
     let channel_bytes = config.channels.iter().map(|c| c.name.len()).max();
     let subscribers = config.channels.iter().map(|c| c.subscribers.len()).max();
     log::info!(
@@ -53,7 +80,7 @@ pub fn owner_id(context_id: u32, now_ms: u64) -> u64 {
     std::collections::hash_map::RandomState::new().hash_one((context_id, now_ms))
 }
 
-impl Redelivery {
+impl Claims {
     /// The claims a request made on `subscribers` (index in the channel, identity) of the
     /// event `key` of `channel`, in `shard`, as `owner`.
     pub fn new(
@@ -63,12 +90,22 @@ impl Redelivery {
         owner: u64,
         subscribers: Vec<(usize, u64)>,
     ) -> Self {
-        Redelivery {
+        Claims {
             shard,
             channel,
             key,
             owner,
             subscribers,
+            etcd: None,
+        }
+    }
+
+    /// The same claims, made in the etcd store as `marks` (key, claim value; one per
+    /// subscriber, in order).
+    pub fn in_etcd(self, marks: Vec<(Vec<u8>, String)>) -> Self {
+        Claims {
+            etcd: Some(marks),
+            ..self
         }
     }
 }
@@ -77,6 +114,8 @@ impl Redelivery {
 pub struct Settled {
     entries_delta: i64,
     store_error: bool,
+    /// The etcd txn to send from the root context.
+    pub remote: Option<RemoteSettle>,
 }
 
 impl Settled {
@@ -95,7 +134,7 @@ pub fn settle<H: Host>(
     host: &H,
     now: u64,
     config: &Config,
-    claimed: Redelivery,
+    claimed: Claims,
     fanout: &FanOut,
     log_id: u32,
 ) -> Settled {
@@ -103,6 +142,7 @@ pub fn settle<H: Host>(
         return Settled {
             entries_delta: 0,
             store_error: false,
+            remote: None,
         };
     };
     let outcomes: Vec<(u64, bool)> = claimed
@@ -110,6 +150,31 @@ pub fn settle<H: Host>(
         .iter()
         .map(|(index, id)| (*id, fanout.is_delivered(*index)))
         .collect();
+    if let (Some(marks), Store::Etcd(store)) = (&claimed.etcd, &dedupe.store) {
+        let until_ms = now.saturating_add(dedupe.ttl_ms);
+        let mut delivered = Vec::new();
+        let mut released = Vec::new();
+        for ((key, claim), (_, took)) in marks.iter().zip(&outcomes) {
+            if *took {
+                delivered.push((key.clone(), etcd::delivered_value(until_ms)));
+            } else {
+                released.push((key.clone(), claim.clone()));
+            }
+        }
+        return Settled {
+            entries_delta: 0,
+            store_error: false,
+            remote: Some(RemoteSettle {
+                cluster: store.cluster.clone(),
+                timeout_ms: store.timeout_ms,
+                delivered,
+                released,
+                until_ms,
+                log_id,
+                metrics: config.metrics,
+            }),
+        };
+    }
     let event = Event {
         channel: &claimed.channel,
         key: &claimed.key,
@@ -126,6 +191,7 @@ pub fn settle<H: Host>(
         Ok(done) => Settled {
             entries_delta: done.entries_delta,
             store_error: false,
+            remote: None,
         },
         Err(_) => {
             // The claims lapse on their own; deliveries not recorded may be repeated.
@@ -133,6 +199,7 @@ pub fn settle<H: Host>(
             Settled {
                 entries_delta: 0,
                 store_error: true,
+                remote: None,
             }
         }
     }

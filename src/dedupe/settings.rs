@@ -1,10 +1,92 @@
 //! The `dedupe` settings: what names an event, how long and how many events are kept, and
 //! what follows from them at configure time: the shard ring, the memory bound, and every
-//! subscriber's identity in the store. The store itself is the `dedupe`
-//! module's.
+//! subscriber's identity in the store. The configuration (`config`) reads the raw settings
+//! and keeps the validated ones; nothing here imports it.
 
-use super::{ConfigError, RawDedupe, Subscriber};
+#[cfg(test)]
+use serde::Deserialize;
+
 use crate::headers;
+
+/// `"dedupe": {"ttl_ms": 600000, "max_entries": 100000}` (and `"key": "<header>"` to name
+/// events by a header instead of their CloudEvents identity); off when absent.
+#[derive(Debug, Default)]
+#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
+pub struct RawDedupe {
+    pub(crate) key: Option<String>,
+    pub(crate) ttl_ms: Option<u64>,
+    pub(crate) max_entries: Option<u32>,
+    pub(crate) store: Option<RawStore>,
+    pub(crate) on_store_error: Option<OnStoreError>,
+}
+
+/// `"store": "envoy"` or `"store": {"etcd": {...}}`.
+#[derive(Debug)]
+#[cfg_attr(test, derive(Deserialize), serde(rename_all = "lowercase"))]
+pub enum RawStore {
+    Envoy,
+    Etcd(RawEtcd),
+}
+
+/// `{"cluster": "etcd", "prefix": "/fanout/", "timeout_ms": 250}`.
+#[derive(Debug, Default)]
+#[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
+pub struct RawEtcd {
+    pub(crate) cluster: Option<String>,
+    pub(crate) prefix: Option<String>,
+    pub(crate) timeout_ms: Option<u32>,
+}
+
+/// Where the records and claims are kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Store {
+    /// Envoy's shared data: one process, all its workers.
+    #[default]
+    Envoy,
+    /// An etcd cluster: every replica, across restarts.
+    Etcd(EtcdStore),
+}
+
+/// The validated `store.etcd`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdStore {
+    /// The Envoy cluster of etcd's members.
+    pub cluster: String,
+    /// Every key fanout writes starts with it.
+    pub prefix: String,
+    /// Per etcd call.
+    pub timeout_ms: u32,
+}
+
+/// What an event gets when the store cannot answer (`on_store_error`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(test, derive(Deserialize), serde(rename_all = "lowercase"))]
+pub enum OnStoreError {
+    /// Everyone is called, as if dedupe were off.
+    #[default]
+    Deliver,
+    /// 503 with `retry-after`, nobody called.
+    Reject,
+}
+
+pub const DEFAULT_ETCD_PREFIX: &str = "/fanout/";
+pub const DEFAULT_ETCD_TIMEOUT_MS: u32 = 250;
+
+/// A `dedupe` setting refused: the field's path and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub path: String,
+    pub message: String,
+}
+
+impl Invalid {
+    fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Invalid {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
 
 /// Events per shard at most: bounds the bytes copied per store access.
 pub const SHARD_CAPACITY: u32 = 32;
@@ -22,6 +104,8 @@ pub struct DedupeConfig {
     pub key: Identity,
     pub ttl_ms: u64,
     pub max_entries: u32,
+    pub store: Store,
+    pub on_store_error: OnStoreError,
 }
 
 /// What names an event for `dedupe`.
@@ -101,17 +185,20 @@ impl Fnv {
 /// target (cluster, authority, path, its own headers), so that records survive a
 /// configuration update that reorders or adds subscribers. Two identical subscribers get
 /// different identities (the second hashes its occurrence too).
-pub fn subscriber_ids(subscribers: &[Subscriber]) -> Vec<u64> {
+/// Each subscriber is given as its cluster and its own headers.
+pub fn subscriber_ids<'a>(
+    subscribers: impl ExactSizeIterator<Item = (&'a str, &'a [(String, String)])>,
+) -> Vec<u64> {
     let mut ids: Vec<u64> = Vec::with_capacity(subscribers.len());
-    for sub in subscribers {
+    for (cluster, call_headers) in subscribers {
         let mut h = Fnv::new();
-        for (name, value) in &sub.call_headers {
+        for (name, value) in call_headers {
             h.write(name.as_bytes());
             h.write(&[0]);
             h.write(value.as_bytes());
             h.write(&[0]);
         }
-        h.write(sub.cluster.as_bytes());
+        h.write(cluster.as_bytes());
         let mut id = h.finish();
         let mut occurrence = 0u8;
         while ids.contains(&id) {
@@ -129,13 +216,13 @@ pub const DEFAULT_DEDUPE_TTL_MS: u64 = 600_000;
 pub const DEFAULT_DEDUPE_MAX_ENTRIES: u32 = 100_000;
 
 impl RawDedupe {
-    pub(super) fn validate(self) -> Result<DedupeConfig, ConfigError> {
+    pub fn validate(self) -> Result<DedupeConfig, Invalid> {
         let key = match self.key {
             None => Identity::CloudEvent,
             Some(name) => {
                 let name = name.to_ascii_lowercase();
                 if name.is_empty() || !name.bytes().all(headers::is_token_byte) {
-                    return Err(ConfigError::new(
+                    return Err(Invalid::new(
                         "dedupe.key",
                         format!(
                             "\"{name}\" is not a header name, e.g. \"x-event-id\" (leave `key` out \
@@ -148,22 +235,62 @@ impl RawDedupe {
         };
         let ttl_ms = self.ttl_ms.unwrap_or(DEFAULT_DEDUPE_TTL_MS);
         if !(1..=MAX_TTL_MS).contains(&ttl_ms) {
-            return Err(ConfigError::new(
+            return Err(Invalid::new(
                 "dedupe.ttl_ms",
                 format!("must be from 1 to {MAX_TTL_MS} (7 days), got {ttl_ms}"),
             ));
         }
         let max_entries = self.max_entries.unwrap_or(DEFAULT_DEDUPE_MAX_ENTRIES);
         if !(1..=MAX_ENTRIES_LIMIT).contains(&max_entries) {
-            return Err(ConfigError::new(
+            return Err(Invalid::new(
                 "dedupe.max_entries",
                 format!("must be from 1 to {MAX_ENTRIES_LIMIT}, got {max_entries}"),
             ));
         }
+        let store = match self.store {
+            None | Some(RawStore::Envoy) => Store::Envoy,
+            Some(RawStore::Etcd(etcd)) => Store::Etcd(etcd.validate()?),
+        };
         Ok(DedupeConfig {
             key,
             ttl_ms,
             max_entries,
+            store,
+            on_store_error: self.on_store_error.unwrap_or_default(),
+        })
+    }
+}
+
+impl RawEtcd {
+    fn validate(self) -> Result<EtcdStore, Invalid> {
+        const AT: &str = "dedupe.store.etcd";
+        let cluster = match self.cluster {
+            Some(cluster) if !cluster.is_empty() => cluster,
+            _ => {
+                return Err(Invalid::new(
+                    format!("{AT}.cluster"),
+                    "required: the Envoy cluster of the etcd members",
+                ))
+            }
+        };
+        let prefix = self.prefix.unwrap_or_else(|| DEFAULT_ETCD_PREFIX.into());
+        if !prefix.starts_with('/') {
+            return Err(Invalid::new(
+                format!("{AT}.prefix"),
+                format!("must start with \"/\", got \"{prefix}\""),
+            ));
+        }
+        let timeout_ms = self.timeout_ms.unwrap_or(DEFAULT_ETCD_TIMEOUT_MS);
+        if timeout_ms == 0 {
+            return Err(Invalid::new(
+                format!("{AT}.timeout_ms"),
+                "must be at least 1 (ms, per etcd call)",
+            ));
+        }
+        Ok(EtcdStore {
+            cluster,
+            prefix,
+            timeout_ms,
         })
     }
 }
@@ -182,6 +309,8 @@ mod tests {
                 key: Identity::CloudEvent,
                 ttl_ms: 1,
                 max_entries,
+                store: Store::Envoy,
+                on_store_error: OnStoreError::Deliver,
             };
             let total: usize = (0..config.shards()).map(|s| config.capacity(s)).sum();
             assert_eq!(total, max_entries as usize);
@@ -191,6 +320,8 @@ mod tests {
             key: Identity::CloudEvent,
             ttl_ms: 1,
             max_entries: 100_000,
+            store: Store::Envoy,
+            on_store_error: OnStoreError::Deliver,
         };
         assert_eq!(config.shards(), 3125);
         // 100 000 events, channel names up to 32 bytes, 5 subscribers: about 42 MB at most.

@@ -1,0 +1,302 @@
+//! Dedupe before the calls: for each subscriber a request would call, whether it already
+//! took the event (skip it), another request is calling it right now (skip it, 409), or this
+//! request claims it and calls it. The claims are settled when the fan-out ends
+//! (`settle`).
+//!
+//! Cost with the `envoy` store and a key: one get and one set of the event's shard (a retry
+//! per CAS conflict with another worker); a request whose subscribers all already have the
+//! event costs one get. With the `etcd` store: one etcd txn, made from the stream's
+//! context, which waits for its answer ([`Claim::Ask`], then [`answered`]). Off, or
+//! without a key: no host call.
+
+use std::time::Duration;
+
+use crate::answer::Answer;
+use crate::config::{Channel, Config, EtcdStore, OnStoreError, Store};
+use crate::fan_out_state::FanOut;
+use crate::host::{Host, HostStore};
+use crate::telemetry::Counter;
+
+use super::etcd::{self, ClaimOp, StoreError};
+pub use super::settle::{owner_id, Claims};
+use super::{shard_key, update, Event as StoredEvent, Limits, Seen, CLAIM_MARGIN_MS};
+
+/// The request, as far as its claims need it.
+pub struct Asking<'a> {
+    /// Its context id, for log lines.
+    pub log_id: u32,
+    /// When its headers came, on the host's clock: the claims' time.
+    pub started_ms: u64,
+    pub channel: &'a Channel,
+    /// The event's identity in the store; `None`: it has none.
+    pub key: Option<&'a [u8]>,
+}
+
+/// What the claims of a request came to.
+pub enum Claim {
+    /// Decided: the claims to settle when the fan-out ends (`None`: nothing claimed, or
+    /// dedupe does not apply; `fanout` is marked).
+    Done(Option<Claims>),
+    /// The etcd store must be asked first: send this, then [`answered`].
+    Ask(Ask),
+    /// The store cannot answer: [`store_failed`] says what the event gets.
+    Failed(StoreError),
+}
+
+/// An etcd claim to send, and what reading its answer needs.
+pub struct Ask {
+    pub cluster: String,
+    pub body: String,
+    pub timeout: Duration,
+    channel: String,
+    key: Vec<u8>,
+    owner: u64,
+    /// Index in the channel and identity of each subscriber asked for, in the txn's order.
+    subscribers: Vec<(usize, u64)>,
+    /// Each one's key and our claim value.
+    marks: Vec<(Vec<u8>, String)>,
+}
+
+impl Ask {
+    /// The headers of the gateway call.
+    pub fn headers(&self) -> Vec<(&str, &str)> {
+        etcd_headers(&self.cluster)
+    }
+}
+
+/// The headers of a call to etcd's gateway.
+pub fn etcd_headers(cluster: &str) -> Vec<(&str, &str)> {
+    vec![
+        (":method", "POST"),
+        (":path", etcd::TXN_PATH),
+        (":authority", cluster),
+        ("content-type", "application/json"),
+    ]
+}
+
+/// `dedupe`, before the calls: for each subscriber in `wanted` (those its filter did not
+/// skip), marks it in `fanout` as already delivered, or as being delivered by another
+/// request, or claims it for this request (left ready to call). Returns the claims to settle
+/// when the fan-out ends, or the etcd txn to ask first. Changes nothing (everyone wanted is
+/// called) when dedupe is off, the request has no key, or the store cannot be updated.
+/// `lease` gives the etcd lease that lives at least until the given time, if one is held.
+pub fn claim<H: Host>(
+    host: &H,
+    counter: &Counter,
+    config: &Config,
+    request: &Asking<'_>,
+    wanted: &[usize],
+    fanout: &mut FanOut,
+    lease: impl FnOnce(u64) -> Option<i64>,
+) -> Claim {
+    let Some(dedupe) = config.dedupe.as_ref() else {
+        return Claim::Done(None);
+    };
+    let channel = request.channel;
+    let Some(key) = request.key else {
+        counter.count(host, |tally| tally.dedupe_missing_key());
+        return Claim::Done(None);
+    };
+    if wanted.is_empty() {
+        return Claim::Done(None);
+    }
+    // The request's start, read when its headers came: no clock read of its own.
+    let now = request.started_ms;
+    let mut ids = Vec::with_capacity(wanted.len());
+    let mut until = Vec::with_capacity(wanted.len());
+    for &index in wanted {
+        let Some(sub) = channel.subscribers.get(index) else {
+            return Claim::Done(None);
+        };
+        ids.push(sub.dedupe_id);
+        // Retries, a dead letter and a reply all happen under the claim.
+        until.push(
+            now.saturating_add(sub.worst_case_ms())
+                .saturating_add(CLAIM_MARGIN_MS),
+        );
+    }
+    let owner = owner_id(request.log_id, now);
+    if let Store::Etcd(store) = &dedupe.store {
+        let longest = until.iter().copied().max().unwrap_or(now);
+        let Some(lease) = lease(longest) else {
+            return Claim::Failed(StoreError("no etcd lease granted yet".into()));
+        };
+        return Claim::Ask(ask(
+            store,
+            channel,
+            key,
+            owner,
+            wanted.iter().copied().zip(ids).collect(),
+            &until,
+            lease,
+            now,
+        ));
+    }
+    let event = StoredEvent {
+        channel: &channel.name,
+        key,
+    };
+    let shard = dedupe.shard_of(&channel.name, key);
+    let limits = Limits {
+        capacity: dedupe.capacity(shard),
+        ttl_ms: dedupe.ttl_ms,
+    };
+    let claimed = update(&HostStore(host), &shard_key(shard), |s| {
+        s.claim(&event, &ids, &until, owner, now, limits)
+    });
+    let done = match claimed {
+        Ok(done) => done,
+        Err(contended) => {
+            log::warn!(
+                "[#{}] dedupe: the store stayed contended after {} host calls; \
+                 delivering to every subscriber",
+                request.log_id,
+                contended.store_calls
+            );
+            counter.count(host, |tally| tally.dedupe_store_error());
+            return Claim::Done(None);
+        }
+    };
+    if done.replaced_corrupt {
+        log::warn!(
+            "[#{}] dedupe: replaced an unreadable shard {shard}",
+            request.log_id
+        );
+    }
+    let delta = done.entries_delta;
+    counter.count(host, |tally| tally.dedupe_entries(delta));
+    let subscribers: Vec<(usize, u64)> = wanted.iter().copied().zip(ids).collect();
+    let claimed = mark(host, counter, fanout, &subscribers, &done.value);
+    Claim::Done(
+        (!claimed.is_empty())
+            .then(|| Claims::new(shard, channel.name.clone(), key.to_vec(), owner, claimed)),
+    )
+}
+
+/// Marks each subscriber in `fanout` as `seen` says, counts the skipped ones, and returns
+/// those claimed.
+fn mark<H: Host>(
+    host: &H,
+    counter: &Counter,
+    fanout: &mut FanOut,
+    subscribers: &[(usize, u64)],
+    seen: &[Seen],
+) -> Vec<(usize, u64)> {
+    let already = seen
+        .iter()
+        .filter(|s| **s == Seen::AlreadyDelivered)
+        .count();
+    let in_progress = seen.iter().filter(|s| **s == Seen::InProgress).count();
+    counter.count(host, |tally| tally.dedupe_skipped(already, in_progress));
+    let mut claimed = Vec::new();
+    for (&(index, id), s) in subscribers.iter().zip(seen) {
+        match s {
+            Seen::Deliver => claimed.push((index, id)),
+            Seen::AlreadyDelivered => fanout.already_delivered(index),
+            Seen::InProgress => fanout.in_progress_elsewhere(index),
+        }
+    }
+    claimed
+}
+
+#[allow(clippy::too_many_arguments)]
+fn ask(
+    store: &EtcdStore,
+    channel: &Channel,
+    key: &[u8],
+    owner: u64,
+    subscribers: Vec<(usize, u64)>,
+    until: &[u64],
+    lease: i64,
+    now: u64,
+) -> Ask {
+    let marks: Vec<(Vec<u8>, String)> = subscribers
+        .iter()
+        .zip(until)
+        .map(|(&(_, id), &until)| {
+            (
+                etcd::key(&store.prefix, &channel.name, key, id),
+                etcd::claim_value(until, owner),
+            )
+        })
+        .collect();
+    let ops: Vec<ClaimOp<'_>> = marks
+        .iter()
+        .map(|(key, value)| ClaimOp { key, value })
+        .collect();
+    Ask {
+        cluster: store.cluster.clone(),
+        body: etcd::claim_body(&ops, lease, now),
+        timeout: Duration::from_millis(u64::from(store.timeout_ms)),
+        channel: channel.name.clone(),
+        key: key.to_vec(),
+        owner,
+        subscribers,
+        marks,
+    }
+}
+
+/// etcd answered the claim `ask` (`status` `None`: no answer came): marks `fanout` and
+/// returns the claims to settle, or why the store failed.
+pub fn answered<H: Host>(
+    host: &H,
+    counter: &Counter,
+    ask: Ask,
+    status: Option<u16>,
+    body: &[u8],
+    fanout: &mut FanOut,
+) -> Result<Option<Claims>, StoreError> {
+    let answer = etcd::read_answer(status, body)?;
+    let seen = etcd::read_claim(&answer, ask.subscribers.len())?;
+    let claimed = mark(host, counter, fanout, &ask.subscribers, &seen);
+    let marks: Vec<(Vec<u8>, String)> = ask
+        .marks
+        .into_iter()
+        .zip(&seen)
+        .filter(|(_, s)| **s == Seen::Deliver)
+        .map(|(mark, _)| mark)
+        .collect();
+    Ok((!claimed.is_empty())
+        .then(|| Claims::new(0, ask.channel, ask.key, ask.owner, claimed).in_etcd(marks)))
+}
+
+/// The store failed for a request: counted; one warning per 10 s at most (`warn` says
+/// whether this one is logged, and how many were not since the last). With
+/// `on_store_error: deliver` everyone is called as if dedupe were off (`Ok`); with `reject`,
+/// the 503 to answer, nobody called.
+pub fn store_failed<H: Host>(
+    host: &H,
+    counter: &Counter,
+    config: &Config,
+    log_id: u32,
+    error: &StoreError,
+    warn: impl FnOnce() -> Option<u32>,
+) -> Result<(), Answer> {
+    counter.count(host, |tally| tally.dedupe_store_error());
+    let reject = config
+        .dedupe
+        .as_ref()
+        .is_some_and(|d| d.on_store_error == OnStoreError::Reject);
+    let what = if reject {
+        "answering 503"
+    } else {
+        "delivering to every subscriber"
+    };
+    if let Some(unlogged) = warn() {
+        let earlier = if unlogged > 0 {
+            format!(" ({unlogged} more since the last warning)")
+        } else {
+            String::new()
+        };
+        log::warn!("[#{log_id}] dedupe: the etcd store failed: {error}; {what}{earlier}");
+    }
+    if reject {
+        Err(Answer::rejected(
+            503,
+            "the dedupe store cannot be reached; nobody was called, try again",
+        )
+        .with_header("retry-after", "1".to_string()))
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,303 @@
+//! The etcd store's side of one VM, kept by the root context: the leases granted ahead of
+//! need, the settles owed (queued by whichever context ended a fan-out, sent by the root's
+//! timer, since Envoy cancels a stream's calls when the stream ends), and the store-error
+//! warnings (one per 10 s at most).
+
+use std::cell::RefCell;
+use std::time::Duration;
+
+use super::claim::etcd_headers;
+use super::etcd::{self, Family, Leases, StoreError};
+use super::settle::RemoteSettle;
+use super::CLAIM_MARGIN_MS;
+use crate::call::Failure;
+use crate::config::{Config, EtcdStore, Store};
+use crate::host::Host;
+use crate::telemetry::Telemetry;
+
+/// At most one store-error warning per this long.
+const WARNING_EVERY_MS: u64 = 10_000;
+
+/// The VM's etcd state.
+#[derive(Default)]
+pub struct Remote {
+    pub leases: Leases,
+    families: Vec<Family>,
+    /// Settles to send at the next tick.
+    queued: Vec<RemoteSettle>,
+    /// Settles sent: token, context id (for log lines), whether counted in the metrics.
+    in_flight: Vec<(u32, u32, bool)>,
+    last_warning_ms: Option<u64>,
+    unlogged: u32,
+}
+
+/// What an answer to one of the root's etcd calls came to.
+pub enum Answered {
+    /// A lease grant: nothing to count.
+    Grant,
+    /// A settle that was applied; `metrics`: its configuration counts.
+    Settled { metrics: bool },
+    /// A settle that failed: counted as a store error.
+    SettleFailed { metrics: bool },
+}
+
+/// Settles that ended at once when sent (no lease, refused at dispatch), each a store error:
+/// how many, of configurations with metrics on.
+pub struct NotSent {
+    pub counted: u32,
+}
+
+impl Remote {
+    /// The lease kinds of a (new) configuration: records (`ttl_ms`) and claims (the longest
+    /// delivery and a margin). Leases of other kinds are dropped (they expire in etcd).
+    pub fn configure(&mut self, families: Vec<Family>) {
+        if self.families != families {
+            self.leases.forget();
+            self.families = families;
+        }
+    }
+
+    /// A settle owed, sent at the next tick.
+    pub fn queue(&mut self, settle: RemoteSettle) {
+        self.queued.push(settle);
+    }
+
+    /// Settles queued or in flight: work the process still owes.
+    pub fn owed(&self) -> usize {
+        self.queued.len() + self.in_flight.len()
+    }
+
+    /// Whether to log a store-error warning now; if so, how many were not logged since.
+    pub fn warn(&mut self, now_ms: u64) -> Option<u32> {
+        match self.last_warning_ms {
+            Some(last) if now_ms.saturating_sub(last) < WARNING_EVERY_MS => {
+                self.unlogged = self.unlogged.saturating_add(1);
+                None
+            }
+            _ => {
+                self.last_warning_ms = Some(now_ms);
+                Some(std::mem::take(&mut self.unlogged))
+            }
+        }
+    }
+
+    /// Asks for the leases due (the root context is the current one). Returns the first
+    /// refusal at dispatch (`on_configure` refuses a cluster Envoy does not have).
+    pub fn grant<H: Host>(
+        &mut self,
+        host: &H,
+        now_ms: u64,
+        store: &EtcdStore,
+    ) -> Result<(), crate::call::Failure> {
+        let families = self.families.clone();
+        for grant in self.leases.wanted(now_ms, &families) {
+            let mut headers = etcd_headers(&store.cluster);
+            if let Some(path) = headers.iter_mut().find(|(name, _)| *name == ":path") {
+                path.1 = etcd::GRANT_PATH;
+            }
+            let timeout = Duration::from_millis(u64::from(store.timeout_ms));
+            match host.dispatch(&store.cluster, headers, grant.body.as_bytes(), timeout) {
+                Ok(token) => self.leases.asked(grant.until_ms, token),
+                Err(failure) => {
+                    self.leases.not_sent(now_ms);
+                    return Err(failure);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the settles queued (the root context is the current one); returns those that
+    /// failed at once (no lease, refused at dispatch), each counted as a store error.
+    pub fn send_settles<H: Host>(&mut self, host: &H, now_ms: u64) -> NotSent {
+        let mut failed = 0;
+        for settle in std::mem::take(&mut self.queued) {
+            let lease = if settle.delivered.is_empty() {
+                Some(0)
+            } else {
+                self.leases.pick(settle.until_ms)
+            };
+            let Some(lease) = lease else {
+                self.settle_failed(
+                    settle.log_id,
+                    &StoreError("no etcd lease for the records".into()),
+                    now_ms,
+                );
+                failed += u32::from(settle.metrics);
+                continue;
+            };
+            let delivered: Vec<(&[u8], &str)> = settle
+                .delivered
+                .iter()
+                .map(|(k, v)| (k.as_slice(), v.as_str()))
+                .collect();
+            let released: Vec<(&[u8], &str)> = settle
+                .released
+                .iter()
+                .map(|(k, v)| (k.as_slice(), v.as_str()))
+                .collect();
+            let body = etcd::settle_body(&delivered, &released, lease);
+            let timeout = Duration::from_millis(u64::from(settle.timeout_ms));
+            match host.dispatch(
+                &settle.cluster,
+                etcd_headers(&settle.cluster),
+                body.as_bytes(),
+                timeout,
+            ) {
+                Ok(token) => self.in_flight.push((token, settle.log_id, settle.metrics)),
+                Err(failure) => {
+                    self.settle_failed(
+                        settle.log_id,
+                        &StoreError(format!("refused at dispatch: {failure}")),
+                        now_ms,
+                    );
+                    failed += u32::from(settle.metrics);
+                }
+            }
+        }
+        NotSent { counted: failed }
+    }
+
+    fn settle_failed(&mut self, log_id: u32, error: &StoreError, now_ms: u64) {
+        if error.lease_lost() {
+            self.leases.forget();
+        }
+        if let Some(unlogged) = self.warn(now_ms) {
+            let earlier = if unlogged > 0 {
+                format!(" ({unlogged} more since the last warning)")
+            } else {
+                String::new()
+            };
+            log::warn!(
+                "[#{log_id}] dedupe: could not record the outcome in etcd: {error}; its \
+                 claims lapse on their own, its deliveries may be repeated{earlier}"
+            );
+        }
+    }
+
+    /// The answer to call `token`, if it is one of the root's etcd calls (`status` `None`:
+    /// no answer came).
+    pub fn on_response(
+        &mut self,
+        token: u32,
+        status: impl FnOnce() -> Option<u16>,
+        body: impl FnOnce() -> Vec<u8>,
+        now: impl FnOnce() -> u64,
+    ) -> Option<Answered> {
+        if self.leases.is_grant(token) {
+            let result = etcd::read_answer(status(), &body()).and_then(|a| etcd::read_grant(&a));
+            if let Err(error) = &result {
+                log::debug!("dedupe: etcd lease grant failed: {error}");
+            }
+            let failed = result.is_err();
+            self.leases
+                .granted(token, result, if failed { now() } else { 0 });
+            return Some(Answered::Grant);
+        }
+        let at = self.in_flight.iter().position(|(t, _, _)| *t == token)?;
+        let (_, log_id, metrics) = self.in_flight.swap_remove(at);
+        match etcd::read_answer(status(), &body()).and_then(|a| etcd::read_txn_ok(&a)) {
+            Ok(()) => Some(Answered::Settled { metrics }),
+            Err(error) => {
+                self.settle_failed(log_id, &error, now());
+                Some(Answered::SettleFailed { metrics })
+            }
+        }
+    }
+}
+
+/// At configure time: the etcd store's lease kinds of `config`; the leases are granted by the
+/// timer. (Not here: Envoy's main-thread VM is configured before its clusters are ready, and
+/// refuses a call to any cluster then, known or not; so a cluster Envoy does not have cannot
+/// be told at configure time, and is reported by the timer instead.)
+pub fn prepare(remote: &mut Remote, config: &Config) {
+    let Some(dedupe) = &config.dedupe else {
+        return;
+    };
+    if !matches!(dedupe.store, Store::Etcd(_)) {
+        return;
+    }
+    let longest = config
+        .channels
+        .iter()
+        .flat_map(|c| &c.subscribers)
+        .map(|s| s.worst_case_ms())
+        .max()
+        .unwrap_or(0);
+    let families = vec![
+        Family::for_horizon(dedupe.ttl_ms),
+        Family::for_horizon(longest.saturating_add(CLAIM_MARGIN_MS)),
+    ];
+    remote.configure(families);
+}
+
+/// The root context's timer (the root is the current context): the leases due, the settles
+/// owed. Nothing unless `config` uses the etcd store.
+pub fn tick<H: Host>(
+    host: &H,
+    now: u64,
+    config: Option<&Config>,
+    remote: &mut Remote,
+    telemetry: &RefCell<Telemetry>,
+) {
+    let Some(Store::Etcd(store)) = config.and_then(|c| c.dedupe.as_ref()).map(|d| &d.store) else {
+        return;
+    };
+    if let Err(Failure::DispatchError { detail }) = remote.grant(host, now, store) {
+        if remote.warn(now).is_some() {
+            log::error!(
+                "dedupe.store.etcd.cluster: Envoy refused a call to \"{}\" ({detail}); \
+                 every event is treated as a store error (on_store_error)",
+                store.cluster
+            );
+        }
+    }
+    let failed = remote.send_settles(host, now).counted;
+    if failed > 0 {
+        if let Ok(mut telemetry) = telemetry.try_borrow_mut() {
+            for _ in 0..failed {
+                telemetry.tally.dedupe_store_error();
+                telemetry.tally.owed(-1);
+            }
+        }
+    }
+}
+
+/// An answer delivered to the root context: taken if it is one of the etcd store's calls (a
+/// lease grant, a settle), and false if it is not.
+pub fn on_response<H: Host>(
+    host: &H,
+    token: u32,
+    num_headers: usize,
+    body_size: usize,
+    remote: &mut Remote,
+    telemetry: &RefCell<Telemetry>,
+) -> bool {
+    let answered = remote.on_response(
+        token,
+        || (num_headers > 0).then(|| host.call_status()).flatten(),
+        || {
+            if body_size > 0 {
+                host.call_body(body_size)
+            } else {
+                Vec::new()
+            }
+        },
+        || host.now_ms(),
+    );
+    let (metrics, failed) = match answered {
+        None => return false,
+        Some(Answered::Grant) => return true,
+        Some(Answered::Settled { metrics }) => (metrics, false),
+        Some(Answered::SettleFailed { metrics }) => (metrics, true),
+    };
+    if metrics {
+        if let Ok(mut telemetry) = telemetry.try_borrow_mut() {
+            telemetry.tally.owed(-1);
+            if failed {
+                telemetry.tally.dedupe_store_error();
+            }
+        }
+    }
+    true
+}
