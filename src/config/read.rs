@@ -103,19 +103,18 @@ impl RawDedupe {
     }
 }
 
-/// `"envoy"`, or `{"etcd": {...}}`: serde's externally tagged enum.
+/// `"envoy"`, or `{"etcd": {...}}`: serde's externally tagged enum. (Its errors are worded
+/// here: serde's `Unexpected` would bring float formatting into the module.)
 fn read_store(at: At) -> Result<RawStore, PathError> {
     const VARIANTS: &[&str] = &["envoy", "etcd"];
+    let custom = |message: &str| at.fail(<serde_json::Error as serde::de::Error>::custom(message));
     if matches!(at.node(), Node::Str(_)) {
-        return at
-            .variant("enum RawStore", VARIANTS, &[0u8, 1])
-            .and_then(|v| match v {
-                0 => Ok(RawStore::Envoy),
-                _ => Err(at.fail(serde::de::Error::invalid_type(
-                    serde::de::Unexpected::UnitVariant,
-                    &"newtype variant",
-                ))),
-            });
+        return match at.variant("enum RawStore", VARIANTS, &[0u8, 1])? {
+            0 => Ok(RawStore::Envoy),
+            _ => Err(custom(
+                "the etcd store needs its settings: {\"etcd\": {\"cluster\": ...}}",
+            )),
+        };
     }
     let mut store = None;
     at.object("enum RawStore", VARIANTS, &mut |name, at| {
@@ -125,12 +124,7 @@ fn read_store(at: At) -> Result<RawStore, PathError> {
         });
         Ok(())
     })?;
-    store.ok_or_else(|| {
-        at.fail(serde::de::Error::invalid_length(
-            0,
-            &"an object of one entry: the store's name",
-        ))
-    })
+    store.ok_or_else(|| custom("expected \"envoy\" or {\"etcd\": {...}}"))
 }
 
 impl RawEtcd {
