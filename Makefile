@@ -17,6 +17,9 @@ CARGO ?= cargo
 # The CloudEvents Python SDK: the e2e tests use it as a real client sends and a real
 # dead-letter consumer reads (installed into the Envoy venv by `make sdk`).
 CLOUDEVENTS_SDK_VERSION ?= 2.2.0
+# Python's jsonschema, in the same venv: tests/e2e/shipped_configs.rs checks the shipped
+# Kubernetes resources against their CRDs' schemas with it (tools/check-k8s-schema.py).
+JSONSCHEMA_VERSION ?= 4.26.0
 
 WASM := target/wasm32-wasip1/release/fanout.wasm
 VENV := .venv/$(ENVOY_VERSION)
@@ -111,10 +114,53 @@ sdk: $(SDK_STAMP)
 $(SDK_STAMP): $(ENVOY_BIN)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check "cloudevents==$(CLOUDEVENTS_SDK_VERSION)"
 	@touch $@
+JSONSCHEMA_STAMP := $(VENV)/.jsonschema-$(JSONSCHEMA_VERSION)
+.PHONY: jsonschema
+jsonschema: $(JSONSCHEMA_STAMP)
+$(JSONSCHEMA_STAMP): $(ENVOY_BIN)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check "jsonschema==$(JSONSCHEMA_VERSION)"
+	@touch $@
 
 $(WASM_BINDGEN_RUNNER):
 	$(CARGO) install --quiet --root $(WASM_BINDGEN_ROOT) wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION)
 	@touch $@
+
+# The OCI image of the shipped module (README: "Deploying: the image"), in the "compat" Wasm
+# image form Istio's WasmPlugin and Envoy Gateway's EnvoyExtensionPolicy load: one
+# application/vnd.oci.image.layer.v1.tar+gzip layer holding plugin.wasm. Written as an OCI
+# layout by tools/oci-image.py (reproducible: the same module gives the same digest), pushed by
+# skopeo (Debian's, installed with apt-get like the other system tools).
+#   make image                                   -> $(IMAGE_LAYOUT) (+ .digest)
+#   make push IMAGE=host[:port]/repo:tag [TLS_VERIFY=false]
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)
+IMAGE_LAYOUT := target/oci/fanout
+IMAGE_TAG ?= $(VERSION)
+IMAGE_REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+IMAGE_SOURCE ?= $(shell git remote get-url origin 2>/dev/null)
+IMAGE_LICENSES := $(shell sed -n 's/^license = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)
+TLS_VERIFY ?= true
+SKOPEO ?= skopeo
+.PHONY: image push skopeo
+image: build
+	$(PYTHON) tools/oci-image.py --wasm $(WASM) --out $(IMAGE_LAYOUT) --tag $(IMAGE_TAG) \
+	  --version $(VERSION) --revision "$(IMAGE_REVISION)" --licenses "$(IMAGE_LICENSES)" --source "$(IMAGE_SOURCE)"
+push: image skopeo
+	@test -n "$(IMAGE)" || { echo 'usage: make push IMAGE=host[:port]/repo:tag [TLS_VERIFY=false]' >&2; exit 2; }
+	$(SKOPEO) copy --quiet --preserve-digests --dest-tls-verify=$(TLS_VERIFY) \
+	  oci:$(IMAGE_LAYOUT):$(IMAGE_TAG) docker://$(IMAGE)
+	@echo "pushed $(IMAGE)@$$(cat $(IMAGE_LAYOUT).digest)"
+skopeo:
+	@command -v $(SKOPEO) >/dev/null || $(call apt_install,skopeo)
+# The registry tests/e2e/image.rs pushes to (the CNCF distribution registry, on loopback).
+.PHONY: registry
+registry:
+	@command -v docker-registry >/dev/null || $(call apt_install,docker-registry)
+
+# apt_install PACKAGES: Debian's packages, for the targets that need a system tool.
+apt_install = { command -v apt-get >/dev/null || { echo "install $(1) (Debian/Ubuntu: apt-get install $(1))" >&2; exit 1; }; \
+  echo "apt-get install $(1)"; \
+  { apt-get install -y --no-install-recommends $(1) >/dev/null 2>&1 \
+    || { apt-get update -qq && apt-get install -y --no-install-recommends $(1) >/dev/null; }; }; }
 
 run: build envoy
 	@./examples/demo.sh
@@ -136,13 +182,13 @@ test-wasm: targets $(WASM_BINDGEN_RUNNER)
 	  $(CARGO) test --lib --no-default-features --target wasm32-unknown-unknown
 
 # The real Envoy with the built filter and real subscribers on loopback.
-test-e2e: build envoy sdk
+test-e2e: build envoy sdk jsonschema skopeo registry
 	$(CARGO) test --test e2e
 
 # The e2e suite in both body_wait modes, on the pinned Envoy and on the oldest one offered.
-# (tests/e2e/shipped_configs.rs checks the shipped files against the pinned version, so it is left out,
+# (tests/e2e/shipped_configs.rs and image.rs check the shipped files against the pinned version, so they are left out,
 # with the hostile conditions, live reload, the soak, the importer and the harness's self-checks.)
-COMPAT_TESTS := --test e2e -- --skip shipped_configs:: --skip faults:: --skip reload:: --skip soak:: \
+COMPAT_TESTS := --test e2e -- --skip shipped_configs:: --skip image:: --skip faults:: --skip reload:: --skip soak:: \
   --skip knative_import:: --skip harness_selftest::
 test-compat: build sdk
 	$(MAKE) --no-print-directory envoy ENVOY_VERSION=$(ENVOY_OLDEST)

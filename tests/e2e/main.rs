@@ -25,6 +25,7 @@ mod knative_ingress;
 // Hostile conditions and the soak.
 mod faults;
 mod soak;
-// The shipped configurations and the demo; the harness's own checks.
+// The shipped configurations, the image and the demo; the harness's own checks.
 mod harness_selftest;
+mod image;
 mod shipped_configs;
