@@ -186,6 +186,12 @@ test-wasm: targets
 test-e2e: build envoy sdk jsonschema skopeo registry
 	$(CARGO) test --test e2e
 
+# The docker-compose demo for real (tools/test-compose.sh): needs Docker and compose v2, so not
+# part of `make test`; .ci/run runs it where `docker info` works.
+.PHONY: test-compose
+test-compose:
+	@tools/test-compose.sh
+
 # The e2e suite in both body_wait modes, on the pinned Envoy and on the oldest one offered.
 # (tests/e2e/shipped_configs.rs and image.rs check the shipped files against the pinned version, so they are left out,
 # with the hostile conditions, live reload, the soak, the importer and the harness's self-checks.)
