@@ -26,11 +26,11 @@ stage() { # stage NAME CMD...: run CMD, print "== NAME N s", stop everything if 
 
 mkdir -p target
 tools_start=$SECONDS
-$M test-tools >target/test-tools.log 2>&1 &
+($M test-tools >target/test-tools.log 2>&1 && echo $((SECONDS - tools_start)) >target/test-tools.time) &
 tools_pid=$!
 wait_tools() {
   if wait "$tools_pid"; then
-    echo "== tools $((SECONDS - tools_start)) s (in the background, since the start)"
+    echo "== tools $(cat target/test-tools.time) s (in the background, from the start)"
   else
     cat target/test-tools.log
     echo "== tools FAILED (make test-tools; total $((SECONDS - t0)) s)"
