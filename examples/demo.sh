@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fanout demo, as run by `make run`.
 #
-# Starts three demo subscribers (examples/subscriber.rs) and Envoy with envoy/envoy.yaml and the
+# Starts three demo subscribers (examples/subscriber/) and Envoy with envoy/envoy.yaml and the
 # fanout filter, sends one CloudEvent, shows what each subscriber got and fanout's answer, then
 # stays up (printing every further event) until Ctrl-C, which stops everything it started.
 #
@@ -155,8 +155,8 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/fanout-demo.XXXXXX")
 section "1. starting"
 
 t0=$(now_ms)
-(cd "$ROOT" && "$CARGO" build --quiet --example subscriber) || die "building the demo subscriber failed"
-SUBSCRIBER_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug/examples/subscriber
+(cd "$ROOT" && "$CARGO" build --quiet -p fanout-demo-subscriber) || die "building the demo subscriber failed"
+SUBSCRIBER_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug/subscriber
 [[ -x $SUBSCRIBER_BIN ]] || die "built the subscriber, but $SUBSCRIBER_BIN is missing"
 ok "built the demo subscriber $(dim "($(($(now_ms) - t0)) ms)")"
 

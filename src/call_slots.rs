@@ -412,8 +412,6 @@ impl<K: Display> Refusal<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn cap(max_concurrent_calls: u32, max_queued_calls: u32) -> CallCap {
         CallCap {

@@ -458,8 +458,6 @@ impl<'de> Visitor<'de> for ScalarVisitor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// The media type as the copying definition gives it: up to `;`, lossily decoded, trimmed,
     /// lower-cased.

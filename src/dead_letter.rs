@@ -239,8 +239,6 @@ impl<'de> Visitor<'de> for ObjectSizeVisitor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn cause<'a>(failure: &'a Failure, answer: &'a [u8], detail: &'a str) -> Cause<'a> {
         Cause {

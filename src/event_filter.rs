@@ -293,8 +293,6 @@ fn string_value<'v>(value: &'v Node, path: &str) -> Result<&'v str, FilterError>
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn list(json: &str) -> Option<Filter> {
         let values: Vec<Node> = serde_json::from_str(json).unwrap();

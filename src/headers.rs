@@ -390,8 +390,6 @@ pub fn validate_extra_header(name: &str, value: &str) -> Result<String, String> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn default_selector() -> HeaderSelector {
         HeaderSelector::new(crate::config::DEFAULT_FORWARD_HEADERS).unwrap()

@@ -99,8 +99,6 @@ pub fn seed(parts: &[u64]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn jitter(j: f64) -> Jitter {
         Jitter::new(j).unwrap()

@@ -478,8 +478,6 @@ fn push_bounded(buffer: &mut Vec<u64>, value: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn stat_segments_are_one_readable_segment() {

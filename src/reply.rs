@@ -135,8 +135,6 @@ fn binary_attributes_valid<'a>(value: &impl Fn(&str) -> Option<&'a str>) -> bool
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn headers(pairs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
         pairs

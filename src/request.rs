@@ -265,8 +265,6 @@ fn event_rejection(error: &EventError) -> Answer {
 mod tests {
     use super::*;
     use crate::config::MAX_KEY_BYTES;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn config() -> Config {
         Config::from_json(

@@ -121,8 +121,6 @@ pub fn parse_retry_after(value: &str, now_ms: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn status(s: u16) -> Failure {
         Failure::Status {

@@ -113,8 +113,6 @@ fn strip_port(authority: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn normalization_table() {

@@ -401,8 +401,6 @@ mod tests {
     use super::*;
     use crate::call_slots::DEFAULT_MAX_QUEUED_CALLS;
     use crate::retry::DEFAULT_BACKOFF_MAX_MS;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn parse(json: &str) -> Result<Config, ConfigError> {
         Config::from_json(json.as_bytes())

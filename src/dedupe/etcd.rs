@@ -389,8 +389,6 @@ impl Leases {
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn keys_never_mix_two_events_or_channels() {

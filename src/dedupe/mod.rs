@@ -69,8 +69,6 @@ mod tests {
     use crate::config::{DedupeConfig, Identity};
     use std::cell::{Cell, RefCell};
     use std::collections::HashMap;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// Envoy's shared data, as its C++ implementation behaves: a global CAS counter that
     /// skips 0, and CAS checked only for keys that exist.

@@ -301,8 +301,6 @@ impl RawEtcd {
 mod tests {
     use super::*;
     use crate::config::Config;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn shards_add_up_to_max_entries() {

@@ -134,8 +134,6 @@ mod tests {
 
     use crate::config::{Channel, Config};
     use crate::testing::FakeHost;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// The channel of `json`, whose first subscriber is the one called.
     fn channel(json: &str) -> Rc<Channel> {

@@ -196,8 +196,6 @@ pub fn leg_cluster(sub: &Subscriber, leg: Leg) -> &str {
 mod tests {
     use super::*;
     use crate::fan_out_state::{CallEnd, ReplyEvent};
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn job(json: &str, started_ms: u64) -> Job {
         let config = Rc::new(Config::from_json(json.as_bytes()).unwrap());

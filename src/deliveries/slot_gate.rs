@@ -153,8 +153,6 @@ fn count_delta(now: usize, last: usize) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn capped(cluster: &str, max_concurrent_calls: u32, max_queued_calls: u32) -> SlotGate {
         let mut gate = SlotGate::new();

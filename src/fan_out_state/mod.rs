@@ -674,8 +674,6 @@ mod tests {
             detail: detail.into(),
         }
     }
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn channel_from(json: &str) -> Rc<Channel> {
         let mut config = Config::from_json(json.as_bytes()).unwrap();

@@ -56,8 +56,6 @@ pub fn number_text(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// [`number_text`] against `Display`, on chosen and random values.
     #[test]

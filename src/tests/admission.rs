@@ -3,8 +3,6 @@
 //! for and read (`body_wait`, trailers).
 
 use super::*;
-#[cfg(target_arch = "wasm32")]
-use wasm_bindgen_test::wasm_bindgen_test as test;
 #[test]
 fn method_not_allowed_is_405_with_allow_and_no_call() {
     let plugin = FakeEnvoy::configured(THREE);

@@ -2,8 +2,6 @@
 //! ones; the rest are called from the root context and go on after it.
 
 use super::*;
-#[cfg(target_arch = "wasm32")]
-use wasm_bindgen_test::wasm_bindgen_test as test;
 
 const ONE_BEST_EFFORT: &str = r#"{"delivery": {"retry": 1, "backoff_delay_ms": 100,
     "dead_letter": {"cluster": "dlq"}},

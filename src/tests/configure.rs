@@ -2,8 +2,6 @@
 //! started with), a stream without one, and the root contexts of one VM sharing their work.
 
 use super::*;
-#[cfg(target_arch = "wasm32")]
-use wasm_bindgen_test::wasm_bindgen_test as test;
 
 #[test]
 fn streams_keep_the_config_they_started_with() {

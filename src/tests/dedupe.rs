@@ -2,8 +2,6 @@
 //! keeps it (one store for every worker).
 
 use super::*;
-#[cfg(target_arch = "wasm32")]
-use wasm_bindgen_test::wasm_bindgen_test as test;
 
 #[test]
 fn configure_creates_the_shard_keys() {

@@ -2,8 +2,6 @@
 //! callbacks, async mode, calls that never come back.
 
 use super::*;
-#[cfg(target_arch = "wasm32")]
-use wasm_bindgen_test::wasm_bindgen_test as test;
 
 // One call per subscriber, POST, its path and authority, the body, the selected
 // headers, its own headers.

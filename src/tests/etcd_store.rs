@@ -5,8 +5,6 @@
 use super::*;
 use crate::config::Config;
 use crate::dedupe::etcd;
-#[cfg(target_arch = "wasm32")]
-use wasm_bindgen_test::wasm_bindgen_test as test;
 
 const ETCD: &str = r#"{
   "dedupe": {"key": "ce-id", "ttl_ms": 60000,

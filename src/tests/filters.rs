@@ -2,8 +2,6 @@
 //! filters cannot read gets.
 
 use super::*;
-#[cfg(target_arch = "wasm32")]
-use wasm_bindgen_test::wasm_bindgen_test as test;
 
 #[test]
 fn binary_event_reaches_only_the_subscribers_whose_filter_matches() {

@@ -3,8 +3,6 @@
 //! refused with nobody called.
 
 use super::*;
-#[cfg(target_arch = "wasm32")]
-use wasm_bindgen_test::wasm_bindgen_test as test;
 
 /// Two streams at once (distinct context ids).
 fn open_stream(plugin: &FakeEnvoy, id: u32, body: &[u8]) -> Stream<FakeHost> {

@@ -2,8 +2,6 @@
 //! the root context's tick.
 
 use super::*;
-#[cfg(target_arch = "wasm32")]
-use wasm_bindgen_test::wasm_bindgen_test as test;
 
 // Metrics: counted in memory, handed to Envoy on the root's tick.
 #[test]

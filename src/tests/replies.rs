@@ -2,8 +2,6 @@
 //! reply is passed on, and a reply that fails.
 
 use super::*;
-#[cfg(target_arch = "wasm32")]
-use wasm_bindgen_test::wasm_bindgen_test as test;
 
 /// The headers of a binary-mode reply event: its required attributes.
 const REPLY: &[(&str, &str)] = &[

@@ -2,8 +2,6 @@
 //! context, what a dead letter carries.
 
 use super::*;
-#[cfg(target_arch = "wasm32")]
-use wasm_bindgen_test::wasm_bindgen_test as test;
 
 #[test]
 fn a_sync_retry_goes_out_from_the_root_after_its_backoff_and_the_root_answers_the_stream() {

@@ -5,8 +5,6 @@
 
 use super::*;
 use crate::deliveries::Owed;
-#[cfg(target_arch = "wasm32")]
-use wasm_bindgen_test::wasm_bindgen_test as test;
 
 /// Answers call `token` (made by the root) with 200 and these headers and body.
 fn answer_root_ok(plugin: &mut FakeEnvoy, token: u32) {

@@ -33,9 +33,10 @@ mod faults;
 mod soak;
 // Who may send: the shipped sender authorization.
 mod authz;
-// The shipped configurations, the demo and the docs; the harness's own checks.
+// The shipped configurations, the image, the demo and the docs; the harness's own checks.
 mod docs;
 mod harness_selftest;
+mod image;
 mod shipped_configs;
 // docs/design.md's module map against src/ (no Envoy).
 mod design_map;

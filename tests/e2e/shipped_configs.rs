@@ -7,6 +7,8 @@
 //!   `envoy/envoy.yaml`, and docker-compose.yml agrees with it;
 //! - the Istio EnvoyFilter has the stop-iteration flag, and its filter stanza and plugin
 //!   configuration pass `envoy --mode validate` inside a minimal bootstrap;
+//! - every Kubernetes resource under `envoy/` (Istio, Envoy Gateway) passes its CRD's published
+//!   OpenAPI schema, pinned in `tests/fixtures/schemas/`, strictly (an unknown field fails);
 //! - `DEMO_ONESHOT=1 examples/demo.sh` (what `make run` runs) answers 202 and reaches all three
 //!   subscribers.
 //!
@@ -112,7 +114,7 @@ fn every_bootstrap_under_envoy_validates() {
             // Kubernetes resources, not an Envoy bootstrap: their own tests check them.
             for kind in kinds {
                 assert!(
-                    kind == json!("EnvoyFilter") || kind == json!("WasmPlugin"),
+                    kind.as_str().is_some_and(|k| crd_schema(k).is_some()),
                     "{rel}: unknown kind {kind}; teach tests/e2e/shipped_configs.rs to check it"
                 );
             }
@@ -444,4 +446,182 @@ fn istio_wasmplugin_uses_continue_mode_with_a_buffer_filter_and_validates() {
         }
     });
     validate_inbound_chain(vec![wasm, buffer], &plugin, rel);
+}
+
+/// The pinned schema (tests/fixtures/schemas/README.md) of each Kubernetes kind the shipped
+/// files use.
+fn crd_schema(kind: &str) -> Option<&'static str> {
+    Some(match kind {
+        "WasmPlugin" => "istio-wasmplugin-v1alpha1.json",
+        "EnvoyFilter" => "istio-envoyfilter-v1alpha3.json",
+        "EnvoyExtensionPolicy" => "envoy-gateway-envoyextensionpolicy-v1alpha1.json",
+        "BackendTrafficPolicy" => "envoy-gateway-backendtrafficpolicy-v1alpha1.json",
+        "EnvoyProxy" => "envoy-gateway-envoyproxy-v1alpha1.json",
+        _ => return None,
+    })
+}
+
+/// Every YAML document of a shipped file, as JSON.
+fn shipped_docs(rel: &str) -> Vec<Value> {
+    let text = read_shipped(rel);
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| {
+            let value = serde_yaml_ng::Value::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{rel} is not valid YAML: {e}"));
+            serde_json::to_value(value).unwrap()
+        })
+        .collect()
+}
+
+/// tools/check-k8s-schema.py on `(what, object)` pairs: its error lines (empty: all valid).
+fn schema_errors(objects: &[(String, Value)]) -> Vec<String> {
+    let items: Vec<Value> = objects
+        .iter()
+        .map(|(what, object)| {
+            let kind = object["kind"].as_str().unwrap_or_default();
+            let schema = crd_schema(kind).unwrap_or_else(|| panic!("{what}: no schema for {kind}"));
+            json!({ "what": what, "schema": schema, "object": object })
+        })
+        .collect();
+    let python = harness::sdk::sdk_python();
+    let mut child = Command::new(&python)
+        .arg(manifest_dir().join("tools/check-k8s-schema.py"))
+        .arg(manifest_dir().join("tests/fixtures/schemas"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {}: {e}", python.display()));
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(serde_json::to_string(&items).unwrap().as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.trim().is_empty() && matches!(out.status.code(), Some(0 | 1)),
+        "tools/check-k8s-schema.py failed ({}): {stderr} (is jsonschema installed? `make jsonschema`)",
+        out.status
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The Kubernetes resources under envoy/ against their CRDs' schemas; and the check is strict
+/// enough to catch a misspelt field.
+#[test]
+fn kubernetes_resources_match_their_crd_schemas() {
+    let mut objects = Vec::new();
+    for rel in [
+        "envoy/istio-wasmplugin.yaml",
+        "envoy/istio-envoyfilter.yaml",
+        "envoy/envoy-gateway.yaml",
+    ] {
+        for doc in shipped_docs(rel) {
+            let what = format!("{rel} ({})", doc["kind"].as_str().unwrap_or("?"));
+            objects.push((what, doc));
+        }
+    }
+    assert!(objects.len() >= 6, "{objects:?}");
+    let errors = schema_errors(&objects);
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+
+    // The same documents with one field misspelt each must fail, naming the field's path.
+    let mut typos = Vec::new();
+    for (what, doc) in &objects {
+        let mut doc = doc.clone();
+        let spec = doc["spec"].as_object_mut().unwrap();
+        let (field, value) = spec
+            .iter()
+            .next()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .unwrap();
+        spec.remove(&field);
+        spec.insert(format!("{field}x"), value);
+        typos.push((format!("{what} with spec.{field}x"), doc));
+    }
+    let mut wasm_typo = objects
+        .iter()
+        .find(|(_, d)| d["kind"] == json!("EnvoyExtensionPolicy"))
+        .unwrap()
+        .1
+        .clone();
+    wasm_typo["spec"]["wasm"][0]["code"]["image"]["pullPolicy"] = json!("IfNotPresent");
+    typos.push((
+        "EnvoyExtensionPolicy with image.pullPolicy".into(),
+        wasm_typo,
+    ));
+    let errors = schema_errors(&typos);
+    for (what, _) in &typos {
+        assert!(
+            errors.iter().any(|e| e.starts_with(&format!("{what}: "))),
+            "no schema error for {what}: {errors:#?}"
+        );
+    }
+    assert!(
+        errors.iter().any(|e| e.contains("wasm.0.code.image")),
+        "{errors:#?}"
+    );
+}
+
+/// The Envoy Gateway example: the module from the image, fanout in `body_wait: continue`
+/// mode (Envoy Gateway cannot set the stop-iteration flag), the buffer filter after it. The
+/// chain Envoy Gateway makes of it (fanout, buffer, router) must validate with the built
+/// filter.
+#[test]
+fn envoy_gateway_policy_loads_the_image_in_continue_mode_and_validates() {
+    let rel = "envoy/envoy-gateway.yaml";
+    let docs = shipped_docs(rel);
+    let find = |kind: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == json!(kind))
+            .unwrap_or_else(|| panic!("{rel}: no {kind}"))
+    };
+    let policy = find("EnvoyExtensionPolicy");
+    let wasm = &policy["spec"]["wasm"][0];
+    assert_eq!(wasm["code"]["type"], json!("Image"));
+    let url = wasm["code"]["image"]["url"].as_str().unwrap();
+    assert!(url.ends_with(":0.1.0") && !url.contains("://"), "{url}");
+    let plugin = wasm["config"].clone();
+    assert_eq!(plugin["body_wait"], json!("continue"), "{rel}");
+    let buffer = find("BackendTrafficPolicy");
+    assert_eq!(buffer["spec"]["targetRefs"], policy["spec"]["targetRefs"]);
+    assert!(buffer["spec"]["requestBuffer"]["limit"].is_string());
+    assert_eq!(
+        find("EnvoyProxy")["spec"]["filterOrder"],
+        json!([{ "name": "envoy.filters.http.buffer", "after": "envoy.filters.http.wasm" }])
+    );
+
+    let wasm_filter = json!({
+        "name": "envoy.filters.http.wasm/envoyextensionpolicy/default/fanout/0",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": wasm["name"],
+                "root_id": wasm["rootID"],
+                "fail_open": false,
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": plugin.to_string()
+                },
+                "vm_config": {
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": { "local": { "filename": wasm_path().to_str().unwrap() } }
+                }
+            }
+        }
+    });
+    let buffer_filter = json!({
+        "name": "envoy.filters.http.buffer",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+            "max_request_bytes": 2 * 1024 * 1024
+        }
+    });
+    validate_inbound_chain(vec![wasm_filter, buffer_filter], &plugin, rel);
 }

@@ -151,9 +151,17 @@ pub struct EnvoyBuilder {
     http_filters: Option<Vec<Value>>,
     /// More command-line arguments (e.g. `--drain-time-s`).
     args: Vec<String>,
+    /// The module Envoy loads instead of [`wasm_path`] (e.g. one pulled from an image).
+    wasm_file: Option<PathBuf>,
 }
 
 impl EnvoyBuilder {
+    /// Load this module file instead of the built one ([`wasm_path`]).
+    pub fn wasm_file(mut self, path: &Path) -> Self {
+        self.wasm_file = Some(path.to_path_buf());
+        self
+    }
+
     /// The fanout filter with this plugin configuration (JSON).
     pub fn fanout(mut self, config: &Value) -> Self {
         self.plugin_config = Some(config.to_string());
@@ -284,7 +292,7 @@ impl EnvoyBuilder {
                 "vm_config": {
                     "vm_id": "fanout",
                     "runtime": "envoy.wasm.runtime.v8",
-                    "code": { "local": { "filename": wasm_path() } }
+                    "code": { "local": { "filename": self.wasm_file.clone().unwrap_or_else(wasm_path) } }
                 }
             });
             if !continue_mode {
