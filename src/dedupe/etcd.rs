@@ -2,7 +2,7 @@
 //! (v3: `POST /v3/kv/txn`, `/v3/lease/grant`; keys and values base64), reached with Envoy
 //! calls to an ordinary cluster. Pure: the keys and values, the request bodies, the reading
 //! of etcd's answers, and the leases the keys are written with; the calls are made by
-//! `claim`, `settle` and [`Remote`]'s owner.
+//! `claim`, `settle` and [`Remote`](super::remote::Remote)'s owner.
 //!
 //! - A key per (channel, event, subscriber): `<prefix><len>:<channel>/<event key>/<id hex>`.
 //! - Its value starts with when it lapses, in ms on the writer's clock, 20 digits, then `c`

@@ -82,7 +82,7 @@ impl Recorded {
 
 impl Job {
     /// When its calls, if still open, are given up as lost: past the worst case of its
-    /// slowest subscriber, plus [`LOST_CALL_GRACE_MS`].
+    /// slowest subscriber, plus `LOST_CALL_GRACE_MS`.
     pub fn deadline_ms(&self) -> u64 {
         let worst = self
             .channel

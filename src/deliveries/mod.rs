@@ -1,4 +1,4 @@
-//! Deliveries in flight on one worker: every fan-out's [`FanOut`] state, the calls it has
+//! Deliveries in flight on one worker: every fan-out's [`FanOut`](crate::fan_out_state::FanOut) state, the calls it has
 //! under way, and the work the root context's timer must do (retries after their backoff,
 //! async deliveries that outlive their request).
 //!
