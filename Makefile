@@ -208,10 +208,14 @@ test-compose:
 	@tools/test-compose.sh
 
 # The e2e suite in both body_wait modes, on the pinned Envoy and on the oldest one offered.
-# (tests/e2e/shipped_configs.rs and image.rs check the shipped files against the pinned version, so they are left out,
-# with the hostile conditions, live reload, the soak, the importer and the harness's self-checks.)
+# Left out (`make test` runs them on the pinned Envoy): what checks shipped files against the
+# pinned version (shipped_configs, image, the docs' examples, the module map, the importers,
+# the shipped sender-authorization bootstraps, which set their own body_wait), the hostile
+# conditions, live reload, the soak, the harness's self-checks, and the multi-replica suites
+# (replicas_store, rollout, affinity: minutes each, and not about body_wait).
 COMPAT_TESTS := --test e2e -- --skip shipped_configs:: --skip image:: --skip faults:: --skip reload:: --skip soak:: \
-  --skip knative_import:: --skip harness_selftest::
+  --skip knative_import:: --skip knative_senders:: --skip harness_selftest:: --skip docs:: --skip design_map:: \
+  --skip authz:: --skip replicas_store:: --skip rollout:: --skip affinity::
 test-compat: build sdk
 	$(MAKE) --no-print-directory envoy ENVOY_VERSION=$(ENVOY_OLDEST)
 	@set -e; for version in $(ENVOY_VERSION) $(ENVOY_OLDEST); do \
