@@ -625,3 +625,81 @@ fn envoy_gateway_policy_loads_the_image_in_continue_mode_and_validates() {
     });
     validate_inbound_chain(vec![wasm_filter, buffer_filter], &plugin, rel);
 }
+
+/// Every HTTP connection manager in `v`.
+fn connection_managers(v: &Value, found: &mut Vec<Value>) {
+    match v {
+        Value::Object(fields) => {
+            if fields.get("name") == Some(&json!("envoy.filters.network.http_connection_manager")) {
+                found.push(fields.get("typed_config").cloned().unwrap_or(Value::Null));
+            }
+            fields.values().for_each(|f| connection_managers(f, found));
+        }
+        Value::Array(items) => items.iter().for_each(|i| connection_managers(i, found)),
+        _ => {}
+    }
+}
+
+/// Subscribers get the sender's `x-request-id` or none, never one Envoy made up (the same one
+/// to every subscriber): Knative forwards only what the sender sent. Every shipped bootstrap
+/// (and the Kubernetes example's, inside its ConfigMap) turns Envoy's generation off. That
+/// Envoy then forwards none is checked in `authz.rs`.
+#[test]
+fn every_shipped_connection_manager_leaves_x_request_id_to_the_sender() {
+    let mut files = vec![
+        "examples/docker-compose/envoy.yaml".to_owned(),
+        "envoy/configmap/envoy.yaml".to_owned(),
+        "envoy/configmap/envoy-senders.yaml".to_owned(),
+        "envoy/authz/envoy-jwt.yaml".to_owned(),
+        "envoy/authz/envoy-mtls.yaml".to_owned(),
+    ];
+    for entry in fs::read_dir(manifest_dir().join("envoy")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".yaml") {
+            files.push(format!("envoy/{name}"));
+        }
+    }
+    let mut checked = 0;
+    for rel in &files {
+        let text = read_shipped(rel);
+        for doc in text.split("\n---\n") {
+            let mut doc = yaml_to_json(doc, rel);
+            if doc["kind"] == "ConfigMap" {
+                if let Some(inner) = doc["data"]["envoy.yaml"].as_str() {
+                    doc = yaml_to_json(inner, rel);
+                }
+            }
+            let mut managers = Vec::new();
+            connection_managers(&doc, &mut managers);
+            for hcm in managers.iter().filter(|h| h.get("stat_prefix").is_some()) {
+                assert_eq!(
+                    hcm["generate_request_id"],
+                    json!(false),
+                    "{rel}: a connection manager without generate_request_id: false"
+                );
+                checked += 1;
+            }
+        }
+    }
+    let kubernetes = read_shipped("examples/kubernetes/configmap.yaml");
+    for doc in kubernetes.split("\n---\n") {
+        let doc = yaml_to_json(doc, "examples/kubernetes/configmap.yaml");
+        if let Some(inner) = doc["data"]["envoy.yaml"].as_str() {
+            let mut managers = Vec::new();
+            connection_managers(
+                &yaml_to_json(inner, "the ConfigMap's envoy.yaml"),
+                &mut managers,
+            );
+            assert!(!managers.is_empty());
+            for hcm in managers {
+                assert_eq!(
+                    hcm["generate_request_id"],
+                    json!(false),
+                    "the Kubernetes example"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 9, "only {checked} connection managers found");
+}
