@@ -28,6 +28,31 @@ use crate::plugin::{Plugin, VmShared};
 use crate::stream::{Flow, Stream};
 use crate::testing::{Dispatched, FakeHost, FakeState, SharedData};
 
+/// The token of the latest call to a cluster, failing the test when there is none.
+trait TokenOf {
+    fn token_of(&self, cluster: &str) -> u32;
+}
+
+impl TokenOf for FakeState {
+    fn token_of(&self, cluster: &str) -> u32 {
+        self.last_token_to(cluster).unwrap_or_else(|| {
+            panic!(
+                "no call went to {cluster}; calls made: {:?}",
+                self.dispatched
+                    .iter()
+                    .map(|call| (call.token, &call.cluster))
+                    .collect::<Vec<_>>()
+            )
+        })
+    }
+}
+
+impl TokenOf for FakeHost {
+    fn token_of(&self, cluster: &str) -> u32 {
+        self.0.borrow().token_of(cluster)
+    }
+}
+
 /// What the tests read of the fake host's metrics: a metric never defined fails the test.
 trait MetricReadings {
     fn value(&self, name: &str) -> i64;
