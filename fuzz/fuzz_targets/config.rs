@@ -330,7 +330,10 @@ fn check_invariants(config: &Config, input: &Input) {
     }
     // OPTIONS is the filter's own answer, never a method to fan out.
     assert!(!config.methods.iter().any(|m| m == "OPTIONS"));
-    assert_eq!(config.allow, format!("{}, OPTIONS", config.methods.join(", ")));
+    assert_eq!(
+        config.allow,
+        format!("{}, OPTIONS", config.methods.join(", "))
+    );
     assert_eq!(config.channels.len(), input.hosts.len());
     let mut names = std::collections::HashSet::new();
     for (c, channel) in config.channels.iter().enumerate() {

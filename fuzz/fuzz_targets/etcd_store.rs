@@ -80,7 +80,10 @@ fuzz_target!(|data: &[u8]| {
         .iter()
         .map(|d| d.cluster.as_str())
         .collect();
-    assert!(called.iter().all(|c| ["a", "b", "c"].contains(c)), "{called:?}");
+    assert!(
+        called.iter().all(|c| ["a", "b", "c"].contains(c)),
+        "{called:?}"
+    );
     if state.answers.iter().any(|a| a.status == 503) {
         assert!(called.is_empty(), "a 503 called {called:?}");
     }

@@ -27,11 +27,11 @@
 use std::collections::BTreeSet;
 
 use arbitrary::{Arbitrary, Unstructured};
+use fanout::answer::DEAD_LETTERED_HEADER;
 use fanout::answer::FAILED_HEADER;
+use fanout::call::{classify, Failure, BODY_PEEK_BYTES, DETAIL_BYTES};
 use fanout::config::{Channel, Config};
 use fanout::fan_out_state::{CallEnd, FanOut, ReplyEvent};
-use fanout::answer::{DEAD_LETTERED_HEADER};
-use fanout::call::{classify, Failure, BODY_PEEK_BYTES, DETAIL_BYTES};
 use fanout::headers::{is_token_byte, is_valid_value, Forwarded};
 use fanout::metrics::Tally;
 use libfuzzer_sys::fuzz_target;
@@ -473,7 +473,10 @@ fn check(f: &FanOut, m: &Model, channel: &Channel, subs: &[SubSpec], open: &mut 
         // The structured form (a JSON parse) once the fan-out is done, to keep the steps fast.
         let modes = [
             (Forwarded::default(), &b"plain"[..]),
-            (structured.iter().cloned().collect(), br#"{"id":"1","data":{"a":[1,2]}}"#),
+            (
+                structured.iter().cloned().collect(),
+                br#"{"id":"1","data":{"a":[1,2]}}"#,
+            ),
         ];
         for (forwarded, event) in &modes[..if f.is_done() { 2 } else { 1 }] {
             let letter = f.dead_letter(i, channel, forwarded, event);

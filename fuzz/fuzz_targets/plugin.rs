@@ -127,9 +127,10 @@ fn request_headers(headers: &[Header]) -> Vec<(String, Vec<u8>)> {
                     b"application/json"
                 },
             ),
-            Header::Ce(name, value) => {
-                push(&format!("ce-{}", name.to_ascii_lowercase()), value.as_bytes())
-            }
+            Header::Ce(name, value) => push(
+                &format!("ce-{}", name.to_ascii_lowercase()),
+                value.as_bytes(),
+            ),
             Header::Source(s) => push("ce-source", s.as_bytes()),
             Header::Id(i) => push("ce-id", i.as_bytes()),
             Header::Other(name, value) => push(&name.to_ascii_lowercase(), value),
@@ -154,7 +155,10 @@ fuzz_target!(|data: &[u8]| {
     host.0.borrow_mut().config = Some(config.as_bytes().to_vec());
     let mut root = Plugin::new(ROOT, host.clone());
     assert!(root.on_vm_start());
-    assert!(root.on_configure(), "a fixed configuration was refused: {config}");
+    assert!(
+        root.on_configure(),
+        "a fixed configuration was refused: {config}"
+    );
     let mut streams: Vec<Open> = Vec::new();
     let enter = |context: u32| host.0.borrow_mut().effective = context;
 
@@ -189,7 +193,9 @@ fuzz_target!(|data: &[u8]| {
             } => {
                 if let Some(open) = pick(&mut streams, stream) {
                     enter(open.id);
-                    let _ = open.stream.on_request_body(usize::from(size), end_of_stream);
+                    let _ = open
+                        .stream
+                        .on_request_body(usize::from(size), end_of_stream);
                     open.complete |= end_of_stream;
                 }
             }
@@ -224,7 +230,15 @@ fuzz_target!(|data: &[u8]| {
                         .collect();
                 }
                 let num_headers = usize::from(status.is_some()) + headers.len().min(4);
-                answer(&host, &mut root, &mut streams, context, token, num_headers, body.len());
+                answer(
+                    &host,
+                    &mut root,
+                    &mut streams,
+                    context,
+                    token,
+                    num_headers,
+                    body.len(),
+                );
             }
             Op::Tick { ms } => {
                 host.0.borrow_mut().now_ms += u64::from(ms);
@@ -261,7 +275,15 @@ fuzz_target!(|data: &[u8]| {
         for call in &dispatched[seen..] {
             host.0.borrow_mut().call_response = (Some(200), Vec::new());
             host.0.borrow_mut().call_response_headers = Vec::new();
-            answer(&host, &mut root, &mut streams, call.context, call.token, 1, 0);
+            answer(
+                &host,
+                &mut root,
+                &mut streams,
+                call.context,
+                call.token,
+                1,
+                0,
+            );
         }
         seen = dispatched.len();
         host.0.borrow_mut().now_ms += 60_000;
@@ -331,7 +353,11 @@ fn check_answers(host: &FakeHost) {
         *per_stream.entry(*stream).or_default() += 1;
     }
     for (stream, n) in per_stream {
-        assert!(n <= 1, "stream {stream} answered {n} times: {:?}", state.answers);
+        assert!(
+            n <= 1,
+            "stream {stream} answered {n} times: {:?}",
+            state.answers
+        );
     }
     for answer in &state.answers {
         assert!((200..600).contains(&answer.status), "{answer:?}");
