@@ -20,7 +20,7 @@
 //! down and only their counts, order and lower bounds are asserted (with
 //! [`harness::timing`]'s slack; upper bounds only where the wrong value is seconds away).
 //! `docs/knative.md` "Knative's dispatcher tests, replayed" is the table of all of it; the test
-//! [`every_case_is_in_the_docs_table`] keeps the two together.
+//! `every_case_is_in_the_docs_table` keeps the two together.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::harness;
@@ -148,13 +148,14 @@ fn post(envoy: &Envoy, host: &str, headers: &[(String, String)], body: &str) -> 
     send(request.body(body.to_owned()))
 }
 
-/// Waits (bounded) until `sub` has `n` requests, then a little longer to see that no more come
-/// (a fixed wait: it looks for something that must not happen).
-fn settles_at(sub: &Subscriber, n: usize, what: &str) {
-    if n > 0 {
-        sub.wait_for(n, Duration::from_secs(15));
-    }
-    std::thread::sleep(Duration::from_millis(200));
+/// How long the suite waits, once every case's request was answered, for requests that must
+/// not come (a fixed wait: a loaded machine can only make it miss one, never fail).
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// Asserts that `sub` got `n` requests: waits (bounded) for them, and counts no more, after
+/// [`SETTLE`] has passed since the cases' requests.
+fn has_exactly(sub: &Subscriber, n: usize, what: &str) {
+    sub.wait_for(n, Duration::from_secs(15));
     assert_eq!(
         sub.count(),
         n,
@@ -534,8 +535,12 @@ fn replay_handler_cases(mode: &str) {
                 reply.text()
             );
         }
-        settles_at(&run.subscriber, case.fanout.subscriber_reqs, &what);
-        settles_at(&run.replier, case.fanout.replier_reqs, &what);
+    }
+    std::thread::sleep(SETTLE);
+    for (case, run) in HANDLER_CASES.iter().zip(&running) {
+        let what = format!("{mode} - {}", case.knative);
+        has_exactly(&run.subscriber, case.fanout.subscriber_reqs, &what);
+        has_exactly(&run.replier, case.fanout.replier_reqs, &what);
     }
 }
 
@@ -1133,10 +1138,9 @@ const LONG_REPLY: &str = concat!(
 /// adds before its dispatcher sees the event, and which fanout, passing the event on as it
 /// came, never adds), and the pass-through headers.
 fn dispatch_request(case: &DispatchCase, index: usize) -> (Vec<(String, String)>, String) {
-    let mut list: Vec<(&str, String)> = match case.sent {
-        Sent::TestEvent(data) => {
-            let body = serde_json::to_string(data).unwrap();
-            let list = vec![
+    let (mut list, body): (Vec<(&str, String)>, String) = match case.sent {
+        Sent::TestEvent(data) => (
+            vec![
                 ("ce-specversion", "1.0".to_owned()),
                 ("ce-id", format!("e-{index}")),
                 ("ce-time", "2026-12-02T02:00:00Z".to_owned()),
@@ -1144,27 +1148,21 @@ fn dispatch_request(case: &DispatchCase, index: usize) -> (Vec<(String, String)>
                 ("ce-type", "testtype".to_owned()),
                 ("ce-abc", "\"ce-abc-value\"".to_owned()),
                 ("content-type", "application/json".to_owned()),
-            ];
-            return finish(case, list, body);
-        }
-        Sent::FullEvent => vec![
-            ("ce-specversion", "1.0".to_owned()),
-            ("ce-id", "full-event".to_owned()),
-            ("ce-source", "http://example.com/source".to_owned()),
-            ("ce-type", "com.example.FullEvent".to_owned()),
-            ("ce-time", "2020-03-21T12:34:56.78Z".to_owned()),
-            ("content-type", "text/json".to_owned()),
-        ],
+            ],
+            serde_json::to_string(data).unwrap(),
+        ),
+        Sent::FullEvent => (
+            vec![
+                ("ce-specversion", "1.0".to_owned()),
+                ("ce-id", "full-event".to_owned()),
+                ("ce-source", "http://example.com/source".to_owned()),
+                ("ce-type", "com.example.FullEvent".to_owned()),
+                ("ce-time", "2020-03-21T12:34:56.78Z".to_owned()),
+                ("content-type", "text/json".to_owned()),
+            ],
+            "hello".to_owned(),
+        ),
     };
-    list.shrink_to_fit();
-    finish(case, list, "hello".to_owned())
-}
-
-fn finish(
-    case: &DispatchCase,
-    mut list: Vec<(&str, String)>,
-    body: String,
-) -> (Vec<(String, String)>, String) {
     if case.sender_headers {
         list.extend([
             ("do-not-forward", "header".to_owned()),
@@ -1173,10 +1171,8 @@ fn finish(
             ("knative-2", "knative-2-value".to_owned()),
         ]);
     }
-    (
-        list.into_iter().map(|(n, v)| (n.to_owned(), v)).collect(),
-        body,
-    )
+    let headers = list.into_iter().map(|(n, v)| (n.to_owned(), v)).collect();
+    (headers, body)
 }
 
 /// Asserts that `got` is what `want` says, with `deviations` (and the suite-wide
@@ -1296,6 +1292,10 @@ fn event_dispatcher_send_event() {
             "{what}: {}",
             reply.text()
         );
+    }
+    std::thread::sleep(SETTLE);
+    for (case, run) in cases.iter().zip(&running) {
+        let what = case.knative.as_str();
         let fanout_legs: Vec<Leg> = match &case.otherwise {
             Some(o) => o.legs.clone(),
             None => case.expected.iter().map(|(leg, _)| *leg).collect(),
@@ -1317,11 +1317,11 @@ fn event_dispatcher_send_event() {
             // reply case): fanout sends them all the same.
             let unchecked = want.is_none() && leg == Leg::Destination;
             if unchecked {
-                settles_at(server, 1, what);
+                has_exactly(server, 1, what);
                 continue;
             }
             if !sends {
-                settles_at(server, 0, &format!("{what}: {leg:?}"));
+                has_exactly(server, 0, &format!("{what}: {leg:?}"));
                 continue;
             }
             let (_, want) = want.unwrap();
@@ -1333,7 +1333,7 @@ fn event_dispatcher_send_event() {
                     V::Is(format!("http://127.0.0.1:{}/", dest.port())),
                 ));
             }
-            settles_at(server, 1, &format!("{what}: {leg:?}"));
+            has_exactly(server, 1, &format!("{what}: {leg:?}"));
             let deviations: Vec<&Deviation> =
                 case.deviations.iter().filter(|d| d.leg == leg).collect();
             assert_request(
@@ -1659,14 +1659,16 @@ fn import_deliveries(deliveries: &[Value]) -> (i32, String, Vec<Value>) {
     (code, stderr, subscribers)
 }
 
+/// fanout's `delivery` and `timeout_ms` the import writes, or the field its error names.
+type ImportResult = Result<(Value, Option<u64>), &'static str>;
+
 /// A Knative DeliverySpec case of TestRetryConfigFromDeliverySpec and
 /// TestRetryConfigFromDeliverySpecCheckRetry, and fanout's delivery the import writes for it.
 struct SpecCase {
     knative: &'static str,
     spec: fn() -> Value,
-    /// fanout's `delivery` and `timeout_ms`; None: Knative's `wantErr`, the import's error
-    /// naming this field.
-    fanout: fn() -> Result<(Value, Option<u64>), &'static str>,
+    /// What the import writes; an error for Knative's `wantErr`.
+    fanout: fn() -> ImportResult,
     verdict: Verdict,
 }
 
