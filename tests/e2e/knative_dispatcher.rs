@@ -1830,15 +1830,20 @@ fn retries_retry_config_from_delivery_spec_through_the_import() {
             case.knative
         );
     }
-    // Each invalid one alone (an import with an error writes nothing): Knative's wantErr is
-    // the import's error naming the field.
-    for case in SPEC_CASES.iter().filter(|c| (c.fanout)().is_err()) {
+    // The invalid ones in one import, which writes nothing and names each: Knative's wantErr
+    // is the import's error naming the subscriber's field.
+    let invalid: Vec<&SpecCase> = SPEC_CASES
+        .iter()
+        .filter(|c| (c.fanout)().is_err())
+        .collect();
+    let (code, stderr, _) =
+        import_deliveries(&invalid.iter().map(|c| (c.spec)()).collect::<Vec<_>>());
+    assert_eq!(code, 1, "{stderr}");
+    for (i, case) in invalid.iter().enumerate() {
         let Err(field) = (case.fanout)() else {
             unreachable!()
         };
-        let (code, stderr, _) = import_deliveries(&[(case.spec)()]);
-        assert_eq!(code, 1, "{}: {stderr}", case.knative);
-        let named = format!("spec.subscribers[0].delivery.{field}: ");
+        let named = format!("spec.subscribers[{i}].delivery.{field}: ");
         assert!(
             stderr
                 .lines()
