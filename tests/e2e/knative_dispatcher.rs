@@ -10,7 +10,7 @@
 //! - [`Verdict::Differs`]: fanout does otherwise by design; the case says why and where that is
 //!   documented, and the test asserts fanout's documented behaviour, and that it still differs
 //!   (a difference that went away must leave the table);
-//! - cases that cannot be said over HTTP (Go hooks, a nil dispatcher, a status that is no
+//! - cases that cannot be said over HTTP (Go hooks and setters, a status that is no
 //!   status on the wire) are in [`NOT_REPLAYED`] with the reason.
 //!
 //! How Knative's Go values become HTTP: its handler's `202` or error is fanout's `202` or
