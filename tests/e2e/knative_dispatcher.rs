@@ -26,6 +26,7 @@
 use crate::harness;
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 use std::time::{Duration, Instant, SystemTime};
 
 use base64::Engine;
@@ -179,6 +180,21 @@ struct HandlerOutcome {
     replier_reqs: usize,
 }
 
+/// A [`HandlerOutcome`]: sync status, async status, subscriber requests, replier requests.
+const fn outcome(
+    sync: u16,
+    r#async: u16,
+    subscriber_reqs: usize,
+    replier_reqs: usize,
+) -> HandlerOutcome {
+    HandlerOutcome {
+        sync,
+        r#async,
+        subscriber_reqs,
+        replier_reqs,
+    }
+}
+
 struct HandlerCase {
     /// Knative's case name.
     knative: &'static str,
@@ -242,18 +258,8 @@ const HANDLER_CASES: &[HandlerCase] = &[
         // Knative's handler times the whole fan-out (1 ms in its test); fanout times each
         // call: with one subscriber, the same thing.
         timeout_ms: Some(300),
-        knative_expects: HandlerOutcome {
-            sync: 500,
-            r#async: 202,
-            subscriber_reqs: 1,
-            replier_reqs: 0,
-        },
-        fanout: HandlerOutcome {
-            sync: 500,
-            r#async: 202,
-            subscriber_reqs: 1,
-            replier_reqs: 0,
-        },
+        knative_expects: outcome(500, 202, 1, 0),
+        fanout: outcome(500, 202, 1, 0),
         failed_leg: Some("event"),
         verdict: Verdict::Agrees,
     },
@@ -264,18 +270,8 @@ const HANDLER_CASES: &[HandlerCase] = &[
         subscriber: || Behavior::Status(200),
         replier: || Behavior::Status(200),
         timeout_ms: None,
-        knative_expects: HandlerOutcome {
-            sync: 202,
-            r#async: 202,
-            subscriber_reqs: 0,
-            replier_reqs: 0,
-        },
-        fanout: HandlerOutcome {
-            sync: 202,
-            r#async: 202,
-            subscriber_reqs: 0,
-            replier_reqs: 0,
-        },
+        knative_expects: outcome(202, 202, 0, 0),
+        fanout: outcome(202, 202, 0, 0),
         failed_leg: None,
         verdict: Verdict::Agrees,
     },
@@ -286,18 +282,8 @@ const HANDLER_CASES: &[HandlerCase] = &[
         subscriber: || full_event_with(202),
         replier: || Behavior::Status(404),
         timeout_ms: None,
-        knative_expects: HandlerOutcome {
-            sync: 500,
-            r#async: 202,
-            subscriber_reqs: 1,
-            replier_reqs: 1,
-        },
-        fanout: HandlerOutcome {
-            sync: 202,
-            r#async: 202,
-            subscriber_reqs: 1,
-            replier_reqs: 0,
-        },
+        knative_expects: outcome(500, 202, 1, 1),
+        fanout: outcome(202, 202, 1, 0),
         failed_leg: None,
         verdict: Verdict::Differs(
             "the subscriber answers 202: a 202 is never a reply (knative/specs data-plane.md; \
@@ -311,18 +297,8 @@ const HANDLER_CASES: &[HandlerCase] = &[
         subscriber: || full_event_with(200),
         replier: || Behavior::Status(404),
         timeout_ms: None,
-        knative_expects: HandlerOutcome {
-            sync: 500,
-            r#async: 202,
-            subscriber_reqs: 1,
-            replier_reqs: 1,
-        },
-        fanout: HandlerOutcome {
-            sync: 500,
-            r#async: 202,
-            subscriber_reqs: 1,
-            replier_reqs: 1,
-        },
+        knative_expects: outcome(500, 202, 1, 1),
+        fanout: outcome(500, 202, 1, 1),
         failed_leg: Some("reply"),
         verdict: Verdict::Agrees,
     },
@@ -333,18 +309,8 @@ const HANDLER_CASES: &[HandlerCase] = &[
         subscriber: || Behavior::Status(404),
         replier: || Behavior::Status(200),
         timeout_ms: None,
-        knative_expects: HandlerOutcome {
-            sync: 500,
-            r#async: 202,
-            subscriber_reqs: 1,
-            replier_reqs: 0,
-        },
-        fanout: HandlerOutcome {
-            sync: 500,
-            r#async: 202,
-            subscriber_reqs: 1,
-            replier_reqs: 0,
-        },
+        knative_expects: outcome(500, 202, 1, 0),
+        fanout: outcome(500, 202, 1, 0),
         failed_leg: Some("event"),
         verdict: Verdict::Agrees,
     },
@@ -355,18 +321,8 @@ const HANDLER_CASES: &[HandlerCase] = &[
         subscriber: callable_succeed,
         replier: || Behavior::Status(403),
         timeout_ms: None,
-        knative_expects: HandlerOutcome {
-            sync: 500,
-            r#async: 202,
-            subscriber_reqs: 1,
-            replier_reqs: 1,
-        },
-        fanout: HandlerOutcome {
-            sync: 500,
-            r#async: 202,
-            subscriber_reqs: 1,
-            replier_reqs: 1,
-        },
+        knative_expects: outcome(500, 202, 1, 1),
+        fanout: outcome(500, 202, 1, 1),
         failed_leg: Some("reply"),
         verdict: Verdict::Agrees,
     },
@@ -377,18 +333,8 @@ const HANDLER_CASES: &[HandlerCase] = &[
         subscriber: callable_succeed,
         replier: || Behavior::Status(202),
         timeout_ms: None,
-        knative_expects: HandlerOutcome {
-            sync: 202,
-            r#async: 202,
-            subscriber_reqs: 1,
-            replier_reqs: 1,
-        },
-        fanout: HandlerOutcome {
-            sync: 202,
-            r#async: 202,
-            subscriber_reqs: 1,
-            replier_reqs: 1,
-        },
+        knative_expects: outcome(202, 202, 1, 1),
+        fanout: outcome(202, 202, 1, 1),
         failed_leg: None,
         verdict: Verdict::Agrees,
     },
@@ -400,18 +346,8 @@ const HANDLER_CASES: &[HandlerCase] = &[
         // Knative's succeedOnce: 202 to the first request, 403 to the others.
         replier: || Behavior::Sequence(vec![Behavior::Status(202), Behavior::Status(403)]),
         timeout_ms: None,
-        knative_expects: HandlerOutcome {
-            sync: 500,
-            r#async: 202,
-            subscriber_reqs: 2,
-            replier_reqs: 2,
-        },
-        fanout: HandlerOutcome {
-            sync: 500,
-            r#async: 202,
-            subscriber_reqs: 2,
-            replier_reqs: 2,
-        },
+        knative_expects: outcome(500, 202, 2, 2),
+        fanout: outcome(500, 202, 2, 2),
         failed_leg: Some("reply"),
         verdict: Verdict::Agrees,
     },
@@ -422,18 +358,8 @@ const HANDLER_CASES: &[HandlerCase] = &[
         subscriber: callable_succeed,
         replier: || Behavior::Status(202),
         timeout_ms: None,
-        knative_expects: HandlerOutcome {
-            sync: 202,
-            r#async: 202,
-            subscriber_reqs: 3,
-            replier_reqs: 3,
-        },
-        fanout: HandlerOutcome {
-            sync: 202,
-            r#async: 202,
-            subscriber_reqs: 3,
-            replier_reqs: 3,
-        },
+        knative_expects: outcome(202, 202, 3, 3),
+        fanout: outcome(202, 202, 3, 3),
         failed_leg: None,
         verdict: Verdict::Agrees,
     },
@@ -1027,13 +953,18 @@ fn dispatch_cases() -> Vec<DispatchCase> {
         },
         DispatchCase {
             knative: "no restriction on message response size".into(),
-            destination: event_answer(EVENT_ANSWER_SAME_IDS, LONG_REPLY),
+            destination: event_answer(EVENT_ANSWER_SAME_IDS, LONG_REPLY.as_str()),
             reply: Some(answer(200, "")),
             expected: vec![
                 (Leg::Destination, to_destination(true)),
                 (
                     Leg::Reply,
-                    reply_of("id123", "knative-1-value", "\"ce-abc-value\"", LONG_REPLY),
+                    reply_of(
+                        "id123",
+                        "knative-1-value",
+                        "\"ce-abc-value\"",
+                        LONG_REPLY.as_str(),
+                    ),
                 ),
             ],
             ..base.clone()
@@ -1111,28 +1042,7 @@ fn dispatch_cases() -> Vec<DispatchCase> {
 }
 
 /// Knative's "no restriction on message response size": 2000 bytes.
-const LONG_REPLY: &str = concat!(
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-);
+static LONG_REPLY: LazyLock<String> = LazyLock::new(|| "a".repeat(2000));
 
 /// The request a case's sender makes: the event (with `ce-time`, which Knative's receiver
 /// adds before its dispatcher sees the event, and which fanout, passing the event on as it
