@@ -208,8 +208,8 @@ struct HandlerCase {
     timeout_ms: Option<u32>,
     knative_expects: HandlerOutcome,
     fanout: HandlerOutcome,
-    /// In sync mode, the failed leg fanout's 500 report names.
-    failed_leg: Option<&'static str>,
+    /// In sync mode, the failed leg and outcome fanout's 500 report names.
+    failed: Option<(&'static str, &'static str)>,
     verdict: Verdict,
 }
 
@@ -260,7 +260,7 @@ const HANDLER_CASES: &[HandlerCase] = &[
         timeout_ms: Some(300),
         knative_expects: outcome(500, 202, 1, 0),
         fanout: outcome(500, 202, 1, 0),
-        failed_leg: Some("event"),
+        failed: Some(("event", "timeout")),
         verdict: Verdict::Agrees,
     },
     HandlerCase {
@@ -272,7 +272,7 @@ const HANDLER_CASES: &[HandlerCase] = &[
         timeout_ms: None,
         knative_expects: outcome(202, 202, 0, 0),
         fanout: outcome(202, 202, 0, 0),
-        failed_leg: None,
+        failed: None,
         verdict: Verdict::Agrees,
     },
     HandlerCase {
@@ -284,7 +284,7 @@ const HANDLER_CASES: &[HandlerCase] = &[
         timeout_ms: None,
         knative_expects: outcome(500, 202, 1, 1),
         fanout: outcome(202, 202, 1, 0),
-        failed_leg: None,
+        failed: None,
         verdict: Verdict::Differs(
             "the subscriber answers 202: a 202 is never a reply (knative/specs data-plane.md; \
              docs/knative.md, the 202 row); Knative's dispatcher takes any 2xx event",
@@ -299,7 +299,7 @@ const HANDLER_CASES: &[HandlerCase] = &[
         timeout_ms: None,
         knative_expects: outcome(500, 202, 1, 1),
         fanout: outcome(500, 202, 1, 1),
-        failed_leg: Some("reply"),
+        failed: Some(("reply", "status")),
         verdict: Verdict::Agrees,
     },
     HandlerCase {
@@ -311,7 +311,7 @@ const HANDLER_CASES: &[HandlerCase] = &[
         timeout_ms: None,
         knative_expects: outcome(500, 202, 1, 0),
         fanout: outcome(500, 202, 1, 0),
-        failed_leg: Some("event"),
+        failed: Some(("event", "status")),
         verdict: Verdict::Agrees,
     },
     HandlerCase {
@@ -323,7 +323,7 @@ const HANDLER_CASES: &[HandlerCase] = &[
         timeout_ms: None,
         knative_expects: outcome(500, 202, 1, 1),
         fanout: outcome(500, 202, 1, 1),
-        failed_leg: Some("reply"),
+        failed: Some(("reply", "status")),
         verdict: Verdict::Agrees,
     },
     HandlerCase {
@@ -335,7 +335,7 @@ const HANDLER_CASES: &[HandlerCase] = &[
         timeout_ms: None,
         knative_expects: outcome(202, 202, 1, 1),
         fanout: outcome(202, 202, 1, 1),
-        failed_leg: None,
+        failed: None,
         verdict: Verdict::Agrees,
     },
     HandlerCase {
@@ -348,7 +348,7 @@ const HANDLER_CASES: &[HandlerCase] = &[
         timeout_ms: None,
         knative_expects: outcome(500, 202, 2, 2),
         fanout: outcome(500, 202, 2, 2),
-        failed_leg: Some("reply"),
+        failed: Some(("reply", "status")),
         verdict: Verdict::Agrees,
     },
     HandlerCase {
@@ -360,7 +360,7 @@ const HANDLER_CASES: &[HandlerCase] = &[
         timeout_ms: None,
         knative_expects: outcome(202, 202, 3, 3),
         fanout: outcome(202, 202, 3, 3),
-        failed_leg: None,
+        failed: None,
         verdict: Verdict::Agrees,
     },
 ];
@@ -453,13 +453,10 @@ fn replay_handler_cases(mode: &str) {
             case.fanout.r#async
         };
         assert_eq!(reply.status, want, "{what}: {}", reply.text());
-        if let (Some(leg), "sync") = (case.failed_leg, mode) {
-            assert_eq!(
-                reply.json()["failed"][0]["leg"],
-                leg,
-                "{what}: {}",
-                reply.text()
-            );
+        if let (Some((leg, outcome)), "sync") = (case.failed, mode) {
+            let failed = &reply.json()["failed"][0];
+            assert_eq!(failed["leg"], leg, "{what}: {}", reply.text());
+            assert_eq!(failed["outcome"], outcome, "{what}: {}", reply.text());
         }
     }
     std::thread::sleep(SETTLE);
