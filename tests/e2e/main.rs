@@ -25,6 +25,7 @@ mod replicas_store;
 mod rollout;
 // Knative's contract, with the CloudEvents SDK; the importer of Knative objects.
 mod knative_delivery;
+mod knative_dispatcher;
 mod knative_import;
 mod knative_ingress;
 mod knative_senders;
