@@ -225,7 +225,7 @@ fn to_structured(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, S
             .is_some_and(is_json_media)
             .then(|| std::str::from_utf8(body).ok())
             .flatten()
-            .filter(|text| serde_json::from_str::<IgnoredAny>(text).is_ok());
+            .filter(|text| serde_json::from_slice::<IgnoredAny>(text.as_bytes()).is_ok());
         match json_data {
             Some(text) => {
                 json.push_str(",\"data\":");
@@ -377,7 +377,7 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
         members
             .iter()
             .find(|(n, _)| n == name)
-            .and_then(|(_, raw)| serde_json::from_str::<String>(raw.get()).ok())
+            .and_then(|(_, raw)| json_string(raw).ok())
             .filter(|value| !value.is_empty())
     };
     check_required(|name| string(name).is_some(), "member ")?;
@@ -389,7 +389,7 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
             return Err("both data and data_base64 are given: the JSON format allows one".into())
         }
         (None, Some(raw)) => {
-            let text = serde_json::from_str::<String>(raw.get())
+            let text = json_string(raw)
                 .map_err(|_| "data_base64 is not a string".to_string())?;
             BASE64
                 .decode(text.as_bytes())
@@ -402,7 +402,7 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
                 raw.get().as_bytes().to_vec()
             }
             Some(ct) if is_json_media(ct.as_bytes()) => raw.get().as_bytes().to_vec(),
-            Some(ct) => serde_json::from_str::<String>(raw.get())
+            Some(ct) => json_string(raw)
                 .map_err(|_| {
                     format!(
                         "data is not a string, and datacontenttype {ct} is not JSON: it has no \
@@ -440,8 +440,8 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
 fn attribute_text<'r>(name: &str, raw: &'r RawValue) -> Result<Option<Cow<'r, str>>, String> {
     let text = raw.get();
     match text.as_bytes().first() {
-        Some(b'"') => serde_json::from_str::<Cow<'r, str>>(text)
-            .map(Some)
+        Some(b'"') => json_string(raw)
+            .map(|text| Some(Cow::Owned(text)))
             .map_err(|e| format!("member {name}: {e}")),
         Some(b'n') => Ok(None),
         Some(b't' | b'f') => Ok(Some(Cow::Borrowed(text))),
@@ -461,6 +461,11 @@ fn attribute_text<'r>(name: &str, raw: &'r RawValue) -> Result<Option<Cow<'r, st
              header"
         )),
     }
+}
+
+/// A JSON string's value (through the one slice reader the crate instantiates).
+fn json_string(raw: &RawValue) -> Result<String, serde_json::Error> {
+    serde_json::from_slice::<String>(raw.get().as_bytes())
 }
 
 /// A JSON object's members in order, each value's exact text.
