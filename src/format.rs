@@ -389,8 +389,7 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
             return Err("both data and data_base64 are given: the JSON format allows one".into())
         }
         (None, Some(raw)) => {
-            let text = json_string(raw)
-                .map_err(|_| "data_base64 is not a string".to_string())?;
+            let text = json_string(raw).map_err(|_| "data_base64 is not a string".to_string())?;
             BASE64
                 .decode(text.as_bytes())
                 .map_err(|e| format!("data_base64 is not valid base64: {e}"))?
