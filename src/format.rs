@@ -687,7 +687,9 @@ mod tests {
             headers.extend_from_slice(extra);
             convert(Format::Structured, &pairs(&headers), b"").unwrap_err()
         };
-        let cases: &[(&[(&str, &[u8])], usize, &str)] = &[
+        // Extra headers, how many required ones to leave out, the refusal's words.
+        type Case<'a> = (&'a [(&'a str, &'a [u8])], usize, &'a str);
+        let cases: &[Case] = &[
             (
                 &[("ce-x", b"%FF")],
                 0,
