@@ -3,7 +3,8 @@
 //! it as it came, one that asks for binary and one that asks for structured (Knative's word,
 //! `json`), and the SDK reads each delivery back and finds the same event (id, source, type,
 //! extensions, the data's bytes). A request that cannot be converted exactly gets 400 and no
-//! subscriber is called.
+//! subscriber is called. The dead letter of such a subscriber is in its mode too, with
+//! Knative's error attributes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::harness;
@@ -206,4 +207,33 @@ fn a_request_that_cannot_be_converted_gets_400_and_nobody_is_called() {
         |n| n == 3,
         Duration::from_secs(10),
     );
+}
+
+#[test]
+fn the_dead_letter_of_a_subscriber_with_a_format_is_in_that_mode_with_knatives_attributes() {
+    let failing = Subscriber::start("structured", harness::Behavior::Status(503));
+    let dlq = Subscriber::ok("dlq");
+    let config = json!({
+        "subscribers": [{ "cluster": "structured",
+                          "delivery": { "format": "json", "dead_letter": { "cluster": "dlq" } } }]
+    });
+    let envoy = Envoy::with_subscribers(&config, &[&failing, &dlq]);
+    let (headers, body) = sdk_event("binary", "json", "dead-1");
+    let reply = post(&envoy, &headers, &body);
+    assert_eq!(reply.status, 202, "{}", reply.text());
+    let letter = dlq.only_request();
+    let read = sdk_reads(&letter);
+    assert_eq!(read["mode"], "structured", "{read}");
+    let attributes = &read["attributes"];
+    assert_eq!(attributes["id"], "dead-1");
+    assert_eq!(attributes["greeting"], "grüße aus Köln \"100%\"");
+    assert_eq!(attributes["knativeerrorcode"], "503", "{read}");
+    assert_eq!(
+        read["data"],
+        json!({"json": r#"{"list": [1, 2.5, null], "note": "caf\u00e9", "order": 7}"#})
+    );
+    // The subscriber itself got the same structured event, without the error attributes.
+    let got = sdk_reads(&failing.only_request());
+    assert_eq!(got["mode"], "structured");
+    assert_eq!(got["attributes"].get("knativeerrorcode"), None, "{got}");
 }
