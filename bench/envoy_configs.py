@@ -213,7 +213,7 @@ def sub_clusters(n, sub_port):
     return [cluster(f"sub_{i}", sub_port) for i in range(max(n, 1))]
 
 
-def fanout_json(n, metrics=True, timeout_ms=30000, dedupe=False, call_cap=None):
+def fanout_json(n, metrics=True, timeout_ms=30000, dedupe=False, call_cap=None, format=None):
     conf = {
         "timeout_ms": timeout_ms,
         "metrics": metrics,
@@ -225,6 +225,10 @@ def fanout_json(n, metrics=True, timeout_ms=30000, dedupe=False, call_cap=None):
         # Per worker: a cap above the load's connections never binds; it measures the
         # bookkeeping of every call taking and giving back a slot.
         conf["max_concurrent_calls"] = call_cap
+    if format is not None and n > 0:
+        # One subscriber (the last) takes the event in the other content mode: the
+        # conversion, once per request (the bench sends binary mode).
+        conf["subscribers"][-1]["delivery"] = {"format": format}
     return json.dumps(conf)
 
 
@@ -235,14 +239,14 @@ def floor_conf(n, extras=()):
 
 
 def system(kind, n, port, admin_port, sub_port, wasm, metrics=True, timeout_ms=30000,
-           dedupe=False, build=None, extras=(), call_cap=None):
+           dedupe=False, build=None, extras=(), call_cap=None, format=None):
     """The Envoy configuration of one system under test. `wasm`: the modules by name
     ("fanout", "noop", "floor", and "fanout-<build>" for each other build of fanout)."""
     name = "bench"
     clusters = sub_clusters(n, sub_port)
     names = [c["name"] for c in clusters]
     if kind == "fanout":
-        conf = fanout_json(n, metrics, timeout_ms, dedupe, call_cap)
+        conf = fanout_json(n, metrics, timeout_ms, dedupe, call_cap, format)
         path = wasm[f"fanout-{build}"] if build else wasm["fanout"]
         filters, routes = [wasm_filter("fanout", path, conf)], TRIPWIRE
     elif kind == "floor":

@@ -455,6 +455,7 @@ def markdown(results, chart="chart.svg"):
         ("fanout-nometrics/16", "fanout N=16, metrics off"),
         ("fanout-dedupe/4", "fanout N=4, dedupe on (a new `ce-id` per request)"),
         ("fanout-cap/4", "fanout N=4, `max_concurrent_calls` that never binds (vs `fanout/4`: the cap's bookkeeping)"),
+        ("fanout-format/4", "fanout N=4, one subscriber `delivery.format: structured` (vs `fanout/4`: one conversion per request)"),
         ("fanout-64k/4", "fanout N=4, 64 KiB body"),
         ("mirror-64k/4", "mirror N=4, 64 KiB body"),
         ("proxy-64k/1", "plain proxy, 64 KiB body"),

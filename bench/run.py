@@ -523,6 +523,7 @@ def throughput_specs(builds):
     specs += [("baseline/0", "baseline", 0, {}), ("noop/0", "noop", 0, {}),
               ("fanout-dedupe/4", "fanout", 4, {"dedupe": True}),
               ("fanout-cap/4", "fanout", 4, {"call_cap": 100000}),
+              ("fanout-format/4", "fanout", 4, {"format": "structured"}),
               ("fanout-64k/4", "fanout", 4, {}), ("mirror-64k/4", "mirror", 4, {}),
               ("proxy-64k/1", "proxy", 1, {})]
     return specs

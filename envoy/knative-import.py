@@ -553,13 +553,16 @@ def map_delivery(delivery, dead_letter, where, field, clusters, report):
         retry_after_max = duration_ms(
             delivery["retryAfterMax"], where, f"{field}.retryAfterMax", report, allow_zero=True
         )
-    if delivery.get("format") is not None:
-        report.warn(
+    # Knative's FormatType (pkg/apis/duck/v1/delivery_types.go): "json" (structured) or
+    # "binary"; fanout takes both words as they are.
+    event_format = delivery.get("format")
+    if event_format is not None and event_format not in ("json", "binary"):
+        report.error(
             where,
             f"{field}.format",
-            f"{json.dumps(delivery['format'])}: fanout passes each event on in the mode it arrived "
-            "in (binary or structured) and does not convert it",
+            f"{json.dumps(event_format)}: Knative's formats are json (structured mode) and binary",
         )
+        event_format = None
     if retry:
         out["retry"] = retry
         if policy is not None and delay is not None:
@@ -605,6 +608,8 @@ def map_delivery(delivery, dead_letter, where, field, clusters, report):
             else:
                 cap = retry_after_max
         out["backoff_max_ms"] = cap
+    if event_format is not None:
+        out["format"] = event_format
     if dead_letter is not None:
         target = clusters.target(
             dead_letter.uri, dead_letter.where, dead_letter.field, report, dead_letter.ca_certs

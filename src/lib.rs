@@ -10,10 +10,12 @@
 //! orchestration and performs host calls for it. docs/design.md has the module map and one
 //! request's walk through it; README.md is the user contract.
 
-// Values: an answer, one call, an event's attributes, header rules, JSON, channel routing.
+// Values: an answer, one call, an event's attributes and its content modes, header rules,
+// JSON, channel routing.
 pub mod answer;
 pub mod call;
 pub mod cloudevents;
+pub mod format;
 pub mod headers;
 pub mod json;
 pub mod routing;

@@ -22,7 +22,7 @@ use crate::answer::{Answer, PENDING_HEADER};
 use crate::config::{AnswerMode, BodyWait, Channel, Config};
 use crate::dedupe::claim::{self, Ask, Claim, Claims};
 use crate::dedupe::etcd::StoreError;
-use crate::deliveries::{Deliveries, Finished, InLine, Job};
+use crate::deliveries::{Deliveries, Finished, InLine, Job, Variant};
 use crate::fan_out_state::FanOut;
 use crate::headers::Forwarded;
 use crate::host::Host;
@@ -60,7 +60,11 @@ struct Claiming {
     fanout: FanOut,
     body: Vec<u8>,
     forwarded: Forwarded,
+    converted: Option<Box<Variant>>,
 }
+
+/// The event as it came (body, forwarded headers) and as `delivery.format` converted it.
+type Message = (Vec<u8>, Forwarded, Option<Box<Variant>>);
 
 /// One request.
 pub struct Stream<H> {
@@ -263,6 +267,14 @@ impl<H: Host> Stream<H> {
                 return;
             }
         };
+        // `delivery.format`: the event converted once, or the 400, before anything is claimed.
+        let converted = match Variant::prepare(channel, &admitted.forwarded, &body) {
+            Ok(converted) => converted,
+            Err(answer) => {
+                self.reject(answer);
+                return;
+            }
+        };
         let request = Request {
             log_id: self.id,
             started_ms: self.started_ms,
@@ -291,10 +303,12 @@ impl<H: Host> Stream<H> {
         let forwarded = admitted.forwarded;
         match recipients.claim {
             Claim::Done(claims) => {
-                self.deliver(config, channel, recipients.fanout, claims, body, forwarded)
+                let message = (body, forwarded, converted);
+                self.deliver(config, channel, recipients.fanout, claims, message)
             }
             Claim::Failed(error) => {
-                self.store_failed(config, channel, recipients.fanout, &error, body, forwarded)
+                let message = (body, forwarded, converted);
+                self.store_failed(config, channel, recipients.fanout, &error, message)
             }
             Claim::Ask(ask) => {
                 // From this stream: its answer comes back here, and the stream waits.
@@ -313,6 +327,7 @@ impl<H: Host> Stream<H> {
                                 fanout: recipients.fanout,
                                 body,
                                 forwarded,
+                                converted,
                             }),
                         };
                     }
@@ -323,8 +338,7 @@ impl<H: Host> Stream<H> {
                             channel,
                             recipients.fanout,
                             &error,
-                            body,
-                            forwarded,
+                            (body, forwarded, converted),
                         );
                     }
                 }
@@ -347,6 +361,7 @@ impl<H: Host> Stream<H> {
             mut fanout,
             body,
             forwarded,
+            converted,
         } = *claiming;
         let status = if num_headers == 0 {
             None
@@ -358,9 +373,10 @@ impl<H: Host> Stream<H> {
         } else {
             Vec::new()
         };
+        let message = (body, forwarded, converted);
         match claim::answered(&self.host, &self.counter, ask, status, &answer, &mut fanout) {
-            Ok(claims) => self.deliver(&config, &channel, fanout, claims, body, forwarded),
-            Err(error) => self.store_failed(&config, &channel, fanout, &error, body, forwarded),
+            Ok(claims) => self.deliver(&config, &channel, fanout, claims, message),
+            Err(error) => self.store_failed(&config, &channel, fanout, &error, message),
         }
     }
 
@@ -371,8 +387,7 @@ impl<H: Host> Stream<H> {
         channel: &Rc<Channel>,
         fanout: FanOut,
         error: &StoreError,
-        body: Vec<u8>,
-        forwarded: Forwarded,
+        message: Message,
     ) {
         let now = self.started_ms;
         let deliveries = &self.deliveries;
@@ -380,7 +395,7 @@ impl<H: Host> Stream<H> {
             deliveries.borrow_mut().store.warn(now)
         });
         match failed {
-            Ok(()) => self.deliver(config, channel, fanout, None, body, forwarded),
+            Ok(()) => self.deliver(config, channel, fanout, None, message),
             Err(answer) => self.reject(answer),
         }
     }
@@ -392,8 +407,7 @@ impl<H: Host> Stream<H> {
         channel: &Rc<Channel>,
         fanout: FanOut,
         claims: Option<Claims>,
-        body: Vec<u8>,
-        forwarded: Forwarded,
+        (body, forwarded, converted): Message,
     ) {
         let in_progress = fanout.in_progress();
         // Subscribers to call: in a channel of best-effort ones, all still pending at the 202.
@@ -407,6 +421,7 @@ impl<H: Host> Stream<H> {
             fanout,
             body,
             forwarded,
+            converted,
             answer_to: None,
             log_id: self.id,
             started_ms: self.started_ms,

@@ -382,7 +382,7 @@ mod tests {
 
     fn delivery() -> Value {
         json!({"retry": 2, "backoff_policy": "exponential", "backoff_delay_ms": 10,
-               "backoff_max_ms": 100, "dead_letter": target()})
+               "backoff_max_ms": 100, "dead_letter": target(), "format": "binary"})
     }
 
     /// Every field of every raw type, each with a valid value.

@@ -20,6 +20,7 @@ use crate::call_slots::CallCap;
 use crate::cloudevents::Attributes;
 use crate::dedupe::settings::RawDedupe;
 use crate::event_filter::{self, Filter};
+use crate::format::Format;
 use crate::headers::HeaderSelector;
 use crate::jitter::Jitter;
 use crate::retry::{BackoffPolicy, RetryPolicy};
@@ -213,6 +214,8 @@ struct RawDelivery {
     backoff_max_ms: Option<u32>,
     backoff_jitter: Option<f64>,
     dead_letter: Option<RawTarget>,
+    /// `binary`, `structured` or `json`: the content mode the subscriber gets.
+    format: Option<String>,
 }
 
 /// Whether the 202/500 answer waits for the deliveries.
@@ -286,6 +289,9 @@ pub struct Channel {
     /// Some subscriber has a filter: only then are a request's CloudEvents attributes read
     /// (and a structured body parsed).
     pub filtered: bool,
+    /// Some subscriber has a `delivery.format`: only then is the event converted (once per
+    /// request, `format.rs`).
+    pub converts: bool,
 }
 
 impl Channel {
@@ -322,6 +328,8 @@ pub struct Subscriber {
     pub required: bool,
     /// `max_concurrent_calls` and `max_queued_calls` of its cluster (`None`: no cap).
     pub call_cap: Option<CallCap>,
+    /// `delivery.format`: the content mode it gets (`None`: the event as it came).
+    pub format: Option<Format>,
 }
 
 /// A dead-letter or reply target.
@@ -960,6 +968,64 @@ mod tests {
             ),
         ];
         assert_rejected(cases);
+    }
+
+    #[test]
+    fn delivery_format_by_subscriber_falls_back_to_the_top_level() {
+        let config = parse(
+            r#"{"delivery": {"format": "json"}, "channels": [
+                 {"name": "c", "hosts": ["c"], "subscribers": [
+                   {"cluster": "a"},
+                   {"cluster": "b", "delivery": {"format": "binary"}},
+                   {"cluster": "c", "delivery": {"retry": 1}}]},
+                 {"name": "d", "hosts": ["d"], "subscribers": [{"cluster": "e"}]}]}"#,
+        )
+        .unwrap();
+        let formats: Vec<_> = config.channels[0]
+            .subscribers
+            .iter()
+            .map(|s| s.format)
+            .collect();
+        assert_eq!(
+            formats,
+            [
+                Some(Format::Structured),
+                Some(Format::Binary),
+                Some(Format::Structured)
+            ]
+        );
+        assert!(config.channels[0].converts && config.channels[1].converts);
+        let plain = parse(r#"{"subscribers": [{"cluster": "a"}]}"#).unwrap();
+        assert_eq!(plain.channels[0].subscribers[0].format, None);
+        assert!(!plain.channels[0].converts);
+    }
+
+    #[test]
+    fn delivery_format_rejections_name_the_field() {
+        let cases: &[(&str, &str)] = &[
+            (
+                r#"{"delivery": {"format": "xml"}, "subscribers": []}"#,
+                "delivery.format: \"xml\" is not a content mode: use \"binary\", \"structured\" or \"json\"",
+            ),
+            (
+                r#"{"subscribers": [{"cluster": "a"}, {"cluster": "b", "delivery": {"format": "JSON"}}]}"#,
+                "subscribers[1].delivery.format: \"JSON\" is not a content mode",
+            ),
+            (
+                r#"{"channels": [{"subscribers": [{"cluster": "a", "delivery": {"format": 1}}]}]}"#,
+                "channels[0].subscribers[0].delivery.format: invalid type: integer `1`, expected a string",
+            ),
+            (
+                r#"{"forward_headers": ["x-request-id", "ce-*"],
+                    "subscribers": [{"cluster": "a"}, {"cluster": "b", "delivery": {"format": "binary"}}]}"#,
+                "forward_headers: does not forward content-type, which subscribers[1] needs for its delivery.format",
+            ),
+        ];
+        assert_rejected(cases);
+        // The same list without a format is fine.
+        assert!(
+            parse(r#"{"forward_headers": ["ce-*"], "subscribers": [{"cluster": "a"}]}"#).is_ok()
+        );
     }
 
     #[test]

@@ -256,6 +256,7 @@ const DELIVERY_FIELDS: &[&str] = &[
     "backoff_max_ms",
     "backoff_jitter",
     "dead_letter",
+    "format",
 ];
 
 impl RawDelivery {
@@ -271,6 +272,7 @@ impl RawDelivery {
                     "backoff_max_ms" => raw.backoff_max_ms = at.option(At::u32)?,
                     "backoff_jitter" => raw.backoff_jitter = at.option(At::f64)?,
                     "dead_letter" => raw.dead_letter = at.option(RawTarget::read)?,
+                    "format" => raw.format = at.option(At::string)?,
                     _ => {}
                 }
                 Ok(())

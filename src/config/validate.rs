@@ -15,6 +15,7 @@ use super::{
 use crate::call_slots::{CallCap, DEFAULT_MAX_QUEUED_CALLS};
 use crate::dedupe::settings::{subscriber_ids, Store, ETCD_MAX_TXN_OPS};
 use crate::event_filter;
+use crate::format::Format;
 use crate::headers::{self, HeaderSelector};
 use crate::jitter::Jitter;
 use crate::retry::{RetryPolicy, DEFAULT_BACKOFF_DELAY_MS, DEFAULT_BACKOFF_MAX_MS, MAX_RETRY};
@@ -30,7 +31,25 @@ impl RawDelivery {
             backoff_max_ms: self.backoff_max_ms.or(default.backoff_max_ms),
             backoff_jitter: self.backoff_jitter.or(default.backoff_jitter),
             dead_letter: self.dead_letter.or_else(|| default.dead_letter.clone()),
+            format: self.format.or_else(|| default.format.clone()),
         }
+    }
+
+    /// `format`: `binary`, `structured`, or Knative's `json` for structured.
+    fn format(&self, at: &str) -> Result<Option<Format>, ConfigError> {
+        let Some(word) = &self.format else {
+            return Ok(None);
+        };
+        Format::parse(word).map(Some).ok_or_else(|| {
+            ConfigError::new(
+                format!("{at}.format"),
+                format!(
+                    "{} is not a content mode: use \"binary\", \"structured\" or \"json\" \
+                     (Knative's word for structured), or leave it out for the event as it came",
+                    serde_json::Value::String(word.clone())
+                ),
+            )
+        })
     }
 
     fn policy(&self, at: &str) -> Result<RetryPolicy, ConfigError> {
@@ -84,6 +103,7 @@ impl RawConfig {
         let max_in_flight = max_in_flight(self.max_in_flight)?;
         let (channels, router) = channels(raw_channels, shorthand, default_timeout, &defaults)?;
         let call_caps = call_caps(&channels, shorthand)?;
+        converted_headers_forwarded(&forward, &channels, shorthand)?;
         if self.max_queued_calls.is_some() && call_caps.is_empty() {
             return Err(ConfigError::new("max_queued_calls", QUEUE_WITHOUT_CAP));
         }
@@ -144,6 +164,44 @@ impl RawConfig {
             require_cloudevents: self.require_cloudevents.unwrap_or(false),
         })
     }
+}
+
+/// The headers a `delivery.format` conversion reads (the event's content type and its
+/// attributes): it converts the forwarded headers, so they must be forwarded.
+const CONVERTED_HEADERS: [&str; 5] = [
+    "content-type",
+    "ce-specversion",
+    "ce-id",
+    "ce-source",
+    "ce-type",
+];
+
+fn converted_headers_forwarded(
+    forward: &HeaderSelector,
+    channels: &[Rc<Channel>],
+    shorthand: bool,
+) -> Result<(), ConfigError> {
+    let Some(missing) = CONVERTED_HEADERS.iter().find(|h| !forward.selects(h)) else {
+        return Ok(());
+    };
+    for (c, channel) in channels.iter().enumerate() {
+        if let Some(s) = channel.subscribers.iter().position(|s| s.format.is_some()) {
+            let at = if shorthand {
+                format!("subscribers[{s}]")
+            } else {
+                format!("channels[{c}].subscribers[{s}]")
+            };
+            return Err(ConfigError::new(
+                "forward_headers",
+                format!(
+                    "does not forward {missing}, which {at} needs for its delivery.format: the \
+                     conversion reads the forwarded content-type and ce-* headers (add \"ce-*\" \
+                     and \"content-type\")"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn forward_headers(list: Option<Vec<String>>) -> Result<HeaderSelector, ConfigError> {
@@ -254,10 +312,12 @@ fn channels(
             sub.dedupe_id = id;
         }
         let filtered = subscribers.iter().any(|s| s.filter.is_some());
+        let converts = subscribers.iter().any(|s| s.format.is_some());
         channels.push(Rc::new(Channel {
             name,
             subscribers,
             filtered,
+            converts,
         }));
     }
     Ok((channels, router))
@@ -368,6 +428,7 @@ impl Defaults {
         };
         defaults.delivery.policy("delivery")?;
         defaults.delivery.jitter("delivery")?;
+        defaults.delivery.format("delivery")?;
         if let Some(dlq) = &defaults.delivery.dead_letter {
             dlq.clone()
                 .validate("delivery.dead_letter", default_timeout)?;
@@ -416,6 +477,8 @@ impl RawSubscriber {
         let delivery = self.delivery.unwrap_or_default().or(&defaults.delivery);
         let retry = delivery.policy(&delivery_at)?;
         let backoff_jitter = delivery.jitter(&delivery_at)?;
+        // A top-level word that is wrong was refused by name already.
+        let format = delivery.format(&delivery_at)?;
         let call_cap = call_cap(
             at,
             self.max_concurrent_calls,
@@ -448,6 +511,7 @@ impl RawSubscriber {
             backoff_jitter,
             required: self.required.unwrap_or(true),
             call_cap,
+            format,
         })
     }
 }

@@ -35,6 +35,9 @@ impl<'a, 'c> CallPlan<'a, 'c> {
         leg: Leg,
     ) -> Option<CallPlan<'a, 'c>> {
         let sub = channel.subscribers.get(index)?;
+        // The event as this subscriber takes it (`delivery.format`); its dead letter carries
+        // the same, as Knative's dispatcher sends both in the format it forces.
+        let (forwarded, body) = job.message(sub);
         Some(match leg {
             Leg::Event => CallPlan {
                 cluster: &sub.cluster,
@@ -42,24 +45,22 @@ impl<'a, 'c> CallPlan<'a, 'c> {
                 base: &sub.call_headers,
                 prefer_reply: sub.reply.is_some(),
                 extra: Vec::new(),
-                forwarded: &job.forwarded,
+                forwarded,
                 replaced: None,
-                body: Cow::Borrowed(&job.body),
+                body: Cow::Borrowed(body),
             },
             Leg::DeadLetter => {
                 let target = sub.dead_letter.as_ref()?;
-                let letter = job
-                    .fanout
-                    .dead_letter(index, channel, &job.forwarded, &job.body);
+                let letter = job.fanout.dead_letter(index, channel, forwarded, body);
                 CallPlan {
                     cluster: &target.cluster,
                     timeout: target.timeout,
                     base: &target.call_headers,
                     prefer_reply: false,
                     extra: letter.headers,
-                    forwarded: &job.forwarded,
+                    forwarded,
                     replaced: Some(crate::dead_letter::replaces),
-                    body: letter.body.map_or(Cow::Borrowed(&job.body[..]), Cow::Owned),
+                    body: letter.body.map_or(Cow::Borrowed(body), Cow::Owned),
                 }
             }
             Leg::Reply => {

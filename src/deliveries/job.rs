@@ -4,10 +4,12 @@
 
 use std::rc::Rc;
 
+use crate::answer::Answer;
 use crate::call::{Failure, Leg};
 use crate::config::{Channel, Config, Subscriber};
 use crate::dedupe::settle::Claims;
 use crate::fan_out_state::FanOut;
+use crate::format::{self, Format};
 use crate::headers::Forwarded;
 use crate::metrics::Tally;
 
@@ -21,6 +23,9 @@ pub struct Job {
     pub fanout: FanOut,
     pub body: Vec<u8>,
     pub forwarded: Forwarded,
+    /// The event in the other content mode, for the subscribers whose `delivery.format` asks
+    /// for it (`None`: nobody does).
+    pub converted: Option<Box<Variant>>,
     /// The stream waiting for the answer (sync mode); `None` once async or abandoned.
     pub answer_to: Option<u32>,
     /// Context id for log lines.
@@ -31,6 +36,71 @@ pub struct Job {
     /// Its calls in `max_concurrent_calls`' line (the deliveries' to keep; start with the
     /// default).
     pub line: InLine,
+}
+
+/// The event converted once, for every subscriber whose `delivery.format` is `format`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Variant {
+    pub format: Format,
+    pub forwarded: Forwarded,
+    pub body: Vec<u8>,
+}
+
+impl Variant {
+    /// The event, as `forwarded` and `body` carry it, converted for `channel`'s subscribers
+    /// that want the other content mode; `None` when none does. `Err`: the 400 naming the
+    /// first subscriber with a format whose event cannot be converted exactly (or is no
+    /// single CloudEvent), decided before anyone is called.
+    pub fn prepare(
+        channel: &Channel,
+        forwarded: &Forwarded,
+        body: &[u8],
+    ) -> Result<Option<Box<Variant>>, Answer> {
+        if !channel.converts {
+            return Ok(None);
+        }
+        let pairs: Vec<(&[u8], &[u8])> = forwarded
+            .iter()
+            .map(|(name, value)| (name.as_bytes(), value.as_bytes()))
+            .collect();
+        let incoming = format::mode(&pairs);
+        let mut variant = None;
+        for (index, sub) in channel.subscribers.iter().enumerate() {
+            let Some(wanted) = sub.format else {
+                continue;
+            };
+            let refused = |reason: &str| {
+                Answer::rejected(
+                    400,
+                    &format!(
+                        "subscriber {} (#{index}) takes events in {wanted} mode \
+                         (delivery.format), and this request cannot be converted: {reason}",
+                        sub.cluster
+                    ),
+                )
+            };
+            let mode = incoming.as_ref().map_err(|reason| refused(reason))?;
+            if *mode == wanted || variant.is_some() {
+                continue;
+            }
+            let converted = format::convert(wanted, &pairs, body).map_err(|r| refused(&r))?;
+            variant = Some(Box::new(Variant {
+                format: converted.format,
+                forwarded: converted
+                    .headers
+                    .iter()
+                    .map(|(name, value)| {
+                        (
+                            String::from_utf8_lossy(name),
+                            String::from_utf8_lossy(value),
+                        )
+                    })
+                    .collect(),
+                body: converted.body,
+            }));
+        }
+        Ok(variant)
+    }
 }
 
 /// A job's calls in line.
@@ -81,6 +151,17 @@ impl Recorded {
 }
 
 impl Job {
+    /// The headers and body `sub`'s event (and its dead letter) carry: the converted ones
+    /// when its `delivery.format` is theirs, else the event as it came.
+    pub fn message(&self, sub: &Subscriber) -> (&Forwarded, &[u8]) {
+        match (&self.converted, sub.format) {
+            (Some(variant), Some(format)) if variant.format == format => {
+                (&variant.forwarded, &variant.body)
+            }
+            _ => (&self.forwarded, &self.body),
+        }
+    }
+
     /// When its calls, if still open, are given up as lost: past the worst case of its
     /// slowest subscriber, plus `LOST_CALL_GRACE_MS`.
     pub fn deadline_ms(&self) -> u64 {
@@ -206,6 +287,7 @@ mod tests {
             channel,
             body: Vec::new(),
             forwarded: Forwarded::default(),
+            converted: None,
             answer_to: None,
             log_id: 1,
             started_ms,

@@ -27,7 +27,7 @@ use crate::telemetry::Telemetry;
 use call_end::Expected;
 use call_plan::CallPlan;
 use job::leg_cluster;
-pub use job::{InLine, Job};
+pub use job::{InLine, Job, Variant};
 use slot_gate::{Pass, SlotGate};
 
 mod call_end;

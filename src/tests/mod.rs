@@ -11,6 +11,7 @@ mod delivery;
 mod etcd_store;
 mod filters;
 mod flow_control;
+mod format;
 mod metrics;
 mod replies;
 mod retries;

@@ -802,6 +802,47 @@ fn a_subscriber_without_a_delivery_gets_the_channels_and_one_with_a_delivery_onl
     assert_eq!(import.errors().len(), 1, "{}", import.stderr);
 }
 
+#[test]
+fn delivery_format_maps_from_the_channel_and_the_subscription() {
+    let channel = |channel_format: Value, subscribers: Value| {
+        json!({ "apiVersion": "v1", "kind": "List", "items": [{
+            "apiVersion": "messaging.knative.dev/v1", "kind": "InMemoryChannel",
+            "metadata": { "name": "f", "namespace": "test" },
+            "spec": { "delivery": { "format": channel_format }, "subscribers": subscribers },
+            "status": { "address": { "url": "http://f-kn-channel.test.svc.cluster.local" } }
+        }] })
+    };
+    let subscribers = json!([
+        { "subscriberUri": "http://inherits.test.svc.cluster.local/" },
+        { "subscriberUri": "http://own.test.svc.cluster.local/",
+          "delivery": { "format": "binary" } },
+        { "subscriberUri": "http://none.test.svc.cluster.local/", "delivery": { "retry": 1 } }
+    ]);
+    let import = Import::objects(&channel(json!("json"), subscribers.clone()), &[]);
+    import.succeeded();
+    assert!(import.warnings().is_empty(), "{}", import.stderr);
+    let config = import.json("fanout.json");
+    let got = &config["channels"][0]["subscribers"];
+    assert_eq!(got[0]["delivery"], json!({ "format": "json" }));
+    assert_eq!(got[1]["delivery"], json!({ "format": "binary" }));
+    // A subscriber's own delivery replaces the channel's whole, format included.
+    assert_eq!(got[2]["delivery"].get("format"), None, "{}", got[2]);
+    // Words fanout takes as they are: the written configuration is accepted.
+    fanout::config::Config::from_json(config.to_string().as_bytes())
+        .unwrap_or_else(|e| panic!("the imported configuration is refused: {e:?}"));
+
+    let import = Import::objects(&channel(json!("xml"), subscribers), &[]);
+    assert_eq!(import.code, 1, "{}", import.stderr);
+    assert_reported(
+        &import.errors(),
+        &[(
+            "InMemoryChannel test/f",
+            "spec.delivery.format",
+            "\"xml\": Knative's formats are json (structured mode) and binary",
+        )],
+    );
+}
+
 /// A Subscription `test/<name>` of `channel` (a KReference), resolved as `physical` says.
 fn subscription(name: &str, channel: Value, physical: Value) -> Value {
     json!({
@@ -887,8 +928,7 @@ fn what_cannot_be_carried_over_is_an_error_or_a_warning() {
     }
     // Warnings: all in one input, which is still written.
     let mut input = channel_with(vec![
-        json!({ "subscriberUri": "http://a.test.svc.cluster.local",
-                "delivery": { "format": "json" } }),
+        json!({ "subscriberUri": "http://a.test.svc.cluster.local" }),
         json!({ "subscriberUri": "https://b.example.com/", "subscriberCACerts": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----",
                 "auth": { "serviceAccountName": "oidc-table" } }),
     ]);
@@ -914,11 +954,6 @@ fn what_cannot_be_carried_over_is_an_error_or_a_warning() {
         &[
             (
                 "InMemoryChannel test/table",
-                "spec.subscribers[0].delivery.format",
-                "does not convert it",
-            ),
-            (
-                "InMemoryChannel test/table",
                 "spec.subscribers[1].auth",
                 "fanout sends no OIDC token",
             ),
@@ -936,7 +971,7 @@ fn what_cannot_be_carried_over_is_an_error_or_a_warning() {
             ("Broker test/default", "kind", "is not imported; ignored"),
         ],
     );
-    assert_eq!(import.warnings().len(), 5, "{}", import.stderr);
+    assert_eq!(import.warnings().len(), 4, "{}", import.stderr);
     let config = import.json("fanout.json");
     assert_eq!(
         config["channels"][0]["hosts"],

@@ -19,6 +19,7 @@ mod dedupe;
 mod delivery;
 mod filters;
 mod flow;
+mod format;
 mod metrics;
 mod reload;
 mod replicas_store;
