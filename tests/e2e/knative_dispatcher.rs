@@ -83,12 +83,6 @@ const NOT_REPLAYED: &[NotReplayed] = &[
     },
     NotReplayed {
         file: DISPATCHER_TEST,
-        case: "TestEventFormats",
-        why: "delivery.format is not in fanout yet (issue 26 section 3): the event goes in the \
-              mode it came in; the import warns about format",
-    },
-    NotReplayed {
-        file: DISPATCHER_TEST,
         case: "TestDispatchMessageToTLSEndpoint",
         why: "TLS to a destination is Envoy's upstream TLS, not fanout's; an https subscriber \
               is tested in tests/e2e/knative_import.rs; the plain-HTTP part of the two TLS \
@@ -1273,6 +1267,273 @@ fn event_dispatcher_reply_only_has_no_destination_and_is_refused() {
     assert!(log.contains("cluster"), "{log}");
 }
 
+// ---------------------------------------------------------------------------------------
+// event_dispatcher_test.go: TestEventFormats
+
+/// sdk-go's `binding.Encoding` of a request, as its HTTP message reads it
+/// (`NewMessageFromHttpRequest`, `ReadEncoding`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Encoding {
+    Binary,
+    Structured,
+    Unknown,
+}
+
+/// One of TestEventFormats' subtests, from one of the two modes a sender can send in.
+struct FormatCase {
+    knative: &'static str,
+    /// Knative's `v1.FormatType` (`DeliveryFormatBinary`, `DeliveryFormatJson`): the
+    /// DeliverySpec's `format`, through the import.
+    format: &'static str,
+    /// The mode the sender sends the event in. Knative's test hands its dispatcher a Go event,
+    /// which has none; over HTTP an event always has one: both are replayed.
+    sent: Encoding,
+    /// Knative's `expectedEncoding` at the destination.
+    knative_expects: Encoding,
+    fanout: Encoding,
+    verdict: Verdict,
+}
+
+const FORMAT_CASES: &[FormatCase] = &[
+    FormatCase {
+        knative: "TestEventFormats/BinaryFormat, sent in binary mode",
+        format: "binary",
+        sent: Encoding::Binary,
+        knative_expects: Encoding::Binary,
+        fanout: Encoding::Binary,
+        verdict: Verdict::Agrees,
+    },
+    FormatCase {
+        knative: "TestEventFormats/BinaryFormat, sent in structured mode",
+        format: "binary",
+        sent: Encoding::Structured,
+        knative_expects: Encoding::Binary,
+        fanout: Encoding::Binary,
+        verdict: Verdict::Agrees,
+    },
+    FormatCase {
+        knative: "TestEventFormats/JsonFormat, sent in binary mode",
+        format: "json",
+        sent: Encoding::Binary,
+        knative_expects: Encoding::Structured,
+        fanout: Encoding::Structured,
+        verdict: Verdict::Agrees,
+    },
+    FormatCase {
+        knative: "TestEventFormats/JsonFormat, sent in structured mode",
+        format: "json",
+        sent: Encoding::Structured,
+        knative_expects: Encoding::Structured,
+        fanout: Encoding::Structured,
+        verdict: Verdict::Agrees,
+    },
+];
+
+/// sdk-go's `test.FullEvent()`, each attribute as its canonical string (CloudEvents 1.0.2,
+/// 2 type system: a Boolean `true`, an Integer `42`, Binary in base64, a Timestamp in RFC
+/// 3339), `datacontenttype` included.
+const FULL_EVENT_ATTRIBUTES: &[(&str, &str)] = &[
+    ("specversion", "1.0"),
+    ("id", "full-event"),
+    ("source", "http://example.com/source"),
+    ("type", "com.example.FullEvent"),
+    ("time", "2020-03-21T12:34:56.78Z"),
+    ("dataschema", "http://example.com/schema"),
+    ("subject", "topic"),
+    ("datacontenttype", "text/json"),
+    ("exbool", "true"),
+    ("exint", "42"),
+    ("exstring", "exstring"),
+    ("exbinary", "AAECAw=="),
+    ("exurl", "http://example.com/source"),
+    ("extime", "2020-03-21T12:34:56.78Z"),
+];
+
+/// `test.FullEvent()`'s data: `SetData("text/json", "hello")` encodes the Go string as JSON,
+/// quotes and all.
+const FULL_EVENT_DATA: &str = "\"hello\"";
+
+/// `test.FullEvent()` as sdk-go writes it in `mode` (its HTTP binding's `WriteRequest`): in
+/// binary mode `ce-*` headers, `content-type` and the data; in structured mode one JSON
+/// object with the typed extensions (`exbool` a JSON boolean, `exint` a number) and the JSON
+/// data embedded.
+fn full_event_in(mode: Encoding) -> (Vec<(String, String)>, String) {
+    match mode {
+        Encoding::Binary => {
+            let headers = FULL_EVENT_ATTRIBUTES
+                .iter()
+                .map(|(name, value)| match *name {
+                    "datacontenttype" => ("content-type".to_owned(), value.to_string()),
+                    _ => (format!("ce-{name}"), value.to_string()),
+                })
+                .collect();
+            (headers, FULL_EVENT_DATA.to_owned())
+        }
+        Encoding::Structured => {
+            let mut event = serde_json::Map::new();
+            for (name, value) in FULL_EVENT_ATTRIBUTES {
+                let value = match *name {
+                    "exbool" => json!(true),
+                    "exint" => json!(42),
+                    _ => json!(value),
+                };
+                event.insert(name.to_string(), value);
+            }
+            let data: Value = serde_json::from_str(FULL_EVENT_DATA).unwrap();
+            event.insert("data".to_owned(), data);
+            let headers = vec![(
+                "content-type".to_owned(),
+                "application/cloudevents+json".to_owned(),
+            )];
+            (headers, Value::Object(event).to_string())
+        }
+        Encoding::Unknown => unreachable!("an event is sent in one of the two modes"),
+    }
+}
+
+/// A request as sdk-go's HTTP message and `binding.ToEvent` read it at Knative's destination:
+/// its encoding (structured when `content-type` is `application/cloudevents+json`, binary when
+/// it has `ce-specversion`), its attributes as canonical strings, and its data's bytes (the
+/// body; in structured mode `data`'s JSON text, or `data_base64` decoded).
+fn go_reads(request: &Recorded) -> (Encoding, BTreeMap<String, String>, Vec<u8>) {
+    let media = request
+        .header("content-type")
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let mut attributes = BTreeMap::new();
+    if media == "application/cloudevents+json" {
+        let event: BTreeMap<String, Box<serde_json::value::RawValue>> =
+            serde_json::from_slice(&request.body).unwrap();
+        let mut data = Vec::new();
+        for (name, raw) in event {
+            let value: Value = serde_json::from_str(raw.get()).unwrap();
+            match (name.as_str(), value) {
+                ("data", _) => data = raw.get().as_bytes().to_vec(),
+                ("data_base64", Value::String(text)) => {
+                    data = base64::engine::general_purpose::STANDARD
+                        .decode(text)
+                        .unwrap();
+                }
+                (_, Value::String(text)) => {
+                    attributes.insert(name, text);
+                }
+                (_, Value::Null) => {}
+                (_, other) => {
+                    attributes.insert(name, other.to_string());
+                }
+            }
+        }
+        return (Encoding::Structured, attributes, data);
+    }
+    if request.header("ce-specversion").is_none() {
+        return (Encoding::Unknown, attributes, request.body.clone());
+    }
+    for (name, value) in &request.headers {
+        let decoded = || {
+            percent_encoding::percent_decode_str(value)
+                .decode_utf8()
+                .unwrap()
+                .into_owned()
+        };
+        if let Some(attribute) = name.strip_prefix("ce-") {
+            attributes.insert(attribute.to_owned(), decoded());
+        } else if name == "content-type" {
+            attributes.insert("datacontenttype".to_owned(), value.clone());
+        }
+    }
+    (Encoding::Binary, attributes, request.body.clone())
+}
+
+#[test]
+fn event_dispatcher_event_formats() {
+    // Knative's DeliverySpec formats, through the import as its users write them.
+    let (code, stderr, imported) = import_deliveries(
+        &FORMAT_CASES
+            .iter()
+            .map(|c| json!({ "format": c.format }))
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let servers: Vec<Subscriber> = (0..FORMAT_CASES.len())
+        .map(|i| Subscriber::ok(&format!("f{i}-destination")))
+        .collect();
+    let mut builder = Envoy::builder();
+    let mut channels = Vec::new();
+    for (i, ((case, sub), server)) in FORMAT_CASES.iter().zip(&imported).zip(&servers).enumerate() {
+        assert_verdict_is_honest(
+            case.knative,
+            case.verdict,
+            &case.knative_expects,
+            &case.fanout,
+        );
+        assert_eq!(
+            sub["delivery"],
+            json!({ "format": case.format }),
+            "{}: the import carries the format over",
+            case.knative
+        );
+        builder = builder.cluster(server.name(), server.port());
+        channels.push(
+            json!({ "name": format!("f{i}"), "hosts": [format!("f{i}.replay")],
+            "subscribers": [{ "cluster": server.name(), "delivery": sub["delivery"] }] }),
+        );
+    }
+    let envoy = builder.fanout(&json!({ "channels": channels })).start();
+    for (i, case) in FORMAT_CASES.iter().enumerate() {
+        let (headers, body) = full_event_in(case.sent);
+        // The sender sends what it means to: sdk-go's reader finds the mode and the event.
+        let sent = Recorded {
+            method: "POST".to_owned(),
+            path: "/".to_owned(),
+            version: "HTTP/1.1".to_owned(),
+            headers: headers.clone(),
+            body: body.clone().into_bytes(),
+            at: Instant::now(),
+        };
+        let (sent_mode, sent_attributes, sent_data) = go_reads(&sent);
+        assert_eq!(sent_mode, case.sent, "{}", case.knative);
+        let full_event: BTreeMap<String, String> = FULL_EVENT_ATTRIBUTES
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(sent_attributes, full_event, "{}", case.knative);
+        assert_eq!(sent_data, FULL_EVENT_DATA.as_bytes(), "{}", case.knative);
+        // Knative: no error, the destination's 200. fanout: 202.
+        let reply = post(&envoy, &format!("f{i}.replay"), &headers, &body);
+        assert_eq!(reply.status, 202, "{}: {}", case.knative, reply.text());
+    }
+    std::thread::sleep(SETTLE);
+    for (case, server) in FORMAT_CASES.iter().zip(&servers) {
+        let what = case.knative;
+        has_exactly(server, 1, what);
+        let got = server.only_request();
+        let (encoding, attributes, data) = go_reads(&got);
+        // What Knative's test asserts: the encoding, the event's id and its data.
+        assert_eq!(encoding, case.fanout, "{what}: encoding: {got:#?}");
+        assert_eq!(
+            attributes.get("id").map(String::as_str),
+            Some("full-event"),
+            "{what}: {got:#?}"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&data),
+            FULL_EVENT_DATA,
+            "{what}: data: {got:#?}"
+        );
+        // And what fanout's docs say beyond it: every attribute as it was sent (as canonical
+        // strings: a binary-mode header has no JSON type, in Knative's dispatcher neither).
+        let want: BTreeMap<String, String> = FULL_EVENT_ATTRIBUTES
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(attributes, want, "{what}: attributes: {got:#?}");
+    }
+}
+
 #[test]
 fn every_case_is_in_the_docs_table() {
     let doc = harness::read_shipped("docs/knative.md");
@@ -1322,6 +1583,11 @@ fn every_case_is_in_the_docs_table() {
         RETRY_AFTER_CASES
             .iter()
             .map(|c| (RETRIES_TEST, c.knative, word(c.verdict))),
+    );
+    rows.extend(
+        FORMAT_CASES
+            .iter()
+            .map(|c| (DISPATCHER_TEST, c.knative, word(c.verdict))),
     );
     rows.push((RETRIES_TEST, "TestNoRetries", "agrees"));
     rows.push((DISPATCHER_TEST, "reply - only", "agrees"));
