@@ -224,22 +224,12 @@ fn callable_succeed() -> Behavior {
 
 /// Knative's "reply fails" subscriber: `test.FullEvent()` written as a binary answer with 202.
 fn full_event_with(status: u16) -> Behavior {
-    respond(
+    let (headers, body) = full_event_in(Encoding::Binary, FormatData::FullEvent);
+    Behavior::Respond {
         status,
-        &[
-            ("ce-specversion", "1.0"),
-            ("ce-type", "com.example.FullEvent"),
-            ("ce-source", "http://example.com/source"),
-            ("ce-id", "full-event"),
-            ("ce-time", "2020-03-21T12:34:56.78Z"),
-            ("ce-dataschema", "http://example.com/schema"),
-            ("ce-subject", "topic"),
-            ("ce-exbool", "true"),
-            ("ce-exint", "42"),
-            ("content-type", "text/json"),
-        ],
-        "hello",
-    )
+        headers,
+        body,
+    }
 }
 
 const HANDLER_CASES: &[HandlerCase] = &[
@@ -967,14 +957,14 @@ fn dispatch_cases() -> Vec<DispatchCase> {
             destination: Answer {
                 status: 200,
                 headers: &[("ce-id", "reply-id"), ("ce-specversion", "1.0")],
-                body: "hello",
+                body: "\"hello\"",
             },
             reply: Some(answer(200, "")),
             expected: vec![(
                 Leg::Reply,
                 Expected {
                     headers: headers(&[("ce-id", is("reply-id"))]),
-                    body: "hello".to_owned(),
+                    body: "\"hello\"".to_owned(),
                     exact: false,
                 },
             )],
@@ -995,7 +985,7 @@ fn dispatch_cases() -> Vec<DispatchCase> {
                 Leg::DeadLetter,
                 Expected {
                     headers: headers(&[("ce-id", is("full-event"))]),
-                    body: "hello".to_owned(),
+                    body: "\"hello\"".to_owned(),
                     exact: false,
                 },
             )],
@@ -1039,40 +1029,34 @@ static LONG_REPLY: LazyLock<String> = LazyLock::new(|| "a".repeat(2000));
 /// adds before its dispatcher sees the event, and which fanout, passing the event on as it
 /// came, never adds), and the pass-through headers.
 fn dispatch_request(case: &DispatchCase, index: usize) -> (Vec<(String, String)>, String) {
-    let (mut list, body): (Vec<(&str, String)>, String) = match case.sent {
-        Sent::TestEvent(data) => (
-            vec![
-                ("ce-specversion", "1.0".to_owned()),
-                ("ce-id", format!("e-{index}")),
-                ("ce-time", "2026-12-02T02:00:00Z".to_owned()),
-                ("ce-source", "testsource".to_owned()),
-                ("ce-type", "testtype".to_owned()),
-                ("ce-abc", "\"ce-abc-value\"".to_owned()),
-                ("content-type", "application/json".to_owned()),
-            ],
-            serde_json::to_string(data).unwrap(),
-        ),
-        Sent::FullEvent => (
-            vec![
-                ("ce-specversion", "1.0".to_owned()),
-                ("ce-id", "full-event".to_owned()),
-                ("ce-source", "http://example.com/source".to_owned()),
-                ("ce-type", "com.example.FullEvent".to_owned()),
-                ("ce-time", "2020-03-21T12:34:56.78Z".to_owned()),
-                ("content-type", "text/json".to_owned()),
-            ],
-            "hello".to_owned(),
-        ),
+    let owned = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+        list.iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect()
+    };
+    let (mut headers, body) = match case.sent {
+        Sent::TestEvent(data) => {
+            let mut headers = owned(&[("ce-specversion", "1.0")]);
+            headers.push(("ce-id".to_owned(), format!("e-{index}")));
+            headers.extend(owned(&[
+                ("ce-time", "2026-12-02T02:00:00Z"),
+                ("ce-source", "testsource"),
+                ("ce-type", "testtype"),
+                ("ce-abc", "\"ce-abc-value\""),
+                ("content-type", "application/json"),
+            ]));
+            (headers, serde_json::to_string(data).unwrap())
+        }
+        Sent::FullEvent => full_event_in(Encoding::Binary, FormatData::FullEvent),
     };
     if case.sender_headers {
-        list.extend([
-            ("do-not-forward", "header".to_owned()),
-            ("x-request-id", "id123".to_owned()),
-            ("knative-1", "knative-1-value".to_owned()),
-            ("knative-2", "knative-2-value".to_owned()),
-        ]);
+        headers.extend(owned(&[
+            ("do-not-forward", "header"),
+            ("x-request-id", "id123"),
+            ("knative-1", "knative-1-value"),
+            ("knative-2", "knative-2-value"),
+        ]));
     }
-    let headers = list.into_iter().map(|(n, v)| (n.to_owned(), v)).collect();
     (headers, body)
 }
 
