@@ -1273,33 +1273,37 @@ enum FormatData {
     Text,
     /// JSON under a `+json` media type.
     PlusJson,
+    /// JSON without a `datacontenttype`.
+    Untyped,
 }
 
 impl FormatData {
-    fn content_type(self) -> &'static str {
+    const fn content_type(self) -> Option<&'static str> {
         match self {
-            FormatData::FullEvent => "text/json",
-            FormatData::Text => "text/plain",
-            FormatData::PlusJson => "application/vnd.order+json",
+            FormatData::FullEvent => Some("text/json"),
+            FormatData::Text => Some("text/plain"),
+            FormatData::PlusJson => Some("application/vnd.order+json"),
+            FormatData::Untyped => None,
         }
     }
 
-    fn bytes(self) -> &'static str {
+    const fn bytes(self) -> &'static str {
         match self {
             FormatData::FullEvent => "\"hello\"",
             FormatData::Text => "hello",
-            FormatData::PlusJson => "{\"order\":7}",
+            FormatData::PlusJson | FormatData::Untyped => "{\"order\":7}",
         }
     }
 }
 
 /// What Knative's destination finds in a delivery (its `expectedEncoding`, then the event's
-/// data as sdk-go's `binding.ToEvent` reads it, or the error it reads instead). Knative's test
-/// also compares the id: every case's is the event's.
+/// data as sdk-go's `binding.ToEvent` reads it, or the error it reads instead, and its
+/// `datacontenttype`). Knative's test also compares the id: every case's is the event's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct FormatRead {
     encoding: Encoding,
     data: Result<&'static str, &'static str>,
+    datacontenttype: Option<&'static str>,
 }
 
 /// One of TestEventFormats' subtests, from one of the two modes a sender can send in.
@@ -1321,10 +1325,12 @@ struct FormatCase {
     verdict: Verdict,
 }
 
-const fn read(encoding: Encoding, data: &'static str) -> FormatRead {
+/// A [`FormatRead`] of the data of `sent`, with its `datacontenttype`.
+const fn read(encoding: Encoding, sent: FormatData) -> FormatRead {
     FormatRead {
         encoding,
-        data: Ok(data),
+        data: Ok(sent.bytes()),
+        datacontenttype: sent.content_type(),
     }
 }
 
@@ -1343,8 +1349,8 @@ const FORMAT_CASES: &[FormatCase] = &[
         format: "binary",
         sent: Encoding::Binary,
         data: FormatData::FullEvent,
-        knative_expects: read(Encoding::Binary, "\"hello\""),
-        fanout: read(Encoding::Binary, "\"hello\""),
+        knative_expects: read(Encoding::Binary, FormatData::FullEvent),
+        fanout: read(Encoding::Binary, FormatData::FullEvent),
         member: None,
         verdict: Verdict::Agrees,
     },
@@ -1353,8 +1359,8 @@ const FORMAT_CASES: &[FormatCase] = &[
         format: "binary",
         sent: Encoding::Structured,
         data: FormatData::FullEvent,
-        knative_expects: read(Encoding::Binary, "\"hello\""),
-        fanout: read(Encoding::Binary, "\"hello\""),
+        knative_expects: read(Encoding::Binary, FormatData::FullEvent),
+        fanout: read(Encoding::Binary, FormatData::FullEvent),
         member: None,
         verdict: Verdict::Agrees,
     },
@@ -1363,8 +1369,8 @@ const FORMAT_CASES: &[FormatCase] = &[
         format: "json",
         sent: Encoding::Binary,
         data: FormatData::FullEvent,
-        knative_expects: read(Encoding::Structured, "\"hello\""),
-        fanout: read(Encoding::Structured, "\"hello\""),
+        knative_expects: read(Encoding::Structured, FormatData::FullEvent),
+        fanout: read(Encoding::Structured, FormatData::FullEvent),
         member: Some("data"),
         verdict: Verdict::Agrees,
     },
@@ -1373,8 +1379,8 @@ const FORMAT_CASES: &[FormatCase] = &[
         format: "json",
         sent: Encoding::Structured,
         data: FormatData::FullEvent,
-        knative_expects: read(Encoding::Structured, "\"hello\""),
-        fanout: read(Encoding::Structured, "\"hello\""),
+        knative_expects: read(Encoding::Structured, FormatData::FullEvent),
+        fanout: read(Encoding::Structured, FormatData::FullEvent),
         member: Some("data"),
         verdict: Verdict::Agrees,
     },
@@ -1383,8 +1389,8 @@ const FORMAT_CASES: &[FormatCase] = &[
         format: "json",
         sent: Encoding::Binary,
         data: FormatData::Text,
-        knative_expects: read(Encoding::Structured, "hello"),
-        fanout: read(Encoding::Structured, "hello"),
+        knative_expects: read(Encoding::Structured, FormatData::Text),
+        fanout: read(Encoding::Structured, FormatData::Text),
         member: Some("data_base64"),
         verdict: Verdict::Agrees,
     },
@@ -1393,15 +1399,45 @@ const FORMAT_CASES: &[FormatCase] = &[
         format: "json",
         sent: Encoding::Binary,
         data: FormatData::PlusJson,
-        knative_expects: read(Encoding::Structured, "{\"order\":7}"),
+        knative_expects: read(Encoding::Structured, FormatData::PlusJson),
         fanout: FormatRead {
             encoding: Encoding::Structured,
             data: Err(NOT_A_STRING),
+            datacontenttype: FormatData::PlusJson.content_type(),
         },
         member: Some("data"),
         verdict: Verdict::Differs(PLUS_JSON_WHY),
     },
+    FormatCase {
+        knative: "TestEventFormats/JsonFormat, sent in binary mode, no content-type",
+        format: "json",
+        sent: Encoding::Binary,
+        data: FormatData::Untyped,
+        knative_expects: read(Encoding::Structured, FormatData::Untyped),
+        fanout: read(Encoding::Structured, FormatData::Untyped),
+        member: Some("data_base64"),
+        verdict: Verdict::Agrees,
+    },
+    FormatCase {
+        knative: "TestEventFormats/BinaryFormat, sent in structured mode, no datacontenttype",
+        format: "binary",
+        sent: Encoding::Structured,
+        data: FormatData::Untyped,
+        knative_expects: read(Encoding::Binary, FormatData::Untyped),
+        fanout: FormatRead {
+            datacontenttype: Some("application/json"),
+            ..read(Encoding::Binary, FormatData::Untyped)
+        },
+        member: None,
+        verdict: Verdict::Differs(IMPLIED_JSON_WHY),
+    },
 ];
+
+const IMPLIED_JSON_WHY: &str = "without datacontenttype, fanout's binary delivery says \
+     content-type: application/json, the implied type the JSON event format says a re-encoded \
+     event SHOULD state (v1.0.2, 3.1.2; docs/delivery.md, Content mode per subscriber); \
+     Knative's dispatcher (sdk-go v2.16.1) sends no content-type, so its destination reads no \
+     datacontenttype";
 
 /// sdk-go's `test.FullEvent()`, each attribute as its canonical string (CloudEvents 1.0.2,
 /// 2 type system: a Boolean `true`, an Integer `42`, Binary in base64, a Timestamp in RFC
@@ -1428,7 +1464,9 @@ fn full_event_attributes(data: FormatData) -> BTreeMap<String, String> {
         .iter()
         .map(|(n, v)| (n.to_string(), v.to_string()))
         .collect();
-    attributes.insert("datacontenttype".to_owned(), data.content_type().to_owned());
+    if let Some(content_type) = data.content_type() {
+        attributes.insert("datacontenttype".to_owned(), content_type.to_owned());
+    }
     attributes
 }
 
@@ -1443,15 +1481,13 @@ fn full_event_in(mode: Encoding, data: FormatData) -> (Vec<(String, String)>, St
                 .iter()
                 .map(|(name, value)| (format!("ce-{name}"), value.to_string()))
                 .collect();
-            headers.push(("content-type".to_owned(), data.content_type().to_owned()));
+            if let Some(content_type) = data.content_type() {
+                headers.push(("content-type".to_owned(), content_type.to_owned()));
+            }
             (headers, data.bytes().to_owned())
         }
         Encoding::Structured => {
-            assert_eq!(
-                data,
-                FormatData::FullEvent,
-                "sent structured: JSON data only"
-            );
+            assert_ne!(data, FormatData::Text, "sent structured: JSON data only");
             let mut event = serde_json::Map::new();
             for (name, value) in FULL_EVENT_ATTRIBUTES {
                 let value = match *name {
@@ -1461,7 +1497,9 @@ fn full_event_in(mode: Encoding, data: FormatData) -> (Vec<(String, String)>, St
                 };
                 event.insert(name.to_string(), value);
             }
-            event.insert("datacontenttype".to_owned(), json!(data.content_type()));
+            if let Some(content_type) = data.content_type() {
+                event.insert("datacontenttype".to_owned(), json!(content_type));
+            }
             let value: Value = serde_json::from_str(data.bytes()).unwrap();
             event.insert("data".to_owned(), value);
             let headers = vec![(
@@ -1660,18 +1698,23 @@ fn event_dispatcher_event_formats() {
             "{what}: data: {got:#?}"
         );
         assert_eq!(
+            read.attributes.get("datacontenttype").map(String::as_str),
+            want.datacontenttype,
+            "{what}: {got:#?}"
+        );
+        assert_eq!(
             read.attributes.get("id").map(String::as_str),
             Some("full-event"),
             "{what}: {got:#?}"
         );
-        // And what fanout's docs say beyond it: the data's member, and every attribute as it
-        // was sent (as canonical strings: a binary-mode header has no JSON type).
+        // And what fanout's docs say beyond it: the data's member, and every other attribute
+        // as it was sent (as canonical strings: a binary-mode header has no JSON type).
         assert_eq!(read.member.as_deref(), case.member, "{what}: {got:#?}");
-        assert_eq!(
-            read.attributes,
-            full_event_attributes(case.data),
-            "{what}: attributes: {got:#?}"
-        );
+        let mut attributes = read.attributes.clone();
+        let mut sent = full_event_attributes(case.data);
+        attributes.remove("datacontenttype");
+        sent.remove("datacontenttype");
+        assert_eq!(attributes, sent, "{what}: attributes: {got:#?}");
         if case.sent == Encoding::Binary && case.fanout.encoding == Encoding::Structured {
             // Converted from headers, the extensions are strings, as in Knative's dispatcher.
             let event: Value = serde_json::from_slice(&got.body).unwrap();
