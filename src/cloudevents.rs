@@ -109,10 +109,25 @@ impl fmt::Display for EventError {
     }
 }
 
-/// The mode of a request, from its headers (lower-case names, as Envoy gives them). Binary
-/// attributes are decoded here; nothing is read for other modes.
+/// The mode of a request, from its headers (lower-case names, as Envoy gives them), every
+/// attribute read: [`read_headers_for`] a reader of all of them.
 pub fn read_headers(headers: &HeaderMap) -> Result<ContentMode, EventError> {
+    read_headers_for(headers, |_| true)
+}
+
+/// The mode of a request, from its headers. Binary attributes are decoded here; nothing is
+/// read for other modes. `reads` tells which attributes someone reads (a channel's filters
+/// name them): one of those whose header is not UTF-8 once percent-decoded is a
+/// [`EventError::Malformed`] naming the header; any other such header is no attribute, only
+/// carried. The `content-type` decides the mode: it must be UTF-8.
+pub fn read_headers_for(
+    headers: &HeaderMap,
+    reads: impl Fn(&str) -> bool,
+) -> Result<ContentMode, EventError> {
     let content_type = headers.get("content-type");
+    if let Some(value) = content_type {
+        text_value("content-type", value).map_err(EventError::Malformed)?;
+    }
     if let Some(media_type) = content_type.map(media_type) {
         if media_type == STRUCTURED_JSON {
             return Ok(ContentMode::Structured);
@@ -138,17 +153,20 @@ pub fn read_headers(headers: &HeaderMap) -> Result<ContentMode, EventError> {
         let Some(attribute) = name.strip_prefix(b"ce-") else {
             continue;
         };
+        let Ok(attribute) = std::str::from_utf8(attribute) else {
+            continue;
+        };
         if attribute.is_empty() {
             continue;
         }
-        let decoded = String::from_utf8(percent_decode(value).into_owned()).map_err(|_| {
-            EventError::Malformed(format!(
-                "header {} is not UTF-8 once percent-decoded, as the CloudEvents HTTP \
-                 binding requires",
-                String::from_utf8_lossy(name)
-            ))
-        })?;
-        attributes.insert(String::from_utf8_lossy(attribute).into_owned(), decoded);
+        match String::from_utf8(percent_decode(value).into_owned()) {
+            Ok(decoded) => attributes.insert(attribute.to_string(), decoded),
+            Err(_) if reads(attribute) => {
+                return Err(EventError::Malformed(not_utf8(name)));
+            }
+            // Nobody reads it: no attribute, and the header goes on as it came.
+            Err(_) => {}
+        }
     }
     // The binding maps `datacontenttype` to the content-type header in binary mode.
     if let Some(value) = content_type {
@@ -157,6 +175,37 @@ pub fn read_headers(headers: &HeaderMap) -> Result<ContentMode, EventError> {
         }
     }
     Ok(ContentMode::Binary(attributes))
+}
+
+/// A header value fanout must read, as text, by the CloudEvents HTTP binding's rule: a `ce-*`
+/// value percent-decoded (3.1.3.2), any other as it is; either must then be UTF-8. `Err`: the
+/// message of the 400, naming the header.
+pub fn text_value<'v>(name: &str, value: &'v [u8]) -> Result<Cow<'v, str>, String> {
+    if name.starts_with("ce-") {
+        return match percent_decode(value) {
+            Cow::Borrowed(raw) => std::str::from_utf8(raw)
+                .map(Cow::Borrowed)
+                .map_err(|_| not_utf8(name.as_bytes())),
+            Cow::Owned(decoded) => String::from_utf8(decoded)
+                .map(Cow::Owned)
+                .map_err(|_| not_utf8(name.as_bytes())),
+        };
+    }
+    std::str::from_utf8(value).map(Cow::Borrowed).map_err(|_| {
+        format!(
+            "header {name} is not UTF-8: fanout reads it, and can read only UTF-8 text \
+             (HTTP allows other bytes; fanout carries them only in headers it does not read)"
+        )
+    })
+}
+
+/// The 400's message for a `ce-*` header that is not UTF-8 once percent-decoded.
+fn not_utf8(name: &[u8]) -> String {
+    format!(
+        "header {} is not UTF-8 once percent-decoded, as the CloudEvents HTTP binding \
+         requires (a non-ASCII attribute value is sent percent-encoded UTF-8)",
+        String::from_utf8_lossy(name)
+    )
 }
 
 impl ContentMode {
@@ -184,6 +233,9 @@ pub fn is_structured_json(headers: &HeaderMap) -> bool {
 /// structured JSON event, whose body [`StructuredEvent::validate`] checks. `Err`: what is
 /// missing or wrong, as a sender can read it.
 pub fn validate_headers(headers: &HeaderMap) -> Result<(), String> {
+    if let Some(value) = headers.get("content-type") {
+        text_value("content-type", value)?;
+    }
     if let Some(media_type) = headers.get("content-type").map(media_type) {
         if media_type == STRUCTURED_JSON {
             return Ok(());
@@ -214,7 +266,18 @@ pub fn validate_headers(headers: &HeaderMap) -> Result<(), String> {
             },
         };
         (spelled, member)
-    })
+    })?;
+    // Every other attribute too (extensions, `subject`, ...): the binding's rule is the same
+    // for all, and a valid event has only readable attributes.
+    for (name, value) in headers.iter() {
+        if name.starts_with(b"ce-") && std::str::from_utf8(&percent_decode(value)).is_err() {
+            return Err(format!(
+                "not a valid CloudEvent (binary mode): {}",
+                not_utf8(name)
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What one required attribute is, for [`check_required`].

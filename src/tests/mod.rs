@@ -11,6 +11,7 @@ mod delivery;
 mod etcd_store;
 mod filters;
 mod flow_control;
+mod header_bytes;
 mod metrics;
 mod replies;
 mod retries;
@@ -313,10 +314,8 @@ impl FakeEnvoy {
 }
 
 fn header_of(call: &Dispatched, name: &str) -> Option<String> {
-    call.headers
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.clone())
+    call.header(name)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
 const REPLYING: &str = r#"{
