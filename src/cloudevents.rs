@@ -522,6 +522,99 @@ impl<'de> Visitor<'de> for ScalarVisitor {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_value_is_read_by_the_bindings_rule_and_a_refusal_names_the_header() {
+        assert_eq!(text_value("ce-id", b"a%20b").unwrap(), "a b");
+        assert_eq!(
+            text_value("ce-greeting", b"gr%C3%BC%C3%9Fe").unwrap(),
+            "grüße"
+        );
+        assert_eq!(text_value("ce-id", "grüße".as_bytes()).unwrap(), "grüße");
+        assert!(matches!(
+            text_value("ce-id", b"plain"),
+            Ok(Cow::Borrowed("plain"))
+        ));
+        // Only ce-* values are percent-decoded.
+        assert_eq!(text_value("x-key", b"a%20b").unwrap(), "a%20b");
+        assert_eq!(text_value(":authority", b"a%FF").unwrap(), "a%FF");
+        for (name, value) in [
+            ("ce-greeting", &b"gr\xfc\xdfe"[..]),
+            ("ce-greeting", b"gr%FCn"),
+            ("ce-id", b"%C3"),
+        ] {
+            let error = text_value(name, value).unwrap_err();
+            assert!(
+                error.starts_with(&format!("header {name} is not UTF-8 once percent-decoded")),
+                "{error}"
+            );
+        }
+        let error = text_value("content-type", b"text/plain; x=K\xf6ln").unwrap_err();
+        assert!(
+            error.starts_with("header content-type is not UTF-8"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn only_the_attributes_someone_reads_must_be_readable() {
+        let map = |extra: &[(&str, &[u8])]| {
+            let mut pairs: Vec<(&str, &[u8])> = vec![("ce-type", b"t"), ("ce-id", b"1")];
+            pairs.extend_from_slice(extra);
+            HeaderMap::from_pairs(&pairs)
+        };
+        let latin1 = map(&[("ce-greeting", b"gr\xfc\xdfe")]);
+        // Nobody reads `greeting`: no attribute, no error.
+        let reads_type = |name: &str| name == "type";
+        assert_eq!(
+            read_headers_for(&latin1, reads_type),
+            Ok(ContentMode::Binary(Attributes::from([
+                ("type", "t"),
+                ("id", "1")
+            ])))
+        );
+        // A reader of `greeting` (or of everything) gets a 400 naming the header.
+        for error in [
+            read_headers_for(&latin1, |name| name == "greeting").unwrap_err(),
+            read_headers(&latin1).unwrap_err(),
+        ] {
+            assert!(matches!(&error, EventError::Malformed(m) if m.contains("ce-greeting")));
+        }
+        // The content type decides the mode: it must be text.
+        let ct = map(&[("content-type", b"text/plain; name=K\xf6ln")]);
+        let error = read_headers_for(&ct, reads_type).unwrap_err();
+        assert!(matches!(&error, EventError::Malformed(m) if m.contains("content-type")));
+    }
+
+    #[test]
+    fn require_cloudevents_refuses_any_attribute_that_is_not_utf8() {
+        let valid: [(&str, &[u8]); 4] = [
+            ("ce-specversion", b"1.0"),
+            ("ce-id", b"1"),
+            ("ce-source", b"/s"),
+            ("ce-type", b"t"),
+        ];
+        let with = |extra: (&str, &[u8])| {
+            let mut pairs = valid.to_vec();
+            pairs.push(extra);
+            validate_headers(&HeaderMap::from_pairs(&pairs))
+        };
+        assert_eq!(with(("ce-greeting", b"gr%C3%BC%C3%9Fe")), Ok(()));
+        assert_eq!(with(("x-other", b"\xff")), Ok(()), "not an attribute");
+        let error = with(("ce-greeting", b"gr\xfc\xdfe")).unwrap_err();
+        assert!(
+            error.starts_with(
+                "not a valid CloudEvent (binary mode): header ce-greeting is not UTF-8 once \
+                 percent-decoded"
+            ),
+            "{error}"
+        );
+        let error = with(("content-type", b"text/\xff")).unwrap_err();
+        assert!(
+            error.contains("header content-type is not UTF-8"),
+            "{error}"
+        );
+    }
+
     /// The media type as the copying definition gives it: up to `;`, lossily decoded, trimmed,
     /// lower-cased.
     fn media_type_by_copy(value: &[u8]) -> String {

@@ -317,6 +317,20 @@ mod tests {
         list(&format!("[{json}]")).unwrap()
     }
 
+    #[test]
+    fn a_filter_names_the_attributes_its_matches_read() {
+        let f = filter(
+            r#"{"any": [{"exact": {"type": "a"}},
+                        {"all": [{"prefix": {"source": "/"}}, {"not": {"suffix": {"subject": "x"}}}]}]}"#,
+        );
+        for name in ["type", "source", "subject"] {
+            assert!(f.names(name), "{name}");
+        }
+        for name in ["id", "greeting", "datacontenttype", ""] {
+            assert!(!f.names(name), "{name}");
+        }
+    }
+
     fn list_error(json: &str) -> String {
         let values: Vec<Node> = serde_json::from_str(json).unwrap();
         match compile_list(&values) {
