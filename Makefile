@@ -226,7 +226,7 @@ test-compose:
 COMPAT_TESTS := --test e2e -- --skip shipped_configs:: --skip image:: --skip faults:: --skip reload:: --skip soak:: \
   --skip knative_import:: --skip knative_senders:: --skip harness_selftest:: --skip docs:: --skip design_map:: \
   --skip authz:: --skip replicas_store:: --skip rollout:: --skip affinity::
-test-compat: build sdk
+test-compat: build sdk js
 	$(MAKE) --no-print-directory envoy ENVOY_VERSION=$(ENVOY_OLDEST)
 	@set -e; for version in $(ENVOY_VERSION) $(ENVOY_OLDEST); do \
 	  for mode in pause continue; do \

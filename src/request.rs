@@ -3,9 +3,14 @@
 //! the event is ([`PendingEvent::complete`]).
 //!
 //! The checks run in the order a sender can act on them: OPTIONS (answered 200, whatever the
-//! host), method (405), host (404), declared body size (413), a valid CloudEvent when
-//! `require_cloudevents` is on (400), the CloudEvents mode when the channel filters (415,
-//! 400), then header values (400). Nothing here calls a subscriber.
+//! host), method (405), host (400 if it is not text, 404), declared body size (413), a valid
+//! CloudEvent when `require_cloudevents` is on (400), the dedupe identity (400 if it cannot be
+//! read), the CloudEvents mode when the channel filters (415, 400), then the forwarded header
+//! values (400 for CR, LF or NUL). Nothing here calls a subscriber.
+//!
+//! Header values are bytes. A value is read only where something decides on it, by the
+//! CloudEvents HTTP binding's rule ([`cloudevents::text_value`]); one that cannot be read is a
+//! 400 naming the header. Every other value is carried as it came.
 
 use crate::answer::Answer;
 use crate::cloudevents::{self, Attributes, ContentMode, EventError};
