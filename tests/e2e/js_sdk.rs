@@ -4,8 +4,9 @@
 //! with `greeting: grüße aus Köln` goes out as raw latin1 bytes (HTTP's obs-text). fanout
 //! carries a value it does not read byte for byte: what the JS subscriber (`HTTP.toEvent`)
 //! and the Python SDK (`from_http`) read of a fanned-out event is what they read of the same
-//! message sent straight to the subscriber. A value fanout must read (here a filter's
-//! attribute) is read by the HTTP binding's rule, and refused with a 400 naming the header.
+//! message sent straight to the subscriber; the same for the Python SDK as the sender (it
+//! percent-encodes, as the binding says). A value fanout must read (here a filter's attribute)
+//! is read by the HTTP binding's rule, and refused with a 400 naming the header.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader};
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::harness;
 use harness::sdk::run_sdk;
-use harness::Envoy;
+use harness::{send, Client, Envoy};
 use serde_json::{json, Value};
 
 /// `tests/fixtures/js`, with the SDK installed: a missing install is a failure saying how to
@@ -227,6 +228,68 @@ fn js_sdk_events_with_non_ascii_attributes_read_back_as_a_direct_send_gives() {
             "{mode}: the Python SDK reads the same event"
         );
         assert_eq!(read[1]["attributes"]["id"], "js-1");
+    }
+}
+
+/// Makes one binary and one structured message of an event with non-ASCII attribute values
+/// with the Python SDK, which percent-encodes them as the binding says; prints them as
+/// `[{"headers": {...}, "body": hex}]`.
+const PY_ENCODE: &str = r#"
+import json
+from cloudevents.core.bindings import http
+from cloudevents.core.formats.json import JSONFormat
+from cloudevents.core.v1.event import CloudEvent
+
+attributes = {"specversion": "1.0", "type": "com.example.grüße", "source": "/koeln",
+              "id": "py-1", "subject": "Köln",
+              "greeting": "grüße aus Köln", "datacontenttype": "application/json"}
+out = []
+for encode in (http.to_binary, http.to_structured):
+    message = encode(CloudEvent(attributes=attributes, data={"text": "grüße"}), JSONFormat())
+    out.append({"headers": message.headers, "body": message.body.hex()})
+print(json.dumps(out))
+"#;
+
+#[test]
+fn python_sdk_events_with_non_ascii_attributes_read_back_as_a_direct_send_gives() {
+    let js = JsSubscriber::start();
+    let envoy = Envoy::with_clusters(
+        &json!({"subscribers": [{"cluster": "js"}]}),
+        &[("js", js.port)],
+    );
+    let messages: Vec<Value> = serde_json::from_str(&run_sdk(PY_ENCODE, &[], b"")).unwrap();
+    let post = |url: &str, message: &Value| {
+        let mut request = Client::http1().http.post(url);
+        for (name, value) in message["headers"].as_object().unwrap() {
+            request = request.header(name.as_str(), value.as_str().unwrap());
+        }
+        let body = message["body"].as_str().unwrap();
+        let body: Vec<u8> = (0..body.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&body[i..i + 2], 16).unwrap())
+            .collect();
+        send(request.body(body)).status
+    };
+    for (i, message) in messages.iter().enumerate() {
+        assert_eq!(post(&js.url(), message), 202);
+        let direct = js.nth(2 * i + 1);
+        assert_eq!(post(&envoy.url("/"), message), 202);
+        let fanned = js.nth(2 * i + 2);
+        assert_eq!(
+            fanned["event"], direct["event"],
+            "{message}: the JS SDK reads the same"
+        );
+        assert_eq!(
+            event_headers(&fanned),
+            event_headers(&direct),
+            "byte for byte"
+        );
+        let read = python_reads(&[&direct, &fanned]);
+        assert_eq!(
+            read[1], read[0],
+            "{message}: the Python SDK reads the same event"
+        );
+        assert_eq!(read[1]["attributes"]["greeting"], "grüße aus Köln");
     }
 }
 
