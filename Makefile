@@ -63,8 +63,13 @@ export FANOUT_WASM := $(abspath $(WASM))
 export FANOUT_E2E_BODY_WAIT := $(BODY_WAIT)
 # The Python that has the CloudEvents SDK (tests/harness: `cloudevents_python`).
 export FANOUT_SDK_PYTHON := $(abspath $(VENV))/bin/python
+# The CloudEvents JavaScript SDK (npm `cloudevents`, pinned by tests/fixtures/js/package-lock.json),
+# installed there by `make js`; tests/e2e/js_sdk.rs runs its script with Node.
+JS_DIR := tests/fixtures/js
+JS_STAMP := $(JS_DIR)/node_modules/.fanout-installed
+export FANOUT_JS_SDK := $(abspath $(JS_DIR))
 
-.PHONY: build run test test-unit test-wasm test-e2e test-compat lint fmt bench bench-filters clean envoy etcd targets soak fuzz sdk wasm-opt wasm-opt-cmd
+.PHONY: build run test test-unit test-wasm test-e2e test-compat lint fmt bench bench-filters clean envoy etcd targets soak fuzz sdk js wasm-opt wasm-opt-cmd
 
 # The shipped module, $(WASM), is cargo's build put through wasm-opt: what the e2e tests load.
 # (A plain `cargo build` leaves cargo's larger, equally working module there.)
@@ -122,6 +127,11 @@ $(SDK_STAMP): $(ENVOY_BIN)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check "cloudevents==$(CLOUDEVENTS_SDK_VERSION)" \
 	  "PyJWT[crypto]==$(PYJWT_VERSION)"
 	@touch $@
+js: $(JS_STAMP)
+$(JS_STAMP): $(JS_DIR)/package.json $(JS_DIR)/package-lock.json
+	@command -v npm >/dev/null || { echo "make js needs Node.js and npm: apt-get install nodejs npm" >&2; exit 1; }
+	cd $(JS_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
 JSONSCHEMA_STAMP := $(VENV)/.jsonschema-$(JSONSCHEMA_VERSION)
 .PHONY: jsonschema
 jsonschema: $(JSONSCHEMA_STAMP)
@@ -175,7 +185,7 @@ test:
 
 # What the tests install (tools/test.sh runs it in the background while lint compiles).
 .PHONY: test-tools
-test-tools: envoy sdk etcd jsonschema skopeo registry wasm-opt
+test-tools: envoy sdk js etcd jsonschema skopeo registry wasm-opt
 
 lint: targets
 	$(CARGO) fmt --all -- --check
@@ -215,7 +225,7 @@ test-compose:
 COMPAT_TESTS := --test e2e -- --skip shipped_configs:: --skip image:: --skip faults:: --skip reload:: --skip soak:: \
   --skip knative_import:: --skip knative_senders:: --skip harness_selftest:: --skip docs:: --skip design_map:: \
   --skip authz:: --skip replicas_store:: --skip rollout:: --skip affinity::
-test-compat: build sdk
+test-compat: build sdk js
 	$(MAKE) --no-print-directory envoy ENVOY_VERSION=$(ENVOY_OLDEST)
 	@set -e; for version in $(ENVOY_VERSION) $(ENVOY_OLDEST); do \
 	  for mode in pause continue; do \

@@ -109,10 +109,25 @@ impl fmt::Display for EventError {
     }
 }
 
-/// The mode of a request, from its headers (lower-case names, as Envoy gives them). Binary
-/// attributes are decoded here; nothing is read for other modes.
+/// The mode of a request, from its headers (lower-case names, as Envoy gives them), every
+/// attribute read: [`read_headers_for`] a reader of all of them.
 pub fn read_headers(headers: &HeaderMap) -> Result<ContentMode, EventError> {
+    read_headers_for(headers, |_| true)
+}
+
+/// The mode of a request, from its headers. Binary attributes are decoded here; nothing is
+/// read for other modes. `reads` tells which attributes someone reads (a channel's filters
+/// name them): one of those whose header is not UTF-8 once percent-decoded is a
+/// [`EventError::Malformed`] naming the header; any other such header is no attribute, only
+/// carried. The `content-type` decides the mode: it must be UTF-8.
+pub fn read_headers_for(
+    headers: &HeaderMap,
+    reads: impl Fn(&str) -> bool,
+) -> Result<ContentMode, EventError> {
     let content_type = headers.get("content-type");
+    if let Some(value) = content_type {
+        text_value("content-type", value).map_err(EventError::Malformed)?;
+    }
     if let Some(media_type) = content_type.map(media_type) {
         if media_type == STRUCTURED_JSON {
             return Ok(ContentMode::Structured);
@@ -138,17 +153,20 @@ pub fn read_headers(headers: &HeaderMap) -> Result<ContentMode, EventError> {
         let Some(attribute) = name.strip_prefix(b"ce-") else {
             continue;
         };
+        let Ok(attribute) = std::str::from_utf8(attribute) else {
+            continue;
+        };
         if attribute.is_empty() {
             continue;
         }
-        let decoded = String::from_utf8(percent_decode(value).into_owned()).map_err(|_| {
-            EventError::Malformed(format!(
-                "header {} is not UTF-8 once percent-decoded, as the CloudEvents HTTP \
-                 binding requires",
-                String::from_utf8_lossy(name)
-            ))
-        })?;
-        attributes.insert(String::from_utf8_lossy(attribute).into_owned(), decoded);
+        match String::from_utf8(percent_decode(value).into_owned()) {
+            Ok(decoded) => attributes.insert(attribute.to_string(), decoded),
+            Err(_) if reads(attribute) => {
+                return Err(EventError::Malformed(not_utf8(name)));
+            }
+            // Nobody reads it: no attribute, and the header goes on as it came.
+            Err(_) => {}
+        }
     }
     // The binding maps `datacontenttype` to the content-type header in binary mode.
     if let Some(value) = content_type {
@@ -157,6 +175,37 @@ pub fn read_headers(headers: &HeaderMap) -> Result<ContentMode, EventError> {
         }
     }
     Ok(ContentMode::Binary(attributes))
+}
+
+/// A header value fanout must read, as text, by the CloudEvents HTTP binding's rule: a `ce-*`
+/// value percent-decoded (3.1.3.2), any other as it is; either must then be UTF-8. `Err`: the
+/// message of the 400, naming the header.
+pub fn text_value<'v>(name: &str, value: &'v [u8]) -> Result<Cow<'v, str>, String> {
+    if name.starts_with("ce-") {
+        return match percent_decode(value) {
+            Cow::Borrowed(raw) => std::str::from_utf8(raw)
+                .map(Cow::Borrowed)
+                .map_err(|_| not_utf8(name.as_bytes())),
+            Cow::Owned(decoded) => String::from_utf8(decoded)
+                .map(Cow::Owned)
+                .map_err(|_| not_utf8(name.as_bytes())),
+        };
+    }
+    std::str::from_utf8(value).map(Cow::Borrowed).map_err(|_| {
+        format!(
+            "header {name} is not UTF-8: fanout reads it, and can read only UTF-8 text \
+             (HTTP allows other bytes; fanout carries them only in headers it does not read)"
+        )
+    })
+}
+
+/// The 400's message for a `ce-*` header that is not UTF-8 once percent-decoded.
+fn not_utf8(name: &[u8]) -> String {
+    format!(
+        "header {} is not UTF-8 once percent-decoded, as the CloudEvents HTTP binding \
+         requires (a non-ASCII attribute value is sent percent-encoded UTF-8)",
+        String::from_utf8_lossy(name)
+    )
 }
 
 impl ContentMode {
@@ -184,6 +233,9 @@ pub fn is_structured_json(headers: &HeaderMap) -> bool {
 /// structured JSON event, whose body [`StructuredEvent::validate`] checks. `Err`: what is
 /// missing or wrong, as a sender can read it.
 pub fn validate_headers(headers: &HeaderMap) -> Result<(), String> {
+    if let Some(value) = headers.get("content-type") {
+        text_value("content-type", value)?;
+    }
     if let Some(media_type) = headers.get("content-type").map(media_type) {
         if media_type == STRUCTURED_JSON {
             return Ok(());
@@ -214,7 +266,18 @@ pub fn validate_headers(headers: &HeaderMap) -> Result<(), String> {
             },
         };
         (spelled, member)
-    })
+    })?;
+    // Every other attribute too (extensions, `subject`, ...): the binding's rule is the same
+    // for all, and a valid event has only readable attributes.
+    for (name, value) in headers.iter() {
+        if name.starts_with(b"ce-") && std::str::from_utf8(&percent_decode(value)).is_err() {
+            return Err(format!(
+                "not a valid CloudEvent (binary mode): {}",
+                not_utf8(name)
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What one required attribute is, for [`check_required`].
@@ -458,6 +521,99 @@ impl<'de> Visitor<'de> for ScalarVisitor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_is_read_by_the_bindings_rule_and_a_refusal_names_the_header() {
+        assert_eq!(text_value("ce-id", b"a%20b").unwrap(), "a b");
+        assert_eq!(
+            text_value("ce-greeting", b"gr%C3%BC%C3%9Fe").unwrap(),
+            "grüße"
+        );
+        assert_eq!(text_value("ce-id", "grüße".as_bytes()).unwrap(), "grüße");
+        assert!(matches!(
+            text_value("ce-id", b"plain"),
+            Ok(Cow::Borrowed("plain"))
+        ));
+        // Only ce-* values are percent-decoded.
+        assert_eq!(text_value("x-key", b"a%20b").unwrap(), "a%20b");
+        assert_eq!(text_value(":authority", b"a%FF").unwrap(), "a%FF");
+        for (name, value) in [
+            ("ce-greeting", &b"gr\xfc\xdfe"[..]),
+            ("ce-greeting", b"gr%FCn"),
+            ("ce-id", b"%C3"),
+        ] {
+            let error = text_value(name, value).unwrap_err();
+            assert!(
+                error.starts_with(&format!("header {name} is not UTF-8 once percent-decoded")),
+                "{error}"
+            );
+        }
+        let error = text_value("content-type", b"text/plain; x=K\xf6ln").unwrap_err();
+        assert!(
+            error.starts_with("header content-type is not UTF-8"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn only_the_attributes_someone_reads_must_be_readable() {
+        let map = |extra: &[(&str, &[u8])]| {
+            let mut pairs: Vec<(&str, &[u8])> = vec![("ce-type", b"t"), ("ce-id", b"1")];
+            pairs.extend_from_slice(extra);
+            HeaderMap::from_pairs(&pairs)
+        };
+        let latin1 = map(&[("ce-greeting", b"gr\xfc\xdfe")]);
+        // Nobody reads `greeting`: no attribute, no error.
+        let reads_type = |name: &str| name == "type";
+        assert_eq!(
+            read_headers_for(&latin1, reads_type),
+            Ok(ContentMode::Binary(Attributes::from([
+                ("type", "t"),
+                ("id", "1")
+            ])))
+        );
+        // A reader of `greeting` (or of everything) gets a 400 naming the header.
+        for error in [
+            read_headers_for(&latin1, |name| name == "greeting").unwrap_err(),
+            read_headers(&latin1).unwrap_err(),
+        ] {
+            assert!(matches!(&error, EventError::Malformed(m) if m.contains("ce-greeting")));
+        }
+        // The content type decides the mode: it must be text.
+        let ct = map(&[("content-type", b"text/plain; name=K\xf6ln")]);
+        let error = read_headers_for(&ct, reads_type).unwrap_err();
+        assert!(matches!(&error, EventError::Malformed(m) if m.contains("content-type")));
+    }
+
+    #[test]
+    fn require_cloudevents_refuses_any_attribute_that_is_not_utf8() {
+        let valid: [(&str, &[u8]); 4] = [
+            ("ce-specversion", b"1.0"),
+            ("ce-id", b"1"),
+            ("ce-source", b"/s"),
+            ("ce-type", b"t"),
+        ];
+        let with = |extra: (&str, &[u8])| {
+            let mut pairs = valid.to_vec();
+            pairs.push(extra);
+            validate_headers(&HeaderMap::from_pairs(&pairs))
+        };
+        assert_eq!(with(("ce-greeting", b"gr%C3%BC%C3%9Fe")), Ok(()));
+        assert_eq!(with(("x-other", b"\xff")), Ok(()), "not an attribute");
+        let error = with(("ce-greeting", b"gr\xfc\xdfe")).unwrap_err();
+        assert!(
+            error.starts_with(
+                "not a valid CloudEvent (binary mode): header ce-greeting is not UTF-8 once \
+                 percent-decoded"
+            ),
+            "{error}"
+        );
+        let error = with(("content-type", b"text/\xff")).unwrap_err();
+        assert!(
+            error.contains("header content-type is not UTF-8"),
+            "{error}"
+        );
+    }
 
     /// The media type as the copying definition gives it: up to `;`, lossily decoded, trimmed,
     /// lower-cased.

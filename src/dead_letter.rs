@@ -109,9 +109,8 @@ pub fn dead_letter(cause: &Cause<'_>, forwarded: &Forwarded, event: &[u8]) -> De
     let code = error_code(cause.failure);
     let data = base64::engine::general_purpose::STANDARD.encode(error_data(cause));
     let structured = forwarded
-        .iter()
-        .find(|(name, _)| *name == "content-type")
-        .is_some_and(|(_, value)| media_type(value.as_bytes()) == STRUCTURED_JSON);
+        .get("content-type")
+        .is_some_and(|value| media_type(value) == STRUCTURED_JSON);
     let body = if structured {
         // serde_json escapes the strings (a string cannot fail to serialize: the fallback is
         // never taken); the code is a JSON number, as an Integer attribute is in the JSON

@@ -65,6 +65,20 @@ impl Filter {
     }
 }
 
+impl Filter {
+    /// Whether it reads the attribute `name` (some `exact`, `prefix` or `suffix` in it names
+    /// it): the attributes a request must let fanout read.
+    pub fn names(&self, name: &str) -> bool {
+        match self {
+            Filter::Exact { attribute, .. }
+            | Filter::Prefix { attribute, .. }
+            | Filter::Suffix { attribute, .. } => attribute == name,
+            Filter::Any(filters) | Filter::All(filters) => filters.iter().any(|f| f.names(name)),
+            Filter::Not(filter) => filter.names(name),
+        }
+    }
+}
+
 /// Does a subscriber with `filter` (`None`: it has none) want the event? `event` is `None`
 /// for a request that is not a CloudEvent.
 pub fn accepts(filter: Option<&Filter>, event: Option<&Attributes>) -> bool {
@@ -301,6 +315,20 @@ mod tests {
 
     fn filter(json: &str) -> Filter {
         list(&format!("[{json}]")).unwrap()
+    }
+
+    #[test]
+    fn a_filter_names_the_attributes_its_matches_read() {
+        let f = filter(
+            r#"{"any": [{"exact": {"type": "a"}},
+                        {"all": [{"prefix": {"source": "/"}}, {"not": {"suffix": {"subject": "x"}}}]}]}"#,
+        );
+        for name in ["type", "source", "subject"] {
+            assert!(f.names(name), "{name}");
+        }
+        for name in ["id", "greeting", "datacontenttype", ""] {
+            assert!(!f.names(name), "{name}");
+        }
     }
 
     fn list_error(json: &str) -> String {

@@ -74,16 +74,6 @@ impl HeaderMap {
         self.bytes.len()
     }
 
-    /// Whether every name and value is UTF-8, checked at once: the names and values lie
-    /// one after the other, each followed by a NUL, and a NUL never is part of a multi-byte
-    /// character, so the whole run is UTF-8 exactly when each of them is.
-    pub fn is_utf8(&self) -> bool {
-        let data = self.len().saturating_mul(8).saturating_add(4);
-        self.bytes
-            .get(data.min(self.bytes.len())..)
-            .is_some_and(|text| text.is_ascii() || std::str::from_utf8(text).is_ok())
-    }
-
     /// Every (name, value), in the order Envoy gave them.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.spans().filter_map(|span| self.pair(span))
@@ -164,12 +154,13 @@ impl Spans<'_> {
 }
 
 /// Headers that travel with every call of a fan-out (the request's forwarded ones, a reply's
-/// `ce-*`): their text in one `String`, each pair a pair of ranges into it. Made once per
-/// request with two allocations whatever the number of headers; read as `&str` for each call
-/// with no copy and no UTF-8 check.
+/// event headers): names and values in one buffer, each pair a pair of ranges into it. Made
+/// once per request with two allocations whatever the number of headers. Values are bytes,
+/// carried as they came (HTTP allows any octet but CR, LF and NUL; Envoy passes obs-text
+/// on); names are text (Envoy's are lower-case tokens).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Forwarded {
-    text: String,
+    bytes: Vec<u8>,
     /// Where each name starts, where its value starts (the name ends there) and ends.
     pairs: Vec<(u32, u32, u32)>,
 }
@@ -178,27 +169,34 @@ impl Forwarded {
     /// Room for `pairs` pairs of `bytes` bytes in all.
     pub fn with_capacity(pairs: usize, bytes: usize) -> Self {
         Forwarded {
-            text: String::with_capacity(bytes),
+            bytes: Vec::with_capacity(bytes),
             pairs: Vec::with_capacity(pairs),
         }
     }
 
-    pub fn push(&mut self, name: &str, value: &str) {
-        let offset = |text: &String| u32::try_from(text.len()).unwrap_or(u32::MAX);
-        let name_start = offset(&self.text);
-        self.text.push_str(name);
-        let value_start = offset(&self.text);
-        self.text.push_str(value);
+    pub fn push(&mut self, name: &str, value: &[u8]) {
+        let offset = |bytes: &Vec<u8>| u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+        let name_start = offset(&self.bytes);
+        self.bytes.extend_from_slice(name.as_bytes());
+        let value_start = offset(&self.bytes);
+        self.bytes.extend_from_slice(value);
         self.pairs
-            .push((name_start, value_start, offset(&self.text)));
+            .push((name_start, value_start, offset(&self.bytes)));
     }
 
-    /// Every (name, value), in the order they were pushed.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+    /// Every (name, value), in the order they were pushed. A name was pushed as `&str`, so
+    /// reading it back as text always succeeds (a check of a few ASCII bytes).
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8])> {
         self.pairs.iter().filter_map(|&(name, value, end)| {
             let (name, value, end) = (name as usize, value as usize, end as usize);
-            Some((self.text.get(name..value)?, self.text.get(value..end)?))
+            let name = std::str::from_utf8(self.bytes.get(name..value)?).ok()?;
+            Some((name, self.bytes.get(value..end)?))
         })
+    }
+
+    /// The value of the first header named `name`.
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
     }
 
     pub fn len(&self) -> usize {
@@ -210,14 +208,14 @@ impl Forwarded {
     }
 
     /// Owned copies of every pair (for tests and the fuzz targets, to compare).
-    pub fn to_pairs(&self) -> Vec<(String, String)> {
+    pub fn to_pairs(&self) -> Vec<(String, Vec<u8>)> {
         self.iter()
-            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .map(|(name, value)| (name.to_string(), value.to_vec()))
             .collect()
     }
 }
 
-impl<N: AsRef<str>, V: AsRef<str>> FromIterator<(N, V)> for Forwarded {
+impl<N: AsRef<str>, V: AsRef<[u8]>> FromIterator<(N, V)> for Forwarded {
     fn from_iter<I: IntoIterator<Item = (N, V)>>(pairs: I) -> Self {
         let mut forwarded = Forwarded::default();
         for (name, value) in pairs {
@@ -362,9 +360,13 @@ pub fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
-/// A header value that cannot split a header block: no CR, LF or NUL.
-pub fn is_valid_value(value: &str) -> bool {
-    !value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0)
+/// A header value that cannot split a header block: no CR, LF or NUL (any other byte is
+/// HTTP's: obs-text included).
+pub fn is_valid_value(value: impl AsRef<[u8]>) -> bool {
+    !value
+        .as_ref()
+        .iter()
+        .any(|&b| b == b'\r' || b == b'\n' || b == 0)
 }
 
 /// Checks a subscriber's extra header; returns its lower-cased name.
@@ -422,29 +424,25 @@ mod tests {
     fn forwarded_headers_read_back_as_pushed() {
         let mut forwarded = Forwarded::with_capacity(1, 4);
         assert!(forwarded.is_empty());
-        forwarded.push("ce-id", "1");
-        forwarded.push("x-empty", "");
-        forwarded.push("ce-source", "/é");
-        let read: Vec<(&str, &str)> = forwarded.iter().collect();
-        assert_eq!(read, [("ce-id", "1"), ("x-empty", ""), ("ce-source", "/é")]);
-        assert_eq!(forwarded.len(), 3);
+        forwarded.push("ce-id", b"1");
+        forwarded.push("x-empty", b"");
+        forwarded.push("ce-source", "/é".as_bytes());
+        forwarded.push("ce-greeting", b"gr\xfc\xdfe");
+        let read: Vec<(&str, &[u8])> = forwarded.iter().collect();
+        assert_eq!(
+            read,
+            [
+                ("ce-id", &b"1"[..]),
+                ("x-empty", b""),
+                ("ce-source", "/é".as_bytes()),
+                ("ce-greeting", b"gr\xfc\xdfe"),
+            ]
+        );
+        assert_eq!(forwarded.len(), 4);
+        assert_eq!(forwarded.get("ce-greeting"), Some(&b"gr\xfc\xdfe"[..]));
+        assert_eq!(forwarded.get("ce-type"), None);
         let copy: Forwarded = forwarded.to_pairs().into_iter().collect();
         assert_eq!(copy, forwarded);
-    }
-
-    #[test]
-    fn a_map_is_utf8_when_every_name_and_value_is() {
-        let utf8 = HeaderMap::from_pairs(&[("a", "é"), ("b", ""), ("c", "x")]);
-        assert!(utf8.is_utf8());
-        assert!(HeaderMap::default().is_utf8());
-        // A bad byte in any value, first or last; a character split across two values.
-        for at in 0..3 {
-            let mut pairs: Vec<(&[u8], &[u8])> = vec![(b"a", b"1"), (b"b", b"2"), (b"c", b"3")];
-            pairs[at].1 = b"\xff";
-            assert!(!HeaderMap::from_pairs(&pairs).is_utf8(), "{at}");
-        }
-        let split: [(&[u8], &[u8]); 2] = [(b"a", b"\xc3"), (b"b", b"\xa9")];
-        assert!(!HeaderMap::from_pairs(&split).is_utf8());
     }
 
     #[test]

@@ -21,12 +21,13 @@ pub trait Host {
     /// All request headers at once, as the host serialized them: one host call.
     fn request_headers(&self) -> HeaderMap;
     fn request_body(&self, size: usize) -> Vec<u8>;
-    /// Starts a call; `Err` is how Envoy refused it (no callback will come): a
+    /// Starts a call with these headers, their values as bytes (the ABI's type: a forwarded
+    /// value goes on byte for byte); `Err` is how Envoy refused it (no callback will come): a
     /// `DispatchError`, or an `Overflow` when the cluster's circuit breaker is full.
     fn dispatch(
         &self,
         cluster: &str,
-        headers: Vec<(&str, &str)>,
+        headers: Vec<(&str, &[u8])>,
         body: &[u8],
         timeout: Duration,
     ) -> Result<u32, Failure>;

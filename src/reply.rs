@@ -44,8 +44,9 @@ pub enum Answered {
     NotAnEvent,
     /// A reply event larger than `max_body_bytes`: a failed reply, its body not to be read.
     TooLarge(Failure),
-    /// A reply event: these headers, and its whole body, go to the reply target.
-    Event(Vec<(String, String)>),
+    /// A reply event: these headers (values as they came), and its whole body, go to the
+    /// reply target.
+    Event(Vec<(String, Vec<u8>)>),
 }
 
 /// What an answer with these headers and a body of `body_size` bytes is, when replies may be at
@@ -68,7 +69,7 @@ pub fn read(headers: Vec<(String, Vec<u8>)>, body_size: usize, max_body_bytes: u
 /// something that looks like an event but is not a valid one, or nothing of an event.
 #[derive(Debug, PartialEq, Eq)]
 enum Reading {
-    Event(Vec<(String, String)>),
+    Event(Vec<(String, Vec<u8>)>),
     NotValid,
     NoEvent,
 }
@@ -84,22 +85,23 @@ fn travels(name: &str) -> bool {
 }
 
 /// Reads an answer's headers: a valid CloudEvent in binary or structured mode is an event,
-/// with its `travels` headers (as valid header values).
+/// with its `travels` headers, byte for byte (a value with CR, LF or NUL, which would split
+/// the reply's header block, is dropped). What decides it is read by the HTTP binding's rule:
+/// the required attributes must be UTF-8 once percent-decoded; any other value is carried.
 fn event_headers(headers: Vec<(String, Vec<u8>)>) -> Reading {
     let mut looks_like_event = false;
-    let kept: Vec<(String, String)> = headers
+    let kept: Vec<(String, Vec<u8>)> = headers
         .into_iter()
         .filter(|(name, _)| travels(name))
         .inspect(|(name, _)| looks_like_event |= name.starts_with("ce-"))
-        .filter_map(|(name, value)| String::from_utf8(value).ok().map(|v| (name, v)))
         .filter(|(_, value)| crate::headers::is_valid_value(value))
         .collect();
     let value = |name: &str| {
         kept.iter()
             .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+            .map(|(_, v)| v.as_slice())
     };
-    let media_type = value("content-type").map(|v| crate::cloudevents::media_type(v.as_bytes()));
+    let media_type = value("content-type").map(crate::cloudevents::media_type);
     if media_type.as_deref() == Some(crate::cloudevents::STRUCTURED_JSON) {
         return Reading::Event(kept);
     }
@@ -118,13 +120,13 @@ fn event_headers(headers: Vec<(String, Vec<u8>)>) -> Reading {
 
 /// Binary mode's required attributes: present, not empty, UTF-8 once percent-decoded, and a
 /// `specversion` fanout knows.
-fn binary_attributes_valid<'a>(value: &impl Fn(&str) -> Option<&'a str>) -> bool {
+fn binary_attributes_valid<'a>(value: &impl Fn(&str) -> Option<&'a [u8]>) -> bool {
     use crate::cloudevents::{percent_decode, REQUIRED_ATTRIBUTES, SPEC_VERSIONS};
     REQUIRED_ATTRIBUTES.iter().all(|attribute| {
         let Some(raw) = value(&format!("ce-{attribute}")) else {
             return false;
         };
-        let decoded = percent_decode(raw.as_bytes());
+        let decoded = percent_decode(raw);
         match std::str::from_utf8(&decoded) {
             Ok("") | Err(_) => false,
             Ok(text) => *attribute != "specversion" || SPEC_VERSIONS.contains(&text),
@@ -174,7 +176,7 @@ mod tests {
         Reading::Event(
             pairs
                 .iter()
-                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
                 .collect(),
         )
     }

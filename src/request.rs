@@ -3,14 +3,17 @@
 //! the event is ([`PendingEvent::complete`]).
 //!
 //! The checks run in the order a sender can act on them: OPTIONS (answered 200, whatever the
-//! host), method (405), host (404), declared body size (413), a valid CloudEvent when
-//! `require_cloudevents` is on (400), the CloudEvents mode when the channel filters (415,
-//! 400), then header values (400). Nothing here calls a subscriber.
-
-use std::borrow::Cow;
+//! host), method (405), host (400 if it is not text, 404), declared body size (413), a valid
+//! CloudEvent when `require_cloudevents` is on (400), the dedupe identity (400 if it cannot be
+//! read), the CloudEvents mode when the channel filters (415, 400), then the forwarded header
+//! values (400 for CR, LF or NUL). Nothing here calls a subscriber.
+//!
+//! Header values are bytes. A value is read only where something decides on it, by the
+//! CloudEvents HTTP binding's rule ([`cloudevents::text_value`]); one that cannot be read is a
+//! 400 naming the header. Every other value is carried as it came.
 
 use crate::answer::Answer;
-use crate::cloudevents::{self, percent_decode, Attributes, ContentMode, EventError};
+use crate::cloudevents::{self, Attributes, ContentMode, EventError};
 use crate::config::Identity;
 use crate::config::{Config, OPTIONS};
 use crate::dedupe::{self};
@@ -83,12 +86,14 @@ pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
         return Err(Answer::rejected(405, &message).with_header("allow", config.allow.clone()));
     }
 
-    let authority = headers
-        .get(":authority")
-        .or_else(|| headers.get("host"))
-        .unwrap_or_default();
-    let authority = std::str::from_utf8(authority)
-        .map_or_else(|_| String::from_utf8_lossy(authority), Cow::Borrowed);
+    // Routing reads the authority: it must be text (no percent-decoding: it is no CloudEvents
+    // attribute). Envoy's HTTP codecs pass obs-text on, so a 400 names it.
+    let (authority_name, authority) = match headers.get(":authority") {
+        Some(value) => (":authority", value),
+        None => ("host", headers.get("host").unwrap_or_default()),
+    };
+    let authority = cloudevents::text_value(authority_name, authority)
+        .map_err(|e| Answer::rejected(400, &e))?;
     let Some(channel) = config.router.route(&authority) else {
         return Err(Answer::rejected(
             404,
@@ -111,14 +116,21 @@ pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
     if config.require_cloudevents {
         cloudevents::validate_headers(headers).map_err(|e| Answer::rejected(400, &e))?;
     }
-    let filtered = config.channel(channel).is_some_and(|c| c.filtered);
+    let filtered = config.channel(channel).filter(|c| c.filtered);
     let structured = cloudevents::is_structured_json(headers);
     let key = match &config.dedupe {
         None => EventKey::None,
-        Some(dedupe) => event_key(&dedupe.key, headers, structured),
+        Some(dedupe) => event_key(&dedupe.key, headers, structured)?,
     };
-    let mode = if filtered {
-        Some(cloudevents::read_headers(headers).map_err(|e| event_rejection(&e))?)
+    let mode = if let Some(filtered) = filtered {
+        // Only the attributes some filter names must be readable.
+        let reads = |attribute: &str| {
+            filtered
+                .subscribers
+                .iter()
+                .any(|s| s.filter.as_ref().is_some_and(|f| f.names(attribute)))
+        };
+        Some(cloudevents::read_headers_for(headers, reads).map_err(|e| event_rejection(&e))?)
     } else if structured && (config.require_cloudevents || key == EventKey::InBody) {
         Some(ContentMode::Structured)
     } else {
@@ -126,17 +138,16 @@ pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
     };
     let event = PendingEvent {
         mode,
-        strict: filtered || config.require_cloudevents,
+        strict: filtered.is_some() || config.require_cloudevents,
         validate: config.require_cloudevents,
         key,
     };
 
-    // A channel nobody subscribes to forwards nothing: the selection is skipped unless a
-    // value is not UTF-8, which is a 400 if a subscriber would have been sent it.
+    // A channel nobody subscribes to forwards nothing: the selection is skipped.
     let nobody = config
         .channel(channel)
         .is_some_and(|c| c.subscribers.is_empty());
-    let forwarded = if nobody && headers.is_utf8() {
+    let forwarded = if nobody {
         Forwarded::default()
     } else {
         forwarded(config, headers)?
@@ -148,8 +159,10 @@ pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
     })
 }
 
-/// The request headers chosen by `forward_headers`, in the order they arrived; `Err`: one of
-/// them is not UTF-8 (400).
+/// The request headers chosen by `forward_headers`, in the order they arrived, their values
+/// byte for byte: nothing reads them here. `Err` (400): a value with CR, LF or NUL, which
+/// would split the header block of every call (Envoy refuses them in a request; this does
+/// not rely on it), or a name that is not text (Envoy's are tokens).
 fn forwarded(config: &Config, headers: &HeaderMap) -> Result<Forwarded, Answer> {
     // At most every header, at most the whole map's text: one allocation each.
     let mut forwarded = Forwarded::with_capacity(headers.len(), headers.text_bytes());
@@ -157,14 +170,13 @@ fn forwarded(config: &Config, headers: &HeaderMap) -> Result<Forwarded, Answer> 
         if !config.forward.selects(name) {
             continue;
         }
-        match (std::str::from_utf8(name), std::str::from_utf8(value)) {
-            (Ok(name), Ok(value)) => forwarded.push(name, value),
+        match std::str::from_utf8(name) {
+            Ok(name) if headers::is_valid_value(value) => forwarded.push(name, value),
             _ => {
                 return Err(Answer::rejected(
                     400,
                     &format!(
-                        "header {} has a value that is not UTF-8; fanout forwards only \
-                         UTF-8 header values",
+                        "header {} cannot be forwarded: its value has CR, LF or NUL",
                         String::from_utf8_lossy(name)
                     ),
                 ))
@@ -205,18 +217,42 @@ fn options(config: &Config, headers: &HeaderMap) -> Answer {
 /// The event's identity for `dedupe`, from the headers: the key header's value, or a binary
 /// event's `ce-source` and `ce-id` (percent-decoded, as the binding encodes them, so that a
 /// binary event and its structured copy are one event); a structured event's is in its body.
-fn event_key(identity: &Identity, headers: &HeaderMap, structured: bool) -> EventKey {
+/// Each is read by the binding's rule ([`cloudevents::text_value`]): `Err` is the 400 naming
+/// a header that cannot be read. The key header's value is the identity as it came.
+fn event_key(
+    identity: &Identity,
+    headers: &HeaderMap,
+    structured: bool,
+) -> Result<EventKey, Answer> {
+    let unreadable = |e: String| Answer::rejected(400, &e);
     let known = match identity {
-        Identity::Header(name) => headers.get(name).and_then(dedupe::header_key),
-        Identity::CloudEvent if structured => return EventKey::InBody,
-        Identity::CloudEvent => match (headers.get("ce-source"), headers.get("ce-id")) {
-            (Some(source), Some(id)) => {
-                dedupe::cloudevent_key(&percent_decode(source), &percent_decode(id))
+        Identity::Header(name) => match headers.get(name) {
+            Some(value) => {
+                cloudevents::text_value(name, value).map_err(unreadable)?;
+                dedupe::header_key(value)
             }
-            _ => None,
+            None => None,
         },
+        Identity::CloudEvent => {
+            // The content type decides where the identity is: it must be text.
+            if let Some(value) = headers.get("content-type") {
+                cloudevents::text_value("content-type", value).map_err(unreadable)?;
+            }
+            if structured {
+                return Ok(EventKey::InBody);
+            }
+            match (headers.get("ce-source"), headers.get("ce-id")) {
+                (Some(source), Some(id)) => {
+                    let source =
+                        cloudevents::text_value("ce-source", source).map_err(unreadable)?;
+                    let id = cloudevents::text_value("ce-id", id).map_err(unreadable)?;
+                    dedupe::cloudevent_key(source.as_bytes(), id.as_bytes())
+                }
+                _ => None,
+            }
+        }
     };
-    known.map_or(EventKey::None, EventKey::Known)
+    Ok(known.map_or(EventKey::None, EventKey::Known))
 }
 
 impl PendingEvent {
@@ -374,9 +410,9 @@ mod tests {
         assert_eq!(
             admitted.forwarded.to_pairs(),
             vec![
-                ("content-type".to_string(), "application/json".to_string()),
-                ("ce-id".to_string(), "1".to_string()),
-                ("x-request-id".to_string(), "r1".to_string()),
+                ("content-type".to_string(), b"application/json".to_vec()),
+                ("ce-id".to_string(), b"1".to_vec()),
+                ("x-request-id".to_string(), b"r1".to_vec()),
             ]
         );
     }
@@ -429,9 +465,17 @@ mod tests {
         let answer = request("f", &batch).unwrap_err();
         assert_eq!(answer.status, 415);
         assert!(String::from_utf8(answer.body).unwrap().contains("batch"));
-        let answer = request("f", &[("ce-type", "t"), ("ce-id", "%ff")]).unwrap_err();
+        // Only what a filter names must be readable: the filters here read `type`.
+        let answer = request("f", &[("ce-type", "%ff"), ("ce-id", "1")]).unwrap_err();
         assert_eq!(answer.status, 400);
-        assert!(String::from_utf8(answer.body).unwrap().contains("ce-id"));
+        assert!(String::from_utf8(answer.body).unwrap().contains("ce-type"));
+        let unread = request("f", &[("ce-type", "t"), ("ce-id", "%ff")]).unwrap();
+        assert_eq!(
+            unread.event.mode,
+            Some(ContentMode::Binary(Attributes::from([("type", "t")]))),
+            "an attribute nobody reads is left out, its header carried"
+        );
+        assert_eq!(unread.forwarded.get("ce-id"), Some(&b"%ff"[..]));
     }
 
     fn structured() -> PendingEvent {
@@ -607,6 +651,15 @@ mod tests {
                 with("ce-source", "%FF"),
                 "ce-source is not UTF-8 once percent-decoded",
             ),
+            // An extension is an attribute too: the binding's rule is the same.
+            (
+                {
+                    let mut h = VALID_BINARY.to_vec();
+                    h.push(("ce-greeting", "gr%FCn"));
+                    h
+                },
+                "header ce-greeting is not UTF-8 once percent-decoded",
+            ),
             (
                 vec![("ce-id", "1")],
                 "not a valid CloudEvent (binary mode): ce-specversion is missing, ce-source \
@@ -764,40 +817,42 @@ mod tests {
     }
 
     #[test]
-    fn a_forwarded_header_that_is_not_utf8_is_a_400_naming_it() {
-        let mut h = headers(&[(":method", "POST"), (":authority", "orders.default")]);
-        h.push(("ce-source".to_string(), vec![0xff, 0xfe]));
-        let answer = admit(&config(), h).unwrap_err();
-        assert_eq!(answer.status, 400);
-        assert!(String::from_utf8(answer.body)
-            .unwrap()
-            .contains("ce-source"));
-        // ...but one that is not forwarded does not matter.
-        let mut h = headers(&[(":method", "POST"), (":authority", "orders.default")]);
-        h.push(("x-unlisted".to_string(), vec![0xff]));
-        assert!(admit(&config(), h).is_ok());
-    }
-
-    #[test]
-    fn a_channel_nobody_subscribes_to_forwards_nothing_and_still_refuses_what_it_would() {
-        // "payments" has no subscriber: nothing is selected, but a forwarded header that is
-        // not UTF-8 is the same 400 as on a channel with subscribers.
-        let request = |extra: (&str, &[u8])| {
-            let mut h = headers(&[
-                (":method", "POST"),
-                (":authority", "payments.default"),
-                ("ce-id", "1"),
-            ]);
+    fn a_forwarded_value_goes_on_byte_for_byte_and_only_cr_lf_nul_are_refused() {
+        let request = |host: &str, extra: (&str, &[u8])| {
+            let mut h = headers(&[(":method", "POST"), (":authority", host)]);
             h.push((extra.0.to_string(), extra.1.to_vec()));
             admit(&config(), h)
         };
-        let admitted = request(("x-request-id", b"r1")).unwrap();
+        let admitted = request("orders.default", ("ce-source", &[0xff, 0xfe])).unwrap();
+        assert_eq!(
+            admitted.forwarded.to_pairs(),
+            [("ce-source".to_string(), vec![0xff, 0xfe])]
+        );
+        for bad in [&b"a\r\nb"[..], b"a\nb", b"a\0b"] {
+            let answer = request("orders.default", ("ce-source", bad)).unwrap_err();
+            assert_eq!(answer.status, 400);
+            assert!(String::from_utf8(answer.body)
+                .unwrap()
+                .contains("ce-source"));
+            // One that is not forwarded does not matter.
+            assert!(request("orders.default", ("x-unlisted", bad)).is_ok());
+        }
+        // A channel nobody subscribes to forwards nothing and reads nothing more.
+        let admitted = request("payments.default", ("ce-source", &[0xff])).unwrap();
         assert!(admitted.forwarded.is_empty());
-        assert!(request(("x-unlisted", &[0xff])).is_ok());
-        let answer = request(("ce-source", &[0xff])).unwrap_err();
-        assert_eq!(answer.status, 400);
-        assert!(String::from_utf8(answer.body)
-            .unwrap()
-            .contains("ce-source"));
+    }
+
+    #[test]
+    fn an_authority_that_is_not_utf8_is_a_400_naming_it() {
+        for name in [":authority", "host"] {
+            let mut h = headers(&[(":method", "POST")]);
+            h.push((name.to_string(), b"orders.default\xe9".to_vec()));
+            let (status, error) = rejection(admit(&config(), h));
+            assert_eq!(status, 400);
+            assert!(
+                error.contains(&format!("header {name} is not UTF-8")),
+                "{error}"
+            );
+        }
     }
 }

@@ -22,9 +22,29 @@ pub struct Dispatched {
     /// The context the call was made for (Envoy cancels a stream's calls when it ends).
     pub context: u32,
     pub cluster: String,
-    pub headers: Vec<(String, String)>,
+    /// As they were handed over: values are bytes.
+    pub headers: Vec<(String, Vec<u8>)>,
     pub body: Vec<u8>,
     pub timeout: Duration,
+}
+
+impl Dispatched {
+    /// The value of its first header named `name`.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// Its headers with their values as text (a value that is not UTF-8 gets U+FFFD), for a
+    /// test to compare with a list of strings.
+    pub fn text_headers(&self) -> Vec<(String, String)> {
+        self.headers
+            .iter()
+            .map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned()))
+            .collect()
+    }
 }
 
 #[derive(Default)]
@@ -124,7 +144,7 @@ impl Host for FakeHost {
     fn dispatch(
         &self,
         cluster: &str,
-        headers: Vec<(&str, &str)>,
+        headers: Vec<(&str, &[u8])>,
         body: &[u8],
         timeout: Duration,
     ) -> Result<u32, Failure> {
@@ -147,7 +167,7 @@ impl Host for FakeHost {
             cluster: cluster.to_string(),
             headers: headers
                 .iter()
-                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .map(|(n, v)| (n.to_string(), v.to_vec()))
                 .collect(),
             body: body.to_vec(),
             timeout,

@@ -59,18 +59,18 @@ pub struct Ask {
 
 impl Ask {
     /// The headers of the gateway call.
-    pub fn headers(&self) -> Vec<(&str, &str)> {
+    pub fn headers(&self) -> Vec<(&str, &[u8])> {
         etcd_headers(&self.cluster)
     }
 }
 
 /// The headers of a call to etcd's gateway.
-pub fn etcd_headers(cluster: &str) -> Vec<(&str, &str)> {
+pub fn etcd_headers(cluster: &str) -> Vec<(&str, &[u8])> {
     vec![
-        (":method", "POST"),
-        (":path", etcd::TXN_PATH),
-        (":authority", cluster),
-        ("content-type", "application/json"),
+        (":method", b"POST"),
+        (":path", etcd::TXN_PATH.as_bytes()),
+        (":authority", cluster.as_bytes()),
+        ("content-type", b"application/json"),
     ]
 }
 

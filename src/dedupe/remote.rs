@@ -93,7 +93,7 @@ impl Remote {
         for grant in self.leases.wanted(now_ms, &families) {
             let mut headers = etcd_headers(&store.cluster);
             if let Some(path) = headers.iter_mut().find(|(name, _)| *name == ":path") {
-                path.1 = etcd::GRANT_PATH;
+                path.1 = etcd::GRANT_PATH.as_bytes();
             }
             let timeout = Duration::from_millis(u64::from(store.timeout_ms));
             match host.dispatch(&store.cluster, headers, grant.body.as_bytes(), timeout) {

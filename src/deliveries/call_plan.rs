@@ -80,7 +80,7 @@ impl<'a, 'c> CallPlan<'a, 'c> {
         })
     }
 
-    pub(super) fn headers(&self) -> Vec<(&str, &str)> {
+    pub(super) fn headers(&self) -> Vec<(&str, &[u8])> {
         let prefer = self.prefer_reply.then_some(PREFER_REPLY);
         // Sized once: the list is built for every call.
         let mut headers = Vec::with_capacity(
@@ -90,7 +90,7 @@ impl<'a, 'c> CallPlan<'a, 'c> {
                 + self.forwarded.len(),
         );
         headers.extend(pairs(self.base));
-        headers.extend(prefer);
+        headers.extend(prefer.map(|(name, value)| (name, value.as_bytes())));
         headers.extend(pairs(&self.extra));
         match self.replaced {
             None => headers.extend(self.forwarded.iter()),
@@ -102,8 +102,8 @@ impl<'a, 'c> CallPlan<'a, 'c> {
     }
 }
 
-fn pairs(headers: &[(String, String)]) -> impl Iterator<Item = (&str, &str)> {
+fn pairs(headers: &[(String, String)]) -> impl Iterator<Item = (&str, &[u8])> {
     headers
         .iter()
-        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .map(|(name, value)| (name.as_str(), value.as_bytes()))
 }

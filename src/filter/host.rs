@@ -50,12 +50,14 @@ impl Host for ProxyHost {
     fn dispatch(
         &self,
         cluster: &str,
-        headers: Vec<(&str, &str)>,
+        headers: Vec<(&str, &[u8])>,
         body: &[u8],
         timeout: Duration,
     ) -> Result<u32, Failure> {
         let body = (!body.is_empty()).then_some(body);
-        hostcalls::dispatch_http_call(cluster, headers, body, Vec::new(), timeout).map_err(
+        // The SDK's `dispatch_http_call` takes `&str` values; this one, added to the vendored
+        // SDK (vendor/proxy-wasm/PATCH.md), takes the ABI's bytes.
+        hostcalls::dispatch_http_call_bytes(cluster, headers, body, Vec::new(), timeout).map_err(
             |status| match status {
                 proxy_wasm::types::Status::BadArgument => Failure::DispatchError {
                     detail: format!(

@@ -12,6 +12,7 @@ mod etcd_store;
 mod filters;
 mod flow_control;
 mod format;
+mod header_bytes;
 mod metrics;
 mod replies;
 mod retries;
@@ -314,10 +315,8 @@ impl FakeEnvoy {
 }
 
 fn header_of(call: &Dispatched, name: &str) -> Option<String> {
-    call.headers
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.clone())
+    call.header(name)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
 const REPLYING: &str = r#"{

@@ -484,10 +484,12 @@ fn with_forward_all_the_host_content_length_and_credentials_are_still_not_forwar
 }
 
 #[test]
-fn a_forwarded_header_that_is_not_utf8_gives_400_and_nobody_is_called() {
+fn a_forwarded_header_that_is_not_utf8_is_forwarded_and_a_host_that_is_not_is_400() {
     let sub = Subscriber::ok("sink");
     let envoy =
         Envoy::with_subscribers(&json!({ "subscribers": [{ "cluster": "sink" }] }), &[&sub]);
+    // obs-text: fanout carries a value it does not read (byte for byte: js_sdk.rs shows the
+    // bytes; this harness's subscriber reads header lines lossily).
     let value = reqwest::header::HeaderValue::from_bytes(b"caf\xe9").unwrap();
     let reply = send(
         Client::http1()
@@ -495,8 +497,21 @@ fn a_forwarded_header_that_is_not_utf8_gives_400_and_nobody_is_called() {
             .header("ce-source", value)
             .body("x"),
     );
-    assert_rejected(&reply, 400);
-    assert_nobody_called(&[&sub]);
+    assert_eq!(reply.status, 202, "{reply:?}");
+    assert_eq!(sub.only_request().header("ce-source"), Some("caf\u{fffd}"));
+    // The authority routes, so it must be read. Envoy's codec refuses a host that is not
+    // ASCII itself (a plain-text 400) before fanout sees it; fanout's own 400 naming
+    // `:authority` is its defence where a codec would let one through (src/request.rs,
+    // `an_authority_that_is_not_utf8_is_a_400_naming_it`).
+    let host = reqwest::header::HeaderValue::from_bytes(b"caf\xe9").unwrap();
+    let reply = send(
+        Client::http1()
+            .post(&envoy.url("/"))
+            .header("host", host)
+            .body("x"),
+    );
+    assert_eq!(reply.status, 400, "{reply:?}");
+    assert_eq!(sub.count(), 1, "the refused request reached nobody");
 }
 
 // ---------------------------------------------------------------------------------------

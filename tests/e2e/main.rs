@@ -30,6 +30,8 @@ mod knative_dispatcher;
 mod knative_import;
 mod knative_ingress;
 mod knative_senders;
+// The CloudEvents JavaScript SDK as sender and subscriber: header values byte for byte.
+mod js_sdk;
 // Hostile conditions and the soak.
 mod faults;
 mod soak;
