@@ -61,7 +61,7 @@ impl Variant {
         }
         let pairs: Vec<(&[u8], &[u8])> = forwarded
             .iter()
-            .map(|(name, value)| (name.as_bytes(), value.as_bytes()))
+            .map(|(name, value)| (name.as_bytes(), value))
             .collect();
         let incoming = format::mode(&pairs);
         let mut variant = None;
@@ -89,12 +89,7 @@ impl Variant {
                 forwarded: converted
                     .headers
                     .iter()
-                    .map(|(name, value)| {
-                        (
-                            String::from_utf8_lossy(name),
-                            String::from_utf8_lossy(value),
-                        )
-                    })
+                    .map(|(name, value)| (String::from_utf8_lossy(name), value))
                     .collect(),
                 body: converted.body,
             }));

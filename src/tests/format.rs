@@ -51,7 +51,7 @@ fn calls(plugin: &FakeEnvoy) -> Vec<Call> {
                 .headers
                 .iter()
                 .filter(|(n, _)| !n.starts_with(':'))
-                .cloned()
+                .map(|(n, v)| (n.clone(), String::from_utf8(v.clone()).unwrap()))
                 .collect();
             let body = String::from_utf8(call.body.clone()).unwrap();
             (call.cluster.clone(), headers, body)
