@@ -304,6 +304,11 @@ pub struct Grant {
 }
 
 impl Leases {
+    /// Whether every lease asked for is granted, and there is one (no grant pending).
+    pub fn all_granted(&self) -> bool {
+        !self.leases.is_empty() && self.leases.iter().all(|l| l.id.is_some())
+    }
+
     /// The granted lease that lives the least long while covering `until_ms`.
     pub fn pick(&self, until_ms: u64) -> Option<i64> {
         self.leases
