@@ -141,9 +141,13 @@ def dedupe_stores(results):
     tp = results.get("throughput") or {}
     lat = results.get("latency") or {}
     out = {}
-    for key in (DEDUPE_OFF, DEDUPE_ENVOY, DEDUPE_ETCD, DEDUPE_ETCD_DISK):
+    keys = [DEDUPE_OFF, DEDUPE_ENVOY, DEDUPE_ETCD, DEDUPE_ETCD_DISK]
+    # `run.py --before WASM`: the same rows with another build, paired with its own envoy store.
+    keys += [_before(k) for k in keys[1:]]
+    for key in keys:
         if key not in tp and key not in lat:
             continue
+        envoy = _before(DEDUPE_ENVOY) if key.endswith("@before/4") else DEDUPE_ENVOY
         row = {"cpu": _spread(_rounds(tp, key)), "rps": _get(tp, key, "rps"),
                "etcd_rq_per_req": _get(tp, key, "etcd_rq_per_req"),
                "etcd_cpu_us_per_req": _get(tp, key, "etcd_cpu_us_per_req"),
@@ -152,15 +156,19 @@ def dedupe_stores(results):
                "p50_ms": _get(lat, key, "p50_ms"), "p99_ms": _get(lat, key, "p99_ms"),
                "lat_etcd_rq_per_req": _get(lat, key, "etcd_rq_per_req"),
                "lat_cpu_us_per_req": _get(lat, key, "cpu_us_per_req")}
-        if key != DEDUPE_ENVOY:
-            row["cpu_over_envoy"] = _paired(tp, key, DEDUPE_ENVOY,
-                                            lambda a, b: a / b if b else None)
+        if key != envoy:
+            row["cpu_over_envoy"] = _paired(tp, key, envoy, lambda a, b: a / b if b else None)
             pa, pb = ((lat.get(key) or {}).get("p50_rounds"),
-                      (lat.get(DEDUPE_ENVOY) or {}).get("p50_rounds"))
+                      (lat.get(envoy) or {}).get("p50_rounds"))
             row["p50_over_envoy_ms"] = (None if not pa or not pb else
                                         _spread([a - b for a, b in zip(pa, pb)]))
         out[key] = row
     return out
+
+
+def _before(key):
+    name, _, tail = key.partition("/")
+    return f"{name}@before/{tail}"
 
 
 def startup_summary(startup):
@@ -447,25 +455,29 @@ def _dedupe_section(results, d, w):
       "etcd's own CPU per event (its /proc/<pid>/stat, context: not fanout's) from the same "
       "runs; p50 / p99 of the sender's answer from the latency phase (subscribers answering "
       "after 20 ms, one connection). Ratios and differences against the envoy store are taken "
-      "round by round. etcd: one member on loopback, "
+      "round by round. The last column is Envoy's CPU per event at one connection (tens of "
+      "events a second): there, work that runs whatever the load (a timer) shows. etcd: one "
+      "member on loopback, "
       + "; ".join(f"{k}: data dir `{v.get('data_dir')}` ({v.get('filesystem')})"
                   for k, v in etcds.items()) + ".\n")
     w("| configuration | Envoy CPU µs/rq | / envoy store | rq/s | etcd calls per event | etcd CPU "
-      "µs per event | p50 ms | p99 ms | p50 − envoy store ms |")
-    w("|---|---|---|---|---|---|---|---|---|")
+      "µs per event | p50 ms | p99 ms | p50 − envoy store ms | Envoy CPU µs/rq, latency phase |")
+    w("|---|---|---|---|---|---|---|---|---|---|")
     labels = {DEDUPE_OFF: "dedupe off", DEDUPE_ENVOY: "`envoy` store",
               DEDUPE_ETCD: "`etcd` store, etcd on tmpfs",
               DEDUPE_ETCD_DISK: "`etcd` store, etcd on disk"}
+    labels.update({_before(k): v + " (`--before` build)" for k, v in list(labels.items())[1:]})
     for key, label in labels.items():
         r = ds.get(key)
         if not r:
             continue
-        etcd = key in (DEDUPE_ETCD, DEDUPE_ETCD_DISK)
+        etcd = key in (DEDUPE_ETCD, DEDUPE_ETCD_DISK, _before(DEDUPE_ETCD),
+                       _before(DEDUPE_ETCD_DISK))
         w(f"| {label} | {_s(r.get('cpu'))} | {_s(r.get('cpu_over_envoy'), '{:.2f}x')} | "
           f"{_f(r.get('rps'))} | {_f(r.get('etcd_rq_per_req') if etcd else None, '{:.2f}')} | "
           f"{_f(r.get('etcd_cpu_us_per_req') if etcd else None)} | "
           f"{_f(r.get('p50_ms'), '{:.2f}')} | {_f(r.get('p99_ms'), '{:.2f}')} | "
-          f"{_s(r.get('p50_over_envoy_ms'), '{:+.2f}')} |")
+          f"{_s(r.get('p50_over_envoy_ms'), '{:+.2f}')} | {_f(r.get('lat_cpu_us_per_req'))} |")
     errors = {k: r["store_errors"] for k, r in ds.items() if r.get("store_errors")}
     w("\n" + ("No store error counted (`fanout.dedupe.store_errors`) in any measured run."
               if not errors else "Store errors counted (those events were delivered without "

@@ -307,12 +307,12 @@ def etcd_for(medium, ports):
     return ETCDS[medium]
 
 
-def post(port, body, timeout=30.0):
+def post(port, body, timeout=30.0, ce_id="sanity"):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request("POST", "/", body=body, headers={
             "content-type": "application/json", "ce-specversion": "1.0",
-            "ce-type": "dev.fanout.bench", "ce-source": "/bench", "ce-id": "sanity"})
+            "ce-type": "dev.fanout.bench", "ce-source": "/bench", "ce-id": ce_id})
         resp = conn.getresponse()
         return resp.status, resp.read()
     finally:
@@ -566,11 +566,31 @@ def median_row(samples):
 # ---------------------------------------------------------------------------------------------
 # The phases.
 
+# `--before WASM`: another fanout.wasm (e.g. built from the commit before a change), measured
+# next to the shipped one in the dedupe rows (`<key>@before`), the same round.
+BEFORE_WASM = None
+
+
 def modules(builds=()):
     """The wasm modules by the name envoy_configs.system takes."""
     wasm = {"fanout": FANOUT_WASM, "noop": NOOP_WASM, "floor": FLOOR_WASM}
     wasm.update({f"fanout-{b}": variant_wasm(b) for b in builds})
+    if BEFORE_WASM:
+        wasm["fanout-before"] = BEFORE_WASM
     return wasm
+
+
+def with_before(specs):
+    """Each dedupe row followed by the same with `--before`'s module, if given."""
+    if not BEFORE_WASM:
+        return specs
+    out = []
+    for key, kind, n, extra in specs:
+        out.append((key, kind, n, extra))
+        if key.startswith("fanout-dedupe"):
+            name, _, tail = key.partition("/")
+            out.append((f"{name}@before/{tail}", kind, n, dict(extra, build="before")))
+    return out
 
 
 def file_name(key):
@@ -620,7 +640,9 @@ EXPECT = {"fanout": 202, "lua": 202, "baseline": 202, "noop": 202, "floor": 202,
 
 def sanity(envoys, specs, body):
     for key, kind, n, extra in specs:
-        status, text = post(envoys[key].port, body)
+        # Its own event per system and run: two systems on one etcd must not see each
+        # other's claim (a 409) or record (nobody called).
+        status, text = post(envoys[key].port, body, ce_id=f"sanity-{key}-{time.time_ns()}")
         if status != EXPECT[kind]:
             raise RuntimeError(f"{key}: expected {EXPECT[kind]}, got {status}: {text[:300]!r}")
 
@@ -658,7 +680,7 @@ def throughput_specs(builds):
 
 def throughput_phase(bench, ports, bodies, sub_port):
     a = bench.args
-    specs = throughput_specs(a.builds)
+    specs = with_before(throughput_specs(a.builds))
     if a.configs:
         specs = [spec for spec in specs if re.search(a.configs, spec[0])]
     log(f"throughput: starting {len(specs)} Envoys")
@@ -709,13 +731,14 @@ def latency_phase(bench, ports, bodies, slow_port):
     for n in a.latency_ns:
         specs += [(f"fanout/{n}", "fanout", n, {}), (f"mirror/{n}", "mirror", n, {}),
                   (f"lua/{n}", "lua", n, {})]
-    specs += latency_dedupe_specs()
+    specs += with_before(latency_dedupe_specs())
     if a.configs:
         # proxy/1 stays: the other rows are read against it.
         specs = [spec for spec in specs if spec[0] == "proxy/1" or re.search(a.configs, spec[0])]
     log(f"latency (subscribers answer after {a.slow_ms} ms, 1 connection): "
         f"starting {len(specs)} Envoys")
-    envoys = start_systems(specs, ports, slow_port, bench.workdir + "/latency")
+    envoys = start_systems(specs, ports, slow_port, bench.workdir + "/latency",
+                           builds=a.builds)
     sanity(envoys, specs, open(bodies["1k"], "rb").read())
     samples = {key: [] for key, *_ in specs}
     for r in range(a.latency_rounds):
@@ -929,6 +952,9 @@ def main():
                    "latency rounds when given (default 3, quick 1)")
     p.add_argument("--duration", type=int, help="seconds per throughput measurement "
                    "(default 5, quick 2)")
+    p.add_argument("--before", metavar="WASM", help="another fanout.wasm measured next to the "
+                   "shipped one in every dedupe row (`<key>@before`), e.g. built from the "
+                   "commit before a change: before and after in one run")
     p.add_argument("--report", metavar="DIR", help="only re-render DIR/results.md and "
                    "chart.svg from DIR/results.json")
     args = p.parse_args()
@@ -947,6 +973,8 @@ def main():
                 f.write(report.markdown(results, chart=f"{rel}/chart.svg"))
         return
     quick = args.quick
+    global BEFORE_WASM
+    BEFORE_WASM = os.path.abspath(args.before) if args.before else None
     args.connections = 32
     rounds_given = args.rounds
     args.rounds = args.rounds or (1 if quick else 5)
