@@ -400,3 +400,41 @@ pub fn on_response<H: Host>(
     }
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settle(keys: &[&str], cluster: &str) -> RemoteSettle {
+        RemoteSettle {
+            cluster: cluster.into(),
+            timeout_ms: 250,
+            delivered: keys
+                .iter()
+                .map(|k| (k.as_bytes().to_vec(), "d".into()))
+                .collect(),
+            released: Vec::new(),
+            until_ms: 0,
+            log_id: 1,
+            metrics: true,
+        }
+    }
+
+    #[test]
+    fn a_batch_takes_the_same_lease_and_cluster_no_key_twice_and_at_most_128_ops() {
+        let batch = Batch {
+            lease: 7,
+            settles: vec![settle(&["a", "b"], "etcd")],
+        };
+        assert!(batch.takes(&settle(&["c"], "etcd"), 7));
+        assert!(!batch.takes(&settle(&["c"], "etcd"), 8), "another lease");
+        assert!(!batch.takes(&settle(&["c"], "other"), 7), "another cluster");
+        assert!(!batch.takes(&settle(&["c", "b"], "etcd"), 7), "b twice");
+        let many: Vec<String> = (0..126).map(|i| format!("k{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(batch.takes(&settle(&many, "etcd"), 7), "128 ops");
+        let more: Vec<String> = (0..127).map(|i| format!("k{i}")).collect();
+        let more: Vec<&str> = more.iter().map(String::as_str).collect();
+        assert!(!batch.takes(&settle(&more, "etcd"), 7), "129 ops");
+    }
+}
