@@ -559,3 +559,52 @@ fn a_failed_settle_txn_counts_each_settle_in_it() {
     assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 2);
     assert_eq!(plugin.state().value("fanout.in_flight"), 0);
 }
+
+/// Where the etcd store's own work per event goes (N = 3, natively): the claim body, reading
+/// etcd's answer to it, the settle body. Run with
+/// `cargo test --release --lib etcd_store_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn etcd_store_cost_per_event() {
+    let config = Config::from_json(ETCD.as_bytes()).unwrap();
+    let ids: Vec<u64> = config.channels[0]
+        .subscribers
+        .iter()
+        .map(|s| s.dedupe_id)
+        .collect();
+    let answer = fixture("claim_fresh");
+    let n = 20_000u32;
+    let keys: Vec<Vec<u8>> = ids
+        .iter()
+        .map(|id| etcd::key("/fanout/", "orders", b"0b8e4c8a-2f7e-4a51", *id))
+        .collect();
+    let values: Vec<String> = ids.iter().map(|_| etcd::claim_value(1, 2)).collect();
+    let time = |what: &str, f: &mut dyn FnMut() -> usize| {
+        let start = std::time::Instant::now();
+        let mut bytes = 0;
+        for _ in 0..n {
+            bytes += f();
+        }
+        eprintln!(
+            "{what}: {:?} per event ({} bytes)",
+            start.elapsed() / n,
+            bytes / n as usize
+        );
+    };
+    time("claim body", &mut || {
+        let ops: Vec<etcd::ClaimOp<'_>> = keys
+            .iter()
+            .zip(&values)
+            .map(|(key, value)| etcd::ClaimOp { key, value })
+            .collect();
+        etcd::claim_body(&ops, 7_587_868_122_391_046_144, 1_000_000).len()
+    });
+    time("claim answer read", &mut || {
+        let node = etcd::read_answer(Some(200), answer.as_bytes()).unwrap();
+        etcd::read_claim(&node, 3).unwrap().len() + answer.len()
+    });
+    time("settle body", &mut || {
+        let d: Vec<(&[u8], &str)> = keys.iter().map(|k| (k.as_slice(), "x")).collect();
+        etcd::settle_body(&d, &[], 7).len()
+    });
+}
