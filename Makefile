@@ -239,7 +239,7 @@ test-compat: build sdk js
 # its size costs at start-up (bench/run.py; installs wrk with apt-get if it is missing). Results:
 # bench/results/<date>/ and bench/results/latest.md (~20 min). QUICK=1: a short run (~4 min)
 # whose results go to bench/tmp/quick/.
-bench: build envoy bench-1000
+bench: build envoy etcd bench-1000
 	$(PYTHON) bench/run.py --skip-build $(if $(filter 1,$(QUICK)),--quick)
 # What a channel of 1000 subscribers costs (Envoy's start-up, fan-out times, RSS against a
 # channel of 4): the measurement half of faults::a_channel_of_1000_subscribers_works.

@@ -77,6 +77,10 @@ def where(obj):
 def measure(spec, requests, ports, sub_port, builds, workdir):
     key, kind, n, extra = spec
     port, admin = ports.take(), ports.take()
+    extra = dict(extra)
+    if "etcd" in extra:
+        # The etcd store: its etcd (not under valgrind), started on first use.
+        extra["etcd_port"] = run.etcd_for(extra.pop("etcd"), ports).client_port
     conf = cfg.system(kind, n, port, admin, sub_port, run.modules(builds), **extra)
     name = run.file_name(key)
     e = run.Envoy(name, conf, admin, port, workdir)
@@ -94,9 +98,16 @@ def measure(spec, requests, ports, sub_port, builds, workdir):
         e.wait_ready(time.monotonic() + 600, poll=0.5)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
 
+        sent = [0]
+
         def send(count):
             for _ in range(count):
-                conn.request("POST", "/", body=BODY, headers=HEADERS)
+                headers = HEADERS
+                if key.startswith("fanout-dedupe"):
+                    # A new event each time (dedupe would skip every repeat).
+                    sent[0] += 1
+                    headers = dict(HEADERS, **{"ce-id": f"callgrind-{time.time_ns()}-{sent[0]}"})
+                conn.request("POST", "/", body=BODY, headers=headers)
                 resp = conn.getresponse()
                 resp.read()
                 if resp.status != run.EXPECT[kind]:
@@ -121,12 +132,15 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("keys", nargs="+", help="configurations, e.g. floor/0 fanout/0")
     p.add_argument("--requests", type=int, default=500)
+    p.add_argument("--before", metavar="WASM", help="the module of the `<dedupe key>@before` "
+                   "configurations (as bench/run.py --before)")
     p.add_argument("--port-base", type=int, default=int(os.environ.get("BENCH_PORT_BASE", 24000)))
     args = p.parse_args()
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         sys.exit("callgrind: valgrind is needed (apt-get install valgrind)")
     builds = sorted({m.group(1) for k in args.keys for m in [re.match(r"fanout@([^/]+)/", k)] if m})
-    specs = {s[0]: s for s in run.throughput_specs(builds)}
+    run.BEFORE_WASM = os.path.abspath(args.before) if args.before else None
+    specs = {s[0]: s for s in run.with_before(run.throughput_specs(builds))}
     unknown = [k for k in args.keys if k not in specs]
     if unknown:
         sys.exit(f"unknown configurations {unknown}; known: {', '.join(specs)}")
@@ -134,6 +148,7 @@ def main():
     run.build(True, True, builds)
     workdir = os.path.join(BENCH, "tmp", "callgrind")
     os.makedirs(workdir, exist_ok=True)
+    run.RUN_DIR = workdir
     ports = run.Ports(args.port_base)
     sub_admin, fast, slow, hold = ports.take(), ports.take(), ports.take(), ports.take()
     sub = run.Envoy("subscriber", cfg.subscriber(sub_admin, fast, slow, hold, 20, 4000), sub_admin,

@@ -213,7 +213,8 @@ def sub_clusters(n, sub_port):
     return [cluster(f"sub_{i}", sub_port) for i in range(max(n, 1))]
 
 
-def fanout_json(n, metrics=True, timeout_ms=30000, dedupe=False, call_cap=None, format=None):
+def fanout_json(n, metrics=True, timeout_ms=30000, dedupe=False, call_cap=None, format=None,
+                etcd_port=None):
     conf = {
         "timeout_ms": timeout_ms,
         "metrics": metrics,
@@ -221,6 +222,14 @@ def fanout_json(n, metrics=True, timeout_ms=30000, dedupe=False, call_cap=None, 
     }
     if dedupe:
         conf["dedupe"] = {"key": "ce-id", "ttl_ms": 600000, "max_entries": 100000}
+    if etcd_port is not None:
+        # The same dedupe, its records in etcd (cluster `etcd`, see etcd_cluster).
+        conf["dedupe"] = {"key": "ce-id", "ttl_ms": 600000,
+                          "store": {"etcd": {"cluster": "etcd", "prefix": "/fanout-bench/",
+                                             # Above the claim waits of a loaded 2-core
+                                             # machine: a timeout is a store error, an
+                                             # event delivered without dedupe.
+                                             "timeout_ms": 2000}}}
     if call_cap is not None:
         # Per worker: a cap above the load's connections never binds; it measures the
         # bookkeeping of every call taking and giving back a slot.
@@ -232,6 +241,12 @@ def fanout_json(n, metrics=True, timeout_ms=30000, dedupe=False, call_cap=None, 
     return json.dumps(conf)
 
 
+def etcd_cluster(port):
+    """The etcd store's cluster: one etcd member on loopback (bench/run.py starts it), its
+    HTTP/JSON gateway on the client port."""
+    return cluster("etcd", port)
+
+
 def floor_conf(n, extras=()):
     """The floor filter's plugin configuration: its clusters, then `+clock` / `+headers`
     (the host calls fanout makes at N = 0 that the floor does not need; see its lib.rs)."""
@@ -239,14 +254,14 @@ def floor_conf(n, extras=()):
 
 
 def system(kind, n, port, admin_port, sub_port, wasm, metrics=True, timeout_ms=30000,
-           dedupe=False, build=None, extras=(), call_cap=None, format=None):
+           dedupe=False, build=None, extras=(), call_cap=None, format=None, etcd_port=None):
     """The Envoy configuration of one system under test. `wasm`: the modules by name
     ("fanout", "noop", "floor", and "fanout-<build>" for each other build of fanout)."""
     name = "bench"
     clusters = sub_clusters(n, sub_port)
     names = [c["name"] for c in clusters]
     if kind == "fanout":
-        conf = fanout_json(n, metrics, timeout_ms, dedupe, call_cap, format)
+        conf = fanout_json(n, metrics, timeout_ms, dedupe, call_cap, format, etcd_port)
         path = wasm[f"fanout-{build}"] if build else wasm["fanout"]
         filters, routes = [wasm_filter("fanout", path, conf)], TRIPWIRE
     elif kind == "floor":
@@ -264,4 +279,6 @@ def system(kind, n, port, admin_port, sub_port, wasm, metrics=True, timeout_ms=3
         routes = direct(202)
     else:
         raise ValueError(kind)
+    if etcd_port is not None:
+        clusters.append(etcd_cluster(etcd_port))
     return bootstrap(admin_port, [listener(name, port, filters, routes)], clusters)

@@ -11,6 +11,12 @@ PAIRED_NS = [0, 4, 16]
 FIXED_LIMIT = 1.10
 SLOPE_LIMIT = 1.05
 SIZE_LIMIT_KIB = 300
+# Targets of issue 23: the etcd dedupe store at N = 4 (etcd's data on tmpfs: fanout's cost).
+DEDUPE_OFF, DEDUPE_ENVOY = "fanout/4", "fanout-dedupe/4"
+DEDUPE_ETCD, DEDUPE_ETCD_DISK = "fanout-dedupe-etcd/4", "fanout-dedupe-etcd-disk/4"
+ETCD_RTT_LIMIT = 2.0
+ETCD_P50_LIMIT_MS = 1.0
+ETCD_CPU_LIMIT = 1.15
 
 
 def _get(rows, key, field):
@@ -71,6 +77,11 @@ def _verdict(spread, limit):
     return {"met": met, "how": how}
 
 
+def _verdict_how(spread, limit):
+    verdict = _verdict(spread, limit)
+    return None if verdict is None else verdict["how"]
+
+
 def floor_comparison(tp):
     """fanout against the floor at every N: CPU per request, and per extra subscriber."""
     out = {"per_n": {}, "slope": {}}
@@ -122,6 +133,44 @@ def builds_cost(results):
     return out
 
 
+def dedupe_stores(results):
+    """The dedupe stores at N = 4: dedupe off, the envoy store, the etcd store (etcd on tmpfs
+    and on disk). Envoy CPU per request (throughput phase), the ratio to the envoy store per
+    round, etcd calls and etcd CPU per event, and the sender's p50/p99 (latency phase) with
+    what each adds to the envoy store's p50, per round."""
+    tp = results.get("throughput") or {}
+    lat = results.get("latency") or {}
+    out = {}
+    keys = [DEDUPE_OFF, DEDUPE_ENVOY, DEDUPE_ETCD, DEDUPE_ETCD_DISK]
+    # `run.py --before WASM`: the same rows with another build, paired with its own envoy store.
+    keys += [_before(k) for k in keys[1:]]
+    for key in keys:
+        if key not in tp and key not in lat:
+            continue
+        envoy = _before(DEDUPE_ENVOY) if key.endswith("@before/4") else DEDUPE_ENVOY
+        row = {"cpu": _spread(_rounds(tp, key)), "rps": _get(tp, key, "rps"),
+               "etcd_rq_per_req": _get(tp, key, "etcd_rq_per_req"),
+               "etcd_cpu_us_per_req": _get(tp, key, "etcd_cpu_us_per_req"),
+               "store_errors": (_get(tp, key, "store_errors") or 0)
+               + (_get(lat, key, "store_errors") or 0),
+               "p50_ms": _get(lat, key, "p50_ms"), "p99_ms": _get(lat, key, "p99_ms"),
+               "lat_etcd_rq_per_req": _get(lat, key, "etcd_rq_per_req"),
+               "lat_cpu_us_per_req": _get(lat, key, "cpu_us_per_req")}
+        if key != envoy:
+            row["cpu_over_envoy"] = _paired(tp, key, envoy, lambda a, b: a / b if b else None)
+            pa, pb = ((lat.get(key) or {}).get("p50_rounds"),
+                      (lat.get(envoy) or {}).get("p50_rounds"))
+            row["p50_over_envoy_ms"] = (None if not pa or not pb else
+                                        _spread([a - b for a, b in zip(pa, pb)]))
+        out[key] = row
+    return out
+
+
+def _before(key):
+    name, _, tail = key.partition("/")
+    return f"{name}@before/{tail}"
+
+
 def startup_summary(startup):
     """Per system: ready time and RSS at --concurrency 1 and 4, and RSS per extra worker."""
     out = {}
@@ -141,6 +190,7 @@ def derive(results):
     d["metrics_cost"] = metrics_cost(tp)
     d["builds"] = builds_cost(results)
     d["startup"] = startup_summary(results.get("startup"))
+    d["dedupe_stores"] = dedupe_stores(results)
     for n in NS:
         f, m = f"fanout/{n}", f"mirror/{n}"
         d["per_n"][n] = {
@@ -191,6 +241,22 @@ def derive(results):
         floor_target(f"per extra subscriber: fanout / floor at N={n}",
                      (fl["slope"].get(n) or {}).get("ratio"), SLOPE_LIMIT,
                      fl["slope_verdict"].get(n))
+    etcd = d["dedupe_stores"].get(DEDUPE_ETCD) or {}
+    if etcd:
+        target("etcd store: etcd round trips per event (Envoy's `cluster.etcd.upstream_rq_total` "
+               "over the requests, throughput phase, N=4)", etcd.get("etcd_rq_per_req"),
+               f"<= {ETCD_RTT_LIMIT:.0f}", lambda v: v <= ETCD_RTT_LIMIT, "{:.2f}", "targets")
+        spread = etcd.get("p50_over_envoy_ms")
+        target("etcd store (etcd on tmpfs): p50 of the sender's answer minus the envoy store's, "
+               "20 ms subscribers, N=4 (ms, per round)",
+               None if spread is None else spread["median"], f"<= {ETCD_P50_LIMIT_MS:.0f} ms",
+               lambda v: v <= ETCD_P50_LIMIT_MS, "{:+.2f} ms", "targets",
+               _verdict_how(spread, ETCD_P50_LIMIT_MS))
+        spread = etcd.get("cpu_over_envoy")
+        target("etcd store: Envoy CPU per request / the envoy store's, N=4 (per round)",
+               None if spread is None else spread["median"], f"<= {ETCD_CPU_LIMIT:.2f}x",
+               lambda v: v <= ETCD_CPU_LIMIT, "{:.2f}x", "targets",
+               _verdict_how(spread, ETCD_CPU_LIMIT))
     size = (results.get("wasm") or {}).get("fanout_bytes")
     target("fanout.wasm size", None if size is None else size / 1024, f"<= {SIZE_LIMIT_KIB} KiB",
            lambda v: v <= SIZE_LIMIT_KIB, "{:.1f} KiB", "targets")
@@ -375,6 +441,47 @@ def _floor_sections(results, d, w):
               f"{sp(by1, 'ready_ms')} | {sp(by4, 'ready_ms')} | {sp(by1, 'rss_mb')} | "
               f"{sp(by4, 'rss_mb')} | {_f(by.get('rss_per_worker_mb'), '{:.1f}')} |")
         w("")
+
+
+def _dedupe_section(results, d, w):
+    ds = d.get("dedupe_stores") or {}
+    if not ds:
+        return
+    etcds = results.get("etcd") or {}
+    w("## Dedupe stores at N = 4\n")
+    w("Every request a new `ce-id` (each is claimed, called and recorded). Envoy CPU µs per "
+      "request and requests/s from the throughput phase; etcd calls per event (Envoy's "
+      "`cluster.etcd.upstream_rq_total` over the requests: claims, settles, lease grants) and "
+      "etcd's own CPU per event (its /proc/<pid>/stat, context: not fanout's) from the same "
+      "runs; p50 / p99 of the sender's answer from the latency phase (subscribers answering "
+      "after 20 ms, one connection). Ratios and differences against the envoy store are taken "
+      "round by round. The last column is Envoy's CPU per event at one connection (tens of "
+      "events a second): there, work that runs whatever the load (a timer) shows. etcd: one "
+      "member on loopback, "
+      + "; ".join(f"{k}: data dir `{v.get('data_dir')}` ({v.get('filesystem')})"
+                  for k, v in etcds.items()) + ".\n")
+    w("| configuration | Envoy CPU µs/rq | / envoy store | rq/s | etcd calls per event | etcd CPU "
+      "µs per event | p50 ms | p99 ms | p50 − envoy store ms | Envoy CPU µs/rq, latency phase |")
+    w("|---|---|---|---|---|---|---|---|---|---|")
+    labels = {DEDUPE_OFF: "dedupe off", DEDUPE_ENVOY: "`envoy` store",
+              DEDUPE_ETCD: "`etcd` store, etcd on tmpfs",
+              DEDUPE_ETCD_DISK: "`etcd` store, etcd on disk"}
+    labels.update({_before(k): v + " (`--before` build)" for k, v in list(labels.items())[1:]})
+    for key, label in labels.items():
+        r = ds.get(key)
+        if not r:
+            continue
+        etcd = key in (DEDUPE_ETCD, DEDUPE_ETCD_DISK, _before(DEDUPE_ETCD),
+                       _before(DEDUPE_ETCD_DISK))
+        w(f"| {label} | {_s(r.get('cpu'))} | {_s(r.get('cpu_over_envoy'), '{:.2f}x')} | "
+          f"{_f(r.get('rps'))} | {_f(r.get('etcd_rq_per_req') if etcd else None, '{:.2f}')} | "
+          f"{_f(r.get('etcd_cpu_us_per_req') if etcd else None)} | "
+          f"{_f(r.get('p50_ms'), '{:.2f}')} | {_f(r.get('p99_ms'), '{:.2f}')} | "
+          f"{_s(r.get('p50_over_envoy_ms'), '{:+.2f}')} | {_f(r.get('lat_cpu_us_per_req'))} |")
+    errors = {k: r["store_errors"] for k, r in ds.items() if r.get("store_errors")}
+    w("\n" + ("No store error counted (`fanout.dedupe.store_errors`) in any measured run."
+              if not errors else "Store errors counted (those events were delivered without "
+              "dedupe): " + ", ".join(f"{k} {v}" for k, v in errors.items()) + ".") + "\n")
 
 
 def markdown(results, chart="chart.svg"):
@@ -569,8 +676,11 @@ def markdown(results, chart="chart.svg"):
           "to perf), the kernel `[kernel.kallsyms]`. A sampling profile on a shared machine: "
           "`bench/callgrind.py` counts the same split in instructions, repeatably.\n")
 
+    _dedupe_section(results, d, w)
+
     w("## Targets\n")
-    w("Reported, never a failing test. Against the floor of a wasm fan-out and on size (issue 18):\n")
+    w("Reported, never a failing test. Against the floor of a wasm fan-out and on size (issue 18); "
+      "the etcd dedupe store (issue 23):\n")
     w("| target | limit | this run | met |")
     w("|---|---|---|---|")
     for t in d["targets"]:

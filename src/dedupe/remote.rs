@@ -2,12 +2,21 @@
 //! need, the settles owed (queued by whichever context ended a fan-out, sent by the root's
 //! timer, since Envoy cancels a stream's calls when the stream ends), and the store-error
 //! warnings (one per 10 s at most).
+//!
+//! The timer runs at [`SETTLE_TICK`] only while something is owed: settles queued or in
+//! flight, a lease grant pending. Otherwise every [`LEASE_TICK`], enough to ask for the next
+//! bucket's lease in time (buckets are at least a second wide). A settle queued while the
+//! timer is slow asks for the fast one from the context that queues it ([`Remote::queue`]).
+//! The settles queued at one tick go out as one txn per lease (up to
+//! [`ETCD_MAX_TXN_OPS`] operations each, no key twice): under load an event costs its claim and
+//! a share of a settle.
 
 use std::cell::RefCell;
 use std::time::Duration;
 
 use super::claim::etcd_headers;
 use super::etcd::{self, Family, Leases, StoreError};
+use super::settings::ETCD_MAX_TXN_OPS;
 use super::settle::RemoteSettle;
 use super::CLAIM_MARGIN_MS;
 use crate::call::Failure;
@@ -17,6 +26,12 @@ use crate::telemetry::Telemetry;
 
 /// At most one store-error warning per this long.
 const WARNING_EVERY_MS: u64 = 10_000;
+/// The root's timer while settles are owed or a grant is pending (the plugin's delivery
+/// tick): the most a settle waits before it goes out.
+pub const SETTLE_TICK: Duration = Duration::from_millis(10);
+/// The root's timer when the etcd store owes nothing: a quarter of the narrowest lease
+/// bucket (1 s), so that every bucket sees ticks to ask for the next one's lease.
+pub const LEASE_TICK: Duration = Duration::from_millis(250);
 
 /// The VM's etcd state.
 #[derive(Default)]
@@ -25,20 +40,23 @@ pub struct Remote {
     families: Vec<Family>,
     /// Settles to send at the next tick.
     queued: Vec<RemoteSettle>,
-    /// Settles sent: token, context id (for log lines), whether counted in the metrics.
-    in_flight: Vec<(u32, u32, bool)>,
+    /// Settle txns sent: token, and the settles in it: context id (for log lines), whether
+    /// counted in the metrics.
+    in_flight: Vec<(u32, Vec<(u32, bool)>)>,
     last_warning_ms: Option<u64>,
     unlogged: u32,
+    /// Whether the root's timer runs at [`SETTLE_TICK`] (kept by the plugin; set when a
+    /// queued settle asks for it).
+    fast_timer: bool,
 }
 
 /// What an answer to one of the root's etcd calls came to.
 pub enum Answered {
     /// A lease grant: nothing to count.
     Grant,
-    /// A settle that was applied; `metrics`: its configuration counts.
-    Settled { metrics: bool },
-    /// A settle that failed: counted as a store error.
-    SettleFailed { metrics: bool },
+    /// A settle txn: `counted` settles in it (of configurations with metrics on) applied,
+    /// or (`failed`) each a store error.
+    Settles { counted: u32, failed: bool },
 }
 
 /// Settles that ended at once when sent (no lease, refused at dispatch), each a store error:
@@ -57,14 +75,35 @@ impl Remote {
         }
     }
 
-    /// A settle owed, sent at the next tick.
-    pub fn queue(&mut self, settle: RemoteSettle) {
+    /// A settle owed, sent at the next tick. If the root's timer is slow, asks for the fast
+    /// one (`host` in whichever context queues it: a stream's timer calls set its root's).
+    pub fn queue<H: Host>(&mut self, host: &H, settle: RemoteSettle) {
         self.queued.push(settle);
+        if !self.fast_timer {
+            host.set_tick_period(SETTLE_TICK);
+            self.fast_timer = true;
+        }
     }
 
     /// Settles queued or in flight: work the process still owes.
     pub fn owed(&self) -> usize {
-        self.queued.len() + self.in_flight.len()
+        self.queued.len()
+            + self
+                .in_flight
+                .iter()
+                .map(|(_, settles)| settles.len())
+                .sum::<usize>()
+    }
+
+    /// Whether the timer must run at [`SETTLE_TICK`]: settles owed, or leases not held yet
+    /// (a grant pending, or none granted).
+    pub fn wants_fast_timer(&self) -> bool {
+        self.owed() > 0 || !self.families.is_empty() && !self.leases.all_granted()
+    }
+
+    /// The timer the plugin set: fast or not.
+    pub fn timer_is(&mut self, fast: bool) {
+        self.fast_timer = fast;
     }
 
     /// Whether to log a store-error warning now; if so, how many were not logged since.
@@ -107,10 +146,12 @@ impl Remote {
         Ok(())
     }
 
-    /// Sends the settles queued (the root context is the current one); returns those that
-    /// failed at once (no lease, refused at dispatch), each counted as a store error.
+    /// Sends the settles queued (the root context is the current one), as few txns as
+    /// their leases, clusters and etcd's limits allow; returns those that failed at once
+    /// (no lease, refused at dispatch), each counted as a store error.
     pub fn send_settles<H: Host>(&mut self, host: &H, now_ms: u64) -> NotSent {
         let mut failed = 0;
+        let mut batches: Vec<Batch> = Vec::new();
         for settle in std::mem::take(&mut self.queued) {
             let lease = if settle.delivered.is_empty() {
                 Some(0)
@@ -126,32 +167,46 @@ impl Remote {
                 failed += u32::from(settle.metrics);
                 continue;
             };
-            let delivered: Vec<(&[u8], &str)> = settle
-                .delivered
+            match batches.iter_mut().find(|b| b.takes(&settle, lease)) {
+                Some(batch) => batch.settles.push(settle),
+                None => batches.push(Batch {
+                    lease,
+                    settles: vec![settle],
+                }),
+            }
+        }
+        for batch in batches {
+            let Some(first) = batch.settles.first() else {
+                continue;
+            };
+            let (cluster, timeout_ms) = (first.cluster.clone(), first.timeout_ms);
+            let delivered: Vec<(&[u8], &str)> = batch
+                .settles
                 .iter()
+                .flat_map(|s| &s.delivered)
                 .map(|(k, v)| (k.as_slice(), v.as_str()))
                 .collect();
-            let released: Vec<(&[u8], &str)> = settle
-                .released
+            let released: Vec<(&[u8], &str)> = batch
+                .settles
                 .iter()
+                .flat_map(|s| &s.released)
                 .map(|(k, v)| (k.as_slice(), v.as_str()))
                 .collect();
-            let body = etcd::settle_body(&delivered, &released, lease);
-            let timeout = Duration::from_millis(u64::from(settle.timeout_ms));
-            match host.dispatch(
-                &settle.cluster,
-                etcd_headers(&settle.cluster),
-                body.as_bytes(),
-                timeout,
-            ) {
-                Ok(token) => self.in_flight.push((token, settle.log_id, settle.metrics)),
+            let body = etcd::settle_body(&delivered, &released, batch.lease);
+            let timeout = Duration::from_millis(u64::from(timeout_ms));
+            let settles: Vec<(u32, bool)> = batch
+                .settles
+                .iter()
+                .map(|s| (s.log_id, s.metrics))
+                .collect();
+            match host.dispatch(&cluster, etcd_headers(&cluster), body.as_bytes(), timeout) {
+                Ok(token) => self.in_flight.push((token, settles)),
                 Err(failure) => {
-                    self.settle_failed(
-                        settle.log_id,
-                        &StoreError(format!("refused at dispatch: {failure}")),
-                        now_ms,
-                    );
-                    failed += u32::from(settle.metrics);
+                    let error = StoreError(format!("refused at dispatch: {failure}"));
+                    for (log_id, metrics) in settles {
+                        self.settle_failed(log_id, &error, now_ms);
+                        failed += u32::from(metrics);
+                    }
                 }
             }
         }
@@ -194,15 +249,58 @@ impl Remote {
                 .granted(token, result, if failed { now() } else { 0 });
             return Some(Answered::Grant);
         }
-        let at = self.in_flight.iter().position(|(t, _, _)| *t == token)?;
-        let (_, log_id, metrics) = self.in_flight.swap_remove(at);
+        let at = self.in_flight.iter().position(|(t, _)| *t == token)?;
+        let (_, settles) = self.in_flight.swap_remove(at);
+        let counted = settles.iter().filter(|(_, metrics)| *metrics).count();
+        let counted = u32::try_from(counted).unwrap_or(u32::MAX);
         match etcd::read_answer(status(), &body()).and_then(|a| etcd::read_txn_ok(&a)) {
-            Ok(()) => Some(Answered::Settled { metrics }),
+            Ok(()) => Some(Answered::Settles {
+                counted,
+                failed: false,
+            }),
             Err(error) => {
-                self.settle_failed(log_id, &error, now());
-                Some(Answered::SettleFailed { metrics })
+                let now = now();
+                for (log_id, _) in settles {
+                    self.settle_failed(log_id, &error, now);
+                }
+                Some(Answered::Settles {
+                    counted,
+                    failed: true,
+                })
             }
         }
+    }
+}
+
+/// Settles sent as one txn: the same lease (or none needed), cluster and timeout, at most
+/// [`ETCD_MAX_TXN_OPS`] operations, and no key twice (etcd refuses a txn that names a key in two
+/// operations).
+struct Batch {
+    lease: i64,
+    settles: Vec<RemoteSettle>,
+}
+
+impl Batch {
+    fn takes(&self, settle: &RemoteSettle, lease: i64) -> bool {
+        let Some(first) = self.settles.first() else {
+            return false;
+        };
+        let ops = |s: &RemoteSettle| s.delivered.len() + s.released.len();
+        let mine: Vec<&[u8]> = settle
+            .delivered
+            .iter()
+            .chain(&settle.released)
+            .map(|(k, _)| k.as_slice())
+            .collect();
+        lease == self.lease
+            && first.cluster == settle.cluster
+            && first.timeout_ms == settle.timeout_ms
+            && self.settles.iter().map(ops).sum::<usize>() + ops(settle) <= ETCD_MAX_TXN_OPS
+            && !self
+                .settles
+                .iter()
+                .flat_map(|s| s.delivered.iter().chain(&s.released))
+                .any(|(k, _)| mine.contains(&k.as_slice()))
     }
 }
 
@@ -285,19 +383,58 @@ pub fn on_response<H: Host>(
         },
         || host.now_ms(),
     );
-    let (metrics, failed) = match answered {
+    let (counted, failed) = match answered {
         None => return false,
         Some(Answered::Grant) => return true,
-        Some(Answered::Settled { metrics }) => (metrics, false),
-        Some(Answered::SettleFailed { metrics }) => (metrics, true),
+        Some(Answered::Settles { counted, failed }) => (counted, failed),
     };
-    if metrics {
+    if counted > 0 {
         if let Ok(mut telemetry) = telemetry.try_borrow_mut() {
-            telemetry.tally.owed(-1);
-            if failed {
-                telemetry.tally.dedupe_store_error();
+            for _ in 0..counted {
+                telemetry.tally.owed(-1);
+                if failed {
+                    telemetry.tally.dedupe_store_error();
+                }
             }
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settle(keys: &[&str], cluster: &str) -> RemoteSettle {
+        RemoteSettle {
+            cluster: cluster.into(),
+            timeout_ms: 250,
+            delivered: keys
+                .iter()
+                .map(|k| (k.as_bytes().to_vec(), "d".into()))
+                .collect(),
+            released: Vec::new(),
+            until_ms: 0,
+            log_id: 1,
+            metrics: true,
+        }
+    }
+
+    #[test]
+    fn a_batch_takes_the_same_lease_and_cluster_no_key_twice_and_at_most_128_ops() {
+        let batch = Batch {
+            lease: 7,
+            settles: vec![settle(&["a", "b"], "etcd")],
+        };
+        assert!(batch.takes(&settle(&["c"], "etcd"), 7));
+        assert!(!batch.takes(&settle(&["c"], "etcd"), 8), "another lease");
+        assert!(!batch.takes(&settle(&["c"], "other"), 7), "another cluster");
+        assert!(!batch.takes(&settle(&["c", "b"], "etcd"), 7), "b twice");
+        let many: Vec<String> = (0..126).map(|i| format!("k{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(batch.takes(&settle(&many, "etcd"), 7), "128 ops");
+        let more: Vec<String> = (0..127).map(|i| format!("k{i}")).collect();
+        let more: Vec<&str> = more.iter().map(String::as_str).collect();
+        assert!(!batch.takes(&settle(&more, "etcd"), 7), "129 ops");
+    }
 }

@@ -617,7 +617,7 @@ impl Deliveries {
                 job.log_id,
             );
             if let Some(remote) = settled.remote.take() {
-                self.store.queue(remote);
+                self.store.queue(clock.host, remote);
                 self.count(&job.config, |tally| tally.owed(1));
             }
             self.count(&job.config, |tally| settled.record(tally));

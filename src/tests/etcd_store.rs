@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::config::Config;
-use crate::dedupe::etcd;
+use crate::dedupe::{etcd, remote};
 
 const ETCD: &str = r#"{
   "dedupe": {"key": "ce-id", "ttl_ms": 60000,
@@ -457,4 +457,154 @@ fn record_etcd_fixtures() {
     let (status, body) = post(etcd::TXN_PATH, &bad);
     assert_eq!(status, 404, "{body}");
     save("lease_not_found", (status, body));
+}
+
+#[test]
+fn the_timer_runs_fast_only_while_the_store_owes_something() {
+    let mut plugin = FakeEnvoy::with_etcd(ETCD);
+    // The leases granted, nothing owed: a tick every LEASE_TICK, not every 10 ms.
+    plugin.tick_at(10);
+    assert_eq!(plugin.state().tick_period, Some(remote::LEASE_TICK));
+    let mut ctx = send(&plugin, &event("e1"), b"{}");
+    let claim = plugin.etcd_calls()[0].clone();
+    plugin.answer_call(&mut ctx, claim.token, Some(200), &fixture("claim_fresh"));
+    for (token, _) in plugin.subscriber_calls() {
+        plugin.answer_call(&mut ctx, token, Some(200), "");
+    }
+    assert_eq!(plugin.last_answer().status, 202);
+    // The answer went before the settle: queued, it asked for the fast timer.
+    assert_eq!(plugin.etcd_calls().len(), 1);
+    assert_eq!(plugin.state().tick_period, Some(Duration::from_millis(10)));
+    plugin.tick_at(20);
+    let settle = plugin.etcd_calls().last().cloned().unwrap();
+    assert_eq!(
+        plugin.etcd_calls().len(),
+        2,
+        "the settle went out at the tick"
+    );
+    // In flight: still owed, still fast.
+    plugin.tick_at(30);
+    assert_eq!(plugin.state().tick_period, Some(Duration::from_millis(10)));
+    plugin.answer_root_call(settle.token, Some(200), &fixture("settle"), &[]);
+    plugin.tick_at(40);
+    assert_eq!(plugin.state().tick_period, Some(remote::LEASE_TICK));
+    assert_eq!(plugin.flushed("fanout.in_flight"), 0);
+}
+
+#[test]
+fn the_settles_of_one_tick_go_out_as_one_txn() {
+    let mut plugin = FakeEnvoy::with_etcd(ETCD);
+    let mut first = send(&plugin, &event("e1"), b"{}");
+    let mut second = send(&plugin, &event("e2"), b"{}");
+    let claims = plugin.etcd_calls();
+    assert_eq!(claims.len(), 2);
+    plugin.answer_call(
+        &mut first,
+        claims[0].token,
+        Some(200),
+        &fixture("claim_fresh"),
+    );
+    plugin.answer_call(
+        &mut second,
+        claims[1].token,
+        Some(200),
+        &fixture("claim_fresh"),
+    );
+    let calls = plugin.subscriber_calls();
+    assert_eq!(calls.len(), 6);
+    for (token, _) in &calls[..3] {
+        plugin.answer_call(&mut first, *token, Some(200), "");
+    }
+    // e2: shipping fails, its claim is released in the same txn.
+    for (i, (token, _)) in calls[3..].iter().enumerate() {
+        let status = if i == 1 { 503 } else { 200 };
+        plugin.answer_call(&mut second, *token, Some(status), "");
+    }
+    plugin.tick_at(10);
+    let txns = plugin.etcd_calls();
+    assert_eq!(txns.len(), 3, "two claims, one settle for both");
+    assert_eq!(txns[2].context, ROOT);
+    let values = puts(&txns[2].body);
+    assert_eq!(
+        values.len(),
+        5,
+        "three records of e1, two of e2: {values:?}"
+    );
+    let text = String::from_utf8(txns[2].body.clone()).unwrap();
+    assert_eq!(text.matches("request_delete_range").count(), 1, "{text}");
+    assert_eq!(plugin.flushed("fanout.in_flight"), 2);
+    plugin.answer_root_call(txns[2].token, Some(200), &fixture("settle"), &[]);
+    assert_eq!(plugin.flushed("fanout.in_flight"), 0);
+    assert_eq!(plugin.state().value("fanout.dedupe.store_errors"), 0);
+}
+
+#[test]
+fn a_failed_settle_txn_counts_each_settle_in_it() {
+    let mut plugin = FakeEnvoy::with_etcd(ETCD);
+    let mut ctxs: Vec<_> = ["e1", "e2"]
+        .iter()
+        .map(|id| send(&plugin, &event(id), b"{}"))
+        .collect();
+    let claims = plugin.etcd_calls();
+    for (ctx, claim) in ctxs.iter_mut().zip(&claims) {
+        plugin.answer_call(ctx, claim.token, Some(200), &fixture("claim_fresh"));
+    }
+    let calls = plugin.subscriber_calls();
+    for (i, (token, _)) in calls.iter().enumerate() {
+        plugin.answer_call(&mut ctxs[i / 3], *token, Some(200), "");
+    }
+    plugin.tick_at(10);
+    let settle = plugin.etcd_calls().last().cloned().unwrap();
+    plugin.answer_root_call(settle.token, None, "", &[]);
+    assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 2);
+    assert_eq!(plugin.state().value("fanout.in_flight"), 0);
+}
+
+/// Where the etcd store's own work per event goes (N = 3, natively): the claim body, reading
+/// etcd's answer to it, the settle body. Run with
+/// `cargo test --release --lib etcd_store_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn etcd_store_cost_per_event() {
+    let config = Config::from_json(ETCD.as_bytes()).unwrap();
+    let ids: Vec<u64> = config.channels[0]
+        .subscribers
+        .iter()
+        .map(|s| s.dedupe_id)
+        .collect();
+    let answer = fixture("claim_fresh");
+    let n = 20_000u32;
+    let keys: Vec<Vec<u8>> = ids
+        .iter()
+        .map(|id| etcd::key("/fanout/", "orders", b"0b8e4c8a-2f7e-4a51", *id))
+        .collect();
+    let values: Vec<String> = ids.iter().map(|_| etcd::claim_value(1, 2)).collect();
+    let time = |what: &str, f: &mut dyn FnMut() -> usize| {
+        let start = std::time::Instant::now();
+        let mut bytes = 0;
+        for _ in 0..n {
+            bytes += f();
+        }
+        eprintln!(
+            "{what}: {:?} per event ({} bytes)",
+            start.elapsed() / n,
+            bytes / n as usize
+        );
+    };
+    time("claim body", &mut || {
+        let ops: Vec<etcd::ClaimOp<'_>> = keys
+            .iter()
+            .zip(&values)
+            .map(|(key, value)| etcd::ClaimOp { key, value })
+            .collect();
+        etcd::claim_body(&ops, 7_587_868_122_391_046_144, 1_000_000).len()
+    });
+    time("claim answer read", &mut || {
+        let node = etcd::read_answer(Some(200), answer.as_bytes()).unwrap();
+        etcd::read_claim(&node, 3).unwrap().len() + answer.len()
+    });
+    time("settle body", &mut || {
+        let d: Vec<(&[u8], &str)> = keys.iter().map(|k| (k.as_slice(), "x")).collect();
+        etcd::settle_body(&d, &[], 7).len()
+    });
 }

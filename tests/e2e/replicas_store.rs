@@ -333,7 +333,8 @@ fn ttl_is_honoured_and_no_key_is_left() {
 
 /// What the etcd store adds to the sender's answer on loopback: p50 and p99 of 300
 /// sequential events (unique ids) to 4 subscribers, dedupe off / `envoy` store / `etcd`
-/// store. A measurement, not a check: run with
+/// store. A quick measurement by hand, not a check (the reported figures are `make bench`'s
+/// dedupe rows, docs/performance.md): run with
 /// `cargo test --test e2e replicas_store::latency -- --ignored --nocapture`.
 #[test]
 #[ignore]
