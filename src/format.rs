@@ -39,7 +39,7 @@ use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STAN
 use base64::engine::DecodePaddingMode;
 use base64::Engine;
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
-use serde::de::IgnoredAny;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use crate::cloudevents::{media_type, percent_decode, REQUIRED_ATTRIBUTES, STRUCTURED_JSON};
 
@@ -372,7 +372,7 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
         members
             .iter()
             .find(|(n, _)| n == name)
-            .and_then(|(_, raw)| json_string(raw).ok())
+            .and_then(|(_, raw)| json_string(raw))
             .filter(|value| !value.is_empty())
     };
     check_required(|name| string(name).is_some(), "member ")?;
@@ -384,7 +384,7 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
             return Err("both data and data_base64 are given: the JSON format allows one".into())
         }
         (None, Some(raw)) => {
-            let text = json_string(raw).map_err(|_| "data_base64 is not a string".to_string())?;
+            let text = json_string(raw).ok_or_else(|| "data_base64 is not a string".to_string())?;
             BASE64
                 .decode(text.as_bytes())
                 .map_err(|e| format!("data_base64 is not valid base64: {e}"))?
@@ -397,7 +397,7 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
             }
             Some(ct) if is_json_media(ct.as_bytes()) => raw.as_bytes().to_vec(),
             Some(ct) => json_string(raw)
-                .map_err(|_| {
+                .ok_or_else(|| {
                     format!(
                         "data is not a string, and datacontenttype {ct} is not JSON: it has no \
                          exact binary body"
@@ -435,7 +435,7 @@ fn attribute_text<'r>(name: &str, text: &'r str) -> Result<Option<Cow<'r, str>>,
     match text.as_bytes().first() {
         Some(b'"') => json_string(text)
             .map(|text| Some(Cow::Owned(text)))
-            .map_err(|e| format!("member {name}: {e}")),
+            .ok_or_else(|| format!("member {name} is not a JSON string")),
         Some(b'n') => Ok(None),
         Some(b't' | b'f') => Ok(Some(Cow::Borrowed(text))),
         Some(b'-' | b'0'..=b'9') => {
@@ -456,10 +456,52 @@ fn attribute_text<'r>(name: &str, text: &'r str) -> Result<Option<Cow<'r, str>>,
     }
 }
 
-/// A JSON string's value, from its text with the quotes (`from_slice::<String>`: the one
-/// string reader this module instantiates).
-fn json_string(raw: &str) -> Result<String, serde_json::Error> {
-    serde_json::from_slice::<String>(raw.as_bytes())
+/// A JSON string's value, from one JSON value's text; `None` when it is another value.
+///
+/// Through `deserialize_any` and a visitor that answers every kind itself: serde_json's own
+/// refusal of a non-string (`from_slice::<String>`) words it through serde's `Unexpected`,
+/// whose `Display` formats floats and so links all of `core::num::flt2dec` (~17 KB).
+fn json_string(raw: &str) -> Option<String> {
+    if !raw.starts_with('"') {
+        return None;
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(raw.as_bytes());
+    deserializer.deserialize_any(JsonString).ok().flatten()
+}
+
+/// [`json_string`]'s visitor: a string's value, `None` for any other kind.
+struct JsonString;
+
+impl<'de> Visitor<'de> for JsonString {
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON string")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Option<String>, E> {
+        Ok(Some(v.to_string()))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Option<String>, E> {
+        Ok(None)
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Option<String>, E> {
+        Ok(None)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Option<String>, E> {
+        Ok(None)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Option<String>, E> {
+        Ok(None)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Option<String>, E> {
+        Ok(None)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Option<String>, A::Error> {
+        Ok(None)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<Option<String>, A::Error> {
+        Ok(None)
+    }
 }
 
 /// A JSON object's members in order: each name (borrowed when it has no escapes) and its
@@ -485,7 +527,7 @@ fn members(body: &[u8]) -> Result<Vec<(Cow<'_, str>, &str)>, String> {
         let key = scan.value();
         let name = match key.get(1..key.len().saturating_sub(1)) {
             Some(inner) if !inner.contains('\\') => Cow::Borrowed(inner),
-            _ => Cow::Owned(json_string(key).map_err(|e| not_object(&e.to_string()))?),
+            _ => Cow::Owned(json_string(key).ok_or_else(|| not_object("a name is no string"))?),
         };
         scan.space();
         scan.at += 1; // `:`
