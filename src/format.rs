@@ -362,8 +362,9 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
                     let mut header = Vec::with_capacity(3 + name.len());
                     header.extend_from_slice(b"ce-");
                     header.extend_from_slice(name.as_bytes());
-                    let encoded: Cow<'_, str> = utf8_percent_encode(&value, HEADER_VALUE).into();
-                    block.push((header, encoded.as_bytes().to_vec()));
+                    // Through `Display`, as dead letters encode: no second encoder instance.
+                    let encoded = utf8_percent_encode(&value, HEADER_VALUE).to_string();
+                    block.push((header, encoded.into_bytes()));
                 }
             }
         }
