@@ -39,8 +39,7 @@ use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STAN
 use base64::engine::DecodePaddingMode;
 use base64::Engine;
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
-use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
-use serde_json::value::RawValue;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use crate::cloudevents::{media_type, percent_decode, REQUIRED_ATTRIBUTES, STRUCTURED_JSON};
 
@@ -324,9 +323,7 @@ fn not_spec_version() -> String {
 
 /// Structured mode into binary mode.
 fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, String> {
-    let members = serde_json::from_slice::<Members>(body)
-        .map_err(|e| format!("the body is not one JSON object: {e}"))?
-        .0;
+    let members = members(body)?;
     let mut block: Vec<Pair> = Vec::with_capacity(members.len() + 1);
     let mut names: Vec<&str> = Vec::with_capacity(members.len());
     let (mut data, mut data_base64) = (None, None);
@@ -352,13 +349,11 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
                     continue; // null: unset
                 };
                 if name == "datacontenttype" {
-                    if !raw.get().starts_with('"')
-                        || !value.bytes().all(|b| (b' '..=b'~').contains(&b))
-                    {
+                    if !raw.starts_with('"') || !value.bytes().all(|b| (b' '..=b'~').contains(&b)) {
                         return Err(format!(
                             "member datacontenttype {} cannot be a content-type header \
                              (printable ASCII)",
-                            raw.get()
+                            raw
                         ));
                     }
                     block.push((b"content-type".to_vec(), value.as_bytes().to_vec()));
@@ -367,8 +362,9 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
                     let mut header = Vec::with_capacity(3 + name.len());
                     header.extend_from_slice(b"ce-");
                     header.extend_from_slice(name.as_bytes());
-                    let encoded: Cow<'_, str> = utf8_percent_encode(&value, HEADER_VALUE).into();
-                    block.push((header, encoded.as_bytes().to_vec()));
+                    // Through `Display`, as dead letters encode: no second encoder instance.
+                    let encoded = utf8_percent_encode(&value, HEADER_VALUE).to_string();
+                    block.push((header, encoded.into_bytes()));
                 }
             }
         }
@@ -377,7 +373,7 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
         members
             .iter()
             .find(|(n, _)| n == name)
-            .and_then(|(_, raw)| json_string(raw).ok())
+            .and_then(|(_, raw)| json_string(raw))
             .filter(|value| !value.is_empty())
     };
     check_required(|name| string(name).is_some(), "member ")?;
@@ -389,7 +385,7 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
             return Err("both data and data_base64 are given: the JSON format allows one".into())
         }
         (None, Some(raw)) => {
-            let text = json_string(raw).map_err(|_| "data_base64 is not a string".to_string())?;
+            let text = json_string(raw).ok_or_else(|| "data_base64 is not a string".to_string())?;
             BASE64
                 .decode(text.as_bytes())
                 .map_err(|e| format!("data_base64 is not valid base64: {e}"))?
@@ -398,11 +394,11 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
             None => {
                 // The JSON format's implied type, stated (3.1.2).
                 block.push((b"content-type".to_vec(), b"application/json".to_vec()));
-                raw.get().as_bytes().to_vec()
+                raw.as_bytes().to_vec()
             }
-            Some(ct) if is_json_media(ct.as_bytes()) => raw.get().as_bytes().to_vec(),
+            Some(ct) if is_json_media(ct.as_bytes()) => raw.as_bytes().to_vec(),
             Some(ct) => json_string(raw)
-                .map_err(|_| {
+                .ok_or_else(|| {
                     format!(
                         "data is not a string, and datacontenttype {ct} is not JSON: it has no \
                          exact binary body"
@@ -436,12 +432,11 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
 
 /// An attribute's canonical string, from its JSON value: a string as it is, a boolean or an
 /// integer as written; `None` for `null` (unset). Anything else has no exact header.
-fn attribute_text<'r>(name: &str, raw: &'r RawValue) -> Result<Option<Cow<'r, str>>, String> {
-    let text = raw.get();
+fn attribute_text<'r>(name: &str, text: &'r str) -> Result<Option<Cow<'r, str>>, String> {
     match text.as_bytes().first() {
-        Some(b'"') => json_string(raw)
+        Some(b'"') => json_string(text)
             .map(|text| Some(Cow::Owned(text)))
-            .map_err(|e| format!("member {name}: {e}")),
+            .ok_or_else(|| format!("member {name} is not a JSON string")),
         Some(b'n') => Ok(None),
         Some(b't' | b'f') => Ok(Some(Cow::Borrowed(text))),
         Some(b'-' | b'0'..=b'9') => {
@@ -462,57 +457,147 @@ fn attribute_text<'r>(name: &str, raw: &'r RawValue) -> Result<Option<Cow<'r, st
     }
 }
 
-/// A JSON string's value (through the one slice reader the crate instantiates).
-fn json_string(raw: &RawValue) -> Result<String, serde_json::Error> {
-    serde_json::from_slice::<String>(raw.get().as_bytes())
-}
-
-/// A JSON object's members in order, each value's exact text.
-struct Members<'b>(Vec<(Cow<'b, str>, &'b RawValue)>);
-
-impl<'de> serde::Deserialize<'de> for Members<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(MembersVisitor)
+/// A JSON string's value, from one JSON value's text; `None` when it is another value.
+///
+/// Through `deserialize_any` and a visitor that answers every kind itself: serde_json's own
+/// refusal of a non-string (`from_slice::<String>`) words it through serde's `Unexpected`,
+/// whose `Display` formats floats and so links all of `core::num::flt2dec` (~17 KB).
+fn json_string(raw: &str) -> Option<String> {
+    if !raw.starts_with('"') {
+        return None;
     }
+    let mut deserializer = serde_json::Deserializer::from_slice(raw.as_bytes());
+    deserializer.deserialize_any(JsonString).ok().flatten()
 }
 
-struct MembersVisitor;
+/// [`json_string`]'s visitor: a string's value, `None` for any other kind.
+struct JsonString;
 
-impl<'de> Visitor<'de> for MembersVisitor {
-    type Value = Members<'de>;
+impl<'de> Visitor<'de> for JsonString {
+    type Value = Option<String>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON object")
+        f.write_str("a JSON string")
     }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
-        let mut members = Vec::new();
-        while let Some(name) = map.next_key::<Key<'de>>()? {
-            members.push((name.0, map.next_value::<&'de RawValue>()?));
-        }
-        Ok(Members(members))
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Option<String>, E> {
+        Ok(Some(v.to_string()))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Option<String>, E> {
+        Ok(None)
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Option<String>, E> {
+        Ok(None)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Option<String>, E> {
+        Ok(None)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Option<String>, E> {
+        Ok(None)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Option<String>, E> {
+        Ok(None)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Option<String>, A::Error> {
+        Ok(None)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<Option<String>, A::Error> {
+        Ok(None)
     }
 }
 
-/// A member's name, borrowed when it has no escapes.
-struct Key<'b>(Cow<'b, str>);
-
-impl<'de> serde::Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct KeyVisitor;
-        impl<'de> Visitor<'de> for KeyVisitor {
-            type Value = Key<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(v.to_string())))
-            }
+/// A JSON object's members in order: each name (borrowed when it has no escapes) and its
+/// value's exact text. serde_json validates the whole body first (`from_slice::<IgnoredAny>`,
+/// the reader `to_structured` uses too); this walk then only finds where each member is, on
+/// text known to be valid JSON, and needs no `RawValue` (serde_json's `raw_value` feature).
+fn members(body: &[u8]) -> Result<Vec<(Cow<'_, str>, &str)>, String> {
+    let not_object = |why: &str| format!("the body is not one JSON object: {why}");
+    let text = std::str::from_utf8(body).map_err(|_| not_object("it is not UTF-8"))?;
+    serde_json::from_slice::<IgnoredAny>(body).map_err(|e| not_object(&e.to_string()))?;
+    let mut scan = Scan { text, at: 0 };
+    scan.space();
+    if scan.peek() != Some(b'{') {
+        return Err(not_object("it is another JSON value"));
+    }
+    scan.at += 1;
+    let mut members = Vec::new();
+    loop {
+        scan.space();
+        if scan.peek() != Some(b'"') {
+            break; // `}`: the body is valid JSON
         }
-        deserializer.deserialize_str(KeyVisitor)
+        let key = scan.value();
+        let name = match key.get(1..key.len().saturating_sub(1)) {
+            Some(inner) if !inner.contains('\\') => Cow::Borrowed(inner),
+            _ => Cow::Owned(json_string(key).ok_or_else(|| not_object("a name is no string"))?),
+        };
+        scan.space();
+        scan.at += 1; // `:`
+        scan.space();
+        members.push((name, scan.value()));
+        scan.space();
+        if scan.peek() == Some(b',') {
+            scan.at += 1;
+        }
+    }
+    Ok(members)
+}
+
+/// A cursor over text that is valid JSON.
+struct Scan<'t> {
+    text: &'t str,
+    at: usize,
+}
+
+impl<'t> Scan<'t> {
+    fn peek(&self) -> Option<u8> {
+        self.text.as_bytes().get(self.at).copied()
+    }
+
+    fn space(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.at += 1;
+        }
+    }
+
+    /// The exact text of the value that starts here; the cursor moves past it.
+    fn value(&mut self) -> &'t str {
+        let start = self.at;
+        let mut depth = 0usize;
+        let mut in_string = false;
+        let mut escaped = false;
+        while let Some(b) = self.peek() {
+            if in_string {
+                self.at += 1;
+                match (escaped, b) {
+                    (true, _) => escaped = false,
+                    (false, b'\\') => escaped = true,
+                    (false, b'"') => {
+                        in_string = false;
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_string = true,
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' if depth == 0 => break,
+                b'}' | b']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        self.at += 1;
+                        break;
+                    }
+                }
+                b',' | b' ' | b'\t' | b'\n' | b'\r' | b':' if depth == 0 => break,
+                _ => {}
+            }
+            self.at += 1;
+        }
+        self.text.get(start..self.at).unwrap_or_default()
     }
 }
 
@@ -899,6 +984,34 @@ mod tests {
             let back = convert(Format::Binary, &borrowed(&there.headers), &there.body).unwrap();
             assert_eq!(borrowed(&back.headers), original, "{content_type}");
             assert_eq!(back.body, body, "{content_type}");
+        }
+    }
+
+    #[test]
+    fn members_are_found_with_their_exact_text() {
+        let body = br#" { "a" : "x\"}{[,\\" , "b\u0063":{"n":[1,{"m":"]"}],"e":{}}, "c":-1.5e3,
+            "d":[ ] ,"t":true,"z":null}  "#;
+        let found = members(body).unwrap();
+        let found: Vec<(&str, &str)> = found.iter().map(|(n, v)| (n.as_ref(), *v)).collect();
+        assert_eq!(
+            found,
+            [
+                ("a", r#""x\"}{[,\\""#),
+                ("bc", r#"{"n":[1,{"m":"]"}],"e":{}}"#),
+                ("c", "-1.5e3"),
+                ("d", "[ ]"),
+                ("t", "true"),
+                ("z", "null"),
+            ]
+        );
+        assert_eq!(members(b"{}").unwrap(), []);
+        assert_eq!(members(b" {\n} ").unwrap(), []);
+        for body in [&b"[1]"[..], b"\"x\"", b"{\"a\":1", b"{\"a\":\"\xff\"}", b""] {
+            let error = members(body).unwrap_err();
+            assert!(
+                error.starts_with("the body is not one JSON object: "),
+                "{error}"
+            );
         }
     }
 
