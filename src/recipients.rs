@@ -24,7 +24,6 @@ pub struct Request<'a> {
     pub log_id: u32,
     /// When its headers came, on the host's clock.
     pub started_ms: u64,
-    pub channel_index: usize,
     pub channel: &'a Channel,
     pub event: &'a Event,
 }

@@ -5,13 +5,14 @@
 //! - Only a subscriber with a reply target is asked for replies (`Prefer: reply`), and only its
 //!   answers are looked at.
 //! - A `202` is never a reply, whatever its body: the spec says so.
-//! - Another 2xx is a reply when it is a valid CloudEvent as Knative's SDK reads one
-//!   (cloudevents sdk-go `binding.ToEvent`): in binary mode `ce-specversion` (1.0 or 0.3) with
-//!   the other required attributes (`ce-id`, `ce-source`, `ce-type`, not empty, UTF-8 once
-//!   percent-decoded), or in structured mode the content type `application/cloudevents+json`.
-//!   Anything else with a body or a `ce-*` header (a batch, `ce-*` headers without
-//!   `ce-specversion`, a binary event missing an attribute) is discarded, as Knative's
-//!   dispatcher discards what does not decode as one event: the delivery is done. A 2xx with
+//! - Another 2xx is a reply when it is a valid CloudEvent: in binary mode `ce-specversion`
+//!   (1.0 or 0.3) with the other required attributes (`ce-id`, `ce-source`, `ce-type`, not
+//!   empty, UTF-8 once percent-decoded), or in structured mode the content type
+//!   `application/cloudevents+json`. Anything else with a body or a `ce-*` header (a batch,
+//!   `ce-*` headers without `ce-specversion`, a binary event missing an attribute) is
+//!   discarded: the delivery is done. Knative's SDK (sdk-go `binding.ToEvent`) takes any
+//!   answer with `ce-specversion` and its dispatcher forwards it unchecked; fanout also asks
+//!   for the required attributes (docs/delivery.md, "Replies"). A 2xx with
 //!   neither a body nor `ce-*` headers is simply done.
 //! - A reply goes on with its event headers (`content-type`, `ce-*`) and the pass-through
 //!   headers Knative's dispatcher keeps (knative/eventing `pkg/utils/headers.go`):

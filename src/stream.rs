@@ -278,7 +278,6 @@ impl<H: Host> Stream<H> {
         let request = Request {
             log_id: self.id,
             started_ms: self.started_ms,
-            channel_index: admitted.channel,
             channel,
             event: &event,
         };
