@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use harness::timing::{assert_waited_about, poll_until};
+use harness::timing::{assert_host_measured_about, assert_waited_about, poll_until};
 use harness::{
     assert_202_empty, assert_rejected, assert_status, chunked_body, send, Behavior, Client, Envoy,
     Recorded, Reply, Subscriber,
@@ -212,7 +212,7 @@ fn a_subscriber_slower_than_its_timeout_gives_500_at_the_timeout_not_later() {
     assert_eq!(entry["outcome"], "timeout", "{report:#}");
     assert!(entry.get("status").is_none_or(Value::is_null), "{report:#}");
     let elapsed_ms = entry["elapsed_ms"].as_u64().expect("elapsed_ms");
-    assert_waited_about(
+    assert_host_measured_about(
         Duration::from_millis(elapsed_ms),
         timeout,
         &format!("the report's elapsed_ms in {report:#}"),

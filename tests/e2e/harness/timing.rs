@@ -45,6 +45,36 @@ pub fn assert_waited_about(elapsed: Duration, nominal: Duration, what: &str) {
     );
 }
 
+/// How much earlier than its nominal value a wait Envoy timed may look on fanout's own clock
+/// (a report's `elapsed_ms`). fanout reads the host's real clock when it sends a call; Envoy
+/// arms the call's timeout from its event loop's cached time, which lags the real clock by as
+/// long as the loop has been busy in that iteration: tens of milliseconds on a loaded machine
+/// (a 300 ms timeout reported at 284 ms, CI and a fuzzer sharing 2 cores). Still small enough
+/// that a timeout firing at half its value fails (the shortest nominal wait checked is 300 ms).
+pub const HOST_CLOCK_EARLY_SLACK: Duration = Duration::from_millis(100);
+
+/// Assert that a wait Envoy timed, as fanout measured it on the host clock (`what`), is at
+/// least `nominal` less [`HOST_CLOCK_EARLY_SLACK`].
+#[track_caller]
+pub fn assert_host_measured_at_least(elapsed: Duration, nominal: Duration, what: &str) {
+    assert!(
+        elapsed + HOST_CLOCK_EARLY_SLACK >= nominal,
+        "{what}: {elapsed:?}, less than its {nominal:?} (allowing {HOST_CLOCK_EARLY_SLACK:?} \
+         early: Envoy arms timers from its event loop's cached time)"
+    );
+}
+
+/// Assert that a wait Envoy timed, as fanout measured it (`what`), ended about at `nominal`:
+/// not before it (less [`HOST_CLOCK_EARLY_SLACK`]) and not [`LOADED_LATE_SLACK`] after it.
+#[track_caller]
+pub fn assert_host_measured_about(elapsed: Duration, nominal: Duration, what: &str) {
+    assert_host_measured_at_least(elapsed, nominal, what);
+    assert!(
+        elapsed < nominal + LOADED_LATE_SLACK,
+        "{what}: {elapsed:?}, more than {LOADED_LATE_SLACK:?} after its {nominal:?}"
+    );
+}
+
 /// Call `probe` every `every` until it returns `Some`; that value, or `None` once `timeout`
 /// passed (with one last try at the deadline, so a slow machine gets its full timeout).
 pub fn poll_until<T>(
