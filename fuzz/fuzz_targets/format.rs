@@ -5,13 +5,14 @@
 //! The first byte picks the part; properties:
 //! - **raw**: `mode` and `convert` (both ways) never panic on any headers and body; what
 //!   `convert` gives is well-formed: the headers it did not make are the input's others, in
-//!   order, unchanged; the ones it made are `content-type` or `ce-<lower-case letters and
+//!   order, unchanged; `mode` tells the mode converted into from them; the ones it made are `content-type` or `ce-<lower-case letters and
 //!   digits>` with values free of CR, LF and NUL; a structured body is one JSON object that
 //!   serde_json reads, whose members are attributes (lower-case names, each once, the required
 //!   ones there) and `data`/`data_base64` last;
 //! - **members**: on any text serde_json reads as a JSON object, the hand-written scan
 //!   (`format::object_members`) gives exactly serde_json's members, in order, duplicates
-//!   included, each text parsing to the same value; on any other text it refuses;
+//!   included, each text parsing to the same value; on any other text (and on an object whose
+//!   names serde_json cannot read, such as a lone surrogate escape) it refuses;
 //! - **binary round trip**: an event encoded as the binding says (canonical percent-encoding,
 //!   its `ce-*` and `content-type` headers together) goes binary → structured → binary to the
 //!   same headers byte for byte, and the same body (a JSON body without the whitespace around
@@ -204,6 +205,12 @@ fn check_well_formed(input: &[Pair], converted: &Converted) {
             .collect()
     };
     assert_eq!(others(&converted.headers), others(input), "{converted:?}");
+    // A receiver tells the mode from the headers: it must be the one converted into.
+    assert_eq!(
+        mode(&borrowed(&converted.headers)),
+        Ok(converted.format),
+        "{converted:?}"
+    );
     for (name, value) in converted.headers.iter().filter(|(n, _)| is_event_header(n)) {
         let made = name
             .strip_prefix(b"ce-")
