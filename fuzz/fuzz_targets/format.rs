@@ -629,6 +629,29 @@ fn structured_event(u: &mut Unstructured) -> Result<StructuredEvent> {
         }
         members.push((name, v));
     }
+    // The members that decide the body, often, so that many events convert.
+    if u.arbitrary()? {
+        let ct = *u.choose(CONTENT_TYPES)?;
+        members.push((
+            "datacontenttype".into(),
+            serde_json::to_string(ct).unwrap_or_default(),
+        ));
+    }
+    match u.int_in_range(0..=2)? {
+        0 => {}
+        1 => {
+            let mut v = String::new();
+            json_value(u, 0, &mut v)?;
+            members.push(("data".into(), v));
+        }
+        _ => {
+            let bytes: Vec<u8> = Vec::arbitrary(u)?;
+            members.push((
+                "data_base64".into(),
+                format!("\"{}\"", STANDARD.encode(bytes)),
+            ));
+        }
+    }
     for i in (1..members.len()).rev() {
         let j = u.int_in_range(0..=i)?;
         members.swap(i, j);
