@@ -775,7 +775,11 @@ impl StructuredEvent {
         let want_data = if payload.is_empty() {
             None
         } else if json {
-            Some(("data", String::from_utf8_lossy(&payload).into_owned()))
+            // Embedded as the JSON value: the whitespace around it is not kept (docs).
+            Some((
+                "data",
+                String::from_utf8_lossy(payload.trim_ascii()).into_owned(),
+            ))
         } else {
             Some(("data_base64", STANDARD.encode(&payload)))
         };
