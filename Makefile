@@ -267,7 +267,7 @@ soak: build envoy
 # target fails if any was found. FANOUT_FUZZ_ALLOW_KNOWN=<name,...> lets a run go past a
 # finding already reported (see fuzz/README.md).
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= config request fanout_state plugin etcd_store
+FUZZ_TARGETS ?= config request fanout_state plugin etcd_store format
 CARGO_FUZZ := $(TOOLS)/bin/cargo-fuzz
 fuzz: $(CARGO_FUZZ)
 	@rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal
