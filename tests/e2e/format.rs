@@ -9,17 +9,11 @@
 
 use crate::harness;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use base64::Engine;
-use harness::sdk::run_sdk;
+use harness::sdk::{b64, post_message, sdk_message, sdk_read};
 use harness::{send, Client, Envoy, Recorded, Subscriber};
 use serde_json::{json, Value};
-
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
 
 /// An event made by the SDK in `mode`: JSON data (`json`) or bytes under a non-JSON type
 /// (`bytes`), with string and integer extensions, one of them non-ASCII.
@@ -42,17 +36,7 @@ event = CloudEvent(attributes=attributes, data=data)
 message = http.to_binary_event(event) if mode == "binary" else http.to_structured_event(event)
 print(json.dumps({"headers": message.headers, "body": base64.b64encode(message.body).decode()}))
 "#;
-    let out: Value = serde_json::from_str(&run_sdk(MAKE, &[mode, data, id], b"")).unwrap();
-    let headers = out["headers"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(n, v)| (n.clone(), v.as_str().unwrap().to_string()))
-        .collect();
-    let body = base64::engine::general_purpose::STANDARD
-        .decode(out["body"].as_str().unwrap())
-        .unwrap();
-    (headers, body)
+    sdk_message(MAKE, &[mode, data, id])
 }
 
 /// The delivery as the SDK's `from_http` reads it: the mode it found, the attributes (every
@@ -76,22 +60,7 @@ else:
 mode = "structured" if headers.get("content-type", "").startswith("application/cloudevents+json") else "binary"
 print(json.dumps({"mode": mode, "attributes": attributes, "data": data}))
 "#;
-    let headers: BTreeMap<&str, &str> = request
-        .headers
-        .iter()
-        .map(|(n, v)| (n.as_str(), v.as_str()))
-        .collect();
-    let input = json!({ "headers": headers, "body": b64(&request.body) });
-    serde_json::from_str(&run_sdk(READ, &[], input.to_string().as_bytes()))
-        .unwrap_or_else(|e| panic!("the SDK script printed no JSON: {e}"))
-}
-
-fn post(envoy: &Envoy, headers: &[(String, String)], body: &[u8]) -> harness::Reply {
-    let mut request = Client::http1().post(&envoy.url("/"));
-    for (name, value) in headers {
-        request = request.header(name, value);
-    }
-    send(request.body(body.to_vec()))
+    sdk_read(READ, request)
 }
 
 fn formats_config() -> Value {
@@ -117,7 +86,7 @@ fn each_subscriber_reads_the_same_event_in_the_mode_it_asked_for() {
         for data in ["json", "bytes"] {
             let id = format!("{mode}-{data}");
             let (headers, body) = sdk_event(mode, data, &id);
-            let reply = post(&envoy, &headers, &body);
+            let reply = post_message(&envoy, &headers, &body);
             assert_eq!(reply.status, 202, "{mode} {data}: {}", reply.text());
             sent += 1;
             let read: Vec<Value> = [&as_is, &bin, &structured]
@@ -219,7 +188,7 @@ fn the_dead_letter_of_a_subscriber_with_a_format_is_in_that_mode_with_knatives_a
     });
     let envoy = Envoy::with_subscribers(&config, &[&failing, &dlq]);
     let (headers, body) = sdk_event("binary", "json", "dead-1");
-    let reply = post(&envoy, &headers, &body);
+    let reply = post_message(&envoy, &headers, &body);
     assert_eq!(reply.status, 202, "{}", reply.text());
     let letter = dlq.only_request();
     let read = sdk_reads(&letter);

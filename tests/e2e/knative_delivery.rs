@@ -13,8 +13,7 @@ use crate::harness;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
 
-use base64::Engine;
-use harness::sdk::run_sdk;
+use harness::sdk::{b64, post_message, sdk_message, sdk_read};
 use harness::timing::{assert_waited_about, assert_waited_at_least, poll_until};
 use harness::{read_shipped_yaml, send, Behavior, Client, Envoy, Recorded, Subscriber};
 use serde_json::{json, Value};
@@ -27,26 +26,11 @@ const REPLY: &[(&str, &str)] = &[
     ("ce-type", "com.example.reply"),
 ];
 
-fn respond(status: u16, headers: &[(&str, &str)], body: &str) -> Behavior {
-    Behavior::Respond {
-        status,
-        headers: headers
-            .iter()
-            .map(|(n, v)| (n.to_string(), v.to_string()))
-            .collect(),
-        body: body.to_string(),
-    }
-}
-
 /// Asserts no more than `n` requests arrive at `sub` within `wait`. (A fixed wait: it looks for
 /// something that must not happen; a loaded machine can only make it miss, never fail.)
 fn stays_at(sub: &Subscriber, n: usize, wait: Duration) {
     std::thread::sleep(wait);
     assert_eq!(sub.count(), n, "{}: {:#?}", sub.name(), sub.requests());
-}
-
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// A CloudEvent made by the SDK, as it would send it: `binary` or `structured` mode.
@@ -64,25 +48,7 @@ event = CloudEvent(
 message = http.to_binary_event(event) if mode == "binary" else http.to_structured_event(event)
 print(json.dumps({"headers": message.headers, "body": base64.b64encode(message.body).decode()}))
 "#;
-    let out: Value = serde_json::from_str(&run_sdk(MAKE, &[mode, id], b"")).unwrap();
-    let headers = out["headers"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(n, v)| (n.clone(), v.as_str().unwrap().to_string()))
-        .collect();
-    let body = base64::engine::general_purpose::STANDARD
-        .decode(out["body"].as_str().unwrap())
-        .unwrap();
-    (headers, body)
-}
-
-fn post_event(envoy: &Envoy, headers: &[(String, String)], body: &[u8]) -> harness::Reply {
-    let mut request = Client::http1().post(&envoy.url("/"));
-    for (name, value) in headers {
-        request = request.header(name, value);
-    }
-    send(request.body(body.to_vec()))
+    sdk_message(MAKE, &[mode, id])
 }
 
 /// The dead letter as a CloudEvents SDK consumer reads it, with both of the SDK's APIs (the 2.x
@@ -111,15 +77,7 @@ print(json.dumps({
     "error_data": None if data is None else base64.b64decode(data).decode("latin-1"),
 }))
 "#;
-    // Every header once (the SDK takes a mapping), as the subscriber received them.
-    let headers: BTreeMap<&str, &str> = letter
-        .headers
-        .iter()
-        .map(|(n, v)| (n.as_str(), v.as_str()))
-        .collect();
-    let input = json!({ "headers": headers, "body": b64(&letter.body) });
-    let out: Value = serde_json::from_str(&run_sdk(READ, &[], input.to_string().as_bytes()))
-        .unwrap_or_else(|e| panic!("the SDK script printed no JSON: {e}"));
+    let out = sdk_read(READ, letter);
     let (core, v1) = (&out["attributes"], &out["v1_attributes"]);
     for name in [
         "id",
@@ -172,7 +130,7 @@ fn replies_are_asked_for_with_prefer_reply_only_where_they_are_passed_on() {
 fn a_202_is_never_processed_as_a_reply_even_when_it_looks_like_an_event() {
     let accepting = Subscriber::start(
         "accepting",
-        respond(
+        Behavior::respond(
             202,
             &[
                 ("ce-type", "com.example.reply"),
@@ -197,7 +155,7 @@ fn a_202_is_never_processed_as_a_reply_even_when_it_looks_like_an_event() {
 fn a_2xx_body_that_is_not_a_cloudevent_is_discarded_counted_and_the_delivery_done() {
     let chatty = Subscriber::start(
         "chatty",
-        respond(
+        Behavior::respond(
             200,
             &[("content-type", "application/json")],
             "{\"ok\":true}",
@@ -219,7 +177,7 @@ fn a_2xx_body_that_is_not_a_cloudevent_is_discarded_counted_and_the_delivery_don
     );
     stays_at(&replies, 0, Duration::from_millis(200));
     // A structured event as the answer is a reply.
-    chatty.set_behavior(respond(
+    chatty.set_behavior(Behavior::respond(
         200,
         &[("content-type", "application/cloudevents+json")],
         r#"{"specversion":"1.0","id":"r","source":"/s","type":"t"}"#,
@@ -241,7 +199,7 @@ fn a_2xx_body_that_is_not_a_cloudevent_is_discarded_counted_and_the_delivery_don
 fn only_a_valid_cloudevent_is_a_reply_and_it_carries_knatives_pass_through_headers() {
     // Knative's SDK reads an answer as an event only with ce-specversion (binary) or a
     // CloudEvents content type (structured): the rest is discarded and counted.
-    let answering = Subscriber::start("answering", respond(200, &[("ce-abc", "x")], ""));
+    let answering = Subscriber::start("answering", Behavior::respond(200, &[("ce-abc", "x")], ""));
     let replies = Subscriber::ok("replies");
     let config = json!({
         "subscribers": [{ "cluster": "answering", "reply": { "cluster": "replies" } }]
@@ -253,7 +211,11 @@ fn only_a_valid_cloudevent_is_a_reply_and_it_carries_knatives_pass_through_heade
         &[("content-type", "application/cloudevents-batch+json")],
     ];
     for (i, headers) in not_events.into_iter().enumerate() {
-        answering.set_behavior(respond(200, headers, if i == 2 { "[]" } else { "" }));
+        answering.set_behavior(Behavior::respond(
+            200,
+            headers,
+            if i == 2 { "[]" } else { "" },
+        ));
         let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
         assert_eq!(reply.status, 202, "{}", reply.text());
     }
@@ -273,7 +235,7 @@ fn only_a_valid_cloudevent_is_a_reply_and_it_carries_knatives_pass_through_heade
         ("retry-after", "5"),
         ("set-cookie", "secret=1"),
     ]);
-    answering.set_behavior(respond(200, &headers, "{\"answer\":1}"));
+    answering.set_behavior(Behavior::respond(200, &headers, "{\"answer\":1}"));
     let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
     assert_eq!(reply.status, 202, "{}", reply.text());
     let forwarded = replies.only_request();
@@ -287,7 +249,7 @@ fn only_a_valid_cloudevent_is_a_reply_and_it_carries_knatives_pass_through_heade
 #[test]
 fn a_reply_larger_than_max_body_bytes_fails_too_large_and_is_never_forwarded_cut_short() {
     let big = "x".repeat(5000);
-    let answering = Subscriber::start("answering", respond(200, REPLY, &big));
+    let answering = Subscriber::start("answering", Behavior::respond(200, REPLY, &big));
     let replies = Subscriber::ok("replies");
     let config = json!({
         "max_body_bytes": 4096,
@@ -324,7 +286,7 @@ fn a_reply_larger_than_max_body_bytes_fails_too_large_and_is_never_forwarded_cut
     });
     assert!(found.is_some(), "no `{want} 1` in {last:#?}");
     // At the limit, a reply is passed on whole.
-    answering.set_behavior(respond(200, REPLY, &"y".repeat(4096)));
+    answering.set_behavior(Behavior::respond(200, REPLY, &"y".repeat(4096)));
     let reply = send(Client::http1().post(&envoy.url("/")).body("event"));
     assert_eq!(reply.status, 202, "{}", reply.text());
     assert_eq!(replies.only_request().body, "y".repeat(4096).as_bytes());
@@ -334,7 +296,7 @@ fn a_reply_larger_than_max_body_bytes_fails_too_large_and_is_never_forwarded_cut
 fn a_reply_that_failed_for_good_sends_the_original_event_to_the_dead_letter_target() {
     let answering = Subscriber::start(
         "answering",
-        respond(
+        Behavior::respond(
             200,
             &[
                 ("ce-type", "com.example.reply"),
@@ -345,7 +307,7 @@ fn a_reply_that_failed_for_good_sends_the_original_event_to_the_dead_letter_targ
             "{\"answer\":42}",
         ),
     );
-    let replies = Subscriber::start("replies", respond(503, &[], "replies are down"));
+    let replies = Subscriber::start("replies", Behavior::respond(503, &[], "replies are down"));
     let dlq = Subscriber::ok("dlq");
     let config = json!({
         "forward_headers": ["content-type", "ce-*"],
@@ -357,7 +319,7 @@ fn a_reply_that_failed_for_good_sends_the_original_event_to_the_dead_letter_targ
     });
     let envoy = Envoy::with_subscribers(&config, &[&answering, &replies, &dlq]);
     let (headers, body) = sdk_event("binary", "order-1");
-    let reply = post_event(&envoy, &headers, &body);
+    let reply = post_message(&envoy, &headers, &body);
     assert_eq!(reply.status, 202, "{}", reply.text());
     assert_eq!(reply.header("x-fanout-dead-lettered").as_deref(), Some("1"));
     assert_eq!(answering.count(), 1, "the subscriber took the event once");
@@ -378,8 +340,8 @@ fn a_reply_that_failed_for_good_sends_the_original_event_to_the_dead_letter_targ
     assert_eq!(read["error_data"], "replies are down");
 
     // A reply too large to pass on goes there too, with the code 413.
-    answering.set_behavior(respond(200, REPLY, &"z".repeat(2_000_000)));
-    let reply = post_event(&envoy, &headers, &body);
+    answering.set_behavior(Behavior::respond(200, REPLY, &"z".repeat(2_000_000)));
+    let reply = post_message(&envoy, &headers, &body);
     assert_eq!(reply.status, 202, "{}", reply.text());
     assert_eq!(dlq.wait_for(2, Duration::from_secs(10)), 2);
     let letter = dlq.requests().pop().unwrap();
@@ -399,7 +361,7 @@ fn a_reply_that_failed_for_good_sends_the_original_event_to_the_dead_letter_targ
 #[test]
 fn a_binary_dead_letter_carries_knatives_error_attributes_as_ce_headers() {
     let body_text = format!("{}{}", "database unavailable; ", "e".repeat(2000));
-    let down = Subscriber::start("down", respond(503, &[], &body_text));
+    let down = Subscriber::start("down", Behavior::respond(503, &[], &body_text));
     let dlq = Subscriber::ok("dlq");
     let config = json!({
         "forward_headers": ["content-type", "ce-*"],
@@ -408,7 +370,7 @@ fn a_binary_dead_letter_carries_knatives_error_attributes_as_ce_headers() {
     });
     let envoy = Envoy::with_subscribers(&config, &[&down, &dlq]);
     let (headers, body) = sdk_event("binary", "order-2");
-    let reply = post_event(&envoy, &headers, &body);
+    let reply = post_message(&envoy, &headers, &body);
     assert_eq!(reply.status, 202, "{}", reply.text());
     let letter = dlq.only_request();
     assert_eq!(letter.body, body, "the event's body, byte for byte");
@@ -439,7 +401,7 @@ fn a_binary_dead_letter_carries_knatives_error_attributes_as_ce_headers() {
 
 #[test]
 fn a_structured_dead_letter_carries_them_as_members_of_the_event_and_keeps_the_rest() {
-    let down = Subscriber::start("down", respond(400, &[], "bad order"));
+    let down = Subscriber::start("down", Behavior::respond(400, &[], "bad order"));
     let dlq = Subscriber::ok("dlq");
     let config = json!({
         "forward_headers": ["content-type", "ce-*"],
@@ -455,7 +417,7 @@ fn a_structured_dead_letter_carries_them_as_members_of_the_event_and_keeps_the_r
             "application/cloudevents+json".to_string()
         )]
     );
-    let reply = post_event(&envoy, &headers, &body);
+    let reply = post_message(&envoy, &headers, &body);
     assert_eq!(reply.status, 202, "{}", reply.text());
     let letter = dlq.only_request();
     assert!(
@@ -486,7 +448,7 @@ fn a_structured_dead_letter_carries_them_as_members_of_the_event_and_keeps_the_r
 
     // A structured body that is not one JSON object has nothing to put them in: it goes as it
     // came, with fanout's headers only.
-    let reply = post_event(&envoy, &headers, b"[1, 2]");
+    let reply = post_message(&envoy, &headers, b"[1, 2]");
     assert_eq!(reply.status, 202, "{}", reply.text());
     assert_eq!(dlq.wait_for(2, Duration::from_secs(10)), 2);
     let letter = dlq.requests().pop().unwrap();
@@ -506,7 +468,7 @@ fn a_timeout_dead_letter_says_500_and_why_as_knative_does_for_a_call_without_an_
     });
     let envoy = Envoy::with_subscribers(&config, &[&slow, &dlq]);
     let (headers, body) = sdk_event("binary", "order-4");
-    let reply = post_event(&envoy, &headers, &body);
+    let reply = post_message(&envoy, &headers, &body);
     assert_eq!(reply.status, 202, "{}", reply.text());
     let letter = dlq.only_request();
     assert_eq!(letter.header("x-fanout-failed-outcome"), Some("timeout"));
@@ -533,7 +495,7 @@ fn retry_after_zero_never_shortens_the_backoff() {
     let busy = Subscriber::start(
         "busy",
         Behavior::Sequence(vec![
-            respond(503, &[("retry-after", "0")], ""),
+            Behavior::respond(503, &[("retry-after", "0")], ""),
             Behavior::Status(200),
         ]),
     );
@@ -557,14 +519,14 @@ fn retry_after_in_seconds_on_429_lengthens_the_wait_and_on_500_is_ignored() {
     let throttled = Subscriber::start(
         "throttled",
         Behavior::Sequence(vec![
-            respond(429, &[("retry-after", "2")], ""),
+            Behavior::respond(429, &[("retry-after", "2")], ""),
             Behavior::Status(200),
         ]),
     );
     let failing = Subscriber::start(
         "failing",
         Behavior::Sequence(vec![
-            respond(500, &[("retry-after", "5")], ""),
+            Behavior::respond(500, &[("retry-after", "5")], ""),
             Behavior::Status(200),
         ]),
     );
@@ -596,7 +558,7 @@ fn retry_after_as_an_http_date_on_503_is_honoured() {
     let date = httpdate::fmt_http_date(wall + Duration::from_secs(3));
     let at = httpdate::parse_http_date(&date).unwrap();
     busy.set_behavior(Behavior::Sequence(vec![
-        respond(503, &[("retry-after", &date)], ""),
+        Behavior::respond(503, &[("retry-after", &date)], ""),
         Behavior::Status(200),
     ]));
     let reply = send(Client::http1().post(&envoy.url("/")).body("event"));

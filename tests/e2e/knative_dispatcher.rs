@@ -32,6 +32,7 @@ use std::time::{Duration, Instant, SystemTime};
 use base64::Engine;
 use harness::faults::{Fault, FaultServer};
 use harness::reload::run_script;
+use harness::sdk::b64;
 use harness::timing::{assert_waited_about, assert_waited_at_least};
 use harness::{send, Behavior, Client, Envoy, EnvoyBuilder, Recorded, Subscriber, TempDir};
 use serde_json::{json, Value};
@@ -108,21 +109,6 @@ const NOT_REPLAYED: &[NotReplayed] = &[
 
 // ---------------------------------------------------------------------------------------
 // Helpers
-
-fn respond(status: u16, headers: &[(&str, &str)], body: &str) -> Behavior {
-    Behavior::Respond {
-        status,
-        headers: headers
-            .iter()
-            .map(|(n, v)| (n.to_string(), v.to_string()))
-            .collect(),
-        body: body.to_string(),
-    }
-}
-
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
 
 /// This builder with the connection manager as every shipped bootstrap has it:
 /// `generate_request_id: false`, so that a sender without `x-request-id` gets none made up
@@ -209,7 +195,7 @@ struct HandlerCase {
 
 /// Knative's `callableSucceed`: 200 with a binary event (`{}` as JSON).
 fn callable_succeed() -> Behavior {
-    respond(
+    Behavior::respond(
         200,
         &[
             ("ce-specversion", "1.0"),
@@ -497,7 +483,7 @@ struct Answer {
 
 impl Answer {
     fn behavior(&self) -> Behavior {
-        respond(self.status, self.headers, self.body)
+        Behavior::respond(self.status, self.headers, self.body)
     }
 }
 
@@ -2518,7 +2504,7 @@ fn retries_generate_backoff_fn_with_retry_after() {
         let headers: Vec<(&str, &str)> =
             value.iter().map(|v| ("retry-after", v.as_str())).collect();
         server.set_behavior(Behavior::Sequence(vec![
-            respond(case.status, &headers, ""),
+            Behavior::respond(case.status, &headers, ""),
             Behavior::Status(200),
         ]));
     }

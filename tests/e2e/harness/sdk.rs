@@ -5,9 +5,15 @@
 //! its Python as `FANOUT_SDK_PYTHON`. Without it a test fails with a message that says how to
 //! get it: a missing SDK is a failure, never a skip.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+use super::{send, Client, Envoy, Recorded, Reply};
 
 /// The Python that has the CloudEvents SDK.
 pub fn sdk_python() -> PathBuf {
@@ -47,4 +53,49 @@ pub fn run_sdk(script: &str, args: &[&str], stdin: &[u8]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Standard base64, as the scripts pass bodies.
+pub fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// The HTTP message a `script` made with the SDK (it prints
+/// `{"headers": {...}, "body": "<base64>"}`): its headers and its body.
+pub fn sdk_message(script: &str, args: &[&str]) -> (Vec<(String, String)>, Vec<u8>) {
+    let out: Value = serde_json::from_str(&run_sdk(script, args, b""))
+        .unwrap_or_else(|e| panic!("the SDK script printed no JSON: {e}"));
+    let headers = out["headers"]
+        .as_object()
+        .expect("headers")
+        .iter()
+        .map(|(n, v)| (n.clone(), v.as_str().expect("a header value").to_string()))
+        .collect();
+    let body = base64::engine::general_purpose::STANDARD
+        .decode(out["body"].as_str().expect("body"))
+        .expect("base64 body");
+    (headers, body)
+}
+
+/// What a `script` reading with the SDK prints (JSON) about `request`, given on its standard
+/// input as `{"headers": {...}, "body": "<base64>"}`, every header once (the SDK takes a
+/// mapping), as the subscriber received them.
+pub fn sdk_read(script: &str, request: &Recorded) -> Value {
+    let headers: BTreeMap<&str, &str> = request
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    let input = json!({ "headers": headers, "body": b64(&request.body) });
+    serde_json::from_str(&run_sdk(script, &[], input.to_string().as_bytes()))
+        .unwrap_or_else(|e| panic!("the SDK script printed no JSON: {e}"))
+}
+
+/// A message (an SDK's, as it made it) posted to `envoy`'s `/`.
+pub fn post_message(envoy: &Envoy, headers: &[(String, String)], body: &[u8]) -> Reply {
+    let mut request = Client::http1().post(&envoy.url("/"));
+    for (name, value) in headers {
+        request = request.header(name, value);
+    }
+    send(request.body(body.to_vec()))
 }

@@ -32,6 +32,18 @@ pub enum Behavior {
 }
 
 impl Behavior {
+    /// [`Behavior::Respond`] from borrowed parts.
+    pub fn respond(status: u16, headers: &[(&str, &str)], body: &str) -> Behavior {
+        Behavior::Respond {
+            status,
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+            body: body.to_string(),
+        }
+    }
+
     /// The behaviour for the request with this index.
     fn for_request(self, index: usize) -> Behavior {
         match self {
