@@ -33,6 +33,11 @@ use crate::json::{number_text, OnlyObject};
 pub const STRUCTURED_JSON: &str = "application/cloudevents+json";
 /// `content-type` of a JSON batch of CloudEvents.
 pub const BATCH_JSON: &str = "application/cloudevents-batch+json";
+/// What every CloudEvents event format's media type starts with (structured mode in any format,
+/// batches): a request with such a `content-type` carries its event in the body.
+pub const EVENT_FORMAT_PREFIX: &str = "application/cloudevents";
+/// What every batch format's media type starts with.
+pub const BATCH_PREFIX: &str = "application/cloudevents-batch";
 /// The context attributes every CloudEvent has, in CloudEvents 1.0 and 0.3 alike.
 pub const REQUIRED_ATTRIBUTES: [&str; 4] = ["specversion", "id", "source", "type"];
 /// The `specversion` values of the CloudEvents versions a channel must accept.
@@ -132,13 +137,13 @@ pub fn read_headers_for(
         if media_type == STRUCTURED_JSON {
             return Ok(ContentMode::Structured);
         }
-        if media_type.starts_with("application/cloudevents-batch") {
+        if media_type.starts_with(BATCH_PREFIX) {
             return Err(EventError::Unsupported(format!(
                 "a batch of CloudEvents ({media_type}) cannot be filtered per subscriber: send \
                  each event on its own, in binary mode or as {STRUCTURED_JSON}"
             )));
         }
-        if media_type.starts_with("application/cloudevents") {
+        if media_type.starts_with(EVENT_FORMAT_PREFIX) {
             return Err(EventError::Unsupported(format!(
                 "the structured event format {media_type} is not supported: send \
                  {STRUCTURED_JSON} or binary mode (ce-* headers)"
@@ -240,7 +245,7 @@ pub fn validate_headers(headers: &HeaderMap) -> Result<(), String> {
         if media_type == STRUCTURED_JSON {
             return Ok(());
         }
-        if media_type.starts_with("application/cloudevents") {
+        if media_type.starts_with(EVENT_FORMAT_PREFIX) {
             return Err(format!(
                 "not one valid CloudEvent: {media_type} is not accepted here; send each event \
                  on its own, in binary mode (ce-* headers) or as {STRUCTURED_JSON}"

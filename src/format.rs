@@ -42,7 +42,10 @@ use base64::Engine;
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use crate::cloudevents::{media_type, percent_decode, REQUIRED_ATTRIBUTES, STRUCTURED_JSON};
+use crate::cloudevents::{
+    media_type, percent_decode, BATCH_PREFIX, EVENT_FORMAT_PREFIX, REQUIRED_ATTRIBUTES,
+    STRUCTURED_JSON,
+};
 
 /// A subscriber's content mode (`delivery.format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,13 +110,13 @@ pub fn mode(headers: &[(&[u8], &[u8])]) -> Result<Format, String> {
         if media == STRUCTURED_JSON {
             return Ok(Format::Structured);
         }
-        if media.starts_with("application/cloudevents-batch") {
+        if media.starts_with(BATCH_PREFIX) {
             return Err(format!(
                 "a batch of CloudEvents ({media}) cannot be converted: send each event on its \
                  own"
             ));
         }
-        if media.starts_with("application/cloudevents") {
+        if media.starts_with(EVENT_FORMAT_PREFIX) {
             return Err(format!(
                 "the structured event format {media} cannot be converted: only \
                  {STRUCTURED_JSON} and binary mode can"
@@ -360,7 +363,7 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
                     // A receiver would read such a message as the structured (or batch)
                     // event its body is not.
                     let media = media_type(value.as_bytes());
-                    if media.starts_with("application/cloudevents") {
+                    if media.starts_with(EVENT_FORMAT_PREFIX) {
                         return Err(format!(
                             "member datacontenttype {media} cannot be a binary-mode \
                              content-type: a receiver would read the message as a structured \
