@@ -243,8 +243,19 @@ def fanout_json(n, metrics=True, timeout_ms=30000, dedupe=False, call_cap=None, 
 
 def etcd_cluster(port):
     """The etcd store's cluster: one etcd member on loopback (bench/run.py starts it), its
-    HTTP/JSON gateway on the client port."""
-    return cluster("etcd", port)
+    gRPC API on the client port: HTTP/2 without TLS."""
+    c = cluster("etcd", port)
+    c["typed_extension_protocol_options"] = HTTP2_OPTIONS
+    return c
+
+
+# What an etcd cluster needs: fanout speaks etcd's gRPC API (docs/dedupe.md).
+HTTP2_OPTIONS = {
+    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": {"http2_protocol_options": {}},
+    }
+}
 
 
 def floor_conf(n, extras=()):

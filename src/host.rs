@@ -39,6 +39,8 @@ pub trait Host {
     fn call_header(&self, name: &str) -> Option<String>;
     /// All headers of that answer.
     fn call_headers(&self) -> Vec<(String, Vec<u8>)>;
+    /// One trailer of that answer (gRPC's `grpc-status`).
+    fn call_trailer(&self, name: &str) -> Option<String>;
     /// Makes `context_id` the context the next host calls act for; false if it is gone.
     fn set_effective_context(&self, context_id: u32) -> bool;
     /// Answers the current stream locally.

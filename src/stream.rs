@@ -311,12 +311,10 @@ impl<H: Host> Stream<H> {
             }
             Claim::Ask(ask) => {
                 // From this stream: its answer comes back here, and the stream waits.
-                match self.host.dispatch(
-                    &ask.cluster,
-                    ask.headers(),
-                    ask.body.as_bytes(),
-                    ask.timeout,
-                ) {
+                match self
+                    .host
+                    .dispatch(&ask.cluster, ask.headers(), &ask.body, ask.timeout)
+                {
                     Ok(token) => {
                         self.stage = Stage::Claiming {
                             token,
@@ -362,18 +360,9 @@ impl<H: Host> Stream<H> {
             forwarded,
             converted,
         } = *claiming;
-        let status = if num_headers == 0 {
-            None
-        } else {
-            self.host.call_status()
-        };
-        let answer = if body_size > 0 {
-            self.host.call_body(body_size)
-        } else {
-            Vec::new()
-        };
+        let reply = claim::etcd_reply(&self.host, num_headers, body_size);
         let message = (body, forwarded, converted);
-        match claim::answered(&self.host, &self.counter, ask, status, &answer, &mut fanout) {
+        match claim::answered(&self.host, &self.counter, ask, &reply, &mut fanout) {
             Ok(claims) => self.deliver(&config, &channel, fanout, claims, message),
             Err(error) => self.store_failed(&config, &channel, fanout, &error, message),
         }

@@ -61,6 +61,8 @@ pub struct FakeState {
     /// The answer to the call being delivered: `:status` and body.
     pub call_response: (Option<u16>, Vec<u8>),
     pub call_response_headers: Vec<(String, Vec<u8>)>,
+    /// Its trailers (gRPC's status).
+    pub call_response_trailers: Vec<(String, String)>,
     /// The context Envoy applies host calls to (the one whose callback runs, or the one set
     /// with set_effective_context).
     pub effective: u32,
@@ -201,6 +203,16 @@ impl Host for FakeHost {
     fn call_headers(&self) -> Vec<(String, Vec<u8>)> {
         self.hit("get_map(call_response_headers)");
         self.0.borrow().call_response_headers.clone()
+    }
+
+    fn call_trailer(&self, name: &str) -> Option<String> {
+        self.hit("get_map_value(call_response_trailers)");
+        let state = self.0.borrow();
+        state
+            .call_response_trailers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
     }
 
     fn set_effective_context(&self, context_id: u32) -> bool {

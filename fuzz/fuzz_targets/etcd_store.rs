@@ -1,6 +1,7 @@
-//! The etcd store fed arbitrary answers: etcd's answers to the claim, the settle and a lease
-//! grant are read by the store's readers (`fanout::dedupe::etcd`), and a plugin with the
-//! etcd store gets them through the fake host as the answers to its calls.
+//! The etcd store fed arbitrary answers: etcd's gRPC answers to the claim, the settle and a
+//! lease grant are read by the store's readers (`fanout::dedupe::etcd`), and a plugin with
+//! the etcd store gets them through the fake host as the answers to its calls (the bytes as
+//! they come, or framed as one gRPC message, so that the decoding is reached).
 //!
 //! Properties:
 //! - no reader panics, whatever the status and the bytes;
@@ -9,7 +10,7 @@
 //!   subscriber after a `reject` answer (503); every subscriber called is one of the channel's.
 #![no_main]
 
-use fanout::dedupe::etcd;
+use fanout::dedupe::etcd::{self, proto};
 use fanout::plugin::Plugin;
 use fanout::testing::FakeHost;
 use libfuzzer_sys::fuzz_target;
@@ -32,13 +33,28 @@ fuzz_target!(|data: &[u8]| {
         2 => Some(404),
         _ => Some(200),
     };
-    // The readers alone.
-    if let Ok(answer) = etcd::read_answer(status, rest) {
-        if let Ok(seen) = etcd::read_claim(&answer, n) {
-            assert_eq!(seen.len(), n);
-        }
-        let _ = etcd::read_txn_ok(&answer);
-        let _ = etcd::read_grant(&answer);
+    let body = if head & 0x08 != 0 {
+        let mut framed = vec![0];
+        framed.extend_from_slice(&u32::try_from(rest.len()).unwrap_or(u32::MAX).to_be_bytes());
+        framed.extend_from_slice(rest);
+        framed
+    } else {
+        rest.to_vec()
+    };
+    // The readers alone: the messages as they come, and the answer around them.
+    if let Ok(seen) = etcd::read_claim(rest, n) {
+        assert_eq!(seen.len(), n);
+    }
+    let _ = etcd::read_txn_ok(rest);
+    let _ = etcd::read_grant(rest);
+    let reply = etcd::Reply {
+        status,
+        grpc_status: Some("0".into()),
+        grpc_message: None,
+        body: body.clone(),
+    };
+    if let Ok(message) = etcd::read_answer(&reply) {
+        assert_eq!(message, rest, "a frame's message is what it framed");
     }
     // Through the plugin: the grants, then one request's claim, answered with `rest`.
     let reject = head & 0x10 != 0;
@@ -52,11 +68,16 @@ fuzz_target!(|data: &[u8]| {
     root.on_tick();
     let grants: Vec<u32> = host.0.borrow().dispatched.iter().map(|d| d.token).collect();
     for token in grants {
-        host.0.borrow_mut().call_response = (
-            Some(200),
-            br#"{"header":{},"ID":"7587884271138411786","TTL":"67"}"#.to_vec(),
-        );
-        root.on_call_response(token, 1, 60);
+        let grant = proto::frame(&proto::LeaseGrantResponse {
+            id: 7_587_884_271_138_411_786,
+            ttl: 67,
+            error: String::new(),
+        });
+        let mut state = host.0.borrow_mut();
+        state.call_response = (Some(200), grant.clone());
+        state.call_response_trailers = vec![("grpc-status".into(), "0".into())];
+        drop(state);
+        root.on_call_response(token, 1, grant.len());
     }
     let before = host.0.borrow().dispatched.len();
     {
@@ -73,8 +94,8 @@ fuzz_target!(|data: &[u8]| {
     stream.on_request_headers(true);
     let claim = host.0.borrow().dispatched.get(before).map(|d| d.token);
     let claim = claim.expect("with its leases granted, the request asks etcd first");
-    host.0.borrow_mut().call_response = (status, rest.to_vec());
-    stream.on_call_response(claim, usize::from(status.is_some()), rest.len());
+    host.0.borrow_mut().call_response = (status, body.clone());
+    stream.on_call_response(claim, usize::from(status.is_some()), body.len());
     let state = host.0.borrow();
     let called: Vec<&str> = state.dispatched[before + 1..]
         .iter()

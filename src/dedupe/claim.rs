@@ -5,7 +5,7 @@
 //!
 //! Cost with the `envoy` store and a key: one get and one set of the event's shard (a retry
 //! per CAS conflict with another worker); a request whose subscribers all already have the
-//! event costs one get. With the `etcd` store: one etcd txn, made from the stream's
+//! event costs one get. With the `etcd` store: one etcd txn (a gRPC call), made from the stream's
 //! context, which waits for its answer ([`Claim::Ask`], then [`answered`]). Off, or
 //! without a key: no host call.
 
@@ -46,7 +46,7 @@ pub enum Claim {
 /// An etcd claim to send, and what reading its answer needs.
 pub struct Ask {
     pub cluster: String,
-    pub body: String,
+    pub body: Vec<u8>,
     pub timeout: Duration,
     channel: String,
     key: Vec<u8>,
@@ -58,20 +58,50 @@ pub struct Ask {
 }
 
 impl Ask {
-    /// The headers of the gateway call.
+    /// The headers of the claim's call.
     pub fn headers(&self) -> Vec<(&str, &[u8])> {
-        etcd_headers(&self.cluster)
+        etcd_headers(&self.cluster, etcd::TXN_PATH)
     }
 }
 
-/// The headers of a call to etcd's gateway.
-pub fn etcd_headers(cluster: &str) -> Vec<(&str, &[u8])> {
+/// The headers of a gRPC call to etcd (`path`: the method's).
+pub fn etcd_headers<'a>(cluster: &'a str, path: &'static str) -> Vec<(&'a str, &'a [u8])> {
     vec![
         (":method", b"POST"),
-        (":path", etcd::TXN_PATH.as_bytes()),
+        (":path", path.as_bytes()),
         (":authority", cluster.as_bytes()),
-        ("content-type", b"application/json"),
+        ("content-type", b"application/grpc"),
+        ("te", b"trailers"),
     ]
+}
+
+/// The answer to an etcd call being delivered (`num_headers` 0: none came), read through the
+/// host: its status, body and `grpc-status` (three host calls), and on an error the message.
+pub fn etcd_reply<H: Host>(host: &H, num_headers: usize, body_size: usize) -> etcd::Reply {
+    if num_headers == 0 {
+        return etcd::Reply::default();
+    }
+    let body = if body_size > 0 {
+        host.call_body(body_size)
+    } else {
+        Vec::new()
+    };
+    // A success has it in the trailers; an error that is only trailers, in the headers.
+    let (grpc_status, in_trailers) = match host.call_trailer("grpc-status") {
+        Some(status) => (Some(status), true),
+        None => (host.call_header("grpc-status"), false),
+    };
+    let grpc_message = match grpc_status.as_deref() {
+        Some("0") | None => None,
+        Some(_) if in_trailers => host.call_trailer("grpc-message"),
+        Some(_) => host.call_header("grpc-message"),
+    };
+    etcd::Reply {
+        status: host.call_status(),
+        grpc_status,
+        grpc_message,
+        body,
+    }
 }
 
 /// `dedupe`, before the calls: for each subscriber in `wanted` (those its filter did not
@@ -236,18 +266,17 @@ fn ask(
     }
 }
 
-/// etcd answered the claim `ask` (`status` `None`: no answer came): marks `fanout` and
-/// returns the claims to settle, or why the store failed.
+/// etcd answered the claim `ask`: marks `fanout` and returns the claims to settle, or why
+/// the store failed.
 pub fn answered<H: Host>(
     host: &H,
     counter: &Counter,
     ask: Ask,
-    status: Option<u16>,
-    body: &[u8],
+    reply: &etcd::Reply,
     fanout: &mut FanOut,
 ) -> Result<Option<Claims>, StoreError> {
-    let answer = etcd::read_answer(status, body)?;
-    let seen = etcd::read_claim(&answer, ask.subscribers.len())?;
+    let message = etcd::read_answer(reply)?;
+    let seen = etcd::read_claim(message, ask.subscribers.len())?;
     let claimed = mark(host, counter, fanout, &ask.subscribers, &seen);
     let marks: Vec<(Vec<u8>, String)> = ask
         .marks

@@ -14,7 +14,7 @@
 use std::cell::RefCell;
 use std::time::Duration;
 
-use super::claim::etcd_headers;
+use super::claim::{etcd_headers, etcd_reply};
 use super::etcd::{self, Family, Leases, StoreError};
 use super::settings::ETCD_MAX_TXN_OPS;
 use super::settle::RemoteSettle;
@@ -130,12 +130,9 @@ impl Remote {
     ) -> Result<(), crate::call::Failure> {
         let families = self.families.clone();
         for grant in self.leases.wanted(now_ms, &families) {
-            let mut headers = etcd_headers(&store.cluster);
-            if let Some(path) = headers.iter_mut().find(|(name, _)| *name == ":path") {
-                path.1 = etcd::GRANT_PATH.as_bytes();
-            }
+            let headers = etcd_headers(&store.cluster, etcd::GRANT_PATH);
             let timeout = Duration::from_millis(u64::from(store.timeout_ms));
-            match host.dispatch(&store.cluster, headers, grant.body.as_bytes(), timeout) {
+            match host.dispatch(&store.cluster, headers, &grant.body, timeout) {
                 Ok(token) => self.leases.asked(grant.until_ms, token),
                 Err(failure) => {
                     self.leases.not_sent(now_ms);
@@ -199,7 +196,8 @@ impl Remote {
                 .iter()
                 .map(|s| (s.log_id, s.metrics))
                 .collect();
-            match host.dispatch(&cluster, etcd_headers(&cluster), body.as_bytes(), timeout) {
+            let headers = etcd_headers(&cluster, etcd::TXN_PATH);
+            match host.dispatch(&cluster, headers, &body, timeout) {
                 Ok(token) => self.in_flight.push((token, settles)),
                 Err(failure) => {
                     let error = StoreError(format!("refused at dispatch: {failure}"));
@@ -230,17 +228,15 @@ impl Remote {
         }
     }
 
-    /// The answer to call `token`, if it is one of the root's etcd calls (`status` `None`:
-    /// no answer came).
+    /// The answer to call `token`, if it is one of the root's etcd calls (`reply` reads it).
     pub fn on_response(
         &mut self,
         token: u32,
-        status: impl FnOnce() -> Option<u16>,
-        body: impl FnOnce() -> Vec<u8>,
+        reply: impl FnOnce() -> etcd::Reply,
         now: impl FnOnce() -> u64,
     ) -> Option<Answered> {
         if self.leases.is_grant(token) {
-            let result = etcd::read_answer(status(), &body()).and_then(|a| etcd::read_grant(&a));
+            let result = etcd::read_answer(&reply()).and_then(etcd::read_grant);
             if let Err(error) = &result {
                 log::debug!("dedupe: etcd lease grant failed: {error}");
             }
@@ -253,7 +249,7 @@ impl Remote {
         let (_, settles) = self.in_flight.swap_remove(at);
         let counted = settles.iter().filter(|(_, metrics)| *metrics).count();
         let counted = u32::try_from(counted).unwrap_or(u32::MAX);
-        match etcd::read_answer(status(), &body()).and_then(|a| etcd::read_txn_ok(&a)) {
+        match etcd::read_answer(&reply()).and_then(etcd::read_txn_ok) {
             Ok(()) => Some(Answered::Settles {
                 counted,
                 failed: false,
@@ -373,14 +369,7 @@ pub fn on_response<H: Host>(
 ) -> bool {
     let answered = remote.on_response(
         token,
-        || (num_headers > 0).then(|| host.call_status()).flatten(),
-        || {
-            if body_size > 0 {
-                host.call_body(body_size)
-            } else {
-                Vec::new()
-            }
-        },
+        || etcd_reply(host, num_headers, body_size),
         || host.now_ms(),
     );
     let (counted, failed) = match answered {

@@ -19,6 +19,18 @@ use crate::metrics::Kind;
 #[derive(Clone, Copy, Default)]
 pub struct ProxyHost;
 
+thread_local! {
+    /// How many trailers the call answer being delivered has (the glue sets it as the
+    /// callback comes): asking Envoy for a trailer of an answer that has none is refused
+    /// with `BadArgument`, on which the SDK's `get_map_value_bytes` panics.
+    static CALL_TRAILERS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The trailer count of the call answer `on_http_call_response` is delivering.
+pub fn call_answer_has(num_trailers: usize) {
+    CALL_TRAILERS.with(|n| n.set(num_trailers));
+}
+
 impl Host for ProxyHost {
     fn follow_log_level(&self) {
         if let Ok(level) = hostcalls::get_log_level() {
@@ -102,6 +114,16 @@ impl Host for ProxyHost {
 
     fn call_headers(&self) -> Vec<(String, Vec<u8>)> {
         hostcalls::get_map_bytes(MapType::HttpCallResponseHeaders).unwrap_or_default()
+    }
+
+    fn call_trailer(&self, name: &str) -> Option<String> {
+        if CALL_TRAILERS.with(std::cell::Cell::get) == 0 {
+            return None;
+        }
+        let value = hostcalls::get_map_value_bytes(MapType::HttpCallResponseTrailers, name)
+            .ok()
+            .flatten()?;
+        String::from_utf8(value).ok()
     }
 
     fn set_effective_context(&self, context_id: u32) -> bool {

@@ -35,8 +35,9 @@ impl Context for FanoutRoot {
         token_id: u32,
         num_headers: usize,
         body_size: usize,
-        _num_trailers: usize,
+        num_trailers: usize,
     ) {
+        host::call_answer_has(num_trailers);
         self.0.on_call_response(token_id, num_headers, body_size);
         self.done_if_retired();
     }
@@ -90,8 +91,9 @@ impl Context for FanoutStream {
         token_id: u32,
         num_headers: usize,
         body_size: usize,
-        _num_trailers: usize,
+        num_trailers: usize,
     ) {
+        host::call_answer_has(num_trailers);
         self.0.on_call_response(token_id, num_headers, body_size);
     }
 

@@ -32,7 +32,12 @@ fn replica(dedupe: Value, subscribers: &[&Subscriber], store: Option<&EtcdCluste
                 "load_assignment",
                 etcd.envoy_load_assignment("etcd"),
             )
-            .cluster_field("etcd", "health_checks", EtcdCluster::health_checks());
+            .cluster_field("etcd", "health_checks", EtcdCluster::health_checks())
+            .cluster_field(
+                "etcd",
+                "typed_extension_protocol_options",
+                EtcdCluster::envoy_protocol_options(),
+            );
     }
     let envoy = builder.start();
     // The leases are granted at configure time; give the answers a moment to come.

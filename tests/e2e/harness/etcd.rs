@@ -145,6 +145,17 @@ impl EtcdCluster {
         })
     }
 
+    /// What Envoy's cluster of etcd members needs: fanout speaks etcd's gRPC API, HTTP/2
+    /// (here without TLS).
+    pub fn envoy_protocol_options() -> Value {
+        json!({
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": { "http2_protocol_options": {} }
+            }
+        })
+    }
+
     pub fn health_checks() -> Value {
         json!([{
             "timeout": "0.2s", "interval": "0.1s",
