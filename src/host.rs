@@ -31,6 +31,17 @@ pub trait Host {
         body: &[u8],
         timeout: Duration,
     ) -> Result<u32, Failure>;
+    /// The same call made for another context of this VM (`context_id`: a root context, from
+    /// a stream's callback): its answer is delivered to that context, and it lives as long as
+    /// that context does.
+    fn dispatch_for(
+        &self,
+        context_id: u32,
+        cluster: &str,
+        headers: Vec<(&str, &[u8])>,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<u32, Failure>;
     /// `:status` of the call answer being delivered to `on_http_call_response`.
     fn call_status(&self) -> Option<u16>;
     /// Up to `max` bytes of that answer's body.

@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::dedupe::{remote, settle};
+use crate::dedupe::{claim, remote, settle};
 use crate::deliveries::{Deliveries, Finished, Owed};
 use crate::host::Host;
 use crate::jitter::Jitter;
@@ -178,7 +178,9 @@ impl<H: Host + Clone> Plugin<H> {
             let finished = {
                 let mut deliveries = self.deliveries.borrow_mut();
                 deliveries.act_for(Some(self.id));
-                let finished = deliveries.tick(&self.host);
+                let mut finished = deliveries.tick(&self.host);
+                let now = self.host.now_ms();
+                finished.extend(deliveries.tick_claims(&self.host, now, self.id));
                 deliveries.act_for(None);
                 finished
             };
@@ -220,11 +222,19 @@ impl<H: Host + Clone> Plugin<H> {
         let finished = {
             let mut deliveries = self.deliveries.borrow_mut();
             deliveries.act_for(Some(self.id));
-            let finished = deliveries.on_response(&self.host, token, num_headers, body_size, true);
+            let host = &self.host;
+            let reply = || claim::etcd_reply(host, num_headers, body_size);
+            let finished = match deliveries.claims_answered(host, token, reply, self.id) {
+                Some(finished) => finished,
+                None => deliveries
+                    .on_response(host, token, num_headers, body_size, true)
+                    .into_iter()
+                    .collect(),
+            };
             deliveries.act_for(None);
             finished
         };
-        self.deliver(finished.into_iter().collect());
+        self.deliver(finished);
     }
 
     /// The plugin is being retired (a newer configuration took over, or Envoy stops): hand
@@ -294,6 +304,7 @@ impl<H: Host + Clone> Plugin<H> {
         let metrics = self.config.as_ref().is_some_and(|c| c.metrics);
         Stream::new(
             context_id,
+            self.id,
             self.host.clone(),
             self.config.clone(),
             Counter::new(metrics.then(|| self.telemetry.clone())),

@@ -18,11 +18,11 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use crate::answer::{Answer, PENDING_HEADER};
-use crate::config::{AnswerMode, BodyWait, Channel, Config};
+use crate::answer::Answer;
+use crate::config::{BodyWait, Channel, Config};
 use crate::dedupe::claim::{self, Ask, Claim, Claims};
 use crate::dedupe::etcd::StoreError;
-use crate::deliveries::{Deliveries, Finished, InLine, Job, Variant};
+use crate::deliveries::{Continued, Deliveries, Finished, InLine, Job, Launched, Parked, Variant};
 use crate::fan_out_state::FanOut;
 use crate::headers::Forwarded;
 use crate::host::Host;
@@ -47,6 +47,10 @@ enum Stage {
     Body { admitted: Admitted, received: usize },
     /// Waiting for the etcd store's answer to `dedupe`'s claims (its call `token`).
     Claiming { token: u32, claiming: Box<Claiming> },
+    /// Its claims wait to go out with others' (the deliveries hold the request); the root
+    /// context continues it, and the stream learns what became of it at its next callback
+    /// ([`Stream::adopt`]).
+    Parked,
     /// A sync fan-out in the deliveries, answered when it ends.
     Delivering { job: u64 },
     /// The answer is sent; whatever comes now is ignored.
@@ -69,6 +73,8 @@ type Message = (Vec<u8>, Forwarded, Option<Box<Variant>>);
 /// One request.
 pub struct Stream<H> {
     id: u32,
+    /// The root context that made it: claim batches sent from here are that root's calls.
+    root: u32,
     host: H,
     config: Option<Rc<Config>>,
     counter: Counter,
@@ -83,6 +89,7 @@ impl<H: Host> Stream<H> {
     /// configuration).
     pub fn new(
         id: u32,
+        root: u32,
         host: H,
         config: Option<Rc<Config>>,
         counter: Counter,
@@ -90,6 +97,7 @@ impl<H: Host> Stream<H> {
     ) -> Self {
         Stream {
             id,
+            root,
             host,
             config,
             counter,
@@ -175,8 +183,40 @@ impl<H: Host> Stream<H> {
         }
     }
 
+    /// What the root context made of this request while it was parked, if it did.
+    fn adopt(&mut self) {
+        if !matches!(self.stage, Stage::Parked) {
+            return;
+        }
+        let continued = self.deliveries.borrow_mut().claims.adopt(self.id);
+        match continued {
+            Some(Continued::Answered) => self.stage = Stage::Answered,
+            Some(Continued::Delivering(job)) => self.stage = Stage::Delivering { job },
+            None => {}
+        }
+    }
+
     /// The stream ended (its client may have left before the answer).
     pub fn on_done(&mut self) -> bool {
+        self.adopt();
+        match &self.stage {
+            // Its claim txn will not be answered here now (Envoy cancels it): the claims
+            // parked meanwhile go out.
+            Stage::Claiming { token, .. } => {
+                let token = *token;
+                self.claim_landed(token);
+            }
+            // Not claimed yet: nothing to undo. (In a batch in flight, the root continues it,
+            // and finds nobody to answer.)
+            Stage::Parked if self.deliveries.borrow_mut().claims.forget(self.id) => {
+                log::info!(
+                    "[#{}] the client went away before the fan-out started; nothing was \
+                     claimed or called",
+                    self.id
+                );
+            }
+            _ => {}
+        }
         if let Stage::Delivering { job } = self.stage {
             let mut deliveries = self.deliveries.borrow_mut();
             if deliveries.awaits_answer(job) {
@@ -197,6 +237,7 @@ impl<H: Host> Stream<H> {
     /// Envoy itself (a stream timeout). Either way the sender got another answer: do not fan
     /// out after it, and say why.
     pub fn on_response_headers(&mut self) -> Flow {
+        self.adopt();
         match self.stage {
             Stage::Answered => {}
             // The root context answered for this stream: the fan-out is over, or goes on
@@ -229,6 +270,11 @@ impl<H: Host> Stream<H> {
                 if let Stage::Delivering { job } = self.stage {
                     if let Ok(mut deliveries) = self.deliveries.try_borrow_mut() {
                         deliveries.abandon(&self.host, job);
+                    }
+                }
+                if matches!(self.stage, Stage::Parked) {
+                    if let Ok(mut deliveries) = self.deliveries.try_borrow_mut() {
+                        deliveries.claims.forget(self.id);
                     }
                 }
                 self.stage = Stage::Answered;
@@ -310,37 +356,70 @@ impl<H: Host> Stream<H> {
                 self.store_failed(config, channel, recipients.fanout, &error, message)
             }
             Claim::Ask(ask) => {
-                // From this stream: its answer comes back here, and the stream waits.
-                match self
-                    .host
-                    .dispatch(&ask.cluster, ask.headers(), &ask.body, ask.timeout)
-                {
-                    Ok(token) => {
-                        self.stage = Stage::Claiming {
-                            token,
-                            claiming: Box::new(Claiming {
-                                ask,
-                                channel: channel.clone(),
-                                fanout: recipients.fanout,
-                                body,
-                                forwarded,
-                                converted,
-                            }),
-                        };
-                    }
-                    Err(failure) => {
-                        let error = StoreError(format!("refused at dispatch: {failure}"));
-                        self.store_failed(
-                            config,
-                            channel,
-                            recipients.fanout,
-                            &error,
-                            (body, forwarded, converted),
-                        );
-                    }
-                }
+                let message = (body, forwarded, converted);
+                self.ask(config, channel, recipients.fanout, ask, message);
             }
         }
+    }
+
+    /// The etcd store must be asked first. With no claim txn of this worker in flight, from
+    /// this stream: its answer comes back here, and the stream waits. Else the request is
+    /// parked, and goes out with the others parked meanwhile in one txn when the one in
+    /// flight is answered; the root context continues it then.
+    fn ask(
+        &mut self,
+        config: &Rc<Config>,
+        channel: &Rc<Channel>,
+        fanout: FanOut,
+        ask: Ask,
+        message: Message,
+    ) {
+        if self.deliveries.borrow().claims.must_park() {
+            let job = self.job(config, channel, fanout, message);
+            self.deliveries.borrow_mut().claims.park(Parked {
+                stream: self.id,
+                ask,
+                job,
+            });
+            self.stage = Stage::Parked;
+            return;
+        }
+        match self
+            .host
+            .dispatch(&ask.cluster, ask.headers(), &ask.body(), ask.timeout)
+        {
+            Ok(token) => {
+                let timeout = u64::try_from(ask.timeout.as_millis()).unwrap_or(u64::MAX);
+                self.deliveries
+                    .borrow_mut()
+                    .claims
+                    .flying(token, self.started_ms, timeout);
+                let (body, forwarded, converted) = message;
+                self.stage = Stage::Claiming {
+                    token,
+                    claiming: Box::new(Claiming {
+                        ask,
+                        channel: channel.clone(),
+                        fanout,
+                        body,
+                        forwarded,
+                        converted,
+                    }),
+                };
+            }
+            Err(failure) => {
+                let error = StoreError(format!("refused at dispatch: {failure}"));
+                self.store_failed(config, channel, fanout, &error, message);
+            }
+        }
+    }
+
+    /// The claim txn in flight (`token`) was answered or cancelled: the claims parked
+    /// meanwhile go out together, for the root context.
+    fn claim_landed(&mut self, token: u32) {
+        let mut deliveries = self.deliveries.borrow_mut();
+        deliveries.claims.landed(token);
+        deliveries.send_parked(&self.host, self.root);
     }
 
     /// The etcd store answered this request's claims.
@@ -348,10 +427,12 @@ impl<H: Host> Stream<H> {
         let Some(config) = self.config.clone() else {
             return;
         };
-        let Stage::Claiming { claiming, .. } = std::mem::replace(&mut self.stage, Stage::Headers)
+        let Stage::Claiming { token, claiming } =
+            std::mem::replace(&mut self.stage, Stage::Headers)
         else {
             return;
         };
+        self.claim_landed(token);
         let Claiming {
             ask,
             channel,
@@ -388,22 +469,16 @@ impl<H: Host> Stream<H> {
         }
     }
 
-    /// Who gets the event is decided (and claimed): hand it to the deliveries.
-    fn deliver(
-        &mut self,
+    /// The fan-out of this request: who gets the event is decided (`fanout`) but not yet
+    /// claimed.
+    fn job(
+        &self,
         config: &Rc<Config>,
         channel: &Rc<Channel>,
         fanout: FanOut,
-        claims: Option<Claims>,
         (body, forwarded, converted): Message,
-    ) {
-        let in_progress = fanout.in_progress();
-        // Subscribers to call: in a channel of best-effort ones, all still pending at the 202.
-        let to_call = fanout.open();
-        // Nothing to send (every subscriber skipped, or already delivered): the deliveries
-        // end the job at once.
-        let nothing_to_send = fanout.is_done();
-        let job = Job {
+    ) -> Job {
+        Job {
             config: config.clone(),
             channel: channel.clone(),
             fanout,
@@ -413,44 +488,36 @@ impl<H: Host> Stream<H> {
             answer_to: None,
             log_id: self.id,
             started_ms: self.started_ms,
-            redelivery: claims,
+            redelivery: None,
             line: InLine::default(),
+        }
+    }
+
+    /// Who gets the event is decided (and claimed): hand it to the deliveries.
+    fn deliver(
+        &mut self,
+        config: &Rc<Config>,
+        channel: &Rc<Channel>,
+        fanout: FanOut,
+        claims: Option<Claims>,
+        message: Message,
+    ) {
+        let job = Job {
+            redelivery: claims,
+            ..self.job(config, channel, fanout, message)
         };
-        // A channel of best-effort subscribers only answers at once, like async mode.
-        let answer_now = config.mode == AnswerMode::Async || channel.all_best_effort();
-        if answer_now {
-            let (_, finished) =
-                self.deliveries
-                    .borrow_mut()
-                    .start(&self.host, job, nothing_to_send);
-            let answer = match finished {
-                // Nothing to send: the verdict is already known (202, with the report
-                // when dedupe found every subscriber had the event; 409 when another
-                // request is delivering to the rest).
-                Some(finished) => finished.answer,
-                // What this request claimed is delivered in the background; the
-                // subscribers another request is delivering to are that request's. The
-                // sender retries, and the retry is answered from the records.
-                None if in_progress > 0 => Answer::in_progress_elsewhere(in_progress),
-                None if channel.all_best_effort() => {
-                    Answer::accepted().with_header(PENDING_HEADER, to_call.to_string())
+        let launched = self
+            .deliveries
+            .borrow_mut()
+            .launch(&self.host, job, self.id, false);
+        match launched {
+            Launched::Answer(answer) if answer.status == 202 => self.answer(answer, false),
+            Launched::Answer(answer) => self.reject(answer),
+            Launched::Delivering(id, finished) => {
+                self.stage = Stage::Delivering { job: id };
+                if let Some(finished) = finished {
+                    self.finished(finished);
                 }
-                None => Answer::accepted(),
-            };
-            if answer.status == 202 {
-                self.answer(answer, false);
-            } else {
-                self.reject(answer);
-            }
-        } else {
-            let job = Job {
-                answer_to: Some(self.id),
-                ..job
-            };
-            let (id, finished) = self.deliveries.borrow_mut().start(&self.host, job, true);
-            self.stage = Stage::Delivering { job: id };
-            if let Some(finished) = finished {
-                self.finished(finished);
             }
         }
     }

@@ -150,6 +150,18 @@ impl Host for FakeHost {
         body: &[u8],
         timeout: Duration,
     ) -> Result<u32, Failure> {
+        let context = self.0.borrow().effective;
+        self.dispatch_for(context, cluster, headers, body, timeout)
+    }
+
+    fn dispatch_for(
+        &self,
+        context: u32,
+        cluster: &str,
+        headers: Vec<(&str, &[u8])>,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<u32, Failure> {
         self.hit("dispatch_http_call");
         let mut state = self.0.borrow_mut();
         if state.unknown_clusters.contains(cluster) {
@@ -162,7 +174,6 @@ impl Host for FakeHost {
         }
         state.next_token += 1;
         let token = state.next_token;
-        let context = state.effective;
         state.dispatched.push(Dispatched {
             token,
             context,

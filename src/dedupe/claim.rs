@@ -43,14 +43,17 @@ pub enum Claim {
     Failed(StoreError),
 }
 
-/// An etcd claim to send, and what reading its answer needs.
+/// An etcd claim to send, and what reading its answer needs. Sent alone ([`Ask::body`]) or
+/// with the claims of other requests in one txn ([`batch_body`]).
 pub struct Ask {
     pub cluster: String,
-    pub body: Vec<u8>,
     pub timeout: Duration,
     channel: String,
     key: Vec<u8>,
     owner: u64,
+    /// The lease its keys are written with, and the request's time.
+    lease: i64,
+    now_ms: u64,
     /// Index in the channel and identity of each subscriber asked for, in the txn's order.
     subscribers: Vec<(usize, u64)>,
     /// Each one's key and our claim value.
@@ -62,6 +65,52 @@ impl Ask {
     pub fn headers(&self) -> Vec<(&str, &[u8])> {
         etcd_headers(&self.cluster, etcd::TXN_PATH)
     }
+
+    /// The claim txn of this request alone.
+    pub fn body(&self) -> Vec<u8> {
+        batch_body(std::slice::from_ref(&self))
+    }
+
+    /// The operations it puts in a txn: one per subscriber asked for.
+    pub fn ops(&self) -> usize {
+        self.marks.len()
+    }
+
+    /// Whether it claims a key `other` claims too (etcd refuses a txn that writes a key
+    /// twice: two copies of one event go in two txns).
+    pub fn shares_a_key(&self, other: &Ask) -> bool {
+        self.marks
+            .iter()
+            .any(|(key, _)| other.marks.iter().any(|(k, _)| k == key))
+    }
+}
+
+/// One claim txn for several requests' claims, in their order (their keys all differ).
+pub fn batch_body(asks: &[&Ask]) -> Vec<u8> {
+    let ops: Vec<ClaimOp<'_>> = asks
+        .iter()
+        .flat_map(|ask| {
+            ask.marks.iter().map(|(key, value)| ClaimOp {
+                key,
+                value,
+                lease: ask.lease,
+                now_ms: ask.now_ms,
+            })
+        })
+        .collect();
+    etcd::claim_body(&ops)
+}
+
+/// What etcd's answer to a claim txn says of each request in it (`ops`: each one's
+/// [`Ask::ops`], in the txn's order): its subscribers' marks, or why the store failed (then
+/// for all of them).
+pub fn read_batch(
+    reply: &etcd::Reply,
+    ops: impl Iterator<Item = usize> + Clone,
+) -> Result<Vec<Vec<Seen>>, StoreError> {
+    let message = etcd::read_answer(reply)?;
+    let mut seen = etcd::read_claim(message, ops.clone().sum())?.into_iter();
+    Ok(ops.map(|n| seen.by_ref().take(n).collect()).collect())
 }
 
 /// The headers of a gRPC call to etcd (`path`: the method's).
@@ -250,24 +299,21 @@ fn ask(
             )
         })
         .collect();
-    let ops: Vec<ClaimOp<'_>> = marks
-        .iter()
-        .map(|(key, value)| ClaimOp { key, value })
-        .collect();
     Ask {
         cluster: store.cluster.clone(),
-        body: etcd::claim_body(&ops, lease, now),
         timeout: Duration::from_millis(u64::from(store.timeout_ms)),
         channel: channel.name.clone(),
         key: key.to_vec(),
         owner,
+        lease,
+        now_ms: now,
         subscribers,
         marks,
     }
 }
 
-/// etcd answered the claim `ask`: marks `fanout` and returns the claims to settle, or why
-/// the store failed.
+/// etcd answered the claim `ask` alone: marks `fanout` and returns the claims to settle, or
+/// why the store failed.
 pub fn answered<H: Host>(
     host: &H,
     counter: &Counter,
@@ -275,18 +321,30 @@ pub fn answered<H: Host>(
     reply: &etcd::Reply,
     fanout: &mut FanOut,
 ) -> Result<Option<Claims>, StoreError> {
-    let message = etcd::read_answer(reply)?;
-    let seen = etcd::read_claim(message, ask.subscribers.len())?;
-    let claimed = mark(host, counter, fanout, &ask.subscribers, &seen);
+    let seen = read_batch(reply, std::iter::once(ask.ops()))?;
+    let seen = seen.into_iter().next().unwrap_or_default();
+    Ok(claimed(host, counter, ask, &seen, fanout))
+}
+
+/// What etcd found for `ask`'s subscribers (`seen`, in its order): marks `fanout` and
+/// returns the claims to settle.
+pub fn claimed<H: Host>(
+    host: &H,
+    counter: &Counter,
+    ask: Ask,
+    seen: &[Seen],
+    fanout: &mut FanOut,
+) -> Option<Claims> {
+    let claimed = mark(host, counter, fanout, &ask.subscribers, seen);
     let marks: Vec<(Vec<u8>, String)> = ask
         .marks
         .into_iter()
-        .zip(&seen)
+        .zip(seen)
         .filter(|(_, s)| **s == Seen::Deliver)
         .map(|(mark, _)| mark)
         .collect();
-    Ok((!claimed.is_empty())
-        .then(|| Claims::new(0, ask.channel, ask.key, ask.owner, claimed).in_etcd(marks)))
+    (!claimed.is_empty())
+        .then(|| Claims::new(0, ask.channel, ask.key, ask.owner, claimed).in_etcd(marks))
 }
 
 /// The store failed for a request: counted; one warning per 10 s at most (`warn` says

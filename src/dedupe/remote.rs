@@ -79,6 +79,11 @@ impl Remote {
     /// one (`host` in whichever context queues it: a stream's timer calls set its root's).
     pub fn queue<H: Host>(&mut self, host: &H, settle: RemoteSettle) {
         self.queued.push(settle);
+        self.wake(host);
+    }
+
+    /// Asks for the fast timer (from any context), if it is not running.
+    pub fn wake<H: Host>(&mut self, host: &H) {
         if !self.fast_timer {
             host.set_tick_period(SETTLE_TICK);
             self.fast_timer = true;

@@ -19,19 +19,23 @@ use crate::answer::Answer;
 use crate::call::Leg;
 use crate::call_slots::{CallCap, Slot};
 use crate::config::{AnswerMode, Config};
+use crate::dedupe::claim;
+use crate::dedupe::etcd::StoreError;
 use crate::dedupe::remote::Remote;
 use crate::dedupe::settle;
 use crate::host::Host;
 use crate::jitter::{self, JitterRng};
-use crate::telemetry::Telemetry;
+use crate::telemetry::{Counter, Telemetry};
 use call_end::Expected;
 use call_plan::CallPlan;
+pub use coalesce::{Coalescer, Continued, Parked};
 use job::leg_cluster;
 pub use job::{InLine, Job, Variant};
 use slot_gate::{Pass, SlotGate};
 
 mod call_end;
 mod call_plan;
+mod coalesce;
 mod job;
 mod slot_gate;
 
@@ -66,6 +70,16 @@ pub struct Finished {
     pub answer: Answer,
 }
 
+/// A new fan-out, started ([`Deliveries::launch`]).
+pub enum Launched {
+    /// Its sender is answered now: async mode, a channel of best-effort subscribers, or
+    /// nothing to send (202, with the report when every subscriber had the event; 409 when
+    /// another request is delivering to the rest).
+    Answer(Answer),
+    /// A sync fan-out under way (job id), and its answer if it already ended.
+    Delivering(u64, Option<Finished>),
+}
+
 /// Every fan-out of one worker still under way, and the calls it waits for.
 pub struct Deliveries {
     jobs: HashMap<u64, Job>,
@@ -86,6 +100,8 @@ pub struct Deliveries {
     root_of: HashMap<u32, u32>,
     /// `dedupe`'s etcd store on this VM: leases, settles owed (sent by the root's tick).
     pub store: Remote,
+    /// The etcd store's claims in flight and those waiting to go out together.
+    pub claims: Coalescer,
 }
 
 /// What a worker still owes: every fan-out not yet ended, by what it waits for. What
@@ -127,7 +143,19 @@ impl Deliveries {
             acting_root: None,
             root_of: HashMap::new(),
             store: Remote::default(),
+            claims: Coalescer::default(),
         }
+    }
+
+    /// Call `token` was made for root context `root` outside its own callbacks (a claim
+    /// batch, sent from a stream's): the root lives until it is answered.
+    pub fn owned_by_root(&mut self, token: u32, root: u32) {
+        self.root_of.insert(token, root);
+    }
+
+    /// Call `token` of a root context was answered or given up on.
+    pub fn root_call_ended(&mut self, token: u32) {
+        self.root_of.remove(&token);
     }
 
     /// The root context `root` is running (or, `None`, none is): the calls sent from now on
@@ -208,13 +236,208 @@ impl Deliveries {
         self.jobs.contains_key(&job)
     }
 
+    /// Starts the fan-out `job` of the request on `stream`: answered at once (async mode, a
+    /// channel of best-effort subscribers, or nothing to send) or a sync fan-out that answers
+    /// when it ends. `from_root`: the root context is the current one (its calls are the
+    /// root's), else the stream's.
+    pub fn launch<H: Host>(
+        &mut self,
+        host: &H,
+        job: Job,
+        stream: u32,
+        from_root: bool,
+    ) -> Launched {
+        let in_progress = job.fanout.in_progress();
+        // Subscribers to call: in a channel of best-effort ones, all still pending at the 202.
+        let to_call = job.fanout.open();
+        // Nothing to send (every subscriber skipped, or already delivered): the job ends at
+        // once.
+        let nothing_to_send = job.fanout.is_done();
+        // A channel of best-effort subscribers only answers at once, like async mode.
+        let best_effort = job.channel.all_best_effort();
+        if job.config.mode == AnswerMode::Async || best_effort {
+            let (_, finished) = self.start(host, job, nothing_to_send, from_root);
+            let answer = match finished {
+                Some(finished) => finished.answer,
+                // What this request claimed is delivered in the background; the
+                // subscribers another request is delivering to are that request's. The
+                // sender retries, and the retry is answered from the records.
+                None if in_progress > 0 => Answer::in_progress_elsewhere(in_progress),
+                None if best_effort => Answer::accepted()
+                    .with_header(crate::answer::PENDING_HEADER, to_call.to_string()),
+                None => Answer::accepted(),
+            };
+            return Launched::Answer(answer);
+        }
+        let job = Job {
+            answer_to: Some(stream),
+            ..job
+        };
+        let (id, finished) = self.start(host, job, true, from_root);
+        Launched::Delivering(id, finished)
+    }
+
+    /// Sends the claims parked (if no claim txn is in flight) as one txn for root context
+    /// `root`, from whichever context runs: its answer goes to the root, which continues
+    /// them ([`Deliveries::claims_answered`]).
+    pub fn send_parked<H: Host>(&mut self, host: &H, root: u32) {
+        let Some(batch) = self.claims.next_batch() else {
+            return;
+        };
+        let Some(first) = batch.first() else {
+            return;
+        };
+        let (cluster, timeout) = (first.ask.cluster.clone(), first.ask.timeout);
+        let asks: Vec<&claim::Ask> = batch.iter().map(|p| &p.ask).collect();
+        let body = claim::batch_body(&asks);
+        let headers = claim::etcd_headers(&cluster, crate::dedupe::etcd::TXN_PATH);
+        match host.dispatch_for(root, &cluster, headers, &body, timeout) {
+            Ok(token) => {
+                self.owned_by_root(token, root);
+                self.claims.sent(token, batch, host.now_ms());
+            }
+            Err(failure) => {
+                let error = StoreError(format!("refused at dispatch: {failure}"));
+                self.claims.not_sent(batch, error);
+                self.store.wake(host);
+            }
+        }
+    }
+
+    /// The answer to claim batch `token` (the root context `root` is the current one):
+    /// continues every request in it, and sends the claims parked since. `None` if `token`
+    /// is no claim batch.
+    pub fn claims_answered<H: Host>(
+        &mut self,
+        host: &H,
+        token: u32,
+        reply: impl FnOnce() -> crate::dedupe::etcd::Reply,
+        root: u32,
+    ) -> Option<Vec<Finished>> {
+        if !self.claims.is_batch(token) {
+            return None;
+        }
+        self.root_call_ended(token);
+        let batch = self.claims.landed(token).unwrap_or_default();
+        let reply = reply();
+        let results = claim::read_batch(&reply, batch.iter().map(|p| p.ask.ops()));
+        let mut finished = Vec::new();
+        match results {
+            Ok(seen) => {
+                for (parked, seen) in batch.into_iter().zip(seen) {
+                    finished.extend(self.continue_parked(host, parked, Ok(seen)));
+                }
+            }
+            Err(error) => {
+                for parked in batch {
+                    finished.extend(self.continue_parked(host, parked, Err(error.clone())));
+                }
+            }
+        }
+        self.send_parked(host, root);
+        Some(finished)
+    }
+
+    /// The root's timer: claim batches that could not be sent or whose answer is overdue go
+    /// on as store errors; then the claims parked since go out.
+    pub fn tick_claims<H: Host>(&mut self, host: &H, now: u64, root: u32) -> Vec<Finished> {
+        let mut finished = Vec::new();
+        for token in self.claims.overdue(now) {
+            self.root_call_ended(token);
+            if let Some(batch) = self.claims.landed(token) {
+                let error = StoreError("no answer to the claim txn, long past its timeout".into());
+                self.claims.not_sent(batch, error);
+            }
+        }
+        for (batch, error) in self.claims.take_failed() {
+            for parked in batch {
+                finished.extend(self.continue_parked(host, parked, Err(error.clone())));
+            }
+        }
+        self.send_parked(host, root);
+        finished
+    }
+
+    /// A parked request's claim came back (the root context is the current one): its fan-out
+    /// starts from the root, or it is answered now. What its stream must answer is in the
+    /// `Finished` returned (counted here); what the root made of it is kept for its stream.
+    fn continue_parked<H: Host>(
+        &mut self,
+        host: &H,
+        parked: Parked,
+        result: Result<Vec<crate::dedupe::Seen>, StoreError>,
+    ) -> Option<Finished> {
+        let Parked {
+            stream,
+            ask,
+            mut job,
+        } = parked;
+        let gone = self.claims.take_gone(stream);
+        let counter = Counter::new(job.config.metrics.then(|| self.telemetry.clone()));
+        match result {
+            Ok(seen) => {
+                job.redelivery = claim::claimed(host, &counter, ask, &seen, &mut job.fanout)
+            }
+            Err(error) => {
+                let now = job.started_ms;
+                let store = &mut self.store;
+                let failed =
+                    claim::store_failed(host, &counter, &job.config, stream, &error, || {
+                        store.warn(now)
+                    });
+                if let Err(answer) = failed {
+                    return (!gone).then(|| self.answer_parked(host, &counter, stream, answer));
+                }
+            }
+        }
+        match self.launch(host, job, stream, true) {
+            // Its stream ended meanwhile: an async fan-out goes on; a sync one is dropped as
+            // when its client leaves (what it claimed is released).
+            Launched::Answer(_) if gone => None,
+            Launched::Delivering(id, _) if gone => {
+                self.abandon(host, id);
+                None
+            }
+            Launched::Answer(answer) => Some(self.answer_parked(host, &counter, stream, answer)),
+            Launched::Delivering(id, finished) => {
+                self.claims.continued(stream, Continued::Delivering(id));
+                finished
+            }
+        }
+    }
+
+    /// A parked request answered at once by the root (as its stream would have: logged if
+    /// it is a refusal, and counted).
+    fn answer_parked<H: Host>(
+        &mut self,
+        host: &H,
+        counter: &Counter,
+        stream: u32,
+        answer: Answer,
+    ) -> Finished {
+        if answer.status >= 400 {
+            log::info!(
+                "[#{stream}] answered {}: {}",
+                answer.status,
+                String::from_utf8_lossy(&answer.body)
+            );
+        }
+        counter.count(host, |tally| tally.answered(answer.status));
+        self.claims.continued(stream, Continued::Answered);
+        Finished {
+            answer_to: Some(stream),
+            answer,
+        }
+    }
+
     /// Takes a new fan-out. With `send_now` its first calls go out at once, from the calling
-    /// context; otherwise at the root context's next tick.
+    /// context (`from_root`: the root's); otherwise at the root context's next tick.
     pub fn start<H: Host>(
         &mut self,
         host: &H,
         job: Job,
         send_now: bool,
+        from_root: bool,
     ) -> (u64, Option<Finished>) {
         let id = self.next_job;
         self.next_job = self.next_job.saturating_add(1);
@@ -223,7 +446,7 @@ impl Deliveries {
         self.count(&job.config, |tally| tally.fanout_started());
         self.jobs.insert(id, job);
         let finished = if send_now {
-            self.pump(host, &Clock::new(host), id, false)
+            self.pump(host, &Clock::new(host), id, from_root)
         } else {
             None
         };
@@ -257,6 +480,7 @@ impl Deliveries {
             .any(|job| job.fanout.has_ready() || job.fanout.waiting() > 0)
             || self.gate.has_released()
             || self.store.owed() > 0
+            || self.claims.needs_tick()
     }
 
     /// The root context's timer: sends what is due in every fan-out, and gives up on those

@@ -69,26 +69,28 @@ impl Host for ProxyHost {
         let body = (!body.is_empty()).then_some(body);
         // The SDK's `dispatch_http_call` takes `&str` values; this one, added to the vendored
         // SDK (vendor/proxy-wasm/PATCH.md), takes the ABI's bytes.
-        hostcalls::dispatch_http_call_bytes(cluster, headers, body, Vec::new(), timeout).map_err(
-            |status| match status {
-                proxy_wasm::types::Status::BadArgument => Failure::DispatchError {
-                    detail: format!(
-                        "Envoy refused the call (BadArgument): is \"{cluster}\" a cluster \
-                         Envoy knows?"
-                    ),
-                },
-                // Envoy 1.40 fails a call inline (its async client gives no request back)
-                // when the cluster's circuit breaker is full; a cluster with no endpoint at
-                // all fails the same way, and the two cannot be told apart here.
-                proxy_wasm::types::Status::InternalFailure => call::overflow(
-                    cluster,
-                    "refused at dispatch, InternalFailure; or the cluster has no endpoint",
-                ),
-                other => Failure::DispatchError {
-                    detail: format!("Envoy refused the call ({other:?})"),
-                },
-            },
+        hostcalls::dispatch_http_call_bytes(cluster, headers, body, Vec::new(), timeout)
+            .map_err(|status| refused(cluster, status))
+    }
+
+    fn dispatch_for(
+        &self,
+        context_id: u32,
+        cluster: &str,
+        headers: Vec<(&str, &[u8])>,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<u32, Failure> {
+        let body = (!body.is_empty()).then_some(body);
+        hostcalls::dispatch_http_call_bytes_for(
+            context_id,
+            cluster,
+            headers,
+            body,
+            Vec::new(),
+            timeout,
         )
+        .map_err(|status| refused(cluster, status))
     }
 
     fn call_status(&self) -> Option<u16> {
@@ -231,5 +233,26 @@ pub fn root_done() -> Result<(), proxy_wasm::types::Status> {
     match status {
         proxy_wasm::types::Status::Ok => Ok(()),
         refused => Err(refused),
+    }
+}
+
+/// How Envoy refused a call at dispatch.
+fn refused(cluster: &str, status: proxy_wasm::types::Status) -> Failure {
+    match status {
+        proxy_wasm::types::Status::BadArgument => Failure::DispatchError {
+            detail: format!(
+                "Envoy refused the call (BadArgument): is \"{cluster}\" a cluster Envoy knows?"
+            ),
+        },
+        // Envoy 1.40 fails a call inline (its async client gives no request back) when the
+        // cluster's circuit breaker is full; a cluster with no endpoint at all fails the same
+        // way, and the two cannot be told apart here.
+        proxy_wasm::types::Status::InternalFailure => call::overflow(
+            cluster,
+            "refused at dispatch, InternalFailure; or the cluster has no endpoint",
+        ),
+        other => Failure::DispatchError {
+            detail: format!("Envoy refused the call ({other:?})"),
+        },
     }
 }

@@ -45,6 +45,7 @@ fn fixture(name: &str) -> Answered {
         "claim_lapsed" => Some(include_bytes!(
             "../../tests/fixtures/etcd/claim_lapsed.grpc"
         )),
+        "claim_batch" => Some(include_bytes!("../../tests/fixtures/etcd/claim_batch.grpc")),
         _ => None,
     };
     if let Some(body) = message {
@@ -558,9 +559,14 @@ fn record_etcd_fixtures() {
         let ops: Vec<etcd::ClaimOp<'_>> = keys
             .iter()
             .zip(&values)
-            .map(|(key, value)| etcd::ClaimOp { key, value })
+            .map(|(key, value)| etcd::ClaimOp {
+                key,
+                value,
+                lease,
+                now_ms: now,
+            })
             .collect();
-        (etcd::claim_body(&ops, lease, now), values)
+        (etcd::claim_body(&ops), values)
     };
     // The first delivery: all three claimed by owner 1.
     let (body, first) = claim(1, now + 10_000, now);
@@ -585,6 +591,24 @@ fn record_etcd_fixtures() {
     // After the ttl: the records and shipping's claim lapsed, taken over.
     let (body, _) = claim(4, now + 200_000, now + 100_000);
     save("claim_lapsed", post(etcd::TXN_PATH, &body));
+    // Two requests' claims in one txn: e1 again (owner 4's claim holds: in progress), and a
+    // new event (claimed).
+    let other: Vec<Vec<u8>> = ids
+        .iter()
+        .map(|id| etcd::key("/fanout/", "orders", format!("{run}-b").as_bytes(), *id))
+        .collect();
+    let value = etcd::claim_value(now + 210_000, 5);
+    let ops: Vec<etcd::ClaimOp<'_>> = keys
+        .iter()
+        .chain(&other)
+        .map(|key| etcd::ClaimOp {
+            key,
+            value: &value,
+            lease,
+            now_ms: now + 100_005,
+        })
+        .collect();
+    save("claim_batch", post(etcd::TXN_PATH, &etcd::claim_body(&ops)));
     // A lease etcd does not have.
     let bad = etcd::settle_body(&delivered, &[], 7_777_777);
     let error = post(etcd::TXN_PATH, &bad).unwrap_err();
@@ -632,11 +656,13 @@ fn the_timer_runs_fast_only_while_the_store_owes_something() {
 #[test]
 fn the_settles_of_one_tick_go_out_as_one_txn() {
     let mut plugin = FakeEnvoy::with_etcd(ETCD);
+    // Each claimed before the next comes (no claim coalesced).
     let mut first = send(&plugin, &event("e1"), b"{}");
+    let claim = plugin.etcd_calls()[0].clone();
+    plugin.answer_etcd(&mut first, claim.token, &fixture("claim_fresh"));
     let mut second = send(&plugin, &event("e2"), b"{}");
     let claims = plugin.etcd_calls();
     assert_eq!(claims.len(), 2);
-    plugin.answer_etcd(&mut first, claims[0].token, &fixture("claim_fresh"));
     plugin.answer_etcd(&mut second, claims[1].token, &fixture("claim_fresh"));
     let calls = plugin.subscriber_calls();
     assert_eq!(calls.len(), 6);
@@ -668,13 +694,12 @@ fn the_settles_of_one_tick_go_out_as_one_txn() {
 #[test]
 fn a_failed_settle_txn_counts_each_settle_in_it() {
     let mut plugin = FakeEnvoy::with_etcd(ETCD);
-    let mut ctxs: Vec<_> = ["e1", "e2"]
-        .iter()
-        .map(|id| send(&plugin, &event(id), b"{}"))
-        .collect();
-    let claims = plugin.etcd_calls();
-    for (ctx, claim) in ctxs.iter_mut().zip(&claims) {
-        plugin.answer_etcd(ctx, claim.token, &fixture("claim_fresh"));
+    let mut ctxs = Vec::new();
+    for id in ["e1", "e2"] {
+        let mut ctx = send(&plugin, &event(id), b"{}");
+        let claim = plugin.etcd_calls().last().cloned().unwrap();
+        plugin.answer_etcd(&mut ctx, claim.token, &fixture("claim_fresh"));
+        ctxs.push(ctx);
     }
     let calls = plugin.subscriber_calls();
     for (i, (token, _)) in calls.iter().enumerate() {
@@ -728,9 +753,14 @@ fn etcd_store_cost_per_event() {
         let ops: Vec<etcd::ClaimOp<'_>> = keys
             .iter()
             .zip(&values)
-            .map(|(key, value)| etcd::ClaimOp { key, value })
+            .map(|(key, value)| etcd::ClaimOp {
+                key,
+                value,
+                lease: 7_587_868_122_391_046_144,
+                now_ms: 1_000_000,
+            })
             .collect();
-        etcd::claim_body(&ops, 7_587_868_122_391_046_144, 1_000_000).len()
+        etcd::claim_body(&ops).len()
     });
     time("claim answer read", &mut || {
         let message = etcd::read_answer(&reply).unwrap();
@@ -740,4 +770,195 @@ fn etcd_store_cost_per_event() {
         let d: Vec<(&[u8], &str)> = keys.iter().map(|k| (k.as_slice(), "x")).collect();
         etcd::settle_body(&d, &[], 7).len()
     });
+}
+
+/// A request on its own stream context `id` (requests at once need distinct ones).
+fn open(plugin: &FakeEnvoy, id: u32, event_id: &str) -> Stream<FakeHost> {
+    let mut state = plugin.host.0.borrow_mut();
+    state.request_headers = event(event_id)
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+        .collect();
+    state.request_body = b"{}".to_vec();
+    state.effective = id;
+    drop(state);
+    let mut ctx = plugin.root.create_stream(id);
+    assert_eq!(ctx.on_request_headers(false), Flow::Pause);
+    assert_eq!(ctx.on_request_body(2, true), Flow::Pause);
+    ctx
+}
+
+impl FakeEnvoy {
+    /// etcd answers the claim of the stream on context `id`.
+    fn answer_etcd_on(&self, ctx: &mut Stream<FakeHost>, id: u32, token: u32, answer: &Answered) {
+        let num_headers = self.set_etcd_answer(answer, id);
+        ctx.on_call_response(token, num_headers, answer.body.len());
+        self.host.0.borrow_mut().call_response_trailers.clear();
+    }
+
+    /// A subscriber answers one of the root's calls.
+    fn answer_root(&mut self, token: u32, status: u16) {
+        self.answer_root_call(token, Some(status), "", &[]);
+    }
+
+    fn root_subscriber_calls(&self) -> Vec<(u32, String)> {
+        self.state()
+            .dispatched
+            .iter()
+            .filter(|d| d.cluster != "etcd" && d.context == ROOT)
+            .map(|d| (d.token, d.cluster.clone()))
+            .collect()
+    }
+}
+
+/// The keys a claim txn claims, in order (each subscriber's nested txn compares its key).
+fn claimed_keys(body: &[u8]) -> Vec<Vec<u8>> {
+    txn_of(body)
+        .success
+        .iter()
+        .filter_map(|op| match &op.request {
+            Some(Request::Txn(txn)) => txn.compare.first().map(|c| c.key.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn claims_that_come_while_one_is_in_flight_go_out_as_one_txn_for_the_root() {
+    let mut plugin = FakeEnvoy::with_etcd(ETCD);
+    let mut first = open(&plugin, 10, "e1");
+    assert_eq!(plugin.etcd_calls().len(), 1, "nothing in flight: at once");
+    // Two more while e1's claim is in flight: parked, nobody called, nothing sent yet.
+    let mut second = open(&plugin, 11, "e2");
+    let mut third = open(&plugin, 12, "e3");
+    assert_eq!(plugin.etcd_calls().len(), 1);
+    assert!(plugin.subscriber_calls().is_empty());
+    assert!(plugin.answers().is_empty());
+    // e1's claim comes back: e1 is called from its stream, and e2 and e3 go out in one txn,
+    // made for the root context.
+    let claim = plugin.etcd_calls()[0].clone();
+    plugin.answer_etcd_on(&mut first, 10, claim.token, &fixture("claim_fresh"));
+    let txns = plugin.etcd_calls();
+    assert_eq!(txns.len(), 2);
+    let batch = txns[1].clone();
+    assert_eq!(batch.context, ROOT);
+    let keys = claimed_keys(&batch.body);
+    assert_eq!(keys.len(), 6, "three subscribers of e2, then of e3");
+    let text = |k: &Vec<u8>| String::from_utf8_lossy(k).into_owned();
+    assert!(
+        keys[..3].iter().all(|k| text(k).contains("/e2/")),
+        "{keys:?}"
+    );
+    assert!(
+        keys[3..].iter().all(|k| text(k).contains("/e3/")),
+        "{keys:?}"
+    );
+    assert_eq!(plugin.subscriber_calls().len(), 3, "e1's three only");
+    // The batch's answer (recorded: the first request's subscribers in progress elsewhere,
+    // the second's claimed): e2 gets 409 at once, e3 is called from the root.
+    plugin.answer_etcd_root(batch.token, &fixture("claim_batch"));
+    let calls = plugin.root_subscriber_calls();
+    assert_eq!(
+        calls.iter().map(|c| c.1.as_str()).collect::<Vec<_>>(),
+        ["billing", "shipping", "analytics"]
+    );
+    assert_eq!(plugin.state().answered_streams, [11]);
+    assert_eq!(plugin.last_answer().status, 409);
+    for (token, _) in calls {
+        plugin.answer_root(token, 200);
+    }
+    assert_eq!(plugin.state().answered_streams, [11, 12]);
+    assert_eq!(plugin.last_answer().status, 202);
+    // The streams learn it at their next callback: the answer coming back through them.
+    assert_eq!(second.on_response_headers(), Flow::Continue);
+    assert_eq!(third.on_response_headers(), Flow::Continue);
+    assert!(second.on_done() && third.on_done());
+    // e1 ends as always.
+    for (token, _) in plugin.subscriber_calls().into_iter().take(3) {
+        plugin.answer_call(&mut first, token, Some(200), "");
+    }
+    assert_eq!(plugin.answers().len(), 3);
+    assert_eq!(plugin.flushed("fanout.dedupe.in_progress"), 3);
+    assert_eq!(plugin.state().value("fanout.dedupe.store_errors"), 0);
+}
+
+#[test]
+fn a_failed_batch_gives_each_request_in_it_what_on_store_error_says() {
+    for (on_error, status) in [("deliver", 202), ("reject", 503)] {
+        let json = ETCD.replace(
+            "\"timeout_ms\": 250}}",
+            &format!("\"timeout_ms\": 250}}}}, \"on_store_error\": \"{on_error}\""),
+        );
+        let mut plugin = FakeEnvoy::with_etcd(&json);
+        let mut first = open(&plugin, 10, "e1");
+        let _second = open(&plugin, 11, "e2");
+        let _third = open(&plugin, 12, "e3");
+        let claim = plugin.etcd_calls()[0].clone();
+        plugin.answer_etcd_on(&mut first, 10, claim.token, &fixture("claim_fresh"));
+        let batch = plugin.etcd_calls()[1].clone();
+        plugin.answer_etcd_root(batch.token, &not_grpc(None, b""));
+        let calls = plugin.root_subscriber_calls();
+        if on_error == "deliver" {
+            assert_eq!(calls.len(), 6, "everyone, as if dedupe were off");
+            for (token, _) in calls {
+                plugin.answer_root(token, 200);
+            }
+        } else {
+            assert!(calls.is_empty(), "nobody called");
+        }
+        assert_eq!(plugin.state().answered_streams, [11, 12]);
+        assert!(plugin.answers().iter().all(|a| a.status == status));
+        assert_eq!(
+            plugin.flushed("fanout.dedupe.store_errors"),
+            2,
+            "{on_error}"
+        );
+    }
+}
+
+#[test]
+fn a_parked_request_whose_client_leaves_is_dropped_before_its_claim() {
+    let plugin = FakeEnvoy::with_etcd(ETCD);
+    let mut first = open(&plugin, 10, "e1");
+    let mut gone = open(&plugin, 11, "e2");
+    let _kept = open(&plugin, 12, "e3");
+    assert!(gone.on_done());
+    let claim = plugin.etcd_calls()[0].clone();
+    plugin.answer_etcd_on(&mut first, 10, claim.token, &fixture("claim_fresh"));
+    let batch = plugin.etcd_calls()[1].clone();
+    let keys = claimed_keys(&batch.body);
+    assert_eq!(keys.len(), 3, "only e3's claims");
+    assert!(keys
+        .iter()
+        .all(|k| String::from_utf8_lossy(k).contains("/e3/")));
+}
+
+#[test]
+fn the_claims_go_out_when_the_stream_whose_claim_was_in_flight_ends() {
+    // Its client left: Envoy cancels its calls, so no answer will land.
+    let plugin = FakeEnvoy::with_etcd(ETCD);
+    let mut first = open(&plugin, 10, "e1");
+    let _second = open(&plugin, 11, "e2");
+    assert!(first.on_done());
+    let txns = plugin.etcd_calls();
+    assert_eq!(txns.len(), 2);
+    assert_eq!(txns[1].context, ROOT);
+}
+
+#[test]
+fn two_copies_of_one_event_never_share_a_txn() {
+    // etcd refuses a txn that writes a key twice.
+    let mut plugin = FakeEnvoy::with_etcd(ETCD);
+    let mut first = open(&plugin, 10, "e1");
+    let _a = open(&plugin, 11, "e2");
+    let _b = open(&plugin, 12, "e2");
+    let claim = plugin.etcd_calls()[0].clone();
+    plugin.answer_etcd_on(&mut first, 10, claim.token, &fixture("claim_fresh"));
+    let batch = plugin.etcd_calls()[1].clone();
+    assert_eq!(claimed_keys(&batch.body).len(), 3, "one copy now");
+    plugin.answer_etcd_root(batch.token, &fixture("claim_fresh"));
+    let next = plugin.etcd_calls();
+    assert_eq!(next.len(), 3, "the other copy in the next txn");
+    assert_eq!(next[2].context, ROOT);
+    assert_eq!(claimed_keys(&next[2].body), claimed_keys(&batch.body));
 }

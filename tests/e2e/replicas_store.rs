@@ -17,6 +17,16 @@ const SOURCE: &str = "/e2e/replicas";
 /// A fanout Envoy on channel `default/orders` of `subscribers`, with `dedupe`; the etcd
 /// cluster `etcd` of `store`'s members when given.
 fn replica(dedupe: Value, subscribers: &[&Subscriber], store: Option<&EtcdCluster>) -> Envoy {
+    replica_with(dedupe, subscribers, store, None)
+}
+
+/// [`replica`], with `workers` Envoy worker threads (default 2).
+fn replica_with(
+    dedupe: Value,
+    subscribers: &[&Subscriber],
+    store: Option<&EtcdCluster>,
+    workers: Option<u32>,
+) -> Envoy {
     let config = json!({
         "dedupe": dedupe,
         "channels": [{ "name": "default/orders", "hosts": ["*"], "subscribers":
@@ -24,6 +34,9 @@ fn replica(dedupe: Value, subscribers: &[&Subscriber], store: Option<&EtcdCluste
                 .collect::<Vec<_>>() }]
     });
     let mut builder = Envoy::builder().fanout(&config).subscribers(subscribers);
+    if let Some(workers) = workers {
+        builder = builder.concurrency(workers);
+    }
     if let Some(etcd) = store {
         builder = builder
             .cluster("etcd", etcd.client_ports()[0])
@@ -290,6 +303,56 @@ fn etcd_down_and_back() {
     let again = post(&client, &two, "evt-3");
     assert_eq!(again.status, 202);
     assert_eq!(counts(&subs), before, "deduplicated again across replicas");
+}
+
+/// Events that come while a claim is in flight share claim txns (one worker, 40 events
+/// released at once): each still reaches every subscriber exactly once and is recorded, and
+/// etcd gets fewer txns than there were events (claims and settles together).
+#[test]
+fn claims_that_come_together_share_txns() {
+    let etcd = EtcdCluster::start(1);
+    let (a, b) = (Subscriber::ok("a"), Subscriber::ok("b"));
+    let subs = [&a, &b];
+    let prefix = "/fanout-together/";
+    let envoy = replica_with(etcd_dedupe(prefix, "deliver"), &subs, Some(&etcd), Some(1));
+    let txns = || envoy.stat("cluster.etcd.upstream_rq_total").unwrap_or(0);
+    let before = txns();
+    let n = 40;
+    let url = envoy.url("/");
+    let start = std::sync::Arc::new(std::sync::Barrier::new(n));
+    let senders: Vec<_> = (0..n)
+        .map(|i| {
+            let (url, start) = (url.clone(), start.clone());
+            std::thread::spawn(move || {
+                let client = Client::http1();
+                start.wait();
+                let reply = send(
+                    client
+                        .post(&url)
+                        .header("ce-source", SOURCE)
+                        .header("ce-id", format!("together-{i}"))
+                        .body("{}"),
+                );
+                (reply.status, reply.text())
+            })
+        })
+        .collect();
+    for sender in senders {
+        let (status, text) = sender.join().unwrap();
+        assert_eq!(status, 202, "{text}");
+    }
+    assert_eq!(counts(&subs), [n, n], "each event to each subscriber once");
+    wait_for_records(&etcd, prefix, 2 * n);
+    let used = txns() - before;
+    eprintln!("{n} events at once: {used} etcd txns (claims and settles)");
+    assert!(
+        used < n as u64,
+        "{used} etcd txns for {n} events: the claims were not coalesced"
+    );
+    assert_eq!(
+        stat(&envoy, "fanout.dedupe.store_errors", |n| n == 0),
+        Some(0)
+    );
 }
 
 /// `ttl_ms` is exact to the replicas' clocks (the value says when it lapses), and the keys

@@ -47,34 +47,87 @@ const DELIVERED: u8 = b'd';
 pub fn key(prefix: &str, channel: &str, event_key: &[u8], subscriber: u64) -> Vec<u8> {
     let mut key = Vec::with_capacity(prefix.len() + channel.len() + event_key.len() + 24);
     key.extend_from_slice(prefix.as_bytes());
-    key.extend_from_slice(channel.len().to_string().as_bytes());
+    push_decimal(&mut key, channel.len() as u64);
     key.push(b':');
     key.extend_from_slice(channel.as_bytes());
     key.push(b'/');
     key.extend_from_slice(event_key);
-    key.extend_from_slice(format!("/{subscriber:016x}").as_bytes());
+    key.push(b'/');
+    push_hex16(&mut key, subscriber);
     key
+}
+
+// The keys and values are built by hand, not with `format!`: they are per-subscriber work on
+// every event, and the formatting machinery costs several times as many instructions in wasm.
+
+/// `n` in 20 decimal digits, zero-padded (a u64 has at most 20).
+fn push_time(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; TIME_DIGITS];
+    push_time_into(&mut digits, n);
+    out.extend_from_slice(&digits);
+}
+
+fn push_time_into(digits: &mut [u8; TIME_DIGITS], n: u64) {
+    let mut rest = n;
+    for digit in digits.iter_mut().rev() {
+        *digit = b'0' + (rest % 10) as u8;
+        rest /= 10;
+    }
+}
+
+/// `n` in decimal, as few digits as it takes.
+fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; TIME_DIGITS];
+    push_time_into(&mut digits, n);
+    let first = digits
+        .iter()
+        .position(|d| *d != b'0')
+        .unwrap_or(TIME_DIGITS - 1);
+    out.extend_from_slice(digits.get(first..).unwrap_or_default());
+}
+
+/// `n` in 16 lowercase hex digits, zero-padded.
+fn push_hex16(out: &mut Vec<u8>, n: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for shift in (0..16).rev() {
+        let nibble = (n >> (shift * 4)) & 0xf;
+        out.push(HEX.get(nibble as usize).copied().unwrap_or(b'0'));
+    }
+}
+
+fn value(until_ms: u64, kind: u8, owner: Option<u64>) -> String {
+    let mut out = Vec::with_capacity(TIME_DIGITS + 17);
+    push_time(&mut out, until_ms);
+    out.push(kind);
+    if let Some(owner) = owner {
+        push_hex16(&mut out, owner);
+    }
+    // Digits, hex digits and ASCII letters only.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// A claim by `owner`, lapsing at `until_ms`.
 pub fn claim_value(until_ms: u64, owner: u64) -> String {
-    format!("{until_ms:020}c{owner:016x}")
+    value(until_ms, CLAIMED, Some(owner))
 }
 
 /// A record: the subscriber took the event; forgotten at `until_ms`.
 pub fn delivered_value(until_ms: u64) -> String {
-    format!("{until_ms:020}d")
+    value(until_ms, DELIVERED, None)
 }
 
 /// Every value below this one has lapsed at `now_ms` (its time is at most `now_ms`).
 fn lapsed_below(now_ms: u64) -> String {
-    format!("{now_ms:020}~")
+    value(now_ms, b'~', None)
 }
 
-/// One claim to make: the key and our value for it.
+/// One claim to make: the key, our value for it, the lease it is written with, and the time
+/// of the request that makes it (values below it have lapsed).
 pub struct ClaimOp<'a> {
     pub key: &'a [u8],
     pub value: &'a str,
+    pub lease: i64,
+    pub now_ms: u64,
 }
 
 fn op(request: Request) -> RequestOp {
@@ -101,19 +154,19 @@ fn compare(key: &[u8], result: i32, target: i32, against: Against) -> Compare {
 }
 
 /// The claim txn: for each key, create it, or take it over if its value lapsed, or read it.
-/// gRPC-framed, ready to send.
-pub fn claim_body(ops: &[ClaimOp<'_>], lease: i64, now_ms: u64) -> Vec<u8> {
-    let below = lapsed_below(now_ms).into_bytes();
+/// gRPC-framed, ready to send. (The ops of several requests make one txn: no key twice.)
+pub fn claim_body(ops: &[ClaimOp<'_>]) -> Vec<u8> {
     let success = ops
         .iter()
         .map(|c| {
             let value = c.value.as_bytes();
+            let lease = c.lease;
             let take_over = TxnRequest {
                 compare: vec![compare(
                     c.key,
                     proto::LESS,
                     proto::VALUE,
-                    Against::Value(below.clone()),
+                    Against::Value(lapsed_below(c.now_ms).into_bytes()),
                 )],
                 success: vec![put(c.key, value, lease)],
                 failure: vec![op(Request::Range(RangeRequest {
@@ -332,9 +385,14 @@ mod tests {
         let ops: Vec<ClaimOp<'_>> = keys
             .iter()
             .zip(&values)
-            .map(|(key, value)| ClaimOp { key, value })
+            .map(|(key, value)| ClaimOp {
+                key,
+                value,
+                lease: 7_587_868_122_391_046_144,
+                now_ms: 123_456,
+            })
             .collect();
-        let txn = decoded(&claim_body(&ops, 7_587_868_122_391_046_144, 123_456));
+        let txn = decoded(&claim_body(&ops));
         assert!(txn.compare.is_empty() && txn.failure.is_empty());
         assert_eq!(txn.success.len(), 2);
         for (i, op) in txn.success.iter().enumerate() {
@@ -363,7 +421,7 @@ mod tests {
             assert_eq!(take_over.success, [mine]);
             assert_eq!(take_over.failure, [op_range(&keys[i])]);
         }
-        assert!(decoded(&claim_body(&[], 1, 1)).success.is_empty());
+        assert!(decoded(&claim_body(&[])).success.is_empty());
     }
 
     fn op_range(key: &[u8]) -> RequestOp {
@@ -479,6 +537,23 @@ mod tests {
         let b = key("/f/", "a", b"bc", 1);
         assert_ne!(a, b);
         assert_eq!(a, b"/f/2:ab/c/0000000000000001");
+    }
+
+    #[test]
+    fn keys_and_values_are_what_format_writes() {
+        for n in [0, 1, 9, 10, 123_456_789, u64::MAX / 3, u64::MAX] {
+            assert_eq!(
+                claim_value(n, n ^ 0xabc),
+                format!("{n:020}c{:016x}", n ^ 0xabc)
+            );
+            assert_eq!(delivered_value(n), format!("{n:020}d"));
+            assert_eq!(lapsed_below(n), format!("{n:020}~"));
+            let k = key("/p/", "ch", b"ev", n);
+            assert_eq!(k, format!("/p/2:ch/ev/{n:016x}").into_bytes());
+            let mut d = Vec::new();
+            push_decimal(&mut d, n);
+            assert_eq!(d, n.to_string().into_bytes());
+        }
     }
 
     #[test]

@@ -224,13 +224,14 @@ impl Drop for EtcdCluster {
     }
 }
 
-/// One plain HTTP/1.1 exchange with an etcd member: status and body.
+/// One plain HTTP exchange with an etcd member: status and body. HTTP/1.0, so that a long
+/// answer comes whole, not chunked.
 fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
     let mut conn = TcpStream::connect(("127.0.0.1", port)).ok()?;
     conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
         conn,
-        "{method} {path} HTTP/1.1\r\nHost: etcd\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.0\r\nHost: etcd\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )

@@ -39,6 +39,16 @@ pub(crate) fn register_callout(token_id: u32) {
     DISPATCHER.with(|dispatcher| dispatcher.register_callout(token_id));
 }
 
+// fanout's patch (vendor/proxy-wasm/PATCH.md): a call made for `context_id`, whose answer
+// goes to that context; and the context whose callback runs.
+pub(crate) fn register_callout_for(token_id: u32, context_id: u32) {
+    DISPATCHER.with(|dispatcher| dispatcher.register_callout_for(token_id, context_id));
+}
+
+pub(crate) fn active_context() -> u32 {
+    DISPATCHER.with(|dispatcher| dispatcher.active_id.get())
+}
+
 pub(crate) fn register_grpc_callout(token_id: u32) {
     DISPATCHER.with(|dispatcher| dispatcher.register_grpc_callout(token_id));
 }
@@ -94,10 +104,14 @@ impl Dispatcher {
     }
 
     fn register_callout(&self, token_id: u32) {
+        self.register_callout_for(token_id, self.active_id.get());
+    }
+
+    fn register_callout_for(&self, token_id: u32, context_id: u32) {
         if self
             .callouts
             .borrow_mut()
-            .insert(token_id, self.active_id.get())
+            .insert(token_id, context_id)
             .is_some()
         {
             panic!("duplicate token_id")

@@ -854,6 +854,38 @@ pub fn dispatch_http_call_bytes(
     trailers: Vec<(&str, &[u8])>,
     timeout: Duration,
 ) -> Result<u32, Status> {
+    let token = http_call_bytes(upstream, headers, body, trailers, timeout)?;
+    dispatcher::register_callout(token);
+    Ok(token)
+}
+
+// fanout's patch (vendor/proxy-wasm/PATCH.md): the same call made for another context of
+// this VM (a root context, from a stream's callback): the host is told that context is the
+// effective one while the call is made, and its answer is delivered to that context.
+pub fn dispatch_http_call_bytes_for(
+    context_id: u32,
+    upstream: &str,
+    headers: Vec<(&str, &[u8])>,
+    body: Option<&[u8]>,
+    trailers: Vec<(&str, &[u8])>,
+    timeout: Duration,
+) -> Result<u32, Status> {
+    let active = dispatcher::active_context();
+    set_effective_context(context_id)?;
+    let result = http_call_bytes(upstream, headers, body, trailers, timeout);
+    let _ = set_effective_context(active);
+    let token = result?;
+    dispatcher::register_callout_for(token, context_id);
+    Ok(token)
+}
+
+fn http_call_bytes(
+    upstream: &str,
+    headers: Vec<(&str, &[u8])>,
+    body: Option<&[u8]>,
+    trailers: Vec<(&str, &[u8])>,
+    timeout: Duration,
+) -> Result<u32, Status> {
     let serialized_headers = utils::serialize_map_bytes(&headers);
     let serialized_trailers = utils::serialize_map_bytes(&trailers);
     let mut return_token: u32 = 0;
@@ -870,10 +902,7 @@ pub fn dispatch_http_call_bytes(
             timeout.as_millis() as u32,
             &mut return_token,
         ) {
-            Status::Ok => {
-                dispatcher::register_callout(return_token);
-                Ok(return_token)
-            }
+            Status::Ok => Ok(return_token),
             status => Err(status),
         }
     }
