@@ -33,7 +33,8 @@ fuzz_target!(|data: &[u8]| {
         2 => Some(404),
         _ => Some(200),
     };
-    let body = if head & 0x08 != 0 {
+    let framed = head & 0x08 != 0;
+    let body = if framed {
         let mut framed = vec![0];
         framed.extend_from_slice(&u32::try_from(rest.len()).unwrap_or(u32::MAX).to_be_bytes());
         framed.extend_from_slice(rest);
@@ -54,7 +55,9 @@ fuzz_target!(|data: &[u8]| {
         body: body.clone(),
     };
     if let Ok(message) = etcd::read_answer(&reply) {
-        assert_eq!(message, rest, "a frame's message is what it framed");
+        if framed {
+            assert_eq!(message, rest, "a frame's message is what it framed");
+        }
     }
     // Through the plugin: the grants, then one request's claim, answered with `rest`.
     let reject = head & 0x10 != 0;
