@@ -58,7 +58,7 @@ const MAX_FLIGHTS: usize = 1;
 const OVERDUE_MARGIN_MS: u64 = 1_000;
 
 impl Coalescer {
-    /// Whether a new claim must wait: [`MAX_FLIGHTS`] claim txns of this worker are in
+    /// Whether a new claim must wait: `MAX_FLIGHTS` claim txns of this worker are in
     /// flight.
     pub fn must_park(&self) -> bool {
         self.flights.len() >= MAX_FLIGHTS
