@@ -949,6 +949,9 @@ def main():
     p.add_argument("--configs", metavar="REGEX", help="throughput and latency: only the "
                    "configurations whose key matches (e.g. '^(floor|fanout)/'; latency keeps "
                    "proxy/1, its reference), for development")
+    p.add_argument("--connections", type=int, help="wrk's connections in the throughput "
+                   "phase (default 32; fewer: a lower request rate, for comparing systems "
+                   "nearer the same rate)")
     p.add_argument("--rounds", type=int, help="throughput rounds (default 5, quick 1), and "
                    "latency rounds when given (default 3, quick 1)")
     p.add_argument("--duration", type=int, help="seconds per throughput measurement "
@@ -976,7 +979,7 @@ def main():
     quick = args.quick
     global BEFORE_WASM
     BEFORE_WASM = os.path.abspath(args.before) if args.before else None
-    args.connections = 32
+    args.connections = args.connections or 32
     rounds_given = args.rounds
     args.rounds = args.rounds or (1 if quick else 5)
     args.duration = args.duration or (2 if quick else 5)

@@ -432,6 +432,8 @@ impl<H: Host> Stream<H> {
         else {
             return;
         };
+        // The answer is read before anything else is sent from this callback.
+        let reply = claim::etcd_reply(&self.host, num_headers, body_size);
         self.claim_landed(token);
         let Claiming {
             ask,
@@ -441,7 +443,6 @@ impl<H: Host> Stream<H> {
             forwarded,
             converted,
         } = *claiming;
-        let reply = claim::etcd_reply(&self.host, num_headers, body_size);
         let message = (body, forwarded, converted);
         match claim::answered(&self.host, &self.counter, ask, &reply, &mut fanout) {
             Ok(claims) => self.deliver(&config, &channel, fanout, claims, message),
