@@ -255,7 +255,11 @@ fn etcd_down_and_back() {
     let client = Client::http1();
 
     etcd.kill(0);
-    // Envoy's health check takes the member out (every 100 ms).
+    // If member 0 led, the others elect a leader first (a second or two: until then every
+    // write times out, a store error); then Envoy's health check has taken member 0 out
+    // (every 100 ms) and sees the others healthy again.
+    etcd.wait_healthy(1);
+    etcd.wait_healthy(2);
     std::thread::sleep(Duration::from_secs(1));
     b.set_behavior(Behavior::Status(503));
     assert_eq!(post(&client, &one, "evt-1").status, 500);

@@ -112,7 +112,8 @@ impl EtcdCluster {
         m.child = Some(child);
     }
 
-    fn wait_healthy(&self, i: usize) {
+    /// Waits (bounded) until member `i` says it is healthy: up, and its cluster has a leader.
+    pub fn wait_healthy(&self, i: usize) {
         let deadline = Instant::now() + Duration::from_secs(20);
         let port = self.members[i].client;
         while Instant::now() < deadline {
