@@ -179,8 +179,7 @@ impl<H: Host + Clone> Plugin<H> {
                 let mut deliveries = self.deliveries.borrow_mut();
                 deliveries.act_for(Some(self.id));
                 let mut finished = deliveries.tick(&self.host);
-                let now = self.host.now_ms();
-                finished.extend(deliveries.tick_claims(&self.host, now, self.id));
+                finished.extend(deliveries.tick_claims(&self.host, self.id));
                 deliveries.act_for(None);
                 finished
             };

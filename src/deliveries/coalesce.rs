@@ -64,6 +64,11 @@ impl Coalescer {
         self.flights.len() >= MAX_FLIGHTS
     }
 
+    /// Whether any claim txn of this worker is in flight.
+    pub fn in_flight(&self) -> bool {
+        !self.flights.is_empty()
+    }
+
     pub fn park(&mut self, parked: Parked) {
         self.parked.push(parked);
     }

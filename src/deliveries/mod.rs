@@ -340,9 +340,16 @@ impl Deliveries {
 
     /// The root's timer: claim batches that could not be sent or whose answer is overdue go
     /// on as store errors; then the claims parked since go out.
-    pub fn tick_claims<H: Host>(&mut self, host: &H, now: u64, root: u32) -> Vec<Finished> {
+    /// (The clock is read only while a claim txn is in flight: every tick runs this, with
+    /// the etcd store or not.)
+    pub fn tick_claims<H: Host>(&mut self, host: &H, root: u32) -> Vec<Finished> {
         let mut finished = Vec::new();
-        for token in self.claims.overdue(now) {
+        let overdue = if self.claims.in_flight() {
+            self.claims.overdue(host.now_ms())
+        } else {
+            Vec::new()
+        };
+        for token in overdue {
             self.root_call_ended(token);
             if let Some(batch) = self.claims.landed(token) {
                 let error = StoreError("no answer to the claim txn, long past its timeout".into());
