@@ -13,7 +13,7 @@ use super::{
     SYNC_DEADLINE_WARNING_MS,
 };
 use crate::call_slots::{CallCap, DEFAULT_MAX_QUEUED_CALLS};
-use crate::dedupe::settings::{subscriber_ids, Store, ETCD_MAX_TXN_OPS};
+use crate::dedupe::settings::subscriber_ids;
 use crate::event_filter;
 use crate::format::Format;
 use crate::headers::{self, HeaderSelector};
@@ -117,23 +117,6 @@ impl RawConfig {
             .map(RawDedupe::validate)
             .transpose()
             .map_err(|e| ConfigError::new(e.path, e.message))?;
-        if let Some(Store::Etcd(_)) = dedupe.as_ref().map(|d| &d.store) {
-            // One claim is one txn of one op per subscriber: etcd's --max-txn-ops (128).
-            if let Some(c) = channels
-                .iter()
-                .find(|c| c.subscribers.len() > ETCD_MAX_TXN_OPS)
-            {
-                return Err(ConfigError::new(
-                    "dedupe.store.etcd",
-                    format!(
-                        "channel {} has {} subscribers; the etcd store claims them in one \
-                         txn, at most {ETCD_MAX_TXN_OPS} (etcd's --max-txn-ops default)",
-                        c.name,
-                        c.subscribers.len()
-                    ),
-                ));
-            }
-        }
         // (The etcd store's timer is the plugin's to tune: fast only while it owes something.)
         let needs_timer = capped
             || self.mode == AnswerMode::Async

@@ -17,8 +17,8 @@ use crate::fan_out_state::FanOut;
 use crate::host::{Host, HostStore};
 use crate::telemetry::Counter;
 
-use super::etcd::{self, ClaimOp, StoreError};
-pub use super::settle::{owner_id, Claims};
+use super::etcd::{self, ClaimOp, Found, StoreError};
+pub use super::settle::{owner_id, Claims, EtcdClaim};
 use super::{shard_key, update, Event as StoredEvent, Limits, Seen, CLAIM_MARGIN_MS};
 
 /// The request, as far as its claims need it.
@@ -51,13 +51,15 @@ pub struct Ask {
     channel: String,
     key: Vec<u8>,
     owner: u64,
-    /// The lease its keys are written with, and the request's time.
+    /// The lease its claim is written with, and the request's time.
     lease: i64,
     now_ms: u64,
-    /// Index in the channel and identity of each subscriber asked for, in the txn's order.
+    /// Index in the channel and identity of each subscriber asked for.
     subscribers: Vec<(usize, u64)>,
-    /// Each one's key and our claim value.
-    marks: Vec<(Vec<u8>, String)>,
+    /// The event's claim key and our claim value, and its records key.
+    claim_key: Vec<u8>,
+    claim: String,
+    records_key: Vec<u8>,
 }
 
 impl Ask {
@@ -71,17 +73,15 @@ impl Ask {
         batch_body(std::slice::from_ref(&self))
     }
 
-    /// The operations it puts in a txn: one per subscriber asked for.
+    /// The operations it puts in a txn: one, whatever its subscribers.
     pub fn ops(&self) -> usize {
-        self.marks.len()
+        1
     }
 
-    /// Whether it claims a key `other` claims too (etcd refuses a txn that writes a key
-    /// twice: two copies of one event go in two txns).
+    /// Whether it claims the key `other` claims (etcd refuses a txn that writes a key twice:
+    /// two copies of one event go in two txns).
     pub fn shares_a_key(&self, other: &Ask) -> bool {
-        self.marks
-            .iter()
-            .any(|(key, _)| other.marks.iter().any(|(k, _)| k == key))
+        self.claim_key == other.claim_key
     }
 }
 
@@ -89,28 +89,21 @@ impl Ask {
 pub fn batch_body(asks: &[&Ask]) -> Vec<u8> {
     let ops: Vec<ClaimOp<'_>> = asks
         .iter()
-        .flat_map(|ask| {
-            ask.marks.iter().map(|(key, value)| ClaimOp {
-                key,
-                value,
-                lease: ask.lease,
-                now_ms: ask.now_ms,
-            })
+        .map(|ask| ClaimOp {
+            key: &ask.claim_key,
+            value: &ask.claim,
+            records: &ask.records_key,
+            lease: ask.lease,
+            now_ms: ask.now_ms,
         })
         .collect();
     etcd::claim_body(&ops)
 }
 
-/// What etcd's answer to a claim txn says of each request in it (`ops`: each one's
-/// [`Ask::ops`], in the txn's order): its subscribers' marks, or why the store failed (then
-/// for all of them).
-pub fn read_batch(
-    reply: &etcd::Reply,
-    ops: impl Iterator<Item = usize> + Clone,
-) -> Result<Vec<Vec<Seen>>, StoreError> {
-    let message = etcd::read_answer(reply)?;
-    let mut seen = etcd::read_claim(message, ops.clone().sum())?.into_iter();
-    Ok(ops.map(|n| seen.by_ref().take(n).collect()).collect())
+/// What etcd's answer to a claim txn of `n` requests' claims found for each of them, in
+/// the txn's order, or why the store failed (then for all of them).
+pub fn read_batch(reply: &etcd::Reply, n: usize) -> Result<Vec<Found>, StoreError> {
+    etcd::read_claim(etcd::read_answer(reply)?, n)
 }
 
 /// The headers of a gRPC call to etcd (`path`: the method's).
@@ -289,16 +282,9 @@ fn ask(
     lease: i64,
     now: u64,
 ) -> Ask {
-    let marks: Vec<(Vec<u8>, String)> = subscribers
-        .iter()
-        .zip(until)
-        .map(|(&(_, id), &until)| {
-            (
-                etcd::key(&store.prefix, &channel.name, key, id),
-                etcd::claim_value(until, owner),
-            )
-        })
-        .collect();
+    let (claim_key, records_key) = etcd::keys(&store.prefix, &channel.name, key);
+    // One claim for the event: until its longest delivery ends.
+    let until = until.iter().copied().max().unwrap_or(now);
     Ask {
         cluster: store.cluster.clone(),
         timeout: Duration::from_millis(u64::from(store.timeout_ms)),
@@ -308,7 +294,9 @@ fn ask(
         lease,
         now_ms: now,
         subscribers,
-        marks,
+        claim_key,
+        claim: etcd::claim_value(until, owner),
+        records_key,
     }
 }
 
@@ -321,30 +309,44 @@ pub fn answered<H: Host>(
     reply: &etcd::Reply,
     fanout: &mut FanOut,
 ) -> Result<Option<Claims>, StoreError> {
-    let seen = read_batch(reply, std::iter::once(ask.ops()))?;
-    let seen = seen.into_iter().next().unwrap_or_default();
-    Ok(claimed(host, counter, ask, &seen, fanout))
+    let found = read_batch(reply, 1)?;
+    let found = found
+        .into_iter()
+        .next()
+        .ok_or_else(|| StoreError("no answer for the claim".into()))?;
+    Ok(claimed(host, counter, ask, &found, fanout))
 }
 
-/// What etcd found for `ask`'s subscribers (`seen`, in its order): marks `fanout` and
-/// returns the claims to settle.
+/// What etcd found for `ask`'s event: marks `fanout` and returns the claims to settle. When
+/// the claim is ours it is settled even if nobody is left to call (every subscriber already
+/// has the event), so that it is released at once rather than when it lapses.
 pub fn claimed<H: Host>(
     host: &H,
     counter: &Counter,
     ask: Ask,
-    seen: &[Seen],
+    found: &Found,
     fanout: &mut FanOut,
 ) -> Option<Claims> {
-    let claimed = mark(host, counter, fanout, &ask.subscribers, seen);
-    let marks: Vec<(Vec<u8>, String)> = ask
-        .marks
-        .into_iter()
-        .zip(seen)
-        .filter(|(_, s)| **s == Seen::Deliver)
-        .map(|(mark, _)| mark)
+    let seen: Vec<Seen> = ask
+        .subscribers
+        .iter()
+        .map(|&(_, id)| found.seen(id, ask.now_ms))
         .collect();
-    (!claimed.is_empty())
-        .then(|| Claims::new(0, ask.channel, ask.key, ask.owner, claimed).in_etcd(marks))
+    let claimed = mark(host, counter, fanout, &ask.subscribers, &seen);
+    found.claimed.then(|| {
+        let records = found
+            .records
+            .iter()
+            .filter(|r| r.until_ms > ask.now_ms)
+            .copied()
+            .collect();
+        Claims::new(0, ask.channel, ask.key, ask.owner, claimed).in_etcd(EtcdClaim {
+            claim_key: ask.claim_key,
+            claim: ask.claim,
+            records_key: ask.records_key,
+            records,
+        })
+    })
 }
 
 /// The store failed for a request: counted; one warning per 10 s at most (`warn` says

@@ -8,15 +8,14 @@
 //! bucket's lease in time (buckets are at least a second wide). A settle queued while the
 //! timer is slow asks for the fast one from the context that queues it ([`Remote::queue`]).
 //! The settles queued at one tick go out as one txn per lease (up to
-//! [`ETCD_MAX_TXN_OPS`] operations each, no key twice): under load an event costs its claim and
+//! [`MAX_SETTLE_OPS`] operations each, no key twice): under load an event costs its claim and
 //! a share of a settle.
 
 use std::cell::RefCell;
 use std::time::Duration;
 
 use super::claim::{etcd_headers, etcd_reply};
-use super::etcd::{self, Family, Leases, StoreError};
-use super::settings::ETCD_MAX_TXN_OPS;
+use super::etcd::{self, Family, Leases, StoreError, MAX_SETTLE_OPS};
 use super::settle::RemoteSettle;
 use super::CLAIM_MARGIN_MS;
 use crate::call::Failure;
@@ -274,7 +273,7 @@ impl Remote {
 }
 
 /// Settles sent as one txn: the same lease (or none needed), cluster and timeout, at most
-/// [`ETCD_MAX_TXN_OPS`] operations, and no key twice (etcd refuses a txn that names a key in two
+/// [`MAX_SETTLE_OPS`] operations, and no key twice (etcd refuses a txn that names a key in two
 /// operations).
 struct Batch {
     lease: i64,
@@ -296,7 +295,7 @@ impl Batch {
         lease == self.lease
             && first.cluster == settle.cluster
             && first.timeout_ms == settle.timeout_ms
-            && self.settles.iter().map(ops).sum::<usize>() + ops(settle) <= ETCD_MAX_TXN_OPS
+            && self.settles.iter().map(ops).sum::<usize>() + ops(settle) <= MAX_SETTLE_OPS
             && !self
                 .settles
                 .iter()
@@ -415,7 +414,7 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_takes_the_same_lease_and_cluster_no_key_twice_and_at_most_128_ops() {
+    fn a_batch_takes_the_same_lease_and_cluster_no_key_twice_and_at_most_127_ops() {
         let batch = Batch {
             lease: 7,
             settles: vec![settle(&["a", "b"], "etcd")],
@@ -424,11 +423,11 @@ mod tests {
         assert!(!batch.takes(&settle(&["c"], "etcd"), 8), "another lease");
         assert!(!batch.takes(&settle(&["c"], "other"), 7), "another cluster");
         assert!(!batch.takes(&settle(&["c", "b"], "etcd"), 7), "b twice");
-        let many: Vec<String> = (0..126).map(|i| format!("k{i}")).collect();
+        let many: Vec<String> = (0..125).map(|i| format!("k{i}")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
-        assert!(batch.takes(&settle(&many, "etcd"), 7), "128 ops");
-        let more: Vec<String> = (0..127).map(|i| format!("k{i}")).collect();
+        assert!(batch.takes(&settle(&many, "etcd"), 7), "127 ops");
+        let more: Vec<String> = (0..126).map(|i| format!("k{i}")).collect();
         let more: Vec<&str> = more.iter().map(String::as_str).collect();
-        assert!(!batch.takes(&settle(&more, "etcd"), 7), "129 ops");
+        assert!(!batch.takes(&settle(&more, "etcd"), 7), "128 ops");
     }
 }

@@ -71,8 +71,6 @@ pub enum OnStoreError {
 
 pub const DEFAULT_ETCD_PREFIX: &str = "/fanout/";
 pub const DEFAULT_ETCD_TIMEOUT_MS: u32 = 250;
-/// etcd's default `--max-txn-ops`: the most subscribers one claim txn can ask for.
-pub const ETCD_MAX_TXN_OPS: usize = 128;
 
 /// A `dedupe` setting refused: the field's path and why.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -25,8 +25,17 @@ pub struct Claims {
     owner: u64,
     /// Index in the channel and identity of each subscriber this request calls.
     subscribers: Vec<(usize, u64)>,
-    /// In the etcd store: each one's key and our claim value (else in Envoy's, `shard`).
-    etcd: Option<Vec<(Vec<u8>, String)>>,
+    /// In the etcd store: the event's claim and records (else in Envoy's, `shard`).
+    etcd: Option<EtcdClaim>,
+}
+
+/// An event's claim in the etcd store: its key and our value, and its records' key and the
+/// live records read with the claim (kept when the new ones are put).
+pub struct EtcdClaim {
+    pub claim_key: Vec<u8>,
+    pub claim: String,
+    pub records_key: Vec<u8>,
+    pub records: Vec<etcd::Record>,
 }
 
 /// An etcd settle, sent by the root context (Envoy cancels a stream's calls when the stream
@@ -34,9 +43,9 @@ pub struct Claims {
 pub struct RemoteSettle {
     pub cluster: String,
     pub timeout_ms: u32,
-    /// Keys and the records to put.
+    /// The records' key and value to put (none if nobody took the event now).
     pub delivered: Vec<(Vec<u8>, String)>,
-    /// Keys and our claims, to delete if still ours.
+    /// The claim's key and our value, to delete if still ours.
     pub released: Vec<(Vec<u8>, String)>,
     /// When the records lapse: the lease they need lives at least until then.
     pub until_ms: u64,
@@ -100,11 +109,10 @@ impl Claims {
         }
     }
 
-    /// The same claims, made in the etcd store as `marks` (key, claim value; one per
-    /// subscriber, in order).
-    pub fn in_etcd(self, marks: Vec<(Vec<u8>, String)>) -> Self {
+    /// The same claims, made in the etcd store.
+    pub fn in_etcd(self, claim: EtcdClaim) -> Self {
         Claims {
-            etcd: Some(marks),
+            etcd: Some(claim),
             ..self
         }
     }
@@ -150,17 +158,28 @@ pub fn settle<H: Host>(
         .iter()
         .map(|(index, id)| (*id, fanout.is_delivered(*index)))
         .collect();
-    if let (Some(marks), Store::Etcd(store)) = (&claimed.etcd, &dedupe.store) {
+    if let (Some(held), Store::Etcd(store)) = (claimed.etcd, &dedupe.store) {
         let until_ms = now.saturating_add(dedupe.ttl_ms);
+        let took: Vec<u64> = outcomes
+            .iter()
+            .filter(|(_, took)| *took)
+            .map(|(id, _)| *id)
+            .collect();
         let mut delivered = Vec::new();
-        let mut released = Vec::new();
-        for ((key, claim), (_, took)) in marks.iter().zip(&outcomes) {
-            if *took {
-                delivered.push((key.clone(), etcd::delivered_value(until_ms)));
-            } else {
-                released.push((key.clone(), claim.clone()));
-            }
+        if !took.is_empty() {
+            // The records still live, and the new ones (a subscriber claimed had none).
+            let mut records: Vec<etcd::Record> = held
+                .records
+                .into_iter()
+                .filter(|r| r.until_ms > now && !took.contains(&r.subscriber))
+                .collect();
+            records.extend(took.iter().map(|&subscriber| etcd::Record {
+                subscriber,
+                until_ms,
+            }));
+            delivered.push((held.records_key, etcd::records_value(&records)));
         }
+        let released = vec![(held.claim_key, held.claim)];
         return Settled {
             entries_delta: 0,
             store_error: false,

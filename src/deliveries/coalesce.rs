@@ -12,7 +12,7 @@
 use super::Job;
 use crate::dedupe::claim::Ask;
 use crate::dedupe::etcd::StoreError;
-use crate::dedupe::settings::ETCD_MAX_TXN_OPS;
+use crate::dedupe::etcd::MAX_CLAIMS_PER_TXN;
 
 /// A request waiting for its claim: its stream, its claim, and its fan-out, ready to start
 /// once claimed.
@@ -105,7 +105,7 @@ impl Coalescer {
 
     /// The next batch to send, if no claim txn is in flight and requests are parked: the
     /// oldest parked, and those after it that fit one txn (the same cluster and timeout, at
-    /// most [`ETCD_MAX_TXN_OPS`] operations, no key twice). The others stay parked.
+    /// most [`MAX_CLAIMS_PER_TXN`] claims, no key twice). The others stay parked.
     pub fn next_batch(&mut self) -> Option<Vec<Parked>> {
         if self.must_park() || self.parked.is_empty() {
             return None;
@@ -119,7 +119,7 @@ impl Coalescer {
                 Some(first) => {
                     first.ask.cluster == parked.ask.cluster
                         && first.ask.timeout == parked.ask.timeout
-                        && ops + parked.ask.ops() <= ETCD_MAX_TXN_OPS
+                        && ops + parked.ask.ops() <= MAX_CLAIMS_PER_TXN
                         && !batch.iter().any(|b| b.ask.shares_a_key(&parked.ask))
                 }
             };

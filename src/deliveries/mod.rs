@@ -320,12 +320,12 @@ impl Deliveries {
         self.root_call_ended(token);
         let batch = self.claims.landed(token).unwrap_or_default();
         let reply = reply();
-        let results = claim::read_batch(&reply, batch.iter().map(|p| p.ask.ops()));
+        let results = claim::read_batch(&reply, batch.len());
         let mut finished = Vec::new();
         match results {
-            Ok(seen) => {
-                for (parked, seen) in batch.into_iter().zip(seen) {
-                    finished.extend(self.continue_parked(host, parked, Ok(seen)));
+            Ok(found) => {
+                for (parked, found) in batch.into_iter().zip(found) {
+                    finished.extend(self.continue_parked(host, parked, Ok(found)));
                 }
             }
             Err(error) => {
@@ -372,7 +372,7 @@ impl Deliveries {
         &mut self,
         host: &H,
         parked: Parked,
-        result: Result<Vec<crate::dedupe::Seen>, StoreError>,
+        result: Result<crate::dedupe::etcd::Found, StoreError>,
     ) -> Option<Finished> {
         let Parked {
             stream,
@@ -382,8 +382,8 @@ impl Deliveries {
         let gone = self.claims.take_gone(stream);
         let counter = Counter::new(job.config.metrics.then(|| self.telemetry.clone()));
         match result {
-            Ok(seen) => {
-                job.redelivery = claim::claimed(host, &counter, ask, &seen, &mut job.fanout)
+            Ok(found) => {
+                job.redelivery = claim::claimed(host, &counter, ask, &found, &mut job.fanout)
             }
             Err(error) => {
                 let now = job.started_ms;

@@ -5,16 +5,24 @@
 //! written with ([`lease`]); the calls are made by `claim`, `settle` and
 //! [`Remote`](super::remote::Remote)'s owner.
 //!
-//! - A key per (channel, event, subscriber): `<prefix><len>:<channel>/<event key>/<id hex>`.
-//! - Its value starts with when it lapses, in ms on the writer's clock, 20 digits, then `c`
-//!   and the owner (a claim: a request is calling the subscriber) or `d` (a record: it took
-//!   the event). So `ttl_ms` and a claim's end are exact (to the replicas' clocks): etcd
+//! - Two keys per (channel, event): `<prefix><len>:<channel>/<event key>/c`, the claim, and
+//!   `.../d`, the records. So an event costs etcd three key writes (the claim, then the
+//!   records and the claim's release), whatever its subscribers: etcd's cost is per key
+//!   written (docs/performance.md, "Dedupe stores").
+//! - The claim's value starts with when it lapses, in ms on the writer's clock, 20 digits,
+//!   then `c` and the owner. So a claim's end is exact (to the replicas' clocks): etcd
 //!   compares values as bytes, and a value below `<now>~` has lapsed.
-//! - The claim is one txn, one nested txn per subscriber: the key does not exist
-//!   (`create_revision == 0`) → put our claim; else, its value lapsed → put our claim; else
-//!   range (the current value: delivered, or claimed by another request).
-//! - The settle is one txn: put the record for each subscriber that took the event, delete
-//!   the claim of each other one if it is still ours (its value unchanged).
+//! - The records' value: `d`, then for each subscriber that took the event its id (16 hex
+//!   digits) and when its record lapses (20 digits). A record past its time reads as absent,
+//!   so `ttl_ms` is exact too.
+//! - The claim is one txn, one nested txn per event: the claim key does not exist
+//!   (`create_revision == 0`) → put our claim and read the records; else, its value lapsed →
+//!   the same; else read the claim and the records (another request is calling: the
+//!   subscribers without a record are in progress).
+//! - The settle is one txn: put the records (those read at the claim, still live, and the
+//!   subscribers that took the event now), delete the claim if it is still ours (its value
+//!   unchanged). Only the claim's owner writes the records, so nothing is lost between the
+//!   read and the put.
 //! - Every key is written with a lease shared by all the keys written in one time bucket
 //!   (granted ahead by the root context), so a key is gone at most a bucket width (and a
 //!   second of rounding) after its value lapsed: no sweeper, nothing accumulates.
@@ -38,23 +46,38 @@ pub mod proto;
 
 pub use lease::{Family, Grant, Leases};
 
-/// Digits of the time at the start of every value.
+/// Digits of the time in every value.
 const TIME_DIGITS: usize = 20;
 const CLAIMED: u8 = b'c';
 const DELIVERED: u8 = b'd';
+/// One record in the records' value: the subscriber's id and when the record lapses.
+const RECORD_BYTES: usize = 16 + TIME_DIGITS;
 
-/// The key of one subscriber's mark of one event.
-pub fn key(prefix: &str, channel: &str, event_key: &[u8], subscriber: u64) -> Vec<u8> {
-    let mut key = Vec::with_capacity(prefix.len() + channel.len() + event_key.len() + 24);
-    key.extend_from_slice(prefix.as_bytes());
-    push_decimal(&mut key, channel.len() as u64);
-    key.push(b':');
-    key.extend_from_slice(channel.as_bytes());
-    key.push(b'/');
-    key.extend_from_slice(event_key);
-    key.push(b'/');
-    push_hex16(&mut key, subscriber);
-    key
+/// etcd's default `--max-txn-ops`, counted as etcd counts it (`checkTxnRequest`): a txn has
+/// at most this many operations in each branch, and a txn nested in it at most what its
+/// parent's own count leaves, and so on down.
+const MAX_TXN_OPS: usize = 128;
+/// Events in one claim txn: each one's nested txn has two operations, and the take-over
+/// nested in it two more, so k events need k + 2 + 2 <= 128.
+pub const MAX_CLAIMS_PER_TXN: usize = MAX_TXN_OPS - 4;
+/// Operations in one settle txn (two per event at most: the records, the release): a
+/// release is a nested txn of one delete, so k operations need k + 1 <= 128.
+pub const MAX_SETTLE_OPS: usize = MAX_TXN_OPS - 1;
+
+/// The keys of one event: its claim, and its records.
+pub fn keys(prefix: &str, channel: &str, event_key: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let mut claim = Vec::with_capacity(prefix.len() + channel.len() + event_key.len() + 8);
+    claim.extend_from_slice(prefix.as_bytes());
+    push_decimal(&mut claim, channel.len() as u64);
+    claim.push(b':');
+    claim.extend_from_slice(channel.as_bytes());
+    claim.push(b'/');
+    claim.extend_from_slice(event_key);
+    claim.push(b'/');
+    let mut records = claim.clone();
+    claim.push(CLAIMED);
+    records.push(DELIVERED);
+    (claim, records)
 }
 
 // The keys and values are built by hand, not with `format!`: they are per-subscriber work on
@@ -111,9 +134,55 @@ pub fn claim_value(until_ms: u64, owner: u64) -> String {
     value(until_ms, CLAIMED, Some(owner))
 }
 
-/// A record: the subscriber took the event; forgotten at `until_ms`.
-pub fn delivered_value(until_ms: u64) -> String {
-    value(until_ms, DELIVERED, None)
+/// The records' value: each subscriber's id and when its record lapses.
+pub fn records_value(records: &[Record]) -> String {
+    let mut out = Vec::with_capacity(1 + records.len() * RECORD_BYTES);
+    out.push(DELIVERED);
+    for record in records {
+        push_hex16(&mut out, record.subscriber);
+        push_time(&mut out, record.until_ms);
+    }
+    // Hex digits, digits and a letter only.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// A subscriber that took the event, until when it is remembered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    pub subscriber: u64,
+    pub until_ms: u64,
+}
+
+/// The records of a records' value (`None`: not one fanout wrote).
+fn read_records(value: &[u8]) -> Option<Vec<Record>> {
+    let rest = value.strip_prefix(&[DELIVERED])?;
+    if rest.len() % RECORD_BYTES != 0 {
+        return None;
+    }
+    rest.chunks_exact(RECORD_BYTES)
+        .map(|chunk| {
+            let (id, time) = chunk.split_at(16);
+            Some(Record {
+                subscriber: parse_hex16(id)?,
+                until_ms: parse_decimal(time)?,
+            })
+        })
+        .collect()
+}
+
+fn parse_hex16(digits: &[u8]) -> Option<u64> {
+    digits.iter().try_fold(0u64, |n, d| {
+        let nibble = char::from(*d).to_digit(16)?;
+        // Lowercase only, as written.
+        (!d.is_ascii_uppercase()).then_some((n << 4) | u64::from(nibble))
+    })
+}
+
+fn parse_decimal(digits: &[u8]) -> Option<u64> {
+    digits.iter().try_fold(0u64, |n, d| {
+        let digit = char::from(*d).to_digit(10)?;
+        n.checked_mul(10)?.checked_add(u64::from(digit))
+    })
 }
 
 /// Every value below this one has lapsed at `now_ms` (its time is at most `now_ms`).
@@ -121,11 +190,13 @@ fn lapsed_below(now_ms: u64) -> String {
     value(now_ms, b'~', None)
 }
 
-/// One claim to make: the key, our value for it, the lease it is written with, and the time
-/// of the request that makes it (values below it have lapsed).
+/// One event's claim to make: its claim key, our value for it, its records key, the lease
+/// the claim is written with, and the time of the request that makes it (values below it
+/// have lapsed).
 pub struct ClaimOp<'a> {
     pub key: &'a [u8],
     pub value: &'a str,
+    pub records: &'a [u8],
     pub lease: i64,
     pub now_ms: u64,
 }
@@ -153,14 +224,18 @@ fn compare(key: &[u8], result: i32, target: i32, against: Against) -> Compare {
     }
 }
 
-/// The claim txn: for each key, create it, or take it over if its value lapsed, or read it.
-/// gRPC-framed, ready to send. (The ops of several requests make one txn: no key twice.)
+fn range(key: &[u8]) -> RequestOp {
+    op(Request::Range(RangeRequest { key: key.to_vec() }))
+}
+
+/// The claim txn: for each event, create its claim, or take it over if it lapsed, and read
+/// its records; or read the claim and the records. gRPC-framed, ready to send. (The ops of
+/// several requests make one txn: no claim key twice.)
 pub fn claim_body(ops: &[ClaimOp<'_>]) -> Vec<u8> {
     let success = ops
         .iter()
         .map(|c| {
-            let value = c.value.as_bytes();
-            let lease = c.lease;
+            let mine = || vec![put(c.key, c.value.as_bytes(), c.lease), range(c.records)];
             let take_over = TxnRequest {
                 compare: vec![compare(
                     c.key,
@@ -168,10 +243,8 @@ pub fn claim_body(ops: &[ClaimOp<'_>]) -> Vec<u8> {
                     proto::VALUE,
                     Against::Value(lapsed_below(c.now_ms).into_bytes()),
                 )],
-                success: vec![put(c.key, value, lease)],
-                failure: vec![op(Request::Range(RangeRequest {
-                    key: c.key.to_vec(),
-                }))],
+                success: mine(),
+                failure: vec![range(c.key), range(c.records)],
             };
             op(Request::Txn(TxnRequest {
                 compare: vec![compare(
@@ -180,7 +253,7 @@ pub fn claim_body(ops: &[ClaimOp<'_>]) -> Vec<u8> {
                     proto::CREATE,
                     Against::CreateRevision(0),
                 )],
-                success: vec![put(c.key, value, lease)],
+                success: mine(),
                 failure: vec![op(Request::Txn(take_over))],
             }))
         })
@@ -304,11 +377,44 @@ fn nested_txn(txn: &TxnResponse) -> Option<&TxnResponse> {
     }
 }
 
-/// What the claim txn found, for each of its `n` keys in order.
-pub fn read_claim(message: &[u8], n: usize) -> Result<Vec<Seen>, StoreError> {
+/// What the claim txn found for one event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// Whether the claim is ours now (else another request holds it).
+    pub claimed: bool,
+    /// The event's records, as etcd holds them (some may have lapsed).
+    pub records: Vec<Record>,
+}
+
+impl Found {
+    /// What a request does about `subscriber` at `now_ms`: a live record → already
+    /// delivered; else it calls it if the claim is ours, or another request is.
+    pub fn seen(&self, subscriber: u64, now_ms: u64) -> Seen {
+        let recorded = self
+            .records
+            .iter()
+            .any(|r| r.subscriber == subscriber && r.until_ms > now_ms);
+        match (recorded, self.claimed) {
+            (true, _) => Seen::AlreadyDelivered,
+            (false, true) => Seen::Deliver,
+            (false, false) => Seen::InProgress,
+        }
+    }
+}
+
+/// The value of a range's first key, if it has one.
+fn range_value(response: Option<&proto::ResponseOp>) -> Result<Option<&[u8]>, StoreError> {
+    match response.and_then(|r| r.response.as_ref()) {
+        Some(Response::Range(range)) => Ok(range.kvs.first().map(|kv| kv.value.as_slice())),
+        _ => Err(bad("no response_range")),
+    }
+}
+
+/// What the claim txn found, for each of its `n` events in order.
+pub fn read_claim(message: &[u8], n: usize) -> Result<Vec<Found>, StoreError> {
     let txn = txn_response(message)?;
     if txn.responses.len() != n {
-        return Err(bad("not one response per subscriber"));
+        return Err(bad("not one response per event"));
     }
     txn.responses
         .iter()
@@ -316,24 +422,32 @@ pub fn read_claim(message: &[u8], n: usize) -> Result<Vec<Seen>, StoreError> {
             let Some(Response::Txn(created)) = &response.response else {
                 return Err(bad("no response_txn"));
             };
-            if created.succeeded {
-                return Ok(Seen::Deliver);
-            }
-            let taken = nested_txn(created).ok_or_else(|| bad("no nested response_txn"))?;
-            if taken.succeeded {
-                return Ok(Seen::Deliver);
-            }
-            let Some(Response::Range(range)) =
-                taken.responses.first().and_then(|r| r.response.as_ref())
-            else {
-                return Err(bad("no response_range"));
+            let (claimed, found) = if created.succeeded {
+                (true, created)
+            } else {
+                let taken = nested_txn(created).ok_or_else(|| bad("no nested response_txn"))?;
+                (taken.succeeded, taken)
             };
-            let value = range.kvs.first().map(|kv| kv.value.as_slice());
-            match value.and_then(|v| v.get(TIME_DIGITS)) {
-                Some(&DELIVERED) => Ok(Seen::AlreadyDelivered),
-                Some(&CLAIMED) => Ok(Seen::InProgress),
-                _ => Err(bad("a value fanout did not write")),
+            let mut responses = found.responses.iter();
+            if !claimed {
+                // Another request's claim.
+                let value = range_value(responses.next())?;
+                if value.and_then(|v| v.get(TIME_DIGITS)) != Some(&CLAIMED) {
+                    return Err(bad("a claim fanout did not write"));
+                }
+            } else if !matches!(
+                responses.next().and_then(|r| r.response.as_ref()),
+                Some(Response::Put(_))
+            ) {
+                return Err(bad("no response_put"));
             }
+            let records = match range_value(responses.next())? {
+                None => Vec::new(),
+                Some(value) => {
+                    read_records(value).ok_or_else(|| bad("records fanout did not write"))?
+                }
+            };
+            Ok(Found { claimed, records })
         })
         .collect()
 }
@@ -364,6 +478,7 @@ pub fn read_grant(message: &[u8]) -> Result<i64, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proto::{KeyValue, RangeResponse, ResponseOp};
 
     fn decoded(body: &[u8]) -> TxnRequest {
         TxnRequest::decode(unframe(body).unwrap()).unwrap()
@@ -377,17 +492,24 @@ mod tests {
     }
 
     #[test]
-    fn the_claim_creates_or_takes_over_or_reads_each_key() {
-        let keys: Vec<Vec<u8>> = (0..2u64)
-            .map(|i| key("/fanout/", "default/orders", b"ev\xff-1", i * 77))
+    fn the_claim_creates_or_takes_over_its_key_and_reads_the_records() {
+        let events: Vec<(Vec<u8>, Vec<u8>)> = (0..2u64)
+            .map(|i| {
+                keys(
+                    "/fanout/",
+                    "default/orders",
+                    format!("ev\u{ff}-{i}").as_bytes(),
+                )
+            })
             .collect();
         let values: Vec<String> = (0..2u64).map(|i| claim_value(1_000 + i, 0xbeef)).collect();
-        let ops: Vec<ClaimOp<'_>> = keys
+        let ops: Vec<ClaimOp<'_>> = events
             .iter()
             .zip(&values)
-            .map(|(key, value)| ClaimOp {
-                key,
+            .map(|((claim, records), value)| ClaimOp {
+                key: claim,
                 value,
+                records,
                 lease: 7_587_868_122_391_046_144,
                 now_ms: 123_456,
             })
@@ -396,36 +518,219 @@ mod tests {
         assert!(txn.compare.is_empty() && txn.failure.is_empty());
         assert_eq!(txn.success.len(), 2);
         for (i, op) in txn.success.iter().enumerate() {
+            let (claim, records) = &events[i];
             let create = nested(op);
             assert_eq!(
                 create.compare,
                 [compare(
-                    &keys[i],
+                    claim,
                     proto::EQUAL,
                     proto::CREATE,
                     Against::CreateRevision(0)
                 )]
             );
-            let mine = put(&keys[i], values[i].as_bytes(), 7_587_868_122_391_046_144);
-            assert_eq!(create.success, std::slice::from_ref(&mine));
+            let mine = [
+                put(claim, values[i].as_bytes(), 7_587_868_122_391_046_144),
+                range(records),
+            ];
+            assert_eq!(create.success, mine);
             let take_over = nested(&create.failure[0]);
             assert_eq!(
                 take_over.compare,
                 [compare(
-                    &keys[i],
+                    claim,
                     proto::LESS,
                     proto::VALUE,
                     Against::Value(b"00000000000000123456~".to_vec())
                 )]
             );
-            assert_eq!(take_over.success, [mine]);
-            assert_eq!(take_over.failure, [op_range(&keys[i])]);
+            assert_eq!(take_over.success, mine);
+            assert_eq!(take_over.failure, [range(claim), range(records)]);
         }
         assert!(decoded(&claim_body(&[])).success.is_empty());
     }
 
-    fn op_range(key: &[u8]) -> RequestOp {
-        op(Request::Range(RangeRequest { key: key.to_vec() }))
+    fn answer(responses: Vec<Response>) -> ResponseOp {
+        ResponseOp {
+            response: Some(Response::Txn(TxnResponse {
+                header: None,
+                succeeded: false,
+                responses: responses
+                    .into_iter()
+                    .map(|r| ResponseOp { response: Some(r) })
+                    .collect(),
+            })),
+        }
+    }
+
+    fn ranged(value: Option<&str>) -> Response {
+        Response::Range(RangeResponse {
+            kvs: value
+                .map(|v| KeyValue {
+                    key: b"k".to_vec(),
+                    value: v.as_bytes().to_vec(),
+                })
+                .into_iter()
+                .collect(),
+        })
+    }
+
+    fn created(succeeded: bool, inner: ResponseOp) -> Vec<u8> {
+        let Some(Response::Txn(mut txn)) = inner.response else {
+            unreachable!()
+        };
+        txn.succeeded = succeeded;
+        TxnResponse {
+            header: None,
+            succeeded: true,
+            responses: vec![ResponseOp {
+                response: Some(Response::Txn(txn)),
+            }],
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn the_claim_answer_reads_as_ours_or_held_with_the_records() {
+        let records = records_value(&[
+            Record {
+                subscriber: 0xa,
+                until_ms: 5_000,
+            },
+            Record {
+                subscriber: 0xb,
+                until_ms: 900,
+            },
+        ]);
+        // Created: put, then the records.
+        let fresh = created(
+            true,
+            answer(vec![Response::Put(proto::Empty {}), ranged(Some(&records))]),
+        );
+        let found = read_claim(&fresh, 1).unwrap();
+        assert!(found[0].claimed);
+        assert_eq!(found[0].seen(0xa, 1_000), Seen::AlreadyDelivered);
+        assert_eq!(found[0].seen(0xb, 1_000), Seen::Deliver, "lapsed at 900");
+        assert_eq!(found[0].seen(0xc, 1_000), Seen::Deliver);
+        // Held by another: its claim, then the records (none).
+        let claim = claim_value(9_000, 3);
+        let held = TxnResponse {
+            header: None,
+            succeeded: false,
+            responses: vec![answer(vec![Response::Txn(TxnResponse {
+                header: None,
+                succeeded: false,
+                responses: vec![
+                    ResponseOp {
+                        response: Some(ranged(Some(&claim))),
+                    },
+                    ResponseOp {
+                        response: Some(ranged(None)),
+                    },
+                ],
+            })])],
+        }
+        .encode_to_vec();
+        let found = read_claim(&held, 1).unwrap();
+        assert!(!found[0].claimed && found[0].records.is_empty());
+        assert_eq!(found[0].seen(0xa, 1_000), Seen::InProgress);
+        assert_eq!(
+            read_claim(&held, 2).unwrap_err().0,
+            "etcd's answer does not read: not one response per event"
+        );
+        // Values fanout did not write.
+        let odd = created(
+            true,
+            answer(vec![Response::Put(proto::Empty {}), ranged(Some("d0123"))]),
+        );
+        assert!(read_claim(&odd, 1).is_err());
+        let no_put = created(true, answer(vec![ranged(None), ranged(None)]));
+        assert!(read_claim(&no_put, 1).is_err());
+    }
+
+    #[test]
+    fn records_read_back_as_written_and_nothing_else_reads() {
+        let written = vec![
+            Record {
+                subscriber: u64::MAX,
+                until_ms: 0,
+            },
+            Record {
+                subscriber: 0x0123_4567_89ab_cdef,
+                until_ms: u64::MAX,
+            },
+        ];
+        let value = records_value(&written);
+        assert_eq!(
+            value,
+            format!("dffffffffffffffff{:020}0123456789abcdef{}", 0, u64::MAX)
+        );
+        assert_eq!(read_records(value.as_bytes()), Some(written));
+        assert_eq!(read_records(b"d"), Some(Vec::new()));
+        for bad in [
+            &b""[..],
+            b"c",
+            b"d0",
+            b"d0123456789ABCDEF00000000000000000000",
+            b"d0123456789abcdef0000000000000000000x",
+            b"d0123456789abcdef99999999999999999999",
+        ] {
+            assert_eq!(read_records(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    /// etcd's `checkTxnRequest` (server/etcdserver/api/v3rpc/key.go, etcd 3.5): the most
+    /// operations of a branch, and a nested txn checked against what is left.
+    fn etcd_accepts(txn: &TxnRequest, max: usize) -> bool {
+        let opc = txn
+            .compare
+            .len()
+            .max(txn.success.len())
+            .max(txn.failure.len());
+        opc <= max
+            && txn
+                .success
+                .iter()
+                .chain(&txn.failure)
+                .all(|op| match &op.request {
+                    Some(Request::Txn(nested)) => etcd_accepts(nested, max - opc),
+                    _ => true,
+                })
+    }
+
+    #[test]
+    fn the_batches_fit_etcds_max_txn_ops_and_one_more_would_not() {
+        let events: Vec<(Vec<u8>, Vec<u8>)> = (0..=MAX_CLAIMS_PER_TXN)
+            .map(|i| keys("/fanout/", "orders", format!("e{i}").as_bytes()))
+            .collect();
+        let value = claim_value(1, 2);
+        let ops: Vec<ClaimOp<'_>> = events
+            .iter()
+            .map(|(key, records)| ClaimOp {
+                key,
+                value: &value,
+                records,
+                lease: 1,
+                now_ms: 0,
+            })
+            .collect();
+        let claims = |n: usize| decoded(&claim_body(&ops[..n]));
+        assert!(etcd_accepts(&claims(MAX_CLAIMS_PER_TXN), MAX_TXN_OPS));
+        assert!(!etcd_accepts(&claims(MAX_CLAIMS_PER_TXN + 1), MAX_TXN_OPS));
+        // A settle of puts and releases (nested deletes).
+        let settle = |n: usize| {
+            let d: Vec<(&[u8], &str)> = events[..n / 2]
+                .iter()
+                .map(|(_, r)| (r.as_slice(), "d"))
+                .collect();
+            let r: Vec<(&[u8], &str)> = events[..n - n / 2]
+                .iter()
+                .map(|(c, _)| (c.as_slice(), value.as_str()))
+                .collect();
+            decoded(&settle_body(&d, &r, 1))
+        };
+        assert!(etcd_accepts(&settle(MAX_SETTLE_OPS), MAX_TXN_OPS));
+        assert!(!etcd_accepts(&settle(MAX_SETTLE_OPS + 1), MAX_TXN_OPS));
     }
 
     #[test]
@@ -533,10 +838,12 @@ mod tests {
 
     #[test]
     fn keys_never_mix_two_events_or_channels() {
-        let a = key("/f/", "ab", b"c", 1);
-        let b = key("/f/", "a", b"bc", 1);
+        let a = keys("/f/", "ab", b"c");
+        let b = keys("/f/", "a", b"bc");
         assert_ne!(a, b);
-        assert_eq!(a, b"/f/2:ab/c/0000000000000001");
+        assert_eq!(a, (b"/f/2:ab/c/c".to_vec(), b"/f/2:ab/c/d".to_vec()));
+        // An event key that ends like a suffix: the suffix is always the last two bytes.
+        assert_ne!(keys("/f/", "ab", b"c/c").1, keys("/f/", "ab", b"c").0);
     }
 
     #[test]
@@ -546,13 +853,18 @@ mod tests {
                 claim_value(n, n ^ 0xabc),
                 format!("{n:020}c{:016x}", n ^ 0xabc)
             );
-            assert_eq!(delivered_value(n), format!("{n:020}d"));
             assert_eq!(lapsed_below(n), format!("{n:020}~"));
-            let k = key("/p/", "ch", b"ev", n);
-            assert_eq!(k, format!("/p/2:ch/ev/{n:016x}").into_bytes());
-            let mut d = Vec::new();
-            push_decimal(&mut d, n);
-            assert_eq!(d, n.to_string().into_bytes());
+            let record = Record {
+                subscriber: n,
+                until_ms: n,
+            };
+            assert_eq!(records_value(&[record]), format!("d{n:016x}{n:020}"));
+            let (c, d) = keys("/p/", "ch", format!("ev{n}").as_bytes());
+            assert_eq!(c, format!("/p/2:ch/ev{n}/c").into_bytes());
+            assert_eq!(d, format!("/p/2:ch/ev{n}/d").into_bytes());
+            let mut digits = Vec::new();
+            push_decimal(&mut digits, n);
+            assert_eq!(digits, n.to_string().into_bytes());
         }
     }
 
@@ -560,8 +872,7 @@ mod tests {
     fn values_compare_by_time() {
         let below = lapsed_below(1000);
         assert!(claim_value(999, 7).as_str() < below.as_str());
-        assert!(delivered_value(1000).as_str() < below.as_str());
-        assert!(delivered_value(1001).as_str() > below.as_str());
+        assert!(claim_value(1000, u64::MAX).as_str() < below.as_str());
         assert!(claim_value(1001, u64::MAX).as_str() > below.as_str());
     }
 }
