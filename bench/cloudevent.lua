@@ -23,6 +23,31 @@ if os.getenv("BENCH_UNIQUE_ID") then
   end
 end
 
+-- BENCH_RATE: requests per second over all connections, paced on one schedule: each request
+-- waits for the next free slot (slots 1/BENCH_RATE s apart), so that two systems are compared
+-- at the same load rather than each at its own saturation. A connection still waits for its
+-- answer first, so a system slower than BENCH_RATE runs at its own pace.
+local rate = tonumber(os.getenv("BENCH_RATE") or "")
+if rate then
+  local ffi = require("ffi")
+  ffi.cdef [[
+    typedef struct { long tv_sec; long tv_nsec; } bench_timespec;
+    int clock_gettime(int clock, bench_timespec *tp);
+  ]]
+  local ts = ffi.new("bench_timespec")
+  local function now()
+    ffi.C.clock_gettime(1, ts) -- CLOCK_MONOTONIC
+    return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) / 1e9
+  end
+  local next_slot = 0
+  delay = function()
+    local t = now()
+    local slot = math.max(next_slot, t)
+    next_slot = slot + 1 / rate
+    return (slot - t) * 1000
+  end
+end
+
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(

@@ -162,6 +162,16 @@ def dedupe_stores(results):
                       (lat.get(envoy) or {}).get("p50_rounds"))
             row["p50_over_envoy_ms"] = (None if not pa or not pb else
                                         _spread([a - b for a, b in zip(pa, pb)]))
+        equal = (tp.get(key) or {}).get("equal_rate")
+        if equal:
+            # The same two at one offered load (bench/run.py equal_rate).
+            rows = equal["rows"]
+            row["equal_rate"] = {
+                "rate": equal["rate"],
+                "rps": _get(rows, key, "rps"), "envoy_rps": _get(rows, envoy, "rps"),
+                "cpu": _spread(_rounds(rows, key)), "envoy_cpu": _spread(_rounds(rows, envoy)),
+                "cpu_over_envoy": _paired(rows, key, envoy, lambda a, b: a / b if b else None),
+                "store_errors": _get(rows, key, "store_errors") or 0}
         out[key] = row
     return out
 
@@ -478,7 +488,25 @@ def _dedupe_section(results, d, w):
           f"{_f(r.get('etcd_cpu_us_per_req') if etcd else None)} | "
           f"{_f(r.get('p50_ms'), '{:.2f}')} | {_f(r.get('p99_ms'), '{:.2f}')} | "
           f"{_s(r.get('p50_over_envoy_ms'), '{:+.2f}')} | {_f(r.get('lat_cpu_us_per_req'))} |")
-    errors = {k: r["store_errors"] for k, r in ds.items() if r.get("store_errors")}
+    paced = [(labels.get(k, k), r["equal_rate"]) for k, r in ds.items() if r.get("equal_rate")]
+    if paced:
+        fraction = (results.get("machine") or {}).get("equal_rate")
+        w("\nThe same at one offered load: wrk paced (bench/cloudevent.lua `BENCH_RATE`) to "
+          + (f"{fraction:g}x" if fraction else "a fraction of")
+          + " the etcd store's full-speed rate (`--equal-rate`), the `envoy` store at the "
+          "same rate, round by round. At full speed each runs at its own saturation, and the "
+          "slower one has fewer requests per event-loop wakeup to share its fixed costs; "
+          "here both carry the same load.\n")
+        w("| configuration | rate rq/s (achieved: etcd / envoy store) | Envoy CPU µs/rq | "
+          "`envoy` store's | / envoy store |")
+        w("|---|---|---|---|---|")
+        for label, e in paced:
+            w(f"| {label} | {_f(e.get('rate'))} ({_f(e.get('rps'))} / {_f(e.get('envoy_rps'))}) "
+              f"| {_s(e.get('cpu'))} | {_s(e.get('envoy_cpu'))} | "
+              f"{_s(e.get('cpu_over_envoy'), '{:.2f}x')} |")
+    errors = {k: r["store_errors"] + (r.get("equal_rate") or {}).get("store_errors", 0)
+              for k, r in ds.items()
+              if r.get("store_errors") or (r.get("equal_rate") or {}).get("store_errors")}
     w("\n" + ("No store error counted (`fanout.dedupe.store_errors`) in any measured run."
               if not errors else "Store errors counted (those events were delivered without "
               "dedupe): " + ", ".join(f"{k} {v}" for k, v in errors.items()) + ".") + "\n")

@@ -455,11 +455,14 @@ class Bench:
         self.args, self.wrk, self.workdir = args, wrk, workdir
         self.sub = None
 
-    def wrk_start(self, port, conns, duration, body_path, unique_ids=False):
+    def wrk_start(self, port, conns, duration, body_path, unique_ids=False, rate=None):
         env = dict(os.environ, BENCH_BODY=body_path)
         if unique_ids:
             # A new ce-id per request (dedupe would otherwise skip every repeat).
             env["BENCH_UNIQUE_ID"] = "1"
+        if rate:
+            # Paced to `rate` requests per second over all connections (cloudevent.lua).
+            env["BENCH_RATE"] = f"{rate:.1f}"
         cmd = [self.wrk, "-t1", f"-c{conns}", f"-d{duration}s", "--timeout", "10s",
                "-s", WRK_SCRIPT, f"http://127.0.0.1:{port}/"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -507,14 +510,14 @@ class Bench:
                 "sub_rq": sum(v for k, v in sub.items() if k.endswith("rq_total")),
                 "sub_cx": sum(v for k, v in sub.items() if k.endswith("cx_total"))}
 
-    def measure(self, envoy, conns, duration, body_path, unique_ids=False):
+    def measure(self, envoy, conns, duration, body_path, unique_ids=False, rate=None):
         """wrk for `duration` seconds; latency percentiles over the whole run, the rest
         (throughput, CPU per request, subscriber counters) over its steady middle, from
         20 % to 90 % of the run, so that neither the first requests nor the ones cut off
         when wrk stops distort them."""
         self.drain()
         begin = time.monotonic()
-        proc = self.wrk_start(envoy.port, conns, duration, body_path, unique_ids)
+        proc = self.wrk_start(envoy.port, conns, duration, body_path, unique_ids, rate)
         time.sleep(max(0.0, begin + 0.2 * duration - time.monotonic()))
         a = self.snapshot(envoy)
         time.sleep(max(0.0, begin + 0.9 * duration - time.monotonic()))
@@ -713,9 +716,47 @@ def throughput_phase(bench, ports, bodies, sub_port):
                    body=("64k" if "64k" in key else "1k"), metrics=extra.get("metrics", True),
                    build=extra.get("build"))
         rows[key] = row
+    if a.equal_rate > 0:
+        for key, paced in equal_rate(bench, envoys, samples, body_of).items():
+            rows[key]["equal_rate"] = paced
     for e in envoys.values():
         stop(e.proc)
     return rows
+
+
+# The dedupe stores at one load: this fraction of the etcd store's own full-speed rate (low
+# enough that both keep up with it: wrk's connections still wait for each answer).
+EQUAL_RATE_FRACTION = 0.75
+
+
+def equal_rate(bench, envoys, samples, body_of):
+    """Each etcd store and its envoy store (`fanout-dedupe/4`, or `fanout-dedupe@before/4`
+    for a `--before` row) run at the same offered load, R = `--equal-rate` x that etcd
+    store's median full-speed rate, round by round (wrk paced by cloudevent.lua). At full
+    speed each runs at its own saturation and the slower one has fewer requests per
+    event-loop wakeup to share its fixed costs, so its CPU per request is higher for a reason
+    that is not its own work; at one rate the two CPU figures measure the same load.
+    {etcd key: {"rate": R, "rows": {key: median row}}}."""
+    a = bench.args
+    out = {}
+    for key in [k for k in samples if k.startswith("fanout-dedupe-etcd")]:
+        envoy = "fanout-dedupe@before/4" if "@before" in key else "fanout-dedupe/4"
+        if envoy not in samples:
+            continue
+        rate = a.equal_rate * statistics.median(s["rps"] for s in samples[key])
+        log(f"throughput: {key} and {envoy} at one rate, {rate:.0f} rq/s ({a.rounds} rounds)")
+        paced = {envoy: [], key: []}
+        for _ in range(a.rounds):
+            for k in paced:
+                m = bench.measure(envoys[k], a.connections, a.duration, body_of[k],
+                                  unique_ids=True, rate=rate)
+                paced[k].append(m)
+                print(f"    {k:24s} {m['rps']:8.0f} rq/s  p50 {m['p50_ms']:7.2f} ms  cpu "
+                      f"{m['cpu_us_per_req']:7.1f} us/rq  env {m['envoy_cpu_util']:.2f}"
+                      + (f"  NON-2xx {m['non_2xx']}" if m["non_2xx"] else "")
+                      + (f"  ERRORS {m['errors']}" if m["errors"] else ""), flush=True)
+        out[key] = {"rate": rate, "rows": {k: median_row(v) for k, v in paced.items()}}
+    return out
 
 
 def latency_dedupe_specs():
@@ -952,6 +993,10 @@ def main():
     p.add_argument("--connections", type=int, help="wrk's connections in the throughput "
                    "phase (default 32; fewer: a lower request rate, for comparing systems "
                    "nearer the same rate)")
+    p.add_argument("--equal-rate", type=float, default=EQUAL_RATE_FRACTION, metavar="FRACTION",
+                   help="throughput: the envoy store and each etcd store also run paced at one "
+                   "rate, FRACTION of that etcd store's full-speed rate (default "
+                   f"{EQUAL_RATE_FRACTION}; 0: not)")
     p.add_argument("--rounds", type=int, help="throughput rounds (default 5, quick 1), and "
                    "latency rounds when given (default 3, quick 1)")
     p.add_argument("--duration", type=int, help="seconds per throughput measurement "
@@ -1018,6 +1063,7 @@ def main():
         os.makedirs(os.path.join(workdir, d), exist_ok=True)
     info = machine_info(wrk)
     info.update(mode="quick" if quick else "full", connections=args.connections,
+                equal_rate=args.equal_rate,
                 rounds=args.rounds, duration_s=args.duration, concurrency=1,
                 latency_rounds=args.latency_rounds, latency_duration_s=args.latency_duration,
                 slow_ms=args.slow_ms, builds=args.builds, startup_rounds=args.startup_rounds)
