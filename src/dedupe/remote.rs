@@ -8,14 +8,14 @@
 //! bucket's lease in time (buckets are at least a second wide). A settle queued while the
 //! timer is slow asks for the fast one from the context that queues it ([`Remote::queue`]).
 //! The settles queued at one tick go out as one txn per lease (up to
-//! [`MAX_SETTLE_OPS`] operations each, no key twice): under load an event costs its claim and
+//! [`MAX_SETTLES_PER_TXN`] events each, no key twice): under load an event costs its claim and
 //! a share of a settle.
 
 use std::cell::RefCell;
 use std::time::Duration;
 
 use super::claim::{etcd_headers, etcd_reply};
-use super::etcd::{self, Family, Leases, StoreError, MAX_SETTLE_OPS};
+use super::etcd::{self, Family, Leases, SettleOp, StoreError, MAX_SETTLES_PER_TXN};
 use super::settle::RemoteSettle;
 use super::CLAIM_MARGIN_MS;
 use crate::call::Failure;
@@ -154,7 +154,7 @@ impl Remote {
         let mut failed = 0;
         let mut batches: Vec<Batch> = Vec::new();
         for settle in std::mem::take(&mut self.queued) {
-            let lease = if settle.delivered.is_empty() {
+            let lease = if settle.records.is_none() {
                 Some(0)
             } else {
                 self.leases.pick(settle.until_ms)
@@ -181,19 +181,16 @@ impl Remote {
                 continue;
             };
             let (cluster, timeout_ms) = (first.cluster.clone(), first.timeout_ms);
-            let delivered: Vec<(&[u8], &str)> = batch
+            let ops: Vec<SettleOp<'_>> = batch
                 .settles
                 .iter()
-                .flat_map(|s| &s.delivered)
-                .map(|(k, v)| (k.as_slice(), v.as_str()))
+                .map(|s| SettleOp {
+                    claim_key: &s.claim.0,
+                    claim: &s.claim.1,
+                    records: s.records.as_ref().map(|(k, v)| (k.as_slice(), v.as_str())),
+                })
                 .collect();
-            let released: Vec<(&[u8], &str)> = batch
-                .settles
-                .iter()
-                .flat_map(|s| &s.released)
-                .map(|(k, v)| (k.as_slice(), v.as_str()))
-                .collect();
-            let body = etcd::settle_body(&delivered, &released, batch.lease);
+            let body = etcd::settle_body(&ops, batch.lease);
             let timeout = Duration::from_millis(u64::from(timeout_ms));
             let settles: Vec<(u32, bool)> = batch
                 .settles
@@ -273,8 +270,8 @@ impl Remote {
 }
 
 /// Settles sent as one txn: the same lease (or none needed), cluster and timeout, at most
-/// [`MAX_SETTLE_OPS`] operations, and no key twice (etcd refuses a txn that names a key in two
-/// operations).
+/// [`MAX_SETTLES_PER_TXN`] of them, and no key twice (etcd refuses a txn that names a key in
+/// two operations).
 struct Batch {
     lease: i64,
     settles: Vec<RemoteSettle>,
@@ -285,22 +282,21 @@ impl Batch {
         let Some(first) = self.settles.first() else {
             return false;
         };
-        let ops = |s: &RemoteSettle| s.delivered.len() + s.released.len();
-        let mine: Vec<&[u8]> = settle
-            .delivered
-            .iter()
-            .chain(&settle.released)
-            .map(|(k, _)| k.as_slice())
-            .collect();
+        let keys = |s: &RemoteSettle| -> Vec<Vec<u8>> {
+            std::iter::once(s.claim.0.clone())
+                .chain(s.records.as_ref().map(|(k, _)| k.clone()))
+                .collect()
+        };
+        let mine = keys(settle);
         lease == self.lease
             && first.cluster == settle.cluster
             && first.timeout_ms == settle.timeout_ms
-            && self.settles.iter().map(ops).sum::<usize>() + ops(settle) <= MAX_SETTLE_OPS
+            && self.settles.len() < MAX_SETTLES_PER_TXN
             && !self
                 .settles
                 .iter()
-                .flat_map(|s| s.delivered.iter().chain(&s.released))
-                .any(|(k, _)| mine.contains(&k.as_slice()))
+                .flat_map(keys)
+                .any(|k| mine.contains(&k))
     }
 }
 
@@ -398,15 +394,12 @@ pub fn on_response<H: Host>(
 mod tests {
     use super::*;
 
-    fn settle(keys: &[&str], cluster: &str) -> RemoteSettle {
+    fn settle(event: &str, cluster: &str) -> RemoteSettle {
         RemoteSettle {
             cluster: cluster.into(),
             timeout_ms: 250,
-            delivered: keys
-                .iter()
-                .map(|k| (k.as_bytes().to_vec(), "d".into()))
-                .collect(),
-            released: Vec::new(),
+            claim: (format!("{event}/c").into_bytes(), "c".into()),
+            records: Some((format!("{event}/d").into_bytes(), "d".into())),
             until_ms: 0,
             log_id: 1,
             metrics: true,
@@ -414,20 +407,20 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_takes_the_same_lease_and_cluster_no_key_twice_and_at_most_127_ops() {
+    fn a_batch_takes_the_same_lease_and_cluster_no_key_twice_and_at_most_126_settles() {
         let batch = Batch {
             lease: 7,
-            settles: vec![settle(&["a", "b"], "etcd")],
+            settles: vec![settle("a", "etcd")],
         };
-        assert!(batch.takes(&settle(&["c"], "etcd"), 7));
-        assert!(!batch.takes(&settle(&["c"], "etcd"), 8), "another lease");
-        assert!(!batch.takes(&settle(&["c"], "other"), 7), "another cluster");
-        assert!(!batch.takes(&settle(&["c", "b"], "etcd"), 7), "b twice");
-        let many: Vec<String> = (0..125).map(|i| format!("k{i}")).collect();
-        let many: Vec<&str> = many.iter().map(String::as_str).collect();
-        assert!(batch.takes(&settle(&many, "etcd"), 7), "127 ops");
-        let more: Vec<String> = (0..126).map(|i| format!("k{i}")).collect();
-        let more: Vec<&str> = more.iter().map(String::as_str).collect();
-        assert!(!batch.takes(&settle(&more, "etcd"), 7), "128 ops");
+        assert!(batch.takes(&settle("b", "etcd"), 7));
+        assert!(!batch.takes(&settle("b", "etcd"), 8), "another lease");
+        assert!(!batch.takes(&settle("b", "other"), 7), "another cluster");
+        assert!(!batch.takes(&settle("a", "etcd"), 7), "a's keys twice");
+        let full = |n: usize| Batch {
+            lease: 7,
+            settles: (0..n).map(|i| settle(&format!("e{i}"), "etcd")).collect(),
+        };
+        assert!(full(125).takes(&settle("x", "etcd"), 7), "the 126th");
+        assert!(!full(126).takes(&settle("x", "etcd"), 7), "a 127th");
     }
 }

@@ -43,10 +43,11 @@ pub struct EtcdClaim {
 pub struct RemoteSettle {
     pub cluster: String,
     pub timeout_ms: u32,
+    /// The claim's key and our value: the records are put and the claim deleted only if it
+    /// is still ours.
+    pub claim: (Vec<u8>, String),
     /// The records' key and value to put (none if nobody took the event now).
-    pub delivered: Vec<(Vec<u8>, String)>,
-    /// The claim's key and our value, to delete if still ours.
-    pub released: Vec<(Vec<u8>, String)>,
+    pub records: Option<(Vec<u8>, String)>,
     /// When the records lapse: the lease they need lives at least until then.
     pub until_ms: u64,
     pub log_id: u32,
@@ -165,7 +166,7 @@ pub fn settle<H: Host>(
             .filter(|(_, took)| *took)
             .map(|(id, _)| *id)
             .collect();
-        let mut delivered = Vec::new();
+        let mut put = None;
         if !took.is_empty() {
             // The records still live, and the new ones (a subscriber claimed had none).
             let mut records: Vec<etcd::Record> = held
@@ -177,17 +178,16 @@ pub fn settle<H: Host>(
                 subscriber,
                 until_ms,
             }));
-            delivered.push((held.records_key, etcd::records_value(&records)));
+            put = Some((held.records_key, etcd::records_value(&records)));
         }
-        let released = vec![(held.claim_key, held.claim)];
         return Settled {
             entries_delta: 0,
             store_error: false,
             remote: Some(RemoteSettle {
                 cluster: store.cluster.clone(),
                 timeout_ms: store.timeout_ms,
-                delivered,
-                released,
+                claim: (held.claim_key, held.claim),
+                records: put,
                 until_ms,
                 log_id,
                 metrics: config.metrics,

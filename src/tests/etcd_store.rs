@@ -678,14 +678,14 @@ fn record_etcd_fixtures() {
         })
         .collect();
     let records = etcd::records_value(&records);
-    let delivered: Vec<(&[u8], &str)> = vec![(&records_key, &records)];
-    let released: Vec<(&[u8], &str)> = vec![(&claim_key, &first)];
+    let settled = etcd::SettleOp {
+        claim_key: &claim_key,
+        claim: &first,
+        records: Some((&records_key, &records)),
+    };
     save(
         "settle",
-        post(
-            etcd::TXN_PATH,
-            &etcd::settle_body(&delivered, &released, lease),
-        ),
+        post(etcd::TXN_PATH, &etcd::settle_body(&[settled], lease)),
     );
     // The redelivery: claimed by owner 3, the two records read.
     let (body, _) = claim(3, now + 20_000, now + 10);
@@ -716,7 +716,8 @@ fn record_etcd_fixtures() {
     ];
     save("claim_batch", post(etcd::TXN_PATH, &etcd::claim_body(&ops)));
     // The batches' limits are etcd's own: one claim or one settle operation more is refused.
-    let many: Vec<(Vec<u8>, Vec<u8>)> = (0..=etcd::MAX_CLAIMS_PER_TXN)
+    let many: Vec<(Vec<u8>, Vec<u8>)> = (0..=etcd::MAX_CLAIMS_PER_TXN
+        .max(etcd::MAX_SETTLES_PER_TXN))
         .map(|i| etcd::keys("/fanout/", "orders", format!("{run}-many-{i}").as_bytes()))
         .collect();
     let claims: Vec<etcd::ClaimOp<'_>> = many
@@ -735,22 +736,32 @@ fn record_etcd_fixtures() {
     };
     let fits = &claims[..etcd::MAX_CLAIMS_PER_TXN];
     post(etcd::TXN_PATH, &etcd::claim_body(fits)).unwrap();
-    too_many(post(etcd::TXN_PATH, &etcd::claim_body(&claims)));
-    let settle = |n: usize| {
-        let puts: Vec<(&[u8], &str)> = many[..n / 2]
+    too_many(post(
+        etcd::TXN_PATH,
+        &etcd::claim_body(&claims[..=etcd::MAX_CLAIMS_PER_TXN]),
+    ));
+    let settle = |n: usize, lease: i64| {
+        let ops: Vec<etcd::SettleOp<'_>> = many[..n]
             .iter()
-            .map(|(_, r)| (r.as_slice(), records.as_str()))
+            .map(|(c, r)| etcd::SettleOp {
+                claim_key: c,
+                claim: &value,
+                records: Some((r, &records)),
+            })
             .collect();
-        let releases: Vec<(&[u8], &str)> = many[..n - n / 2]
-            .iter()
-            .map(|(c, _)| (c.as_slice(), value.as_str()))
-            .collect();
-        post(etcd::TXN_PATH, &etcd::settle_body(&puts, &releases, lease))
+        post(etcd::TXN_PATH, &etcd::settle_body(&ops, lease))
     };
-    settle(etcd::MAX_SETTLE_OPS).unwrap();
-    too_many(settle(etcd::MAX_SETTLE_OPS + 1));
-    // A lease etcd does not have.
-    let bad = etcd::settle_body(&delivered, &[], 7_777_777);
+    too_many(settle(etcd::MAX_SETTLES_PER_TXN + 1, lease));
+    settle(etcd::MAX_SETTLES_PER_TXN, lease).unwrap();
+    // A lease etcd does not have, for the records of a claim still ours (etcd checks the
+    // leases of the puts it applies): the first event's claim, released above, made again.
+    post(etcd::TXN_PATH, &etcd::claim_body(&claims[..1])).unwrap();
+    let ours = [etcd::SettleOp {
+        claim_key: &many[0].0,
+        claim: &value,
+        records: Some((&many[0].1, &records)),
+    }];
+    let bad = etcd::settle_body(&ours, 7_777_777);
     let error = post(etcd::TXN_PATH, &bad).unwrap_err();
     assert!(error.starts_with("5 "), "{error}");
     println!("lease_not_found: {error}");
@@ -913,9 +924,12 @@ fn etcd_store_cost_per_event() {
     });
     time("settle body", &mut || {
         let put = etcd::records_value(&records);
-        let d: Vec<(&[u8], &str)> = vec![(&records_key, &put)];
-        let r: Vec<(&[u8], &str)> = vec![(&claim_key, &value)];
-        etcd::settle_body(&d, &r, 7).len()
+        let op = etcd::SettleOp {
+            claim_key: &claim_key,
+            claim: &value,
+            records: Some((&records_key, &put)),
+        };
+        etcd::settle_body(&[op], 7).len()
     });
 }
 

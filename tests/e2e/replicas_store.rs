@@ -319,9 +319,8 @@ fn etcd_down_and_back() {
 /// Events that come while a claim is in flight share claim txns (one worker, 150 events
 /// released at once): each still reaches every subscriber exactly once and is recorded, and
 /// etcd gets fewer txns than there were events (claims and settles together). Enough of
-/// them that the settles of one tick pass etcd's `--max-txn-ops` (two operations each, a
-/// nested delete among them): the batches split where etcd's own count says, with no store
-/// error.
+/// them that the settles of one tick pass etcd's `--max-txn-ops` (each a nested txn of two
+/// operations): the batches split where etcd's own count says, with no store error.
 #[test]
 fn claims_that_come_together_share_txns() {
     let etcd = EtcdCluster::start(1);

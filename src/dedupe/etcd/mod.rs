@@ -19,10 +19,11 @@
 //!   (`create_revision == 0`) → put our claim and read the records; else, its value lapsed →
 //!   the same; else read the claim and the records (another request is calling: the
 //!   subscribers without a record are in progress).
-//! - The settle is one txn: put the records (those read at the claim, still live, and the
-//!   subscribers that took the event now), delete the claim if it is still ours (its value
-//!   unchanged). Only the claim's owner writes the records, so nothing is lost between the
-//!   read and the put.
+//! - The settle is one txn, one nested txn per event: if the claim is still ours (its value
+//!   unchanged), put the records (those read at the claim, still live, and the subscribers
+//!   that took the event now) and delete the claim; else nothing (ours lapsed and another
+//!   request took it over: it read the records and writes them). So only the claim's holder
+//!   writes the records, and none is lost between the read and the put.
 //! - Every key is written with a lease shared by all the keys written in one time bucket
 //!   (granted ahead by the root context), so a key is gone at most a bucket width (and a
 //!   second of rounding) after its value lapsed: no sweeper, nothing accumulates.
@@ -60,9 +61,9 @@ const MAX_TXN_OPS: usize = 128;
 /// Events in one claim txn: each one's nested txn has two operations, and the take-over
 /// nested in it two more, so k events need k + 2 + 2 <= 128.
 pub const MAX_CLAIMS_PER_TXN: usize = MAX_TXN_OPS - 4;
-/// Operations in one settle txn (two per event at most: the records, the release): a
-/// release is a nested txn of one delete, so k operations need k + 1 <= 128.
-pub const MAX_SETTLE_OPS: usize = MAX_TXN_OPS - 1;
+/// Events in one settle txn: each one's nested txn has two operations (the records, the
+/// release), so k events need k + 2 <= 128.
+pub const MAX_SETTLES_PER_TXN: usize = MAX_TXN_OPS - 2;
 
 /// The keys of one event: its claim, and its records.
 pub fn keys(prefix: &str, channel: &str, event_key: &[u8]) -> (Vec<u8>, Vec<u8>) {
@@ -265,29 +266,42 @@ pub fn claim_body(ops: &[ClaimOp<'_>]) -> Vec<u8> {
     })
 }
 
-/// The settle txn: `delivered` keys get their record (with `lease`), `released` keys are
-/// deleted if their value is still the claim given. gRPC-framed.
-pub fn settle_body(delivered: &[(&[u8], &str)], released: &[(&[u8], &str)], lease: i64) -> Vec<u8> {
-    let puts = delivered
+/// One event's settle: its claim key and our claim, and the records to put (its records
+/// key and value), if any.
+pub struct SettleOp<'a> {
+    pub claim_key: &'a [u8],
+    pub claim: &'a str,
+    pub records: Option<(&'a [u8], &'a str)>,
+}
+
+/// The settle txn: for each event, if its claim is still ours (its value unchanged), put its
+/// records (with `lease`) and delete the claim; if another request took the claim over (ours
+/// lapsed), nothing: that one has read the records and writes them. gRPC-framed.
+pub fn settle_body(settles: &[SettleOp<'_>], lease: i64) -> Vec<u8> {
+    let success = settles
         .iter()
-        .map(|(key, value)| put(key, value.as_bytes(), lease));
-    let deletes = released.iter().map(|(key, claim)| {
-        op(Request::Txn(TxnRequest {
-            compare: vec![compare(
-                key,
-                proto::EQUAL,
-                proto::VALUE,
-                Against::Value(claim.as_bytes().to_vec()),
-            )],
-            success: vec![op(Request::DeleteRange(DeleteRangeRequest {
-                key: key.to_vec(),
-            }))],
-            failure: Vec::new(),
-        }))
-    });
+        .map(|s| {
+            let records = s
+                .records
+                .map(|(key, value)| put(key, value.as_bytes(), lease));
+            let release = op(Request::DeleteRange(DeleteRangeRequest {
+                key: s.claim_key.to_vec(),
+            }));
+            op(Request::Txn(TxnRequest {
+                compare: vec![compare(
+                    s.claim_key,
+                    proto::EQUAL,
+                    proto::VALUE,
+                    Against::Value(s.claim.as_bytes().to_vec()),
+                )],
+                success: records.into_iter().chain([release]).collect(),
+                failure: Vec::new(),
+            }))
+        })
+        .collect();
     frame(&TxnRequest {
         compare: Vec::new(),
-        success: puts.chain(deletes).collect(),
+        success,
         failure: Vec::new(),
     })
 }
@@ -700,7 +714,7 @@ mod tests {
 
     #[test]
     fn the_batches_fit_etcds_max_txn_ops_and_one_more_would_not() {
-        let events: Vec<(Vec<u8>, Vec<u8>)> = (0..=MAX_CLAIMS_PER_TXN)
+        let events: Vec<(Vec<u8>, Vec<u8>)> = (0..=MAX_CLAIMS_PER_TXN.max(MAX_SETTLES_PER_TXN))
             .map(|i| keys("/fanout/", "orders", format!("e{i}").as_bytes()))
             .collect();
         let value = claim_value(1, 2);
@@ -717,47 +731,60 @@ mod tests {
         let claims = |n: usize| decoded(&claim_body(&ops[..n]));
         assert!(etcd_accepts(&claims(MAX_CLAIMS_PER_TXN), MAX_TXN_OPS));
         assert!(!etcd_accepts(&claims(MAX_CLAIMS_PER_TXN + 1), MAX_TXN_OPS));
-        // A settle of puts and releases (nested deletes).
+        // Settles, each with its records (the larger nested txn).
         let settle = |n: usize| {
-            let d: Vec<(&[u8], &str)> = events[..n / 2]
+            let ops: Vec<SettleOp<'_>> = events[..n]
                 .iter()
-                .map(|(_, r)| (r.as_slice(), "d"))
+                .map(|(c, r)| SettleOp {
+                    claim_key: c,
+                    claim: &value,
+                    records: Some((r, "d")),
+                })
                 .collect();
-            let r: Vec<(&[u8], &str)> = events[..n - n / 2]
-                .iter()
-                .map(|(c, _)| (c.as_slice(), value.as_str()))
-                .collect();
-            decoded(&settle_body(&d, &r, 1))
+            decoded(&settle_body(&ops, 1))
         };
-        assert!(etcd_accepts(&settle(MAX_SETTLE_OPS), MAX_TXN_OPS));
-        assert!(!etcd_accepts(&settle(MAX_SETTLE_OPS + 1), MAX_TXN_OPS));
+        assert!(etcd_accepts(&settle(MAX_SETTLES_PER_TXN), MAX_TXN_OPS));
+        assert!(!etcd_accepts(&settle(MAX_SETTLES_PER_TXN + 1), MAX_TXN_OPS));
     }
 
     #[test]
-    fn the_settle_puts_records_and_deletes_claims_still_ours() {
-        let d: Vec<(&[u8], &str)> = vec![(b"a", "x"), (b"b", "yy")];
-        let r: Vec<(&[u8], &str)> = vec![(b"c", "mine")];
-        let txn = decoded(&settle_body(&d, &r, 42));
-        assert_eq!(txn.success.len(), 3);
-        assert_eq!(txn.success[0], put(b"a", b"x", 42));
-        assert_eq!(txn.success[1], put(b"b", b"yy", 42));
-        let delete = nested(&txn.success[2]);
-        assert_eq!(
-            delete.compare,
+    fn the_settle_writes_records_and_releases_only_a_claim_still_ours() {
+        let ops = [
+            SettleOp {
+                claim_key: b"a/c",
+                claim: "mine",
+                records: Some((b"a/d", "dxx")),
+            },
+            SettleOp {
+                claim_key: b"b/c",
+                claim: "ours",
+                records: None,
+            },
+        ];
+        let txn = decoded(&settle_body(&ops, 42));
+        assert!(txn.compare.is_empty() && txn.failure.is_empty());
+        assert_eq!(txn.success.len(), 2);
+        let still_ours = |key: &[u8], claim: &[u8]| {
             [compare(
-                b"c",
+                key,
                 proto::EQUAL,
                 proto::VALUE,
-                Against::Value(b"mine".to_vec())
+                Against::Value(claim.to_vec()),
             )]
-        );
-        assert_eq!(
-            delete.success,
-            [op(Request::DeleteRange(DeleteRangeRequest {
-                key: b"c".to_vec()
-            }))]
-        );
-        assert!(decoded(&settle_body(&[], &[], 5)).success.is_empty());
+        };
+        let release = |key: &[u8]| {
+            op(Request::DeleteRange(DeleteRangeRequest {
+                key: key.to_vec(),
+            }))
+        };
+        let first = nested(&txn.success[0]);
+        assert_eq!(first.compare, still_ours(b"a/c", b"mine"));
+        assert_eq!(first.success, [put(b"a/d", b"dxx", 42), release(b"a/c")]);
+        assert!(first.failure.is_empty(), "taken over: nothing");
+        let second = nested(&txn.success[1]);
+        assert_eq!(second.compare, still_ours(b"b/c", b"ours"));
+        assert_eq!(second.success, [release(b"b/c")]);
+        assert!(decoded(&settle_body(&[], 5)).success.is_empty());
     }
 
     #[test]
