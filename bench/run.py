@@ -682,6 +682,15 @@ def throughput_specs(builds):
     return specs
 
 
+def print_throughput(key, m):
+    print(f"    {key:24s} {m['rps']:8.0f} rq/s  p50 {m['p50_ms']:7.2f} ms  p99 "
+          f"{m['p99_ms']:7.2f} ms  cpu {m['cpu_us_per_req']:7.1f} us/rq  "
+          f"env {m['envoy_cpu_util']:.2f} sub {m['sub_cpu_util']:.2f}  "
+          f"sub rq/rq {m['sub_rq_per_req']:.2f}"
+          + (f"  NON-2xx {m['non_2xx']}" if m["non_2xx"] else "")
+          + (f"  ERRORS {m['errors']}" if m["errors"] else ""), flush=True)
+
+
 def throughput_phase(bench, ports, bodies, sub_port):
     a = bench.args
     specs = with_before(throughput_specs(a.builds))
@@ -703,12 +712,7 @@ def throughput_phase(bench, ports, bodies, sub_port):
             m = bench.measure(envoys[key], a.connections, a.duration, body_of[key],
                               unique_ids=key.startswith("fanout-dedupe"))
             samples[key].append(m)
-            print(f"    {key:24s} {m['rps']:8.0f} rq/s  p50 {m['p50_ms']:7.2f} ms  p99 "
-                  f"{m['p99_ms']:7.2f} ms  cpu {m['cpu_us_per_req']:7.1f} us/rq  "
-                  f"env {m['envoy_cpu_util']:.2f} sub {m['sub_cpu_util']:.2f}  "
-                  f"sub rq/rq {m['sub_rq_per_req']:.2f}"
-                  + (f"  NON-2xx {m['non_2xx']}" if m["non_2xx"] else "")
-                  + (f"  ERRORS {m['errors']}" if m["errors"] else ""), flush=True)
+            print_throughput(key, m)
     rows = {}
     for key, kind, n, extra in specs:
         row = median_row(samples[key])
@@ -751,10 +755,7 @@ def equal_rate(bench, envoys, samples, body_of):
                 m = bench.measure(envoys[k], a.connections, a.duration, body_of[k],
                                   unique_ids=True, rate=rate)
                 paced[k].append(m)
-                print(f"    {k:24s} {m['rps']:8.0f} rq/s  p50 {m['p50_ms']:7.2f} ms  cpu "
-                      f"{m['cpu_us_per_req']:7.1f} us/rq  env {m['envoy_cpu_util']:.2f}"
-                      + (f"  NON-2xx {m['non_2xx']}" if m["non_2xx"] else "")
-                      + (f"  ERRORS {m['errors']}" if m["errors"] else ""), flush=True)
+                print_throughput(k, m)
         out[key] = {"rate": rate, "rows": {k: median_row(v) for k, v in paced.items()}}
     return out
 

@@ -73,11 +73,6 @@ impl Ask {
         batch_body(std::slice::from_ref(&self))
     }
 
-    /// The operations it puts in a txn: one, whatever its subscribers.
-    pub fn ops(&self) -> usize {
-        1
-    }
-
     /// Whether it claims the key `other` claims (etcd refuses a txn that writes a key twice:
     /// two copies of one event go in two txns).
     pub fn shares_a_key(&self, other: &Ask) -> bool {
@@ -199,7 +194,7 @@ pub fn claim<H: Host>(
             key,
             owner,
             wanted.iter().copied().zip(ids).collect(),
-            &until,
+            longest,
             lease,
             now,
         ));
@@ -278,13 +273,12 @@ fn ask(
     key: &[u8],
     owner: u64,
     subscribers: Vec<(usize, u64)>,
-    until: &[u64],
+    until: u64,
     lease: i64,
     now: u64,
 ) -> Ask {
     let (claim_key, records_key) = etcd::keys(&store.prefix, &channel.name, key);
-    // One claim for the event: until its longest delivery ends.
-    let until = until.iter().copied().max().unwrap_or(now);
+    // One claim for the event, `until` its longest delivery ends.
     Ask {
         cluster: store.cluster.clone(),
         timeout: Duration::from_millis(u64::from(store.timeout_ms)),

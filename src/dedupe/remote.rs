@@ -271,7 +271,8 @@ impl Remote {
 
 /// Settles sent as one txn: the same lease (or none needed), cluster and timeout, at most
 /// [`MAX_SETTLES_PER_TXN`] of them, and no key twice (etcd refuses a txn that names a key in
-/// two operations).
+/// two operations; an event's records key follows from its claim key, so comparing the claim
+/// keys is enough).
 struct Batch {
     lease: i64,
     settles: Vec<RemoteSettle>,
@@ -282,21 +283,11 @@ impl Batch {
         let Some(first) = self.settles.first() else {
             return false;
         };
-        let keys = |s: &RemoteSettle| -> Vec<Vec<u8>> {
-            std::iter::once(s.claim.0.clone())
-                .chain(s.records.as_ref().map(|(k, _)| k.clone()))
-                .collect()
-        };
-        let mine = keys(settle);
         lease == self.lease
             && first.cluster == settle.cluster
             && first.timeout_ms == settle.timeout_ms
             && self.settles.len() < MAX_SETTLES_PER_TXN
-            && !self
-                .settles
-                .iter()
-                .flat_map(keys)
-                .any(|k| mine.contains(&k))
+            && !self.settles.iter().any(|s| s.claim.0 == settle.claim.0)
     }
 }
 

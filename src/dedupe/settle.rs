@@ -166,20 +166,20 @@ pub fn settle<H: Host>(
             .filter(|(_, took)| *took)
             .map(|(id, _)| *id)
             .collect();
-        let mut put = None;
-        if !took.is_empty() {
-            // The records still live, and the new ones (a subscriber claimed had none).
-            let mut records: Vec<etcd::Record> = held
+        // The records still live, and the new ones: a subscriber claimed had no live record,
+        // so no subscriber is in both.
+        let put = (!took.is_empty()).then(|| {
+            let records: Vec<etcd::Record> = held
                 .records
                 .into_iter()
-                .filter(|r| r.until_ms > now && !took.contains(&r.subscriber))
+                .filter(|r| r.until_ms > now)
+                .chain(took.iter().map(|&subscriber| etcd::Record {
+                    subscriber,
+                    until_ms,
+                }))
                 .collect();
-            records.extend(took.iter().map(|&subscriber| etcd::Record {
-                subscriber,
-                until_ms,
-            }));
-            put = Some((held.records_key, etcd::records_value(&records)));
-        }
+            (held.records_key, etcd::records_value(&records))
+        });
         return Settled {
             entries_delta: 0,
             store_error: false,

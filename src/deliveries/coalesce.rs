@@ -111,7 +111,6 @@ impl Coalescer {
             return None;
         }
         let mut batch: Vec<Parked> = Vec::new();
-        let mut ops = 0;
         let mut rest = Vec::new();
         for parked in std::mem::take(&mut self.parked) {
             let fits = match batch.first() {
@@ -119,12 +118,11 @@ impl Coalescer {
                 Some(first) => {
                     first.ask.cluster == parked.ask.cluster
                         && first.ask.timeout == parked.ask.timeout
-                        && ops + parked.ask.ops() <= MAX_CLAIMS_PER_TXN
+                        && batch.len() < MAX_CLAIMS_PER_TXN
                         && !batch.iter().any(|b| b.ask.shares_a_key(&parked.ask))
                 }
             };
             if fits {
-                ops += parked.ask.ops();
                 batch.push(parked);
             } else {
                 rest.push(parked);
