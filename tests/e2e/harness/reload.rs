@@ -259,7 +259,13 @@ impl ReloadEnvoy {
         volume.publish(&[("fanout.yaml", &filter), ("clusters.yaml", &clusters)]);
         let bootstrap = shipped_bootstrap(volume.path());
         let mut builder = Envoy::builder();
-        for key in ["node", "admin", "dynamic_resources", "static_resources"] {
+        for key in [
+            "node",
+            "admin",
+            "stats_config",
+            "dynamic_resources",
+            "static_resources",
+        ] {
             builder = builder.bootstrap_field(key, bootstrap[key].clone());
         }
         ReloadEnvoy {
