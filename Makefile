@@ -165,6 +165,15 @@ push: image skopeo
 	@echo "pushed $(IMAGE)@$$(cat $(IMAGE_LAYOUT).digest)"
 skopeo:
 	@command -v $(SKOPEO) >/dev/null || $(call apt_install,skopeo)
+# Prometheus and promtool (Debian's `prometheus` package): `make test-rules` unit-tests the
+# shipped rules (deploy/prometheus/) with promtool; tests/e2e/alerts.rs runs a real Prometheus
+# on them, scraping a real Envoy.
+.PHONY: prometheus test-rules
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || $(call apt_install,prometheus)
+test-rules: prometheus
+	promtool check rules deploy/prometheus/fanout-rules.yaml
+	cd deploy/prometheus && promtool test rules fanout-rules.test.yaml
 # The registry tests/e2e/image.rs pushes to (the CNCF distribution registry, on loopback).
 .PHONY: registry
 registry:
@@ -179,13 +188,13 @@ apt_install = { command -v apt-get >/dev/null || { echo "install $(1) (Debian/Ub
 run: build envoy
 	@./examples/demo.sh
 
-# Every test, in stages with their times (tools/test.sh): lint, unit, wasm, build, e2e.
+# Every test, in stages with their times (tools/test.sh): lint, unit, wasm, rules, build, e2e.
 test:
 	@MAKE="$(MAKE)" tools/test.sh
 
 # What the tests install (tools/test.sh runs it in the background while lint compiles).
 .PHONY: test-tools
-test-tools: envoy sdk js etcd jsonschema skopeo registry wasm-opt
+test-tools: envoy sdk js etcd jsonschema skopeo registry prometheus wasm-opt
 
 lint: targets
 	$(CARGO) fmt --all -- --check
@@ -207,7 +216,7 @@ test-wasm: targets
 	  $(CARGO) test --lib --no-default-features --target wasm32-wasip1
 
 # The real Envoy with the built filter and real subscribers on loopback.
-test-e2e: build envoy sdk etcd jsonschema skopeo registry
+test-e2e: build envoy sdk etcd jsonschema skopeo registry prometheus
 	$(CARGO) test --test e2e
 
 # The docker-compose demo for real (tools/test-compose.sh): needs Docker and compose v2, so not
@@ -221,10 +230,11 @@ test-compose:
 # pinned version (shipped_configs, image, the docs' examples, the module map, the importers,
 # the shipped sender-authorization bootstraps, which set their own body_wait), the hostile
 # conditions, live reload, the soak, the harness's self-checks, and the multi-replica suites
-# (replicas_store, rollout, affinity: minutes each, and not about body_wait).
+# (replicas_store, rollout, affinity: minutes each, and not about body_wait), and the shipped
+# Prometheus rules and dashboard (alerts).
 COMPAT_TESTS := --test e2e -- --skip shipped_configs:: --skip image:: --skip faults:: --skip reload:: --skip soak:: \
   --skip knative_import:: --skip knative_senders:: --skip harness_selftest:: --skip docs:: --skip design_map:: \
-  --skip authz:: --skip replicas_store:: --skip rollout:: --skip affinity::
+  --skip authz:: --skip replicas_store:: --skip rollout:: --skip affinity:: --skip alerts::
 test-compat: build sdk js
 	$(MAKE) --no-print-directory envoy ENVOY_VERSION=$(ENVOY_OLDEST)
 	@set -e; for version in $(ENVOY_VERSION) $(ENVOY_OLDEST); do \

@@ -21,6 +21,8 @@ mod filters;
 mod flow;
 mod format;
 mod metrics;
+// The shipped Prometheus rules and Grafana dashboard on a real Prometheus.
+mod alerts;
 mod reload;
 mod replicas_store;
 mod rollout;

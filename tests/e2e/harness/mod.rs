@@ -24,6 +24,7 @@
 //! | misbehave at the transport level | [`faults::FaultServer`] (silent, raw bytes, huge bodies, kill and restart), [`faults::raw_request`] |
 //! | send requests | [`Client::http1`], [`Client::h2c`] (and `_resolving` for host names), [`send`] -> [`Reply`], [`chunked_body`] |
 //! | check an answer | [`assert_202`], [`assert_202_empty`], [`assert_status`], [`assert_rejected`] (4xx with `{"error": ...}`), [`Reply::assert_not_tripwire`] |
+//! | scrape Envoy with a real Prometheus and evaluate rules; query it, read its alerts | [`prometheus::Prometheus::start`]`(&`[`prometheus::Setup`]`)`, [`prometheus::Prometheus::query`], [`prometheus::Prometheus::alerts`] |
 //! | run N fanout replicas behind a front Envoy (the shipped `envoy/front-affinity.yaml`, or round robin) | [`front::Front::start`]`(`[`front::Balance`]`, &ports)`, a replica on a fixed port: [`front::start_replica`]`(builder, port)` |
 //! | reload the filter the way a ConfigMap does (ECDS, CDS) | [`reload::ReloadEnvoy`] (derefs to [`Envoy`]), [`reload::ConfigMapVolume`], [`reload::Load`] |
 //! | run Envoy on ConfigMap files written elsewhere (e.g. by `envoy/knative-import.py`) | [`reload::ReloadEnvoy::start_on_files`] |
@@ -39,6 +40,7 @@ mod envoy;
 pub mod etcd;
 pub mod faults;
 pub mod front;
+pub mod prometheus;
 pub mod reload;
 pub mod sdk;
 mod server;
