@@ -21,6 +21,9 @@ PYJWT_VERSION ?= 2.10.1
 # Python's jsonschema, in the same venv: tests/e2e/shipped_configs.rs checks the shipped
 # Kubernetes resources against their CRDs' schemas with it (tools/check-k8s-schema.py).
 JSONSCHEMA_VERSION ?= 4.26.0
+# kubernetes-validate (Kubernetes' API schemas, pinned with the package), in the same venv:
+# tests/e2e/deploy.rs checks deploy/'s manifests with it, strictly.
+KUBERNETES_VALIDATE_VERSION ?= 1.37.0
 
 WASM := target/wasm32-wasip1/release/fanout.wasm
 VENV := .venv/$(ENVOY_VERSION)
@@ -139,6 +142,13 @@ $(JSONSCHEMA_STAMP): $(ENVOY_BIN)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check "jsonschema==$(JSONSCHEMA_VERSION)"
 	@touch $@
 
+KUBERNETES_VALIDATE_STAMP := $(VENV)/.kubernetes-validate-$(KUBERNETES_VALIDATE_VERSION)
+.PHONY: kubernetes-validate
+kubernetes-validate: $(KUBERNETES_VALIDATE_STAMP)
+$(KUBERNETES_VALIDATE_STAMP): $(ENVOY_BIN)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check "kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION)"
+	@touch $@
+
 # The OCI image of the shipped module (README: "Deploying: the image"), in the "compat" Wasm
 # image form Istio's WasmPlugin and Envoy Gateway's EnvoyExtensionPolicy load: one
 # application/vnd.oci.image.layer.v1.tar+gzip layer holding plugin.wasm. Written as an OCI
@@ -194,7 +204,7 @@ test:
 
 # What the tests install (tools/test.sh runs it in the background while lint compiles).
 .PHONY: test-tools
-test-tools: envoy sdk js etcd jsonschema skopeo registry prometheus wasm-opt
+test-tools: envoy sdk js etcd jsonschema kubernetes-validate skopeo registry prometheus wasm-opt
 
 lint: targets
 	$(CARGO) fmt --all -- --check
@@ -216,7 +226,7 @@ test-wasm: targets
 	  $(CARGO) test --lib --no-default-features --target wasm32-wasip1
 
 # The real Envoy with the built filter and real subscribers on loopback.
-test-e2e: build envoy sdk etcd jsonschema skopeo registry prometheus
+test-e2e: build envoy sdk etcd jsonschema kubernetes-validate skopeo registry prometheus
 	$(CARGO) test --test e2e
 
 # The docker-compose demo for real (tools/test-compose.sh): needs Docker and compose v2, so not
@@ -234,7 +244,8 @@ test-compose:
 # Prometheus rules and dashboard (alerts).
 COMPAT_TESTS := --test e2e -- --skip shipped_configs:: --skip image:: --skip faults:: --skip reload:: --skip soak:: \
   --skip knative_import:: --skip knative_senders:: --skip harness_selftest:: --skip docs:: --skip design_map:: \
-  --skip authz:: --skip replicas_store:: --skip rollout:: --skip affinity:: --skip alerts::
+  --skip authz:: --skip replicas_store:: --skip rollout:: --skip affinity:: --skip alerts:: \
+  --skip deploy::
 test-compat: build sdk js
 	$(MAKE) --no-print-directory envoy ENVOY_VERSION=$(ENVOY_OLDEST)
 	@set -e; for version in $(ENVOY_VERSION) $(ENVOY_OLDEST); do \
@@ -313,6 +324,16 @@ ecds:
 	$(PYTHON) envoy/render-ecds.py filter $(CONFIG) --wasm $(ECDS_WASM) -o $(ECDS_OUT)/fanout.yaml
 	$(PYTHON) envoy/render-ecds.py clusters $(CLUSTERS) -o $(ECDS_OUT)/clusters.yaml
 	@echo "wrote $(ECDS_OUT)/fanout.yaml and $(ECDS_OUT)/clusters.yaml"
+
+# The two ConfigMaps of deploy/kubernetes/ (docs/deploying.md: "Kubernetes"): fanout-envoy
+# (the bootstrap and drain.sh, as shipped in envoy/) and fanout-config (K8S_FANOUT, the fan-out
+# JSON, and K8S_CLUSTERS, its clusters, rendered by envoy/render-ecds.py).
+K8S_FANOUT ?= deploy/kubernetes/fanout.json
+K8S_CLUSTERS ?= billing=billing.default.svc.cluster.local:80 shipping=shipping.default.svc.cluster.local:80 \
+  dead-letters=dead-letters.default.svc.cluster.local:80
+.PHONY: k8s-configmaps
+k8s-configmaps:
+	$(PYTHON) tools/k8s-configmaps.py $(K8S_FANOUT) $(K8S_CLUSTERS) -o deploy/kubernetes
 
 # Knative channels onto fanout (README: "Coming from Knative"): from what
 #   kubectl get channels,inmemorychannels,subscriptions -A -o json > objects.json

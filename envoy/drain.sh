@@ -8,7 +8,12 @@
 #
 # Exit status: 0 when nothing is owed (stop Envoy now: SIGTERM loses nothing), 1 when the
 # deadline passed first or Envoy's admin could not be read (the message names what is still
-# owed), 2 on a usage error. Meant as a Kubernetes preStop hook; POSIX sh and curl only.
+# owed), 2 on a usage error. Meant as a Kubernetes preStop hook.
+#
+# Needs a POSIX sh and one way to Envoy's admin, the first found of: curl, wget, Istio's
+# `pilot-agent request` (the sidecar's admin, 127.0.0.1:15000), or bash's /dev/tcp (the
+# envoyproxy/envoy images have bash but neither curl nor wget). FANOUT_DRAIN_CLIENT=curl |
+# wget | pilot-agent | bash picks one. A distroless image has no shell: see docs/replicas.md.
 #
 #   1. POST ADMIN_URL/drain_listeners?graceful: every response from now on carries
 #      `connection: close` (HTTP/1.1) or a GOAWAY (HTTP/2), with Envoy's
@@ -17,15 +22,19 @@
 #      set it to a few seconds), then the listeners stop and new connections are refused.
 #      Envoy keeps running and its admin keeps answering.
 #   2. Every POLL_S (default 1) it reads `wasmcustom.fanout.in_flight` (what fanout owes) and
-#      every `http.<prefix>.downstream_rq_active` but the admin's (requests still being
-#      received or answered); it is done after QUIET (default 3) readings in a row of all
+#      every `http.<stat prefix>.downstream_rq_active` but those whose prefix starts with
+#      `admin` (the admin's own, the probes' listener): requests still being received or
+#      answered. The stat prefix may have dots (Istio's inbound one is
+#      `inbound_0.0.0.0_8080`). It is done after QUIET (default 3) readings in a row of all
 #      zeros. fanout hands its gauge to Envoy once a second, so three readings a second
 #      apart see any fan-out that started before the first of them.
 #
 # Environment: FANOUT_DRAIN_PARAMS (the drain_listeners query, default `graceful`; in an
 # Istio sidecar use `inboundonly&graceful`, which leaves the outbound listeners of the
-# application alone), FANOUT_DRAIN_POLL_S, FANOUT_DRAIN_QUIET. Needs fanout's metrics on
-# (the default): without the gauge nothing says what is owed, and it exits 1 at once.
+# application alone), FANOUT_DRAIN_POLL_S, FANOUT_DRAIN_QUIET, FANOUT_DRAIN_CLIENT. Needs
+# fanout's metrics on (the default) and Envoy's downstream_rq_active stats (Istio keeps them
+# only with a proxyStatsMatcher that includes them): when either is missing nothing says
+# what is owed, and it exits 1 at once.
 
 set -u
 
@@ -51,24 +60,83 @@ log() {
     echo "drain.sh: [$(($(date +%s) - started))s] $*" >&2
 }
 
-if ! curl -fsS -m 5 -X POST "$admin/drain_listeners?$params" >/dev/null; then
-    log "POST $admin/drain_listeners?$params failed: nothing was drained"
+client=${FANOUT_DRAIN_CLIENT:-}
+if [ -z "$client" ]; then
+    for candidate in curl wget pilot-agent bash; do
+        if command -v "$candidate" >/dev/null 2>&1; then
+            client=$candidate
+            break
+        fi
+    done
+fi
+
+# admin METHOD PATH_AND_QUERY: the body on stdout; fails unless Envoy answered 200.
+admin() {
+    case $client in
+        curl) curl -fsS -m 5 -X "$1" "$admin$2" ;;
+        wget)
+            if [ "$1" = POST ]; then
+                wget -q -T 5 -O - --post-data= "$admin$2"
+            else
+                wget -q -T 5 -O - "$admin$2"
+            fi
+            ;;
+        # Istio's agent talks to its own Envoy's admin; ADMIN_URL is not used.
+        pilot-agent) pilot-agent request "$1" "${2#/}" ;;
+        # HTTP/1.1 by hand (Envoy refuses HTTP/1.0), a chunked body de-chunked.
+        bash) bash -c '
+            export LC_ALL=C
+            hostport=${1#http://}; hostport=${hostport%%/*}
+            exec 3<>"/dev/tcp/${hostport%:*}/${hostport##*:}" || exit 1
+            printf "%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\nContent-Length: 0\r\n\r\n" \
+                "$2" "$3" "$hostport" >&3
+            IFS= read -r status <&3
+            case $status in "HTTP/1."?" 200"*) ;; *) exit 1 ;; esac
+            chunked=
+            while IFS= read -r line <&3; do
+                line=${line%$'"'"'\r'"'"'}
+                [ -z "$line" ] && break
+                case ${line,,} in "transfer-encoding: chunked") chunked=1 ;; esac
+            done
+            if [ -z "$chunked" ]; then cat <&3; exit 0; fi
+            while IFS= read -r size <&3; do
+                size=$((16#${size%$'"'"'\r'"'"'}))
+                [ "$size" = 0 ] && break
+                IFS= read -r -N "$size" data <&3
+                printf "%s" "$data"
+                IFS= read -r _ <&3
+            done' drain "$admin" "$1" "$2" ;;
+        *)
+            log "no way to Envoy's admin: none of curl, wget, pilot-agent, bash (FANOUT_DRAIN_CLIENT='$client')"
+            return 1
+            ;;
+    esac
+}
+
+if ! admin POST "/drain_listeners?$params" >/dev/null; then
+    log "POST $admin/drain_listeners?$params failed ($client): nothing was drained"
     exit 1
 fi
 log "listeners draining ($params); waiting for fanout to owe nothing (deadline ${deadline_s}s)"
 
 quiet=0
 while :; do
-    # One read of both: `name: value` lines.
-    if stats=$(curl -fsS -m 5 -G "$admin/stats" \
-        --data-urlencode "filter=^($gauge|http\\.[^.]+\\.downstream_rq_active)\$"); then
+    # One read of both: `name: value` lines. The filter is a regex, percent-encoded.
+    if stats=$(admin GET "/stats?filter=%5E(wasmcustom%5C.fanout%5C.in_flight%7Chttp%5C..%2B%5C.downstream_rq_active)%24"); then
         owed=$(printf '%s\n' "$stats" | awk -v g="$gauge" -F': ' '$1 == g { print $2 }')
+        listeners=$(printf '%s\n' "$stats" | awk -F': ' '
+            $1 ~ /^http\./ && $1 !~ /^http\.admin/ { n++ } END { print n + 0 }')
         active=$(printf '%s\n' "$stats" | awk -F': ' '
-            $1 ~ /^http\./ && $1 != "http.admin.downstream_rq_active" { n += $2 }
+            $1 ~ /^http\./ && $1 !~ /^http\.admin/ { n += $2 }
             END { print n + 0 }')
         if [ -z "$owed" ]; then
             log "Envoy has no $gauge: fanout is not loaded or its metrics are off, so \
 nothing says what it owes"
+            exit 1
+        fi
+        if [ "$listeners" = 0 ]; then
+            log "Envoy has no http.<prefix>.downstream_rq_active stats (in Istio: add them to \
+proxyStatsMatcher), so nothing says which requests are in progress"
             exit 1
         fi
         if [ "$owed" = 0 ] && [ "$active" = 0 ]; then
@@ -84,7 +152,7 @@ nothing says what it owes"
 letters, replies, best-effort calls) and $active request(s) in progress"
     else
         quiet=0
-        what="unknown (GET $admin/stats failed)"
+        what="unknown (GET $admin/stats failed, $client)"
     fi
     if [ $(($(date +%s) - started)) -ge "$deadline_s" ]; then
         log "deadline of ${deadline_s}s passed; still owed: $what"

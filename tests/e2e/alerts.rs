@@ -1,6 +1,6 @@
 //! The shipped Prometheus rules and Grafana dashboard on a real Prometheus that scrapes a
 //! real Envoy running fanout on the shipped ConfigMap bootstrap (its `stats_tags`, live
-//! reconfiguration): a subscriber that fails makes the shipped alerts fire for it, read back
+//! reconfiguration, the read-only `admin_read` listener that the scrape goes through): a subscriber that fails makes the shipped alerts fire for it, read back
 //! from Prometheus' API; a configuration the filter refuses fires its alert; every query of
 //! every dashboard panel finds series.
 //!
@@ -148,11 +148,35 @@ fn a_failing_subscriber_fires_the_shipped_alerts_and_every_panel_has_data() {
     let mut envoy = ReloadEnvoy::start(&config, &clusters);
     let prometheus = Prometheus::start(&Setup {
         job: JOB,
-        targets: vec![envoy.admin_addr()],
+        // What the Deployment's scrape annotations name: port 9902, the read-only listener.
+        targets: vec![envoy.listener_addr("admin_read")],
         rules: vec![rules_without_for()],
         interval: Duration::from_millis(500),
     });
     let sender = Sender::start(envoy.url("/"));
+    // The read-only listener passes the two pages and nothing else of the admin.
+    let read_only = format!("http://{}", envoy.listener_addr("admin_read"));
+    assert_eq!(
+        send(Client::http1().get(&format!("{read_only}/ready"))).status,
+        200
+    );
+    for (method, path) in [
+        ("GET", "/stats"),
+        ("POST", "/drain_listeners"),
+        ("POST", "/quitquitquit"),
+    ] {
+        let request = Client::http1().post(&format!("{read_only}{path}"));
+        let request = if method == "GET" {
+            Client::http1().get(&format!("{read_only}{path}"))
+        } else {
+            request
+        };
+        assert_eq!(
+            send(request).status,
+            404,
+            "{method} {path} through admin_read"
+        );
+    }
 
     let alert = wait_firing(
         &prometheus,

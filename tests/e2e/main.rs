@@ -39,7 +39,9 @@ mod faults;
 mod soak;
 // Who may send: the shipped sender authorization.
 mod authz;
-// The shipped configurations, the image, the demo and the docs; the harness's own checks.
+// The shipped configurations, deploy/ (Kubernetes, Istio), the image, the demo and the docs;
+// the harness's own checks.
+mod deploy;
 mod docs;
 mod harness_selftest;
 mod image;

@@ -8,7 +8,7 @@
 //! - SIGKILL: what is lost is what the killed replica owed (`fanout.in_flight` just before
 //!   the kill bounds it), nothing answered after the kill is lost, nothing is duplicated.
 //!
-//! And the Kubernetes example (`examples/kubernetes/`) parses, and its grace period covers
+//! And the Kubernetes manifests (`deploy/kubernetes/`, `deploy/istio/`) parse, and its grace period covers
 //! the longest delivery of its own configuration.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -232,9 +232,15 @@ fn in_flight(replica: &Envoy) -> u64 {
 
 /// Runs the shipped `envoy/drain.sh` against a replica's admin: (exit code, stderr, time).
 fn drain(replica: &Envoy, deadline_s: u32) -> (i32, String, Duration) {
+    drain_with(replica, deadline_s, &[])
+}
+
+/// The same with more environment (e.g. `FANOUT_DRAIN_CLIENT`).
+fn drain_with(replica: &Envoy, deadline_s: u32, env: &[(&str, &str)]) -> (i32, String, Duration) {
     let script: PathBuf = manifest_dir().join("envoy/drain.sh");
     let started = Instant::now();
     let out = Command::new("sh")
+        .envs(env.iter().copied())
         .arg(&script)
         .arg(format!("http://{}", replica.admin_addr()))
         .arg(deadline_s.to_string())
@@ -245,6 +251,87 @@ fn drain(replica: &Envoy, deadline_s: u32) -> (i32, String, Duration) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
         started.elapsed(),
     )
+}
+
+/// drain.sh with each way to the admin it may find here (curl, wget, bash's /dev/tcp: the
+/// envoyproxy/envoy images have only the last; Istio's pilot-agent is not on this machine),
+/// under a stat prefix with dots (Istio's inbound one): a request whose body is still
+/// arriving holds it (fanout owes nothing yet; only downstream_rq_active shows it), and it
+/// says it is done once that request is answered.
+#[test]
+fn drain_sh_waits_for_a_request_in_progress_under_istio_s_stat_prefix_with_each_client() {
+    use std::io::Write;
+    const HOLD: Duration = Duration::from_secs(5);
+    for client in ["curl", "wget", "bash"] {
+        let sub = Subscriber::ok("sub");
+        let envoy = Envoy::builder()
+            .fanout(&json!({ "subscribers": [{ "cluster": "sub" }] }))
+            .cluster("sub", sub.port())
+            .stat_prefix("inbound_0.0.0.0_8080")
+            .arg("--drain-time-s")
+            .arg(DRAIN_TIME_S)
+            .arg("--drain-strategy")
+            .arg("immediate")
+            .start();
+        // A sender whose body is slow: headers and half the body now, the rest after HOLD.
+        let mut upload = std::net::TcpStream::connect(envoy.addr()).unwrap();
+        upload
+            .write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{")
+            .unwrap();
+        let active = "http.inbound_0.0.0.0_8080.downstream_rq_active";
+        crate::harness::timing::poll_until(
+            Duration::from_secs(10),
+            Duration::from_millis(20),
+            || (envoy.stat(active) == Some(1)).then_some(()),
+        )
+        .expect("the slow upload is a request in progress");
+        let finisher = std::thread::spawn(move || {
+            std::thread::sleep(HOLD);
+            upload.write_all(b"}").unwrap();
+            let mut answer = [0u8; 12];
+            std::io::Read::read_exact(&mut upload, &mut answer).unwrap();
+            String::from_utf8_lossy(&answer).into_owned()
+        });
+        let (code, stderr, took) = drain_with(&envoy, 60, &[("FANOUT_DRAIN_CLIENT", client)]);
+        assert_eq!(code, 0, "{client}: drain.sh failed:\n{stderr}");
+        assert!(
+            stderr.contains("fanout owes nothing"),
+            "{client}:\n{stderr}"
+        );
+        assert!(
+            took >= HOLD,
+            "{client}: done after {took:?}, before the request ended:\n{stderr}"
+        );
+        assert_eq!(finisher.join().unwrap(), "HTTP/1.1 202", "{client}");
+    }
+}
+
+/// In a sidecar whose stats matcher drops downstream_rq_active (Istio's default), drain.sh
+/// cannot see requests in progress: it says so and fails, rather than reading 0.
+#[test]
+fn drain_sh_refuses_to_guess_without_downstream_rq_active() {
+    let sub = Subscriber::ok("sub");
+    let envoy = Envoy::builder()
+        .fanout(&json!({ "subscribers": [{ "cluster": "sub" }] }))
+        .cluster("sub", sub.port())
+        .bootstrap_field(
+            "stats_config",
+            json!({ "stats_matcher": { "inclusion_list": { "patterns": [
+                { "prefix": "wasmcustom.fanout." }, { "prefix": "http.admin." }
+            ] } } }),
+        )
+        .start();
+    envoy.expect_stat(
+        "wasmcustom.fanout.in_flight",
+        |_| true,
+        Duration::from_secs(10),
+    );
+    let (code, stderr, _) = drain(&envoy, 30);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("no http.<prefix>.downstream_rq_active"),
+        "{stderr}"
+    );
 }
 
 /// Waits (bounded) until every replica owes nothing and has flushed its counters.
@@ -559,33 +646,15 @@ fn as_u64(v: &Value) -> u64 {
 
 #[test]
 fn the_kubernetes_example_drains_with_drain_sh_and_its_grace_period_covers_the_longest_delivery() {
-    use crate::harness::{read_shipped, read_shipped_yaml, validate_config, wasm_path};
-    let configmap = read_shipped_yaml("examples/kubernetes/configmap.yaml");
-    assert_eq!(
-        configmap["data"]["drain.sh"].as_str().unwrap(),
-        read_shipped("envoy/drain.sh"),
-        "the ConfigMap's drain.sh is not envoy/drain.sh as shipped"
-    );
-    let envoy_yaml = configmap["data"]["envoy.yaml"].as_str().unwrap();
-    let bootstrap = crate::harness::yaml_to_json(envoy_yaml, "the ConfigMap's envoy.yaml");
-    let wasm = &bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-        ["typed_config"]["http_filters"][0]["typed_config"]["config"];
-    let fanout_json = wasm["configuration"]["value"].as_str().unwrap();
-    let longest_ms = longest_delivery_ms(fanout_json);
+    use crate::harness::{read_shipped, read_shipped_yaml};
+    // What fanout-config holds (tests/e2e/deploy.rs checks it is this file rendered).
+    let longest_ms = longest_delivery_ms(&read_shipped("deploy/kubernetes/fanout.json"));
     assert_eq!(
         longest_ms, 50_000,
         "the longest delivery the comments compute"
     );
-    // The bootstrap is one Envoy takes (with the module where the test has it).
-    let module = wasm["vm_config"]["code"]["local"]["filename"]
-        .as_str()
-        .unwrap();
-    validate_config(
-        &envoy_yaml.replace(module, &wasm_path().display().to_string()),
-        "examples/kubernetes/configmap.yaml's envoy.yaml",
-    );
 
-    let deployment = read_shipped_yaml("examples/kubernetes/deployment.yaml");
+    let deployment = read_shipped_yaml("deploy/kubernetes/deployment.yaml");
     let spec = &deployment["spec"];
     assert_eq!(spec["replicas"], 2);
     assert_eq!(spec["strategy"]["rollingUpdate"]["maxUnavailable"], 0);
@@ -602,7 +671,7 @@ fn the_kubernetes_example_drains_with_drain_sh_and_its_grace_period_covers_the_l
         .collect();
     assert_eq!(
         &pre_stop[..3],
-        ["sh", "/etc/fanout/drain.sh", "http://127.0.0.1:9901"]
+        ["sh", "/etc/fanout-envoy/drain.sh", "http://127.0.0.1:9901"]
     );
     let deadline_s: u64 = pre_stop[3].parse().unwrap();
     let quiet_s = 3;
@@ -618,23 +687,9 @@ fn the_kubernetes_example_drains_with_drain_sh_and_its_grace_period_covers_the_l
          drain.sh's deadline ({deadline_s})"
     );
     assert!(container["readinessProbe"].is_object());
-    // drain.sh is where the hook looks: the ConfigMap mounted at /etc/fanout.
-    let mounts = container["volumeMounts"].as_array().unwrap();
-    let config_mount = mounts
-        .iter()
-        .find(|m| m["mountPath"] == "/etc/fanout")
-        .unwrap();
-    let volume = pod["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == config_mount["name"])
-        .unwrap();
-    assert_eq!(volume["configMap"]["name"], configmap["metadata"]["name"]);
-
     // The Services: both select the pods, the headless one on the port the front dials.
     let services: Vec<Value> =
-        serde_yaml_ng::Deserializer::from_str(&read_shipped("examples/kubernetes/service.yaml"))
+        serde_yaml_ng::Deserializer::from_str(&read_shipped("deploy/kubernetes/service.yaml"))
             .map(|doc| {
                 let v: serde_yaml_ng::Value = serde::Deserialize::deserialize(doc).unwrap();
                 serde_json::to_value(v).unwrap()
@@ -662,7 +717,7 @@ fn the_kubernetes_example_drains_with_drain_sh_and_its_grace_period_covers_the_l
     );
 
     // Istio: the hook on the sidecar, inbound listeners only, and the drain duration.
-    let istio = read_shipped_yaml("examples/kubernetes/istio/deployment.yaml");
+    let istio = read_shipped_yaml("deploy/istio/deployment.yaml");
     let pod = &istio["spec"]["template"];
     let proxy_config: Value = serde_json::from_str(
         pod["metadata"]["annotations"]["proxy.istio.io/config"]

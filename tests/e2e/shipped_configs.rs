@@ -693,9 +693,9 @@ fn every_shipped_connection_manager_leaves_x_request_id_to_the_sender() {
             }
         }
     }
-    let kubernetes = read_shipped("examples/kubernetes/configmap.yaml");
+    let kubernetes = read_shipped("deploy/kubernetes/fanout-envoy.yaml");
     for doc in kubernetes.split("\n---\n") {
-        let doc = yaml_to_json(doc, "examples/kubernetes/configmap.yaml");
+        let doc = yaml_to_json(doc, "deploy/kubernetes/fanout-envoy.yaml");
         if let Some(inner) = doc["data"]["envoy.yaml"].as_str() {
             let mut managers = Vec::new();
             connection_managers(

@@ -153,6 +153,8 @@ pub struct EnvoyBuilder {
     args: Vec<String>,
     /// The module Envoy loads instead of [`wasm_path`] (e.g. one pulled from an image).
     wasm_file: Option<PathBuf>,
+    /// The listener's HTTP stat prefix (default `ingress`).
+    stat_prefix: Option<String>,
 }
 
 impl EnvoyBuilder {
@@ -257,6 +259,12 @@ impl EnvoyBuilder {
         self
     }
 
+    /// The listener's HTTP stat prefix, e.g. Istio's inbound `inbound_0.0.0.0_8080`.
+    pub fn stat_prefix(mut self, prefix: &str) -> Self {
+        self.stat_prefix = Some(prefix.to_owned());
+        self
+    }
+
     pub fn log_level(mut self, level: &str) -> Self {
         self.log_level = Some(level.to_owned());
         self
@@ -355,7 +363,7 @@ impl EnvoyBuilder {
                         "name": "envoy.filters.network.http_connection_manager",
                         "typed_config": {
                             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                            "stat_prefix": "ingress",
+                            "stat_prefix": self.stat_prefix.as_deref().unwrap_or("ingress"),
                             "codec_type": "AUTO",
                             "route_config": {
                                 "name": "local",
@@ -580,6 +588,13 @@ impl Envoy {
         self.addr().port()
     }
 
+    /// The address another listener of the bootstrap bound (by its name), once Envoy is
+    /// ready.
+    pub fn listener_addr(&self, name: &str) -> SocketAddr {
+        named_listener_address(self.admin_addr(), name)
+            .unwrap_or_else(|| panic!("Envoy has no listener named {name}"))
+    }
+
     /// `http://127.0.0.1:<listener port><path>`
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr())
@@ -741,8 +756,13 @@ fn dechunk(mut body: &str) -> Option<String> {
     }
 }
 
-/// The address the listener bound (its port was 0 in the config).
+/// The address the listener `ingress` bound (its port was 0 in the config).
 fn listener_address(admin: SocketAddr) -> Option<SocketAddr> {
+    named_listener_address(admin, "ingress")
+}
+
+/// The address the listener `name` bound.
+fn named_listener_address(admin: SocketAddr, name: &str) -> Option<SocketAddr> {
     let (code, body) = http_get(admin, "/listeners?format=json")?;
     if code != 200 {
         return None;
@@ -751,7 +771,7 @@ fn listener_address(admin: SocketAddr) -> Option<SocketAddr> {
     let sa = v["listener_statuses"]
         .as_array()?
         .iter()
-        .find(|l| l["name"] == "ingress")?
+        .find(|l| l["name"] == name)?
         .get("local_address")?
         .get("socket_address")?
         .clone();

@@ -1,6 +1,6 @@
 //! A real Prometheus on loopback (`PROMETHEUS_BIN`, Debian's `prometheus` package: `make
 //! prometheus`), in its own process group, its data in a temp dir, stopped (SIGKILL) when the
-//! guard drops. It scrapes the given targets' admin `/stats/prometheus` under one job and
+//! guard drops. It scrapes the given targets' `/stats/prometheus` under one job and
 //! evaluates the given rule files; its HTTP API is read with [`Prometheus::query`] and
 //! [`Prometheus::alerts`].
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -42,7 +42,7 @@ pub fn prometheus_bin() -> PathBuf {
 pub struct Setup<'a> {
     /// The `job` label of every scraped series.
     pub job: &'a str,
-    /// Envoy admin addresses: each scraped at `/stats/prometheus`.
+    /// Addresses serving Envoy's `/stats/prometheus` (the admin, or a listener routing to it).
     pub targets: Vec<SocketAddr>,
     /// Rule files, as JSON documents (Prometheus reads YAML, of which JSON is a part).
     pub rules: Vec<Value>,
