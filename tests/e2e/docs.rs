@@ -13,6 +13,10 @@
 //!   must say `invalid plugin configuration: ...TEXT`), or
 //!   `<!-- fanout-config: not a configuration (...) -->` (a report, a Knative object). A json
 //!   block without a marker fails the test, so no example goes unchecked.
+//! - Every Prometheus name of fanout's metrics that the docs and the shipped rules and
+//!   dashboard (`deploy/`) use is one docs/metrics.md's table lists (a histogram's `_bucket`,
+//!   `_count`, `_sum` included), and none has Envoy's `wasmcustom` prefix, which Envoy drops in
+//!   `/stats/prometheus` (tests/e2e/metrics.rs reads the names off a real Envoy).
 
 use std::collections::HashMap;
 use std::fs;
@@ -554,4 +558,91 @@ fn the_link_checker_reads_anchors_and_links_as_github_does() {
             ("src/retry.rs".to_owned(), "c".to_owned())
         ]
     );
+}
+
+/// The words of a text made of `[a-z0-9_]` that start with `prefix`; a recording rule's name
+/// (`level:metric:operations`, checked by promtool and tests/e2e/alerts.rs) is not one.
+fn words_starting_with<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+    text.split(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == ':'))
+        .filter(|w| !w.contains(':'))
+        .filter(|w| w.starts_with(prefix))
+        .collect()
+}
+
+/// The Prometheus metric names of fanout (not its labels, test or fuzz target names).
+fn is_metric_name(word: &str) -> bool {
+    [
+        "fanout_requests_",
+        "fanout_subscriber_",
+        "fanout_in_flight",
+        "fanout_duration_ms",
+        "fanout_call_duration_ms",
+        "fanout_dedupe_",
+    ]
+    .iter()
+    .any(|p| word.starts_with(p))
+}
+
+#[test]
+fn every_prometheus_name_the_docs_and_deploy_use_is_in_the_metrics_table() {
+    let metrics = read(Path::new("docs/metrics.md"));
+    // The table's second column: the Prometheus names.
+    let listed: Vec<String> = metrics
+        .lines()
+        .filter(|l| l.starts_with("| `fanout."))
+        .filter_map(|l| l.split('|').nth(2))
+        .flat_map(|cell| {
+            words_starting_with(cell, "fanout_")
+                .into_iter()
+                .map(str::to_owned)
+        })
+        .filter(|w| is_metric_name(w))
+        .collect();
+    assert!(
+        listed.len() >= 20,
+        "the table of docs/metrics.md: {listed:?}"
+    );
+    let known = |w: &str| {
+        listed.iter().any(|l| {
+            w == l
+                || w == l.trim_end_matches("_bucket")
+                || ["_bucket", "_count", "_sum"]
+                    .iter()
+                    .any(|suffix| w == format!("{}{suffix}", l.trim_end_matches("_bucket")))
+        })
+    };
+    let mut files = documents();
+    files.extend(
+        [
+            "deploy/prometheus/fanout-rules.yaml",
+            "deploy/prometheus/fanout-rules.test.yaml",
+            "deploy/grafana/fanout-dashboard.json",
+        ]
+        .map(PathBuf::from),
+    );
+    let mut problems = Vec::new();
+    for file in &files {
+        let text = read(file);
+        for word in words_starting_with(&text, "wasmcustom_") {
+            problems.push(format!(
+                "{}: {word}: Envoy's /stats/prometheus drops the wasmcustom prefix",
+                file.display()
+            ));
+        }
+        for word in words_starting_with(&text, "fanout_")
+            .into_iter()
+            .filter(|w| is_metric_name(w))
+        {
+            if !known(word) {
+                problems.push(format!(
+                    "{}: {word} is not a name in docs/metrics.md's table",
+                    file.display()
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // It sees what it checks.
+    assert!(known("fanout_duration_ms_bucket") && known("fanout_in_flight"));
+    assert!(!known("fanout_inflight"));
 }
