@@ -400,3 +400,58 @@ fn the_istio_stats_recipe_labels_fanout_s_stats_and_keeps_what_drain_sh_reads() 
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("fanout owes nothing"), "{stderr}");
 }
+
+/// Every shipped bootstrap that loads fanout turns its per-subscriber stats into the labels
+/// docs/metrics.md names: the same stats_tags as envoy/envoy.yaml.
+#[test]
+fn every_shipped_bootstrap_that_loads_fanout_has_the_stats_tags() {
+    let expected =
+        harness::read_shipped_yaml("envoy/envoy.yaml")["stats_config"]["stats_tags"].clone();
+    assert!(
+        expected.as_array().is_some_and(|t| t.len() == 3),
+        "{expected}"
+    );
+    let mut files = vec!["examples/docker-compose/envoy.yaml".to_owned()];
+    for dir in ["envoy", "envoy/configmap", "envoy/authz"] {
+        for entry in std::fs::read_dir(manifest_dir().join(dir)).unwrap() {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            if name.ends_with(".yaml") {
+                files.push(format!("{dir}/{name}"));
+            }
+        }
+    }
+    let mut checked = Vec::new();
+    for rel in &files {
+        for doc in docs(rel) {
+            // A bootstrap (not a Kubernetes resource) whose filters name fanout.
+            if doc.get("static_resources").is_none() || !doc.to_string().contains("fanout") {
+                continue;
+            }
+            if doc["static_resources"]
+                .to_string()
+                .contains("envoy.filters.http.wasm")
+                || doc["static_resources"]
+                    .to_string()
+                    .contains("config_discovery")
+            {
+                assert_eq!(
+                    doc["stats_config"]["stats_tags"], expected,
+                    "{rel}: not the stats_tags of envoy/envoy.yaml"
+                );
+                checked.push(rel.clone());
+            }
+        }
+    }
+    for must in [
+        "envoy/envoy.yaml",
+        "envoy/configmap/envoy.yaml",
+        "envoy/configmap/envoy-senders.yaml",
+        "envoy/authz/envoy-jwt.yaml",
+        "examples/docker-compose/envoy.yaml",
+    ] {
+        assert!(
+            checked.iter().any(|c| c == must),
+            "{must} not checked: {checked:?}"
+        );
+    }
+}

@@ -1184,7 +1184,13 @@ fn envoy_on(import: &Import) -> ReloadEnvoy {
         .len() as u64;
     let at_least_once = |v: u64| v >= 1;
     let none = |v: u64| v == 0;
-    let every_cluster = |v: u64| v == clusters;
+    // The written clusters, and the bootstrap's own static ones (the admin_read listener's).
+    let static_clusters =
+        crate::harness::read_shipped_yaml(crate::harness::reload::SHIPPED_BOOTSTRAP)
+            ["static_resources"]["clusters"]
+            .as_array()
+            .map_or(0, Vec::len) as u64;
+    let every_cluster = |v: u64| v == clusters + static_clusters;
     let checks: [(String, &dyn Fn(u64) -> bool); 6] = [
         (format!("{ECDS}.update_success"), &at_least_once),
         (format!("{ECDS}.update_rejected"), &none),

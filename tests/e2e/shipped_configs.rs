@@ -598,7 +598,9 @@ fn envoy_gateway_policy_loads_the_image_in_continue_mode_and_validates() {
     let wasm = &policy["spec"]["wasm"][0];
     assert_eq!(wasm["code"]["type"], json!("Image"));
     let url = wasm["code"]["image"]["url"].as_str().unwrap();
-    assert!(url.ends_with(":0.1.0") && !url.contains("://"), "{url}");
+    // The tag of this release (Cargo.toml's version).
+    let tag = format!(":{}", env!("CARGO_PKG_VERSION"));
+    assert!(url.ends_with(&tag) && !url.contains("://"), "{url}");
     let plugin = wasm["config"].clone();
     assert_eq!(plugin["body_wait"], json!("continue"), "{rel}");
     let buffer = find("BackendTrafficPolicy");
