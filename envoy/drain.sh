@@ -34,7 +34,8 @@
 # application alone), FANOUT_DRAIN_POLL_S, FANOUT_DRAIN_QUIET, FANOUT_DRAIN_CLIENT. Needs
 # fanout's metrics on (the default) and Envoy's downstream_rq_active stats (Istio keeps them
 # only with a proxyStatsMatcher that includes them): when either is missing nothing says
-# what is owed, and it exits 1 at once.
+# what is owed, and it exits 1 (at once for the second, after QUIET readings for fanout's
+# gauge, which fanout defines within a second of Envoy's start).
 
 set -u
 
@@ -120,6 +121,7 @@ fi
 log "listeners draining ($params); waiting for fanout to owe nothing (deadline ${deadline_s}s)"
 
 quiet=0
+missing=0
 while :; do
     # One read of both: `name: value` lines. The filter is a regex, percent-encoded.
     if stats=$(admin GET "/stats?filter=%5E(wasmcustom%5C.fanout%5C.in_flight%7Chttp%5C..%2B%5C.downstream_rq_active)%24"); then
@@ -129,15 +131,23 @@ while :; do
         active=$(printf '%s\n' "$stats" | awk -F': ' '
             $1 ~ /^http\./ && $1 !~ /^http\.admin/ { n += $2 }
             END { print n + 0 }')
-        if [ -z "$owed" ]; then
-            log "Envoy has no $gauge: fanout is not loaded or its metrics are off, so \
-nothing says what it owes"
-            exit 1
-        fi
         if [ "$listeners" = 0 ]; then
             log "Envoy has no http.<prefix>.downstream_rq_active stats (in Istio: add them to \
 proxyStatsMatcher), so nothing says which requests are in progress"
             exit 1
+        fi
+        # fanout defines its gauge at its first flush, within a second of Envoy's start: only
+        # missing at QUIET readings in a row means it will not come.
+        if [ -z "$owed" ]; then
+            missing=$((missing + 1))
+            if [ "$missing" -ge "$quiet_needed" ]; then
+                log "Envoy has no $gauge: fanout is not loaded or its metrics are off, so \
+nothing says what it owes"
+                exit 1
+            fi
+            owed=unknown
+        else
+            missing=0
         fi
         if [ "$owed" = 0 ] && [ "$active" = 0 ]; then
             quiet=$((quiet + 1))
