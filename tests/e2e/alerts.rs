@@ -165,11 +165,11 @@ fn a_failing_subscriber_fires_the_shipped_alerts_and_every_panel_has_data() {
         ("POST", "/drain_listeners"),
         ("POST", "/quitquitquit"),
     ] {
-        let request = Client::http1().post(&format!("{read_only}{path}"));
+        let url = format!("{read_only}{path}");
         let request = if method == "GET" {
-            Client::http1().get(&format!("{read_only}{path}"))
+            Client::http1().get(&url)
         } else {
-            request
+            Client::http1().post(&url)
         };
         assert_eq!(
             send(request).status,
