@@ -54,6 +54,10 @@ struct Args {
         default_value = "/etc/ssl/certs/ca-certificates.crt"
     )]
     trusted_ca: String,
+    /// How long a subscriber's cluster stays on an Envoy after its filter stopped calling it,
+    /// so that events already in flight finish their calls (and retries) to it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    cluster_grace: u64,
 }
 
 fn main() -> ExitCode {
@@ -111,6 +115,7 @@ async fn serve(args: Args, source: Box<dyn Source>) -> Result<(), String> {
     let ads = AggregatedDiscoveryServiceServer::new(xds::Ads {
         served,
         ledger: ledger.clone(),
+        cluster_grace: std::time::Duration::from_secs(args.cluster_grace),
     });
     let grpc = tonic::transport::Server::builder()
         .add_service(ads)

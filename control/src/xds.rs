@@ -2,8 +2,10 @@
 //! subscriber clusters (CDS) on one stream, whole on every (re)connect and on every change.
 //!
 //! Order: clusters before the filter that calls them, and a cluster the Envoy's current
-//! filter still calls stays until the Envoy has ACKed (or refused) the filter that no longer
-//! does: no event meets an unknown cluster because of the order of two updates. A refused
+//! filter still calls stays until the Envoy has ACKed the filter that no longer does, and
+//! then for a grace period (`--cluster-grace`) while events that started with the previous
+//! filter finish their calls: no event meets an unknown cluster because of the order of two
+//! updates. A refused
 //! version (NACK) is recorded with Envoy's text and not sent again; the next change is.
 
 use crate::render::{cds_version, Served};
@@ -16,6 +18,7 @@ use envoy_types::pb::google::protobuf::Any;
 use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
@@ -30,6 +33,10 @@ type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 pub struct Ads {
     pub served: watch::Receiver<Option<Arc<Served>>>,
     pub ledger: Ledger,
+    /// How long a cluster stays after the Envoy's filter stopped calling it: calls that
+    /// events in flight started with the previous filter version still finish (Envoy resets
+    /// the calls of a removed cluster).
+    pub cluster_grace: Duration,
 }
 
 #[tonic::async_trait]
@@ -43,7 +50,10 @@ impl AggregatedDiscoveryService for Ads {
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
         let (tx, rx) = mpsc::channel(16);
         let stream = AdsStream {
-            state: StreamState::default(),
+            state: StreamState {
+                cluster_grace: self.cluster_grace,
+                ..StreamState::default()
+            },
             ledger: self.ledger.clone(),
             tx,
         };
@@ -89,6 +99,9 @@ pub struct StreamState {
     clusters: KindStream,
     /// The clusters the Envoy's current filter calls (they must stay).
     filter_calls: BTreeSet<String>,
+    /// Clusters a previous filter called, kept until then.
+    retired: Vec<(Instant, BTreeSet<String>)>,
+    cluster_grace: Duration,
     /// Every cluster sent on this stream, for keeping one the current filter still calls.
     sent_clusters: BTreeMap<String, Any>,
 }
@@ -106,7 +119,18 @@ impl AdsStream {
         mut served: watch::Receiver<Option<Arc<Served>>>,
     ) {
         loop {
+            let next_retirement = self.state.retired.iter().map(|(at, _)| *at).min();
+            let retire = async {
+                match next_retirement {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
+                () = retire => {
+                    let now = Instant::now();
+                    self.state.retired.retain(|(at, _)| *at > now);
+                }
                 request = inbound.next() => match request {
                     Some(Ok(request)) => self.state.on_request(&request, &self.ledger),
                     Some(Err(status)) => {
@@ -196,7 +220,9 @@ impl StreamState {
             None => {
                 ledger.acked(&node, kind, &in_flight.version);
                 if kind == Kind::Filter {
-                    self.filter_calls = in_flight.clusters;
+                    let previous = std::mem::replace(&mut self.filter_calls, in_flight.clusters);
+                    self.retired
+                        .push((Instant::now() + self.cluster_grace, previous));
                 }
             }
         }
@@ -210,7 +236,11 @@ impl StreamState {
         }
         if self.clusters.subscribed && self.clusters.in_flight.is_none() {
             let mut want: BTreeMap<&String, &Any> = served.clusters.iter().collect();
-            for name in &self.filter_calls {
+            for name in self
+                .filter_calls
+                .iter()
+                .chain(self.retired.iter().flat_map(|(_, names)| names))
+            {
                 if let Some(cluster) = self.sent_clusters.get_key_value(name) {
                     want.entry(cluster.0).or_insert(cluster.1);
                 }

@@ -22,6 +22,8 @@ mod flow;
 mod format;
 mod metrics;
 mod reload;
+// The control plane (fanout-control) and Envoys on envoy/xds/envoy.yaml.
+mod control;
 mod replicas_store;
 mod rollout;
 // Knative's contract, with the CloudEvents SDK; the importer of Knative objects.

@@ -35,6 +35,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod client;
+pub mod control;
 mod envoy;
 pub mod etcd;
 pub mod faults;
