@@ -161,11 +161,10 @@ fn sort_objects(documents: Vec<Value>, report: &mut Report) -> Sorted {
     let mut seen = BTreeSet::new();
     for doc in documents {
         let obj = KObject::new(doc);
-        let known = match (obj.group.as_str(), obj.kind.as_str()) {
-            (MESSAGING, "Channel" | "InMemoryChannel" | "Subscription") => true,
-            (EVENTING, "EventPolicy") => true,
-            _ => false,
-        };
+        let known = matches!(
+            (obj.group.as_str(), obj.kind.as_str()),
+            (MESSAGING, "Channel" | "InMemoryChannel" | "Subscription") | (EVENTING, "EventPolicy")
+        );
         if !known {
             if obj.at(&["spec", "subscribers"]).is_some() {
                 report.other.push(Problem::new(
@@ -380,22 +379,7 @@ fn attach_subscription(
     seen_uids: &BTreeMap<String, BTreeSet<String>>,
     report: &mut Report,
 ) {
-    let kind = text(&sub.doc, &["spec", "channel", "kind"]).unwrap_or("Channel".into());
-    let ns = text(&sub.doc, &["spec", "channel", "namespace"]).unwrap_or(sub.namespace.clone());
-    let Some(name) = text(&sub.doc, &["spec", "channel", "name"]) else {
-        report.other.push(Problem::new(
-            &sub.label,
-            "spec.channel",
-            "missing or without a name",
-        ));
-        return;
-    };
-    let Some(group) = groups.iter().find(|g| g.has(&kind, &ns, &name)) else {
-        let message =
-            format!("{kind} {ns}/{name} is not in the source: the Subscription is not served");
-        report
-            .other
-            .push(Problem::new(&sub.label, "spec.channel", message));
+    let Some(group) = subscription_channel(sub, groups, report) else {
         return;
     };
     let listed = sub
@@ -446,6 +430,30 @@ fn attach_subscription(
     }
 }
 
+/// The fanout channel a Subscription's `spec.channel` names, or a problem.
+fn subscription_channel<'a>(
+    sub: &KObject,
+    groups: &'a [Group],
+    report: &mut Report,
+) -> Option<&'a Group> {
+    let kind = text(&sub.doc, &["spec", "channel", "kind"]).unwrap_or("Channel".into());
+    let ns = text(&sub.doc, &["spec", "channel", "namespace"]).unwrap_or(sub.namespace.clone());
+    let Some(name) = text(&sub.doc, &["spec", "channel", "name"]) else {
+        let problem = Problem::new(&sub.label, "spec.channel", "missing or without a name");
+        report.other.push(problem);
+        return None;
+    };
+    let group = groups.iter().find(|g| g.has(&kind, &ns, &name));
+    if group.is_none() {
+        let message =
+            format!("{kind} {ns}/{name} is not in the source: the Subscription is not served");
+        report
+            .other
+            .push(Problem::new(&sub.label, "spec.channel", message));
+    }
+    group
+}
+
 /// Where a subscriber comes from, for its problems.
 struct Source<'a> {
     channel: &'a str,
@@ -474,23 +482,23 @@ fn subscriber(
         let (mapped, t) = map_delivery(&here, value, &at, spec, report);
         timeout = t;
         if let Some(t) = t {
-            config["timeout_ms"] = json!(t);
+            config.insert("timeout_ms".into(), json!(t));
         }
         if !mapped.is_empty() {
-            config["delivery"] = Value::Object(mapped);
+            config.insert("delivery".into(), Value::Object(mapped));
         }
     }
     if let Some((reply_uri, reply_field, reply_ca)) = reply {
         let mut reply_target = target(source, &reply_uri, &reply_field, reply_ca, spec, report)?;
         if let Some(t) = timeout {
-            reply_target["timeout_ms"] = json!(t);
+            reply_target.insert("timeout_ms".into(), json!(t));
         }
-        config["reply"] = reply_target;
+        config.insert("reply".into(), Value::Object(reply_target));
     }
     let after = report.by_channel.get(source.channel).map_or(0, Vec::len);
     (after == before).then(|| SubscriberSpec {
         uri: uri.to_owned(),
-        config,
+        config: Value::Object(config),
     })
 }
 
@@ -502,7 +510,7 @@ fn target(
     ca: Option<String>,
     spec: &mut ChannelSpec,
     report: &mut Report,
-) -> Option<Value> {
+) -> Option<Map<String, Value>> {
     let parsed = match parse_uri(uri) {
         Ok(parsed) => parsed,
         Err(why) => {
@@ -528,7 +536,11 @@ fn target(
             cluster.ca_certs.push(ca);
         }
     }
-    Some(json!({ "cluster": name, "authority": parsed.authority, "path": parsed.path }))
+    let mut out = Map::new();
+    out.insert("cluster".into(), json!(name));
+    out.insert("authority".into(), json!(parsed.authority));
+    out.insert("path".into(), json!(parsed.path));
+    Some(out)
 }
 
 /// An http(s) URI as fanout calls it.
@@ -624,15 +636,54 @@ fn map_delivery(
 ) -> (Map<String, Value>, Option<u32>) {
     let mut out = Map::new();
     let mut problem = |field: &str, message: String| {
-        report.channel(
-            source.channel,
-            Problem::new(source.object, &format!("{at}.{field}"), message),
-        );
+        let problem = Problem::new(source.object, &format!("{at}.{field}"), message);
+        report.channel(source.channel, problem);
     };
     let Some(fields) = delivery.as_object() else {
         problem("", "is not a DeliverySpec".into());
         return (out, None);
     };
+    let checked = check_delivery(fields, &mut problem);
+    if let Some(format) = checked.format {
+        out.insert("format".into(), format);
+    }
+    if checked.retry > 0 {
+        let (policy, delay, cap) = (
+            checked.policy.as_deref(),
+            checked.delay,
+            checked.retry_after_max,
+        );
+        retries(&mut out, checked.retry, policy, delay, cap);
+    }
+    if let Some(uri) = text(delivery, &["deadLetterSink", "uri"]) {
+        let field = format!("{at}.deadLetterSink.uri");
+        let ca = text(delivery, &["deadLetterSink", "CACerts"]);
+        if let Some(mut t) = target(source, &uri, &field, ca, spec, report) {
+            if let Some(ms) = checked.timeout {
+                t.insert("timeout_ms".into(), json!(ms));
+            }
+            out.insert("dead_letter".into(), Value::Object(t));
+        }
+    } else if delivery.get("deadLetterSink").is_some() {
+        let message = "not resolved to a URI: fanout takes an absolute deadLetterSink.uri";
+        let problem = Problem::new(source.object, &format!("{at}.deadLetterSink"), message);
+        report.channel(source.channel, problem);
+    }
+    (out, checked.timeout)
+}
+
+/// A DeliverySpec's fields, checked.
+#[derive(Default)]
+struct Checked {
+    retry: u64,
+    timeout: Option<u32>,
+    delay: Option<u32>,
+    retry_after_max: Option<u32>,
+    policy: Option<String>,
+    format: Option<Value>,
+}
+
+fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, String)) -> Checked {
     for name in fields
         .keys()
         .filter(|n| !DELIVERY_FIELDS.contains(&n.as_str()))
@@ -642,19 +693,16 @@ fn map_delivery(
             "not a field of Knative's DeliverySpec that fanout knows".into(),
         );
     }
-    let retry = match fields.get("retry") {
-        None => 0,
-        Some(v) => match v.as_u64() {
-            Some(n) if n <= MAX_RETRY => n,
-            _ => {
-                problem(
-                    "retry",
-                    format!("{v}: a whole number from 0 to {MAX_RETRY}"),
-                );
-                0
-            }
-        },
-    };
+    let mut checked = Checked::default();
+    if let Some(v) = fields.get("retry") {
+        match v.as_u64() {
+            Some(n) if n <= MAX_RETRY => checked.retry = n,
+            _ => problem(
+                "retry",
+                format!("{v}: a whole number from 0 to {MAX_RETRY}"),
+            ),
+        }
+    }
     let mut duration = |name: &str, zero: bool| {
         let v = fields.get(name)?;
         match v.as_str().map(duration_ms) {
@@ -668,51 +716,30 @@ fn map_delivery(
             }
         }
     };
-    let timeout = duration("timeout", false);
-    let delay = duration("backoffDelay", true);
-    let retry_after_max = duration("retryAfterMax", true);
-    let policy = fields.get("backoffPolicy").and_then(Value::as_str);
-    if let Some(p) = fields
-        .get("backoffPolicy")
-        .filter(|p| !matches!(p.as_str(), Some("linear" | "exponential")))
-    {
-        problem(
+    checked.timeout = duration("timeout", false);
+    checked.delay = duration("backoffDelay", true);
+    checked.retry_after_max = duration("retryAfterMax", true);
+    match fields.get("backoffPolicy") {
+        Some(Value::String(p)) if p == "linear" || p == "exponential" => {
+            checked.policy = Some(p.clone())
+        }
+        Some(p) => problem(
             "backoffPolicy",
             format!("{p}: must be linear or exponential"),
-        );
+        ),
+        None => {}
     }
-    if let Some(f) = fields
-        .get("format")
-        .filter(|f| !matches!(f.as_str(), Some("json" | "binary")))
-    {
-        problem(
+    match fields.get("format") {
+        Some(f) if matches!(f.as_str(), Some("json" | "binary")) => {
+            checked.format = Some(f.clone())
+        }
+        Some(f) => problem(
             "format",
             format!("{f}: Knative's formats are json and binary"),
-        );
-    } else if let Some(f) = fields.get("format") {
-        out.insert("format".into(), f.clone());
+        ),
+        None => {}
     }
-    if retry > 0 {
-        retries(&mut out, retry, policy, delay, retry_after_max);
-    }
-    let dead = text(delivery, &["deadLetterSink", "uri"]);
-    if let Some(uri) = dead {
-        let field = format!("{at}.deadLetterSink.uri");
-        let ca = text(delivery, &["deadLetterSink", "CACerts"]);
-        if let Some(mut t) = target(source, &uri, &field, ca, spec, report) {
-            if let Some(ms) = timeout {
-                t["timeout_ms"] = json!(ms);
-            }
-            out.insert("dead_letter".into(), t);
-        }
-    } else if delivery.get("deadLetterSink").is_some() {
-        let message = "not resolved to a URI: fanout takes an absolute deadLetterSink.uri";
-        report.channel(
-            source.channel,
-            Problem::new(source.object, &format!("{at}.deadLetterSink"), message),
-        );
-    }
-    (out, timeout)
+    checked
 }
 
 /// Knative waits delay * 2^(n-1) (exponential) or delay * (n-1) (linear) before retry n;

@@ -58,8 +58,11 @@ impl EnvoyRecord {
 /// clusters they call).
 #[derive(Debug, Default)]
 struct FilterVersion {
-    channels: BTreeMap<String, (String, Vec<(String, BTreeSet<String>)>)>,
+    channels: BTreeMap<String, (String, Vec<LiveSubscriber>)>,
 }
+
+/// A subscriber's URI and the clusters it calls.
+type LiveSubscriber = (String, BTreeSet<String>);
 
 #[derive(Default)]
 struct Inner {

@@ -265,19 +265,22 @@ impl StreamState {
                     .clusters
                     .keys()
                     .all(|c| self.clusters.last_clusters.contains(c)));
-        if self.filter.subscribed && self.filter.in_flight.is_none() && clusters_there {
-            if self.filter.last.as_ref() != Some(&served.ecds_version) {
-                let calls = served.clusters.keys().cloned().collect();
-                let resources = vec![served.ecds.clone()];
-                out.push(self.respond(
-                    Kind::Filter,
-                    FILTER_TYPE,
-                    &served.ecds_version,
-                    resources,
-                    calls,
-                    ledger,
-                ));
-            }
+        let filter_behind = self.filter.last.as_ref() != Some(&served.ecds_version);
+        if self.filter.subscribed
+            && self.filter.in_flight.is_none()
+            && clusters_there
+            && filter_behind
+        {
+            let calls = served.clusters.keys().cloned().collect();
+            let resources = vec![served.ecds.clone()];
+            out.push(self.respond(
+                Kind::Filter,
+                FILTER_TYPE,
+                &served.ecds_version,
+                resources,
+                calls,
+                ledger,
+            ));
         }
         out
     }

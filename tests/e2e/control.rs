@@ -223,7 +223,7 @@ fn server_restart_mid_stream_and_envoy_restart_resync() {
     );
     let xds_port = free_ports(1)[0];
     let mut control = Control::start(dir.path(), xds_port);
-    let mut envoys = vec![
+    let mut envoys = [
         xds_envoy("e1", xds_port).start(),
         xds_envoy("e2", xds_port).start(),
     ];
@@ -273,6 +273,54 @@ fn server_restart_mid_stream_and_envoy_restart_resync() {
     );
     assert_eq!(reply.status, 202, "{}", reply.text());
     assert_eq!((a.count(), b.count()), (a_then + 1, b_then + 1));
+}
+
+#[test]
+fn two_servers_side_by_side_serve_the_same_state() {
+    let dir = TempDir::new("fanout-control-src", "the source directory");
+    let (a, b) = (Subscriber::ok("a"), Subscriber::ok("b"));
+    write(
+        dir.path(),
+        "orders.yaml",
+        &channel("orders", &[(uri(&a, "/"), "")]),
+    );
+    let ports = free_ports(2);
+    let controls = [
+        Control::start(dir.path(), ports[0]),
+        Control::start(dir.path(), ports[1]),
+    ];
+    let envoys = [
+        xds_envoy("e1", ports[0]).start(),
+        xds_envoy("e2", ports[1]).start(),
+    ];
+    let versions = |c: &Control| c.state()["versions"].clone();
+    assert_eq!(versions(&controls[0]), versions(&controls[1]));
+    write(
+        dir.path(),
+        "orders.yaml",
+        &channel("orders", &[(uri(&a, "/"), ""), (uri(&b, "/"), "")]),
+    );
+    for (control, node) in controls.iter().zip(["e1", "e2"]) {
+        control.wait_for_state("the change on its Envoy", WAIT, |s| {
+            let subscribers = channel_state(s, "default/orders")["subscribers"]
+                .as_array()
+                .map(Vec::len);
+            subscribers == Some(2) && current_on(s, "default/orders", &[node])
+        });
+    }
+    assert_eq!(versions(&controls[0]), versions(&controls[1]));
+    for envoy in &envoys {
+        let client = Client::http1_resolving("orders.example", envoy.addr());
+        let url = format!("http://orders.example:{}/", envoy.port());
+        let reply = crate::harness::send(
+            client
+                .post(&url)
+                .header("content-type", "application/json")
+                .body("{}"),
+        );
+        assert_eq!(reply.status, 202, "{}", reply.text());
+    }
+    assert_eq!((a.count(), b.count()), (2, 2));
 }
 
 #[test]
@@ -496,4 +544,246 @@ fn an_envoy_started_before_the_server_refuses_connections_until_it_has_everythin
         "the sender's retry is served once the configuration is there"
     );
     assert_eq!(a.count(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The measurements of `make bench-control` (part of `make bench`): ignored in `make test`.
+
+/// A sender per Envoy, posting back to back; each event's x-request-id names its Envoy
+/// (`e<k>-<n>`), which fanout forwards to the subscribers.
+struct Flood {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Flood {
+    fn start(host: &str, envoys: &[std::net::SocketAddr]) -> Flood {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = envoys
+            .iter()
+            .enumerate()
+            .map(|(k, addr)| {
+                let (stop, host, addr) = (stop.clone(), host.to_owned(), *addr);
+                std::thread::spawn(move || {
+                    let client = Client::http1_resolving(&host, addr);
+                    let url = format!("http://{host}:{}/", addr.port());
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::SeqCst) {
+                        n += 1;
+                        let request = client
+                            .post(&url)
+                            .header("x-request-id", format!("e{k}-{n}"))
+                            .body("{}");
+                        let _ = request.header("content-type", "application/json").send();
+                    }
+                })
+            })
+            .collect();
+        Flood { stop, threads }
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// From `start` to the first event `subscriber` got through each of `envoys` Envoys.
+fn reached_all(subscriber: &Subscriber, envoys: usize, start: Instant) -> Duration {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let requests = subscriber.requests();
+        let firsts: Vec<Option<Instant>> = (0..envoys)
+            .map(|k| {
+                let prefix = format!("e{k}-");
+                requests
+                    .iter()
+                    .find(|r| {
+                        r.header("x-request-id")
+                            .is_some_and(|id| id.starts_with(&prefix))
+                    })
+                    .map(|r| r.at)
+            })
+            .collect();
+        if let Some(last) = firsts
+            .iter()
+            .copied()
+            .collect::<Option<Vec<_>>>()
+            .and_then(|f| f.into_iter().max())
+        {
+            return last.saturating_duration_since(start);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new subscriber was not reached through every Envoy"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    let at =
+        |q: f64| samples[((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1];
+    (at(0.5), at(0.99))
+}
+
+const CHANGES: usize = 20;
+
+fn propagation_xds() -> (Duration, Duration) {
+    let dir = TempDir::new("fanout-control-src", "the source directory");
+    let first = Subscriber::ok("first");
+    let mut uris = vec![(uri(&first, "/"), "")];
+    write(dir.path(), "orders.yaml", &channel("orders", &uris));
+    let control = Control::start(dir.path(), free_ports(1)[0]);
+    let envoys: Vec<Envoy> = (0..3)
+        .map(|k| xds_envoy(&format!("e{k}"), control.xds_port).start())
+        .collect();
+    let _flood = Flood::start(
+        "orders.example",
+        &envoys.iter().map(Envoy::addr).collect::<Vec<_>>(),
+    );
+    let mut samples = Vec::new();
+    let mut subscribers = Vec::new();
+    for i in 0..CHANGES {
+        let new = Subscriber::ok(&format!("s{i}"));
+        uris.push((uri(&new, "/"), ""));
+        let start = Instant::now();
+        write(dir.path(), "orders.yaml", &channel("orders", &uris));
+        samples.push(reached_all(&new, 3, start));
+        subscribers.push(new);
+    }
+    percentiles(samples)
+}
+
+fn propagation_files() -> (Duration, Duration) {
+    use crate::harness::reload::{
+        render_clusters, render_filter, shipped_bootstrap, ConfigMapVolume,
+    };
+    let first = Subscriber::ok("first");
+    let mut clusters: Vec<(String, u16)> = vec![("s".to_owned(), first.port())];
+    let files = |clusters: &[(String, u16)]| {
+        let subscribers: Vec<Value> = clusters
+            .iter()
+            .map(|(c, _)| serde_json::json!({ "cluster": c }))
+            .collect();
+        let config = serde_json::json!({ "channels": [{ "name": "orders", "hosts": ["orders.example"], "subscribers": subscribers }] });
+        let named: Vec<(&str, u16)> = clusters.iter().map(|(c, p)| (c.as_str(), *p)).collect();
+        (render_filter(&config.to_string()), render_clusters(&named))
+    };
+    let mut volume = ConfigMapVolume::new();
+    let (filter, cds) = files(&clusters);
+    volume.publish(&[("fanout.yaml", &filter), ("clusters.yaml", &cds)]);
+    let bootstrap = shipped_bootstrap(volume.path());
+    let envoys: Vec<Envoy> = (0..3)
+        .map(|_| {
+            let mut builder = Envoy::builder();
+            for key in ["node", "admin", "dynamic_resources", "static_resources"] {
+                builder = builder.bootstrap_field(key, bootstrap[key].clone());
+            }
+            builder.start()
+        })
+        .collect();
+    let _flood = Flood::start(
+        "orders.example",
+        &envoys.iter().map(Envoy::addr).collect::<Vec<_>>(),
+    );
+    let mut samples = Vec::new();
+    let mut subscribers = Vec::new();
+    for i in 0..CHANGES {
+        let new = Subscriber::ok(&format!("s{i}"));
+        clusters.push((format!("s{i}"), new.port()));
+        let (filter, cds) = files(&clusters);
+        let start = Instant::now();
+        volume.publish(&[("fanout.yaml", &filter), ("clusters.yaml", &cds)]);
+        samples.push(reached_all(&new, 3, start));
+        subscribers.push(new);
+    }
+    percentiles(samples)
+}
+
+/// CPU of the server and of the three Envoys for one change to one channel among 1,000
+/// (each with its own subscriber cluster): the mean over 5 changes, the idle CPU of the same
+/// wall time taken off.
+fn push_cost() -> (Duration, Duration, Duration) {
+    use crate::harness::control::cpu_time;
+    let dir = TempDir::new("fanout-control-src", "the source directory");
+    let many = |changed: usize| -> String {
+        (0..1000)
+            .map(|i| {
+                let mut subs = vec![(format!("http://127.0.0.1:{}/", 20000 + i), "")];
+                if i == 500 {
+                    subs.extend(
+                        (0..changed).map(|c| (format!("http://127.0.0.1:{}/c", 20000 + c), "")),
+                    );
+                }
+                format!("---\n{}", channel(&format!("c{i}"), &subs))
+            })
+            .collect()
+    };
+    write(dir.path(), "channels.yaml", &many(0));
+    let control = Control::start(dir.path(), free_ports(1)[0]);
+    let envoys: Vec<Envoy> = (0..3)
+        .map(|k| xds_envoy(&format!("e{k}"), control.xds_port).start())
+        .collect();
+    let nodes = ["e0", "e1", "e2"];
+    let cpu = |pids: &[u32]| pids.iter().map(|p| cpu_time(*p)).sum::<Duration>();
+    let envoy_pids: Vec<u32> = envoys.iter().map(Envoy::pid).collect();
+    let (mut server, mut proxies, mut wall) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    for change in 1..=5 {
+        let (s0, e0, t0) = (cpu(&[control.pid()]), cpu(&envoy_pids), Instant::now());
+        write(dir.path(), "channels.yaml", &many(change));
+        control.wait_for_state("the change everywhere", WAIT, |s| {
+            s["channels"]["default/c500"]["subscribers"]
+                .as_array()
+                .map(Vec::len)
+                == Some(change + 1)
+                && current_on(s, "default/c500", &nodes)
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let elapsed = t0.elapsed();
+        let (s1, e1) = (cpu(&[control.pid()]), cpu(&envoy_pids));
+        // The same wall time idle.
+        std::thread::sleep(elapsed);
+        let (s2, e2) = (cpu(&[control.pid()]), cpu(&envoy_pids));
+        server += (s1 - s0).saturating_sub(s2 - s1);
+        proxies += (e1 - e0).saturating_sub(e2 - e1);
+        wall += elapsed;
+    }
+    (server / 5, proxies / 15, wall / 5)
+}
+
+#[test]
+#[ignore = "a measurement: make bench-control"]
+fn bench_propagation_and_push_cost() {
+    let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1000.0);
+    let (xds50, xds99) = propagation_xds();
+    let (file50, file99) = propagation_files();
+    let (server, envoy, wall) = push_cost();
+    println!("| path | p50 | p99 |\n|---|---|---|");
+    println!(
+        "| fanout-control (ADS), 3 Envoys, {CHANGES} changes | {} | {} |",
+        ms(xds50),
+        ms(xds99)
+    );
+    println!(
+        "| file-watched ECDS + CDS (inotify), 3 Envoys, {CHANGES} changes | {} | {} |",
+        ms(file50),
+        ms(file99)
+    );
+    println!(
+        "push cost, one change to one channel among 1,000: server {} CPU, each Envoy {} CPU (change to ACK + 0.5 s: {})",
+        ms(server),
+        ms(envoy),
+        ms(wall)
+    );
+    assert!(
+        xds99 <= Duration::from_secs(1),
+        "target: p99 <= 1 s through every Envoy, got {}",
+        ms(xds99)
+    );
 }

@@ -80,6 +80,11 @@ impl Control {
         control
     }
 
+    /// The server's pid (also its process group).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
     pub fn log(&self) -> String {
         let stderr = self.log.with_file_name("stderr.log");
         [&self.log, &stderr]
@@ -175,4 +180,20 @@ pub fn xds_envoy(node: &str, xds_port: u16) -> EnvoyBuilder {
     Envoy::builder()
         .raw_bootstrap(bootstrap)
         .args_list(&["--service-node", node])
+}
+
+/// CPU time (user + system) a process has used so far, from /proc (clock ticks of 10 ms).
+pub fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name (which is in parentheses and may hold spaces).
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
+        .sum();
+    Duration::from_millis(ticks * 10)
 }
