@@ -60,6 +60,9 @@ OPT_WASM := target/wasm-opt/binaryen-$(BINARYEN_VERSION)/fanout.wasm
 
 export ENVOY_BIN
 export ETCD_BIN
+# The control plane (control/, `make control`): tests/e2e/control.rs runs it.
+CONTROL_BIN := target/release/fanout-control
+export FANOUT_CONTROL_BIN := $(abspath $(CONTROL_BIN))
 # bench/run.py optimizes its own filters the same way.
 export FANOUT_WASM_OPT := $(WASM_OPT_CMD)
 export FANOUT_WASM := $(abspath $(WASM))
@@ -72,6 +75,7 @@ JS_DIR := tests/fixtures/js
 JS_STAMP := $(JS_DIR)/node_modules/.fanout-installed
 export FANOUT_JS_SDK := $(abspath $(JS_DIR))
 
+.PHONY: control run-control
 .PHONY: build run test test-unit test-wasm test-e2e test-compat lint fmt bench bench-filters clean envoy etcd targets soak fuzz sdk js wasm-opt wasm-opt-cmd
 
 # The shipped module, $(WASM), is cargo's build put through wasm-opt: what the e2e tests load.
@@ -198,6 +202,14 @@ apt_install = { command -v apt-get >/dev/null || { echo "install $(1) (Debian/Ub
 run: build envoy
 	@./examples/demo.sh
 
+# The control plane, fanout-control (control/, docs/control-plane.md), natively, in release.
+control:
+	$(CARGO) build --release -p fanout-control
+# The demo with the control plane: Envoy on envoy/xds/envoy.yaml, fanout-control on a
+# directory of Knative objects; editing a file there adds a subscriber live.
+run-control: build envoy control
+	@./examples/control-demo.sh
+
 # Every test, in stages with their times (tools/test.sh): lint, unit, wasm, rules, build, e2e.
 test:
 	@MAKE="$(MAKE)" tools/test.sh
@@ -211,11 +223,13 @@ lint: targets
 	$(CARGO) clippy --target wasm32-wasip1 --lib -- -D warnings
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy -p fanout-demo-subscriber --all-targets -- -D warnings
+	$(CARGO) clippy -p fanout-control --all-targets -- -D warnings
 
 # The pure core and the proxy-wasm glue (driven through a fake host), natively.
 test-unit:
 	$(CARGO) test --lib
 	$(CARGO) test -p fanout-demo-subscriber
+	$(CARGO) test -p fanout-control
 
 # The same core tests inside wasm32 (wasm32-wasip1, what Envoy runs), under Node.js's built-in
 # WASI (tools/wasi-run.mjs): the core alone (--no-default-features), since Node has no
@@ -226,7 +240,7 @@ test-wasm: targets
 	  $(CARGO) test --lib --no-default-features --target wasm32-wasip1
 
 # The real Envoy with the built filter and real subscribers on loopback.
-test-e2e: build envoy sdk etcd jsonschema kubernetes-validate skopeo registry prometheus
+test-e2e: build envoy sdk etcd jsonschema kubernetes-validate skopeo registry prometheus control
 	$(CARGO) test --test e2e
 
 # The docker-compose demo for real (tools/test-compose.sh): needs Docker and compose v2, so not
@@ -241,11 +255,12 @@ test-compose:
 # the shipped sender-authorization bootstraps, which set their own body_wait), the hostile
 # conditions, live reload, the soak, the harness's self-checks, and the multi-replica suites
 # (replicas_store, rollout, affinity: minutes each, and not about body_wait), and the shipped
-# Prometheus rules and dashboard (alerts).
+# Prometheus rules and dashboard (alerts), and the control plane (its shipped bootstrap sets its
+# own body_wait).
 COMPAT_TESTS := --test e2e -- --skip shipped_configs:: --skip image:: --skip faults:: --skip reload:: --skip soak:: \
   --skip knative_import:: --skip knative_senders:: --skip harness_selftest:: --skip docs:: --skip design_map:: \
   --skip authz:: --skip replicas_store:: --skip rollout:: --skip affinity:: --skip alerts:: \
-  --skip deploy::
+  --skip deploy:: --skip control::
 test-compat: build sdk js
 	$(MAKE) --no-print-directory envoy ENVOY_VERSION=$(ENVOY_OLDEST)
 	@set -e; for version in $(ENVOY_VERSION) $(ENVOY_OLDEST); do \
@@ -260,13 +275,21 @@ test-compat: build sdk js
 # its size costs at start-up (bench/run.py; installs wrk with apt-get if it is missing). Results:
 # bench/results/<date>/ and bench/results/latest.md (~20 min). QUICK=1: a short run (~4 min)
 # whose results go to bench/tmp/quick/.
-bench: build envoy etcd bench-1000
+bench: build envoy etcd bench-1000 bench-control
 	$(PYTHON) bench/run.py --skip-build $(if $(filter 1,$(QUICK)),--quick)
 # What a channel of 1000 subscribers costs (Envoy's start-up, fan-out times, RSS against a
 # channel of 4): the measurement half of faults::a_channel_of_1000_subscribers_works.
 .PHONY: bench-1000
 bench-1000: build envoy
 	$(CARGO) test --test e2e -- --ignored --nocapture faults::bench_cost_of_a_1000_subscriber_channel
+
+# The control plane (tests/e2e/control.rs): propagation of a change to a new subscriber
+# through three Envoys, p50 and p99 over 20 changes, over ADS and over the file-watched ECDS
+# path side by side; the CPU one change to one channel among 1,000 costs the server and each
+# Envoy.
+.PHONY: bench-control
+bench-control: build envoy control
+	$(CARGO) test --test e2e -- --ignored --nocapture control::bench_propagation_and_push_cost
 
 # The cost of filtering a structured CloudEvent, 1 KiB to 1 MiB (benches/filters.rs).
 bench-filters:

@@ -24,6 +24,8 @@ mod metrics;
 // The shipped Prometheus rules and Grafana dashboard on a real Prometheus.
 mod alerts;
 mod reload;
+// The control plane (fanout-control) and Envoys on envoy/xds/envoy.yaml.
+mod control;
 mod replicas_store;
 mod rollout;
 // Knative's contract, with the CloudEvents SDK; the importer of Knative objects.

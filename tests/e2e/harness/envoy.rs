@@ -155,6 +155,8 @@ pub struct EnvoyBuilder {
     wasm_file: Option<PathBuf>,
     /// The listener's HTTP stat prefix (default `ingress`).
     stat_prefix: Option<String>,
+    /// A whole bootstrap instead of the one built here (e.g. the shipped xDS one).
+    raw_bootstrap: Option<Value>,
 }
 
 impl EnvoyBuilder {
@@ -265,13 +267,29 @@ impl EnvoyBuilder {
         self
     }
 
+    /// More command-line arguments, in order.
+    pub fn args_list(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|a| (*a).to_owned()));
+        self
+    }
+
     pub fn log_level(mut self, level: &str) -> Self {
         self.log_level = Some(level.to_owned());
         self
     }
 
+    /// Run this bootstrap as it is (its admin and listener on port 0, its listener named
+    /// `ingress`); the other settings of the builder that shape the bootstrap do not apply.
+    pub fn raw_bootstrap(mut self, bootstrap: Value) -> Self {
+        self.raw_bootstrap = Some(bootstrap);
+        self
+    }
+
     /// The Envoy bootstrap, as JSON (which is YAML).
     pub fn bootstrap(&self) -> Value {
+        if let Some(raw) = &self.raw_bootstrap {
+            return raw.clone();
+        }
         let route = match &self.proxy_to {
             Some(cluster) => json!({ "match": { "prefix": "/" }, "route": { "cluster": cluster } }),
             None => json!({
@@ -400,6 +418,20 @@ impl EnvoyBuilder {
     /// Start Envoy and wait until it serves. Panics (with Envoy's log) if it does not.
     pub fn start(self) -> Envoy {
         let mut envoy = self.spawn();
+        envoy.wait_started();
+        envoy
+    }
+
+    /// Start Envoy without waiting until it serves (see [`Envoy::wait_started`]).
+    pub fn start_unready(self) -> Envoy {
+        self.spawn()
+    }
+}
+
+impl Envoy {
+    /// Wait until a started Envoy serves. Panics (with Envoy's log) if it does not.
+    pub fn wait_started(&mut self) {
+        let envoy = self;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Some(status) = envoy.try_wait() {
@@ -418,7 +450,7 @@ impl EnvoyBuilder {
                     });
                     envoy.admin = Some(admin);
                     envoy.listener = Some(listener);
-                    return envoy;
+                    return;
                 }
             }
             if Instant::now() > deadline {
@@ -431,6 +463,13 @@ impl EnvoyBuilder {
         }
     }
 
+    /// Envoy's admin address once it has written it (also before it serves).
+    pub fn admin_now(&self) -> Option<SocketAddr> {
+        self.admin_from_file()
+    }
+}
+
+impl EnvoyBuilder {
     /// Start Envoy with a config it must refuse: wait for it to exit and return its exit
     /// status and log. Panics if it becomes ready instead, or does not exit in time.
     pub fn start_expecting_failure(self) -> (ExitStatus, String) {

@@ -36,6 +36,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod client;
+pub mod control;
 mod envoy;
 pub mod etcd;
 pub mod faults;

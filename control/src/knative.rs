@@ -1,0 +1,957 @@
+//! Knative objects (as `kubectl get -o yaml|json` prints them) -> fanout channels: the pure
+//! mapping, with each problem charged to the channel it concerns. The same mapping as
+//! `envoy/knative-import.py` for what both carry over: Channels and InMemoryChannels matched
+//! by the hosts of their addresses, their `spec.subscribers` and the Subscriptions of the
+//! input, deliveries (retries, backoff, timeout, dead letter, format) and replies.
+//!
+//! Unlike the import, a problem does not stop the rest: it is reported for its channel (the
+//! server keeps serving that channel's last good version) and every other channel is served.
+//! An EventPolicy is a problem for each channel of its namespace: the control plane does not
+//! serve the sender checks yet, and serving the channel without them would let every sender
+//! send.
+
+use crate::model::{ChannelMapping, ChannelSpec, ClusterSpec, Problem, Snapshot, SubscriberSpec};
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, BTreeSet};
+
+const MESSAGING: &str = "messaging.knative.dev";
+const EVENTING: &str = "eventing.knative.dev";
+/// fanout's limits (src/config): milliseconds are u32, retries at most 100.
+const MAX_RETRY: u64 = 100;
+const DELIVERY_FIELDS: [&str; 7] = [
+    "deadLetterSink",
+    "retry",
+    "timeout",
+    "backoffPolicy",
+    "backoffDelay",
+    "retryAfterMax",
+    "format",
+];
+
+/// One Kubernetes object of the input.
+#[derive(Clone, Debug)]
+struct KObject {
+    kind: String,
+    group: String,
+    namespace: String,
+    name: String,
+    uid: Option<String>,
+    label: String,
+    doc: Value,
+}
+
+impl KObject {
+    fn new(doc: Value) -> KObject {
+        let kind = text(&doc, &["kind"]).unwrap_or_default();
+        let api_version = text(&doc, &["apiVersion"]).unwrap_or_default();
+        let group = api_version.rsplit_once('/').map(|(g, _)| g.to_owned());
+        let namespace = text(&doc, &["metadata", "namespace"]).unwrap_or_else(|| "default".into());
+        let name = text(&doc, &["metadata", "name"]).unwrap_or_default();
+        KObject {
+            label: format!("{kind} {namespace}/{name}"),
+            uid: text(&doc, &["metadata", "uid"]),
+            kind,
+            group: group.unwrap_or_default(),
+            namespace,
+            name,
+            doc,
+        }
+    }
+
+    fn at(&self, path: &[&str]) -> Option<&Value> {
+        dig(&self.doc, path)
+    }
+}
+
+fn dig<'a>(value: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(value, |v, key| v.get(key))
+}
+
+fn text(value: &Value, path: &[&str]) -> Option<String> {
+    dig(value, path)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+}
+
+/// Flatten documents (objects, `List`s, arrays) into the Kubernetes objects they hold.
+pub fn objects_of(document: Value, out: &mut Vec<Value>) {
+    match document {
+        Value::Array(items) => items.into_iter().for_each(|d| objects_of(d, out)),
+        Value::Object(mut fields) if fields.get("items").is_some_and(Value::is_array) => {
+            if let Some(Value::Array(items)) = fields.remove("items") {
+                items.into_iter().for_each(|d| objects_of(d, out));
+            }
+        }
+        Value::Null => {}
+        other => out.push(other),
+    }
+}
+
+/// The problems charged so far, by channel (`None`: of no channel).
+#[derive(Default)]
+struct Report {
+    by_channel: BTreeMap<String, Vec<Problem>>,
+    other: Vec<Problem>,
+}
+
+impl Report {
+    fn channel(&mut self, channel: &str, problem: Problem) {
+        let list = self.by_channel.entry(channel.to_owned()).or_default();
+        if !list.contains(&problem) {
+            list.push(problem);
+        }
+    }
+}
+
+/// Map Knative objects to the channels fanout serves.
+pub fn map(documents: Vec<Value>) -> Snapshot {
+    let mut report = Report::default();
+    let (channels, subscriptions, policies) = sort_objects(documents, &mut report);
+    let groups = group_channels(channels);
+    let mut specs: BTreeMap<String, ChannelSpec> = BTreeMap::new();
+    let mut seen_uids: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for group in &groups {
+        let mut spec = ChannelSpec {
+            hosts: channel_hosts(group, &mut report),
+            ..ChannelSpec::default()
+        };
+        let uids = seen_uids.entry(group.name.clone()).or_default();
+        channel_subscribers(group, &mut spec, uids, &mut report);
+        specs.insert(group.name.clone(), spec);
+    }
+    for sub in &subscriptions {
+        attach_subscription(sub, &groups, &mut specs, &seen_uids, &mut report);
+    }
+    check_hosts(&specs, &mut report);
+    for policy in &policies {
+        for group in groups
+            .iter()
+            .filter(|g| g.primary.namespace == policy.namespace)
+        {
+            report.channel(
+                &group.name,
+                Problem::new(
+                    &policy.label,
+                    "kind",
+                    "EventPolicy: the control plane does not serve sender checks yet; the \
+                     channels of its namespace stay as they were (use envoy/knative-import.py \
+                     --oidc-issuer with the file-watched configuration for them)",
+                ),
+            );
+        }
+    }
+    let channels = specs
+        .into_iter()
+        .map(|(name, spec)| {
+            let problems = report.by_channel.remove(&name).unwrap_or_default();
+            (name, ChannelMapping { spec, problems })
+        })
+        .collect();
+    Snapshot {
+        channels,
+        problems: report.other,
+    }
+}
+
+type Sorted = (Vec<KObject>, Vec<KObject>, Vec<KObject>);
+
+fn sort_objects(documents: Vec<Value>, report: &mut Report) -> Sorted {
+    let (mut channels, mut subscriptions, mut policies) = (Vec::new(), Vec::new(), Vec::new());
+    let mut seen = BTreeSet::new();
+    for doc in documents {
+        let obj = KObject::new(doc);
+        let known = matches!(
+            (obj.group.as_str(), obj.kind.as_str()),
+            (MESSAGING, "Channel" | "InMemoryChannel" | "Subscription") | (EVENTING, "EventPolicy")
+        );
+        if !known {
+            if obj.at(&["spec", "subscribers"]).is_some() {
+                report.other.push(Problem::new(
+                    &obj.label,
+                    "kind",
+                    format!(
+                        "{} ({}) is not a kind fanout serves (Channel, InMemoryChannel, \
+                         Subscription): its subscribers get no events from fanout",
+                        obj.kind, obj.group
+                    ),
+                ));
+            }
+            continue;
+        }
+        if obj.name.is_empty() {
+            report
+                .other
+                .push(Problem::new(&obj.label, "metadata.name", "missing"));
+            continue;
+        }
+        if !seen.insert((obj.kind.clone(), obj.namespace.clone(), obj.name.clone())) {
+            continue;
+        }
+        match obj.kind.as_str() {
+            "Subscription" => subscriptions.push(obj),
+            "EventPolicy" => policies.push(obj),
+            _ => channels.push(obj),
+        }
+    }
+    channels
+        .sort_by(|a, b| (&a.namespace, &a.name, &a.kind).cmp(&(&b.namespace, &b.name, &b.kind)));
+    subscriptions.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    (channels, subscriptions, policies)
+}
+
+/// A fanout channel: a Channel or InMemoryChannel, or a Channel with its backing channel.
+struct Group {
+    name: String,
+    primary: KObject,
+    /// The backing channel (what the dispatcher delivers from) first.
+    members: Vec<KObject>,
+}
+
+impl Group {
+    fn has(&self, kind: &str, namespace: &str, name: &str) -> bool {
+        self.members
+            .iter()
+            .any(|m| m.kind == kind && m.namespace == namespace && m.name == name)
+    }
+}
+
+fn group_channels(channels: Vec<KObject>) -> Vec<Group> {
+    let backing_key = |c: &KObject| -> Option<(String, String, String)> {
+        if c.kind != "Channel" {
+            return None;
+        }
+        let kind = text(&c.doc, &["status", "channel", "kind"]).unwrap_or("InMemoryChannel".into());
+        let ns = text(&c.doc, &["status", "channel", "namespace"]).unwrap_or(c.namespace.clone());
+        let name = text(&c.doc, &["status", "channel", "name"]).unwrap_or(c.name.clone());
+        Some((kind, ns, name))
+    };
+    let key = |c: &KObject| (c.kind.clone(), c.namespace.clone(), c.name.clone());
+    let keys: BTreeSet<_> = channels.iter().map(key).collect();
+    let backed: BTreeSet<_> = channels
+        .iter()
+        .filter_map(backing_key)
+        .filter(|k| keys.contains(k))
+        .collect();
+    let mut groups = Vec::new();
+    for obj in channels.iter().filter(|c| !backed.contains(&key(c))) {
+        let mut members: Vec<KObject> = backing_key(obj)
+            .and_then(|k| channels.iter().find(|c| key(c) == k))
+            .into_iter()
+            .cloned()
+            .collect();
+        members.push(obj.clone());
+        groups.push(Group {
+            name: format!("{}/{}", obj.namespace, obj.name),
+            primary: obj.clone(),
+            members,
+        });
+    }
+    groups
+}
+
+fn channel_hosts(group: &Group, report: &mut Report) -> Vec<String> {
+    let mut hosts = Vec::new();
+    for member in &group.members {
+        let mut urls: Vec<String> = text(&member.doc, &["status", "address", "url"])
+            .into_iter()
+            .collect();
+        if let Some(Value::Array(addresses)) = member.at(&["status", "addresses"]) {
+            urls.extend(addresses.iter().filter_map(|a| text(a, &["url"])));
+        }
+        for url in urls {
+            if let Some(host) = url_host(&url) {
+                if !hosts.contains(&host) {
+                    hosts.push(host);
+                }
+            }
+        }
+    }
+    if hosts.is_empty() {
+        if let Some(imc) = group.members.iter().find(|m| m.kind == "InMemoryChannel") {
+            hosts.push(format!(
+                "{}-kn-channel.{}.svc.cluster.local",
+                imc.name, imc.namespace
+            ));
+        } else {
+            report.channel(
+                &group.name,
+                Problem::new(
+                    &group.primary.label,
+                    "status.address.url",
+                    "missing: fanout could not tell which requests are for this channel",
+                ),
+            );
+        }
+    }
+    hosts
+}
+
+fn check_hosts(specs: &BTreeMap<String, ChannelSpec>, report: &mut Report) {
+    let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
+    for (name, spec) in specs {
+        for host in &spec.hosts {
+            if let Some(first) = owner.get(host.as_str()) {
+                report.channel(
+                    name,
+                    Problem::new(
+                        name,
+                        "status.address.url",
+                        format!("host {host} is also {first}'s"),
+                    ),
+                );
+            } else {
+                owner.insert(host, name);
+            }
+        }
+    }
+}
+
+/// The channel's `spec.subscribers`: what Knative's dispatcher delivers to.
+fn channel_subscribers(
+    group: &Group,
+    spec: &mut ChannelSpec,
+    uids: &mut BTreeSet<String>,
+    report: &mut Report,
+) {
+    for member in &group.members {
+        let Some(entries) = member.at(&["spec", "subscribers"]) else {
+            continue;
+        };
+        let Some(entries) = entries.as_array() else {
+            let problem = Problem::new(&member.label, "spec.subscribers", "is not a list");
+            report.channel(&group.name, problem);
+            continue;
+        };
+        for (i, entry) in entries.iter().enumerate() {
+            let at = format!("spec.subscribers[{i}]");
+            if let Some(uid) = text(entry, &["uid"]) {
+                if !uids.insert(uid) {
+                    continue;
+                }
+            }
+            let Some(uri) = text(entry, &["subscriberUri"]) else {
+                let problem =
+                    Problem::new(&member.label, &format!("{at}.subscriberUri"), "missing");
+                report.channel(&group.name, problem);
+                continue;
+            };
+            let delivery = match entry.get("delivery") {
+                Some(d) => Some((d, member.label.clone(), format!("{at}.delivery"))),
+                None => channel_delivery(group),
+            };
+            let reply = text(entry, &["replyUri"])
+                .map(|u| (u, format!("{at}.replyUri"), text(entry, &["replyCACerts"])));
+            let source = Source {
+                channel: &group.name,
+                object: &member.label,
+            };
+            let ca = text(entry, &["subscriberCACerts"]);
+            let uri_field = format!("{at}.subscriberUri");
+            if let Some(sub) = subscriber(
+                &source,
+                (&uri, &uri_field, ca),
+                reply,
+                delivery,
+                spec,
+                report,
+            ) {
+                spec.subscribers.push(sub);
+            }
+        }
+    }
+}
+
+/// The channel's own `spec.delivery`, for subscribers without one of their own.
+fn channel_delivery(group: &Group) -> Option<(&Value, String, String)> {
+    group.members.iter().find_map(|m| {
+        m.at(&["spec", "delivery"])
+            .map(|d| (d, m.label.clone(), "spec.delivery".to_owned()))
+    })
+}
+
+/// A Subscription the channel's `spec.subscribers` does not list (yet), as Knative's
+/// reconciler will add it.
+fn attach_subscription(
+    sub: &KObject,
+    groups: &[Group],
+    specs: &mut BTreeMap<String, ChannelSpec>,
+    seen_uids: &BTreeMap<String, BTreeSet<String>>,
+    report: &mut Report,
+) {
+    let Some(group) = subscription_channel(sub, groups, report) else {
+        return;
+    };
+    let listed = sub
+        .uid
+        .as_ref()
+        .is_some_and(|u| seen_uids.get(&group.name).is_some_and(|s| s.contains(u)));
+    let Some(spec) = specs.get_mut(&group.name).filter(|_| !listed) else {
+        return;
+    };
+    let physical = "status.physicalSubscription";
+    let resolved = |role: &str| {
+        text(
+            &sub.doc,
+            &["status", "physicalSubscription", &format!("{role}Uri")],
+        )
+        .map(|u| (u, format!("{physical}.{role}Uri")))
+        .or_else(|| text(&sub.doc, &["spec", role, "uri"]).map(|u| (u, format!("spec.{role}.uri"))))
+    };
+    let source = Source {
+        channel: &group.name,
+        object: &sub.label,
+    };
+    let Some((uri, uri_field)) = resolved("subscriber") else {
+        let message = "not resolved to a URI: neither status.physicalSubscription.subscriberUri \
+                       nor an absolute spec.subscriber.uri";
+        report.channel(
+            &group.name,
+            Problem::new(&sub.label, "spec.subscriber", message),
+        );
+        return;
+    };
+    let reply =
+        resolved("reply").map(|(u, f)| (u, f, text(&sub.doc, &["spec", "reply", "CACerts"])));
+    let delivery = match sub.at(&["spec", "delivery"]) {
+        Some(d) => Some((d, sub.label.clone(), "spec.delivery".to_owned())),
+        None => channel_delivery(group),
+    };
+    let ca = text(&sub.doc, &["spec", "subscriber", "CACerts"]);
+    if let Some(mapped) = subscriber(
+        &source,
+        (&uri, &uri_field, ca),
+        reply,
+        delivery,
+        spec,
+        report,
+    ) {
+        spec.subscribers.push(mapped);
+    }
+}
+
+/// The fanout channel a Subscription's `spec.channel` names, or a problem.
+fn subscription_channel<'a>(
+    sub: &KObject,
+    groups: &'a [Group],
+    report: &mut Report,
+) -> Option<&'a Group> {
+    let kind = text(&sub.doc, &["spec", "channel", "kind"]).unwrap_or("Channel".into());
+    let ns = text(&sub.doc, &["spec", "channel", "namespace"]).unwrap_or(sub.namespace.clone());
+    let Some(name) = text(&sub.doc, &["spec", "channel", "name"]) else {
+        let problem = Problem::new(&sub.label, "spec.channel", "missing or without a name");
+        report.other.push(problem);
+        return None;
+    };
+    let group = groups.iter().find(|g| g.has(&kind, &ns, &name));
+    if group.is_none() {
+        let message =
+            format!("{kind} {ns}/{name} is not in the source: the Subscription is not served");
+        report
+            .other
+            .push(Problem::new(&sub.label, "spec.channel", message));
+    }
+    group
+}
+
+/// Where a subscriber comes from, for its problems.
+struct Source<'a> {
+    channel: &'a str,
+    object: &'a str,
+}
+
+type Reply = (String, String, Option<String>);
+type Delivery<'a> = Option<(&'a Value, String, String)>;
+
+fn subscriber(
+    source: &Source,
+    (uri, field, ca): (&str, &str, Option<String>),
+    reply: Option<Reply>,
+    delivery: Delivery,
+    spec: &mut ChannelSpec,
+    report: &mut Report,
+) -> Option<SubscriberSpec> {
+    let before = report.by_channel.get(source.channel).map_or(0, Vec::len);
+    let mut config = target(source, uri, field, ca, spec, report)?;
+    let mut timeout = None;
+    if let Some((value, object, at)) = delivery {
+        let here = Source {
+            channel: source.channel,
+            object: &object,
+        };
+        let (mapped, t) = map_delivery(&here, value, &at, spec, report);
+        timeout = t;
+        if let Some(t) = t {
+            config.insert("timeout_ms".into(), json!(t));
+        }
+        if !mapped.is_empty() {
+            config.insert("delivery".into(), Value::Object(mapped));
+        }
+    }
+    if let Some((reply_uri, reply_field, reply_ca)) = reply {
+        let mut reply_target = target(source, &reply_uri, &reply_field, reply_ca, spec, report)?;
+        if let Some(t) = timeout {
+            reply_target.insert("timeout_ms".into(), json!(t));
+        }
+        config.insert("reply".into(), Value::Object(reply_target));
+    }
+    let after = report.by_channel.get(source.channel).map_or(0, Vec::len);
+    (after == before).then(|| SubscriberSpec {
+        uri: uri.to_owned(),
+        config: Value::Object(config),
+    })
+}
+
+/// A call target (`cluster`, `authority`, `path`) for `uri`, its cluster added to `spec`.
+fn target(
+    source: &Source,
+    uri: &str,
+    field: &str,
+    ca: Option<String>,
+    spec: &mut ChannelSpec,
+    report: &mut Report,
+) -> Option<Map<String, Value>> {
+    let parsed = match parse_uri(uri) {
+        Ok(parsed) => parsed,
+        Err(why) => {
+            let problem = Problem::new(source.object, field, format!("{uri:?}: {why}"));
+            report.channel(source.channel, problem);
+            return None;
+        }
+    };
+    let scheme = if parsed.tls { "https" } else { "http" };
+    let name = format!("{scheme}|{}|{}", parsed.host, parsed.port);
+    let cluster = spec
+        .clusters
+        .entry(name.clone())
+        .or_insert_with(|| ClusterSpec {
+            name: name.clone(),
+            tls: parsed.tls,
+            host: parsed.host.clone(),
+            port: parsed.port,
+            ca_certs: Vec::new(),
+        });
+    if let Some(ca) = ca.map(|c| c.trim().to_owned()).filter(|c| !c.is_empty()) {
+        if parsed.tls && !cluster.ca_certs.contains(&ca) {
+            cluster.ca_certs.push(ca);
+        }
+    }
+    let mut out = Map::new();
+    out.insert("cluster".into(), json!(name));
+    out.insert("authority".into(), json!(parsed.authority));
+    out.insert("path".into(), json!(parsed.path));
+    Some(out)
+}
+
+/// An http(s) URI as fanout calls it.
+#[derive(Debug, PartialEq)]
+pub struct Uri {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    pub authority: String,
+    pub path: String,
+}
+
+/// Parse an absolute http or https URI; the error says why fanout cannot call it.
+pub fn parse_uri(uri: &str) -> Result<Uri, String> {
+    let (scheme, rest) = uri.split_once("://").ok_or("not an absolute URI")?;
+    let tls = match scheme.to_ascii_lowercase().as_str() {
+        "http" => false,
+        "https" => true,
+        _ => return Err("fanout calls absolute http and https URIs only".into()),
+    };
+    let (authority, path) = match rest.find(['/', '?', '#']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, "/"),
+    };
+    if authority.contains('@') {
+        return Err("credentials in a URI are not carried over".into());
+    }
+    let path = path.split('#').next().unwrap_or("/");
+    let path = if path.starts_with('?') {
+        format!("/{path}")
+    } else {
+        path.to_owned()
+    };
+    if path.bytes().any(|b| b <= 0x20 || b >= 0x7f) {
+        return Err("the path has characters that must be percent-encoded".into());
+    }
+    let (host, port) = split_host_port(authority)?;
+    let host = host.to_ascii_lowercase();
+    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | ':');
+    if host.is_empty() || !host.chars().all(valid) {
+        return Err("no valid host name".into());
+    }
+    let shown = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.clone()
+    };
+    Ok(Uri {
+        tls,
+        authority: port.map_or(shown.clone(), |p| format!("{shown}:{p}")),
+        port: port.unwrap_or(if tls { 443 } else { 80 }),
+        host,
+        path,
+    })
+}
+
+fn split_host_port(authority: &str) -> Result<(&str, Option<u16>), String> {
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        let (host, after) = rest.split_once(']').ok_or("an unclosed [ in the host")?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    let port = match port {
+        None | Some("") => None,
+        Some(p) => match p.parse::<u16>() {
+            Ok(p) if p > 0 => Some(p),
+            _ => return Err(format!("port {p:?} is not a port")),
+        },
+    };
+    Ok((host, port))
+}
+
+fn url_host(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next()?;
+    split_host_port(authority)
+        .ok()
+        .map(|(h, _)| h.to_ascii_lowercase())
+        .filter(|h| !h.is_empty())
+}
+
+/// Knative's DeliverySpec -> fanout's `delivery` and the per-call timeout.
+fn map_delivery(
+    source: &Source,
+    delivery: &Value,
+    at: &str,
+    spec: &mut ChannelSpec,
+    report: &mut Report,
+) -> (Map<String, Value>, Option<u32>) {
+    let mut out = Map::new();
+    let mut problem = |field: &str, message: String| {
+        let problem = Problem::new(source.object, &format!("{at}.{field}"), message);
+        report.channel(source.channel, problem);
+    };
+    let Some(fields) = delivery.as_object() else {
+        problem("", "is not a DeliverySpec".into());
+        return (out, None);
+    };
+    let checked = check_delivery(fields, &mut problem);
+    if let Some(format) = checked.format {
+        out.insert("format".into(), format);
+    }
+    if checked.retry > 0 {
+        let (policy, delay, cap) = (
+            checked.policy.as_deref(),
+            checked.delay,
+            checked.retry_after_max,
+        );
+        retries(&mut out, checked.retry, policy, delay, cap);
+    }
+    if let Some(uri) = text(delivery, &["deadLetterSink", "uri"]) {
+        let field = format!("{at}.deadLetterSink.uri");
+        let ca = text(delivery, &["deadLetterSink", "CACerts"]);
+        if let Some(mut t) = target(source, &uri, &field, ca, spec, report) {
+            if let Some(ms) = checked.timeout {
+                t.insert("timeout_ms".into(), json!(ms));
+            }
+            out.insert("dead_letter".into(), Value::Object(t));
+        }
+    } else if delivery.get("deadLetterSink").is_some() {
+        let message = "not resolved to a URI: fanout takes an absolute deadLetterSink.uri";
+        let problem = Problem::new(source.object, &format!("{at}.deadLetterSink"), message);
+        report.channel(source.channel, problem);
+    }
+    (out, checked.timeout)
+}
+
+/// A DeliverySpec's fields, checked.
+#[derive(Default)]
+struct Checked {
+    retry: u64,
+    timeout: Option<u32>,
+    delay: Option<u32>,
+    retry_after_max: Option<u32>,
+    policy: Option<String>,
+    format: Option<Value>,
+}
+
+fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, String)) -> Checked {
+    for name in fields
+        .keys()
+        .filter(|n| !DELIVERY_FIELDS.contains(&n.as_str()))
+    {
+        problem(
+            name,
+            "not a field of Knative's DeliverySpec that fanout knows".into(),
+        );
+    }
+    let mut checked = Checked::default();
+    if let Some(v) = fields.get("retry") {
+        match v.as_u64() {
+            Some(n) if n <= MAX_RETRY => checked.retry = n,
+            _ => problem(
+                "retry",
+                format!("{v}: a whole number from 0 to {MAX_RETRY}"),
+            ),
+        }
+    }
+    let mut duration = |name: &str, zero: bool| {
+        let v = fields.get(name)?;
+        match v.as_str().map(duration_ms) {
+            Some(Some(ms)) if zero || ms > 0 => Some(ms),
+            _ => {
+                problem(
+                    name,
+                    format!("{v}: not an ISO-8601 duration fanout takes (e.g. PT0.2S, PT1M)"),
+                );
+                None
+            }
+        }
+    };
+    checked.timeout = duration("timeout", false);
+    checked.delay = duration("backoffDelay", true);
+    checked.retry_after_max = duration("retryAfterMax", true);
+    match fields.get("backoffPolicy") {
+        Some(Value::String(p)) if p == "linear" || p == "exponential" => {
+            checked.policy = Some(p.clone())
+        }
+        Some(p) => problem(
+            "backoffPolicy",
+            format!("{p}: must be linear or exponential"),
+        ),
+        None => {}
+    }
+    match fields.get("format") {
+        Some(f) if matches!(f.as_str(), Some("json" | "binary")) => {
+            checked.format = Some(f.clone())
+        }
+        Some(f) => problem(
+            "format",
+            format!("{f}: Knative's formats are json and binary"),
+        ),
+        None => {}
+    }
+    checked
+}
+
+/// Knative waits delay * 2^(n-1) (exponential) or delay * (n-1) (linear) before retry n;
+/// fanout waits delay * 2^n or delay * n: exponential maps with half the delay.
+fn retries(
+    out: &mut Map<String, Value>,
+    retry: u64,
+    policy: Option<&str>,
+    delay: Option<u32>,
+    cap: Option<u32>,
+) {
+    out.insert("retry".into(), json!(retry));
+    let (delay, longest) = match (policy, delay) {
+        (Some("exponential"), Some(d)) => {
+            let half = d.div_ceil(2);
+            (half, u64::from(half).saturating_mul(1u64 << retry.min(62)))
+        }
+        (Some("linear"), Some(d)) => (d, u64::from(d).saturating_mul(retry)),
+        _ => (0, 0),
+    };
+    if delay > 0 {
+        out.insert("backoff_policy".into(), json!(policy));
+    }
+    out.insert("backoff_delay_ms".into(), json!(delay));
+    let longest = u32::try_from(longest).unwrap_or(u32::MAX);
+    out.insert(
+        "backoff_max_ms".into(),
+        json!(cap.filter(|c| *c >= longest).unwrap_or(longest)),
+    );
+}
+
+/// An ISO-8601 duration (`PT0.2S`, `PT1M`, `PT1H30M`, `P1D`) in whole milliseconds.
+pub fn duration_ms(value: &str) -> Option<u32> {
+    let rest = value.strip_prefix('P')?;
+    let (days, time) = match rest.split_once('T') {
+        Some((d, t)) if !t.is_empty() => (d, t),
+        Some(_) => return None,
+        None => (rest, ""),
+    };
+    let mut total = 0f64;
+    let mut any = false;
+    for (part, units) in [
+        (days, &[('W', 604_800_000f64), ('D', 86_400_000f64)][..]),
+        (
+            time,
+            &[('H', 3_600_000f64), ('M', 60_000f64), ('S', 1000f64)][..],
+        ),
+    ] {
+        let mut number = String::new();
+        let mut next = 0;
+        for c in part.chars() {
+            if c.is_ascii_digit() || c == '.' || c == ',' {
+                number.push(if c == ',' { '.' } else { c });
+                continue;
+            }
+            let at = units.iter().skip(next).position(|(u, _)| *u == c)? + next;
+            let (_, ms) = units.get(at)?;
+            total += number.parse::<f64>().ok()? * ms;
+            number.clear();
+            next = at + 1;
+            any = true;
+        }
+        if !number.is_empty() {
+            return None;
+        }
+    }
+    let ms = (total + 0.5).floor();
+    (any && ms <= f64::from(u32::MAX)).then_some(ms as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn channel(name: &str, subscribers: Value) -> Value {
+        json!({
+            "apiVersion": "messaging.knative.dev/v1", "kind": "InMemoryChannel",
+            "metadata": { "name": name, "namespace": "default" },
+            "spec": { "subscribers": subscribers },
+            "status": { "address": { "url": format!("http://{name}-kn-channel.default.svc.cluster.local") } }
+        })
+    }
+
+    #[test]
+    fn channels_subscribers_and_clusters() {
+        let snapshot = map(vec![channel(
+            "orders",
+            json!([{ "uid": "a", "subscriberUri": "http://billing.default.svc.cluster.local/events",
+                     "delivery": { "retry": 3, "backoffPolicy": "exponential", "backoffDelay": "PT0.2S",
+                                   "timeout": "PT2S",
+                                   "deadLetterSink": { "uri": "https://dlq.example.com:8443/x" } } },
+                   { "uid": "b", "subscriberUri": "http://127.0.0.1:9000", "replyUri": "http://127.0.0.1:9001/r" }]),
+        )]);
+        let orders = &snapshot.channels["default/orders"];
+        assert_eq!(orders.problems, vec![]);
+        assert_eq!(
+            orders.spec.hosts,
+            vec!["orders-kn-channel.default.svc.cluster.local"]
+        );
+        let first = &orders.spec.subscribers[0].config;
+        assert_eq!(
+            first["cluster"],
+            "http|billing.default.svc.cluster.local|80"
+        );
+        assert_eq!(first["path"], "/events");
+        assert_eq!(first["timeout_ms"], 2000);
+        assert_eq!(first["delivery"]["backoff_delay_ms"], 100);
+        assert_eq!(first["delivery"]["backoff_max_ms"], 800);
+        assert_eq!(
+            first["delivery"]["dead_letter"]["cluster"],
+            "https|dlq.example.com|8443"
+        );
+        assert_eq!(first["delivery"]["dead_letter"]["timeout_ms"], 2000);
+        let second = &orders.spec.subscribers[1].config;
+        assert_eq!(second["authority"], "127.0.0.1:9000");
+        assert_eq!(second["reply"]["path"], "/r");
+        let names: Vec<_> = orders.spec.clusters.keys().cloned().collect();
+        assert_eq!(names.len(), 4);
+        assert!(orders.spec.clusters["https|dlq.example.com|8443"].tls);
+    }
+
+    #[test]
+    fn a_bad_object_is_charged_to_its_channel_only() {
+        let snapshot = map(vec![
+            channel("good", json!([{ "subscriberUri": "http://a.example/" }])),
+            channel(
+                "bad",
+                json!([{ "subscriberUri": "ftp://a.example/" },
+                                  { "subscriberUri": "http://b.example/", "delivery": { "retries": 2 } }]),
+            ),
+        ]);
+        assert!(snapshot.channels["default/good"].problems.is_empty());
+        let bad = &snapshot.channels["default/bad"].problems;
+        assert_eq!(bad.len(), 2, "{bad:?}");
+        assert_eq!(bad[0].field, "spec.subscribers[0].subscriberUri");
+        assert!(bad[0].message.contains("http and https"), "{bad:?}");
+        assert_eq!(bad[1].field, "spec.subscribers[1].delivery.retries");
+    }
+
+    #[test]
+    fn subscriptions_join_their_channel_once() {
+        let sub = |name: &str, uid: &str, channel: &str| {
+            json!({
+                "apiVersion": "messaging.knative.dev/v1", "kind": "Subscription",
+                "metadata": { "name": name, "namespace": "default", "uid": uid },
+                "spec": { "channel": { "apiVersion": "messaging.knative.dev/v1", "kind": "InMemoryChannel", "name": channel },
+                          "subscriber": { "uri": format!("http://{name}.example/") } }
+            })
+        };
+        let snapshot = map(vec![
+            channel(
+                "orders",
+                json!([{ "uid": "listed", "subscriberUri": "http://listed.example/" }]),
+            ),
+            sub("listed", "listed", "orders"),
+            sub("new", "new", "orders"),
+            sub("lost", "lost", "nowhere"),
+        ]);
+        let uris: Vec<_> = snapshot.channels["default/orders"]
+            .spec
+            .subscribers
+            .iter()
+            .map(|s| s.uri.clone())
+            .collect();
+        assert_eq!(uris, vec!["http://listed.example/", "http://new.example/"]);
+        assert_eq!(snapshot.problems.len(), 1);
+        assert_eq!(snapshot.problems[0].object, "Subscription default/lost");
+    }
+
+    #[test]
+    fn a_channel_with_its_backing_channel_is_one() {
+        let mut imc = channel("orders", json!([{ "subscriberUri": "http://a.example/" }]));
+        imc["metadata"]["ownerReferences"] = json!([]);
+        let parent = json!({
+            "apiVersion": "messaging.knative.dev/v1", "kind": "Channel",
+            "metadata": { "name": "orders", "namespace": "default" },
+            "status": { "channel": { "kind": "InMemoryChannel", "name": "orders" },
+                        "address": { "url": "http://orders-kn-channel.default.svc.cluster.local" } }
+        });
+        let snapshot = map(vec![parent, imc]);
+        assert_eq!(snapshot.channels.len(), 1);
+        assert!(snapshot.channels["default/orders"].problems.is_empty());
+        assert_eq!(
+            snapshot.channels["default/orders"].spec.subscribers.len(),
+            1
+        );
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration_ms("PT0.2S"), Some(200));
+        assert_eq!(duration_ms("PT1H30M"), Some(5_400_000));
+        assert_eq!(duration_ms("P1D"), Some(86_400_000));
+        assert_eq!(duration_ms("PT"), None);
+        assert_eq!(duration_ms("1s"), None);
+        assert_eq!(duration_ms("PT1S1M"), None);
+    }
+
+    #[test]
+    fn uris() {
+        let u = parse_uri("https://[::1]:8443/p?q=1").unwrap();
+        assert_eq!(
+            (
+                u.host.as_str(),
+                u.port,
+                u.authority.as_str(),
+                u.path.as_str()
+            ),
+            ("::1", 8443, "[::1]:8443", "/p?q=1")
+        );
+        assert!(parse_uri("http://user:pw@h/").is_err());
+        assert!(parse_uri("http://h:0/").is_err());
+        assert_eq!(parse_uri("http://H.example").unwrap().path, "/");
+    }
+}

@@ -1,0 +1,73 @@
+//! What a source says fanout should serve: channels with their subscribers and the clusters
+//! those call, or, per channel, why it could not be mapped. No I/O here.
+
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// Something of the source that could not be carried over, named by object and field.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Problem {
+    /// `Kind namespace/name`, or a file of the source.
+    pub object: String,
+    /// The field, as a path (`spec.subscribers[0].delivery.retry`).
+    pub field: String,
+    pub message: String,
+}
+
+impl Problem {
+    pub fn new(object: &str, field: &str, message: impl Into<String>) -> Problem {
+        Problem {
+            object: object.to_owned(),
+            field: field.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+/// One upstream the filter calls: an Envoy cluster per scheme, host and port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClusterSpec {
+    /// `scheme|host|port`, as the filter's targets name it.
+    pub name: String,
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    /// PEM CA certificates the https upstream must be signed by; empty: the trust store.
+    pub ca_certs: Vec<String>,
+}
+
+/// One subscriber as the filter's configuration has it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SubscriberSpec {
+    /// The URI it is called at (for people: the state endpoint shows it).
+    pub uri: String,
+    /// Its entry of the filter's `subscribers` (docs/configuration.md).
+    pub config: Value,
+}
+
+/// One fanout channel as the source wants it served.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ChannelSpec {
+    pub hosts: Vec<String>,
+    pub subscribers: Vec<SubscriberSpec>,
+    /// Every cluster its subscribers, replies and dead letters call, by name.
+    pub clusters: BTreeMap<String, ClusterSpec>,
+}
+
+/// A channel of the source: what it maps to, and what of it did not map. A channel with
+/// problems is not served as it is now (the server keeps its last good version, if any).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ChannelMapping {
+    pub spec: ChannelSpec,
+    pub problems: Vec<Problem>,
+}
+
+/// Everything a source says at one moment.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Snapshot {
+    /// By channel name (`namespace/name`).
+    pub channels: BTreeMap<String, ChannelMapping>,
+    /// What belongs to no channel (an unreadable file, a Subscription of a missing channel).
+    pub problems: Vec<Problem>,
+}

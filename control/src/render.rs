@@ -1,0 +1,406 @@
+//! What the server serves, decided from a source's snapshot: which channels (as they are now,
+//! their last good version, or not at all), and the two xDS resources they become: the fanout
+//! filter's ECDS resource and the subscriber clusters (CDS). Versions are digests of the
+//! content, so two servers, or a restarted one, give the same state the same version.
+
+use crate::model::{ChannelSpec, ClusterSpec, Problem, Snapshot};
+use envoy_types::pb::envoy::config::cluster::v3::{
+    cluster::ClusterDiscoveryType, cluster::DiscoveryType, Cluster,
+};
+use envoy_types::pb::envoy::config::core::v3::{
+    address, async_data_source, data_source, socket_address, transport_socket, Address,
+    AsyncDataSource, DataSource, SocketAddress, TransportSocket, TypedExtensionConfig,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    lb_endpoint, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
+};
+use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    common_tls_context, subject_alt_name_matcher::SanType, CertificateValidationContext,
+    CommonTlsContext, SubjectAltNameMatcher, UpstreamTlsContext,
+};
+use envoy_types::pb::envoy::extensions::wasm::v3::{plugin_config, PluginConfig, VmConfig};
+use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher, StringMatcher};
+use envoy_types::pb::google::protobuf::{Any, BoolValue, Duration, StringValue};
+use prost::{Message, Name};
+use serde::Serialize;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+
+/// The ECDS resource's name: what the bootstrap's `config_discovery` asks for.
+pub const FILTER_NAME: &str = "fanout";
+
+/// How the resources are rendered (the server's command line).
+#[derive(Clone, Debug)]
+pub struct RenderOptions {
+    /// fanout.wasm as the Envoys see it.
+    pub wasm: String,
+    /// The CA bundle an https cluster trusts when the source names no CA certificates.
+    pub trusted_ca: String,
+}
+
+/// Whether a channel is served as the source has it now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Serving {
+    /// As the source has it now.
+    Current,
+    /// The source's version has problems: the last good one is served.
+    LastGood,
+    /// It has problems and never had a good version: not served (its hosts get 404).
+    NotServed,
+}
+
+/// One channel as served.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServedChannel {
+    pub serving: Serving,
+    /// What is served (the last good spec when `serving` is `last-good`).
+    #[serde(skip)]
+    pub spec: ChannelSpec,
+    /// A digest of what is served: an Envoy whose filter has it has this channel as served.
+    pub digest: String,
+    pub problems: Vec<Problem>,
+}
+
+/// Everything the server serves at one moment.
+#[derive(Clone, Debug)]
+pub struct Served {
+    pub channels: BTreeMap<String, ServedChannel>,
+    pub problems: Vec<Problem>,
+    pub ecds: Any,
+    pub ecds_version: String,
+    pub clusters: BTreeMap<String, Any>,
+    pub cds_version: String,
+}
+
+/// Decide what to serve from `snapshot`, falling back for a channel with problems to its
+/// version in `previous`.
+pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOptions) -> Served {
+    let mut channels = BTreeMap::new();
+    for (name, mapping) in &snapshot.channels {
+        let last = previous
+            .and_then(|p| p.channels.get(name))
+            .filter(|c| c.serving != Serving::NotServed);
+        let (serving, spec) = match (mapping.problems.is_empty(), last) {
+            (true, _) => (Serving::Current, mapping.spec.clone()),
+            (false, Some(last)) => (Serving::LastGood, last.spec.clone()),
+            (false, None) => (Serving::NotServed, ChannelSpec::default()),
+        };
+        let digest = digest(&channel_json(name, &spec).to_string());
+        let problems = mapping.problems.clone();
+        channels.insert(
+            name.clone(),
+            ServedChannel {
+                serving,
+                spec,
+                digest,
+                problems,
+            },
+        );
+    }
+    let served: Vec<_> = channels
+        .iter()
+        .filter(|(_, c)| c.serving != Serving::NotServed)
+        .collect();
+    let plugin = json!({ "channels": served.iter().map(|(n, c)| channel_json(n, &c.spec)).collect::<Vec<_>>() });
+    let plugin = plugin.to_string();
+    let ecds_version = digest(&format!("{plugin}\n{}", options.wasm));
+    let ecds = any(&filter_config(&plugin, &options.wasm));
+    let mut clusters = BTreeMap::new();
+    for (_, channel) in served {
+        for cluster in channel.spec.clusters.values() {
+            clusters
+                .entry(cluster.name.clone())
+                .or_insert_with(|| cluster_spec_merge(cluster, &channels));
+        }
+    }
+    let clusters: BTreeMap<String, Any> = clusters
+        .into_iter()
+        .map(|(name, spec)| (name, any(&cluster(&spec, options))))
+        .collect();
+    let cds_version = cds_version(clusters.values());
+    Served {
+        channels,
+        problems: snapshot.problems.clone(),
+        ecds,
+        ecds_version,
+        clusters,
+        cds_version,
+    }
+}
+
+/// A cluster named by several channels trusts the CA certificates any of them names.
+fn cluster_spec_merge(
+    first: &ClusterSpec,
+    channels: &BTreeMap<String, ServedChannel>,
+) -> ClusterSpec {
+    let mut merged = first.clone();
+    for other in channels
+        .values()
+        .filter_map(|c| c.spec.clusters.get(&first.name))
+    {
+        for ca in &other.ca_certs {
+            if !merged.ca_certs.contains(ca) {
+                merged.ca_certs.push(ca.clone());
+            }
+        }
+    }
+    merged
+}
+
+/// The version of a set of clusters: a digest of their encoding.
+pub fn cds_version<'a>(clusters: impl Iterator<Item = &'a Any>) -> String {
+    let mut hasher = Sha256::new();
+    for cluster in clusters {
+        hasher.update(&cluster.value);
+        hasher.update(b"\n");
+    }
+    hex16(&hasher.finalize())
+}
+
+fn channel_json(name: &str, spec: &ChannelSpec) -> Value {
+    let subscribers: Vec<&Value> = spec.subscribers.iter().map(|s| &s.config).collect();
+    json!({ "name": name, "hosts": spec.hosts, "subscribers": subscribers })
+}
+
+pub fn digest(text: &str) -> String {
+    hex16(&Sha256::digest(text.as_bytes()))
+}
+
+fn hex16(bytes: &[u8]) -> String {
+    bytes.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn any<M: Message + Name>(message: &M) -> Any {
+    Any {
+        type_url: M::type_url(),
+        value: message.encode_to_vec(),
+    }
+}
+
+/// The fanout filter as an ECDS resource: the same wasm config as envoy/render-ecds.py's.
+fn filter_config(plugin: &str, wasm: &str) -> TypedExtensionConfig {
+    let code = AsyncDataSource {
+        specifier: Some(async_data_source::Specifier::Local(DataSource {
+            specifier: Some(data_source::Specifier::Filename(wasm.to_owned())),
+            ..DataSource::default()
+        })),
+    };
+    // The same vm_id and code in every version: Envoy keeps the VMs and starts only a new
+    // plugin in them for each new configuration.
+    let vm = VmConfig {
+        vm_id: FILTER_NAME.to_owned(),
+        runtime: "envoy.wasm.runtime.v8".to_owned(),
+        code: Some(code),
+        ..VmConfig::default()
+    };
+    let config = PluginConfig {
+        name: FILTER_NAME.to_owned(),
+        root_id: FILTER_NAME.to_owned(),
+        configuration: Some(any(&StringValue {
+            value: plugin.to_owned(),
+        })),
+        allow_on_headers_stop_iteration: Some(BoolValue { value: true }),
+        vm: Some(plugin_config::Vm::VmConfig(vm)),
+        ..PluginConfig::default()
+    };
+    TypedExtensionConfig {
+        name: FILTER_NAME.to_owned(),
+        typed_config: Some(any(&Wasm {
+            config: Some(config),
+        })),
+    }
+}
+
+/// One cluster with one endpoint: STATIC for an IP address, STRICT_DNS for a host name; TLS
+/// (SNI and the certificate checked for the host) for https.
+fn cluster(spec: &ClusterSpec, options: &RenderOptions) -> Cluster {
+    let is_ip = spec.host.parse::<std::net::IpAddr>().is_ok();
+    let kind = if is_ip {
+        DiscoveryType::Static
+    } else {
+        DiscoveryType::StrictDns
+    };
+    let address = Address {
+        address: Some(address::Address::SocketAddress(SocketAddress {
+            address: spec.host.clone(),
+            port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
+                spec.port,
+            ))),
+            ..SocketAddress::default()
+        })),
+    };
+    let endpoint = LbEndpoint {
+        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+            address: Some(address),
+            ..Endpoint::default()
+        })),
+        ..LbEndpoint::default()
+    };
+    Cluster {
+        name: spec.name.clone(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(kind as i32)),
+        connect_timeout: Some(Duration {
+            seconds: 1,
+            nanos: 0,
+        }),
+        load_assignment: Some(ClusterLoadAssignment {
+            cluster_name: spec.name.clone(),
+            endpoints: vec![LocalityLbEndpoints {
+                lb_endpoints: vec![endpoint],
+                ..LocalityLbEndpoints::default()
+            }],
+            ..ClusterLoadAssignment::default()
+        }),
+        transport_socket: spec.tls.then(|| tls_socket(spec, is_ip, options)),
+        ..Cluster::default()
+    }
+}
+
+fn tls_socket(spec: &ClusterSpec, is_ip: bool, options: &RenderOptions) -> TransportSocket {
+    let trusted = if spec.ca_certs.is_empty() {
+        data_source::Specifier::Filename(options.trusted_ca.clone())
+    } else {
+        data_source::Specifier::InlineString(format!("{}\n", spec.ca_certs.join("\n")))
+    };
+    let host = spec.host.trim_end_matches('.').to_owned();
+    let san = SubjectAltNameMatcher {
+        san_type: if is_ip {
+            SanType::IpAddress
+        } else {
+            SanType::Dns
+        } as i32,
+        matcher: Some(StringMatcher {
+            match_pattern: Some(string_matcher::MatchPattern::Exact(host.clone())),
+            ..StringMatcher::default()
+        }),
+        ..SubjectAltNameMatcher::default()
+    };
+    let validation = CertificateValidationContext {
+        trusted_ca: Some(DataSource {
+            specifier: Some(trusted),
+            ..DataSource::default()
+        }),
+        match_typed_subject_alt_names: vec![san],
+        ..CertificateValidationContext::default()
+    };
+    let context = UpstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            validation_context_type: Some(
+                common_tls_context::ValidationContextType::ValidationContext(validation),
+            ),
+            ..CommonTlsContext::default()
+        }),
+        sni: if is_ip { String::new() } else { host },
+        ..UpstreamTlsContext::default()
+    };
+    TransportSocket {
+        name: "envoy.transport_sockets.tls".to_owned(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(any(&context))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::knative;
+
+    fn options() -> RenderOptions {
+        RenderOptions {
+            wasm: "/w/fanout.wasm".into(),
+            trusted_ca: "/ca.crt".into(),
+        }
+    }
+
+    fn imc(name: &str, uri: &str) -> Value {
+        json!({
+            "apiVersion": "messaging.knative.dev/v1", "kind": "InMemoryChannel",
+            "metadata": { "name": name, "namespace": "default" },
+            "spec": { "subscribers": [{ "subscriberUri": uri }] },
+            "status": { "address": { "url": format!("http://{name}.example") } }
+        })
+    }
+
+    fn plugin(served: &Served) -> Value {
+        let filter = TypedExtensionConfig::decode(served.ecds.value.as_slice()).unwrap();
+        let wasm = Wasm::decode(filter.typed_config.unwrap().value.as_slice()).unwrap();
+        let config = wasm.config.unwrap().configuration.unwrap();
+        serde_json::from_str(&StringValue::decode(config.value.as_slice()).unwrap().value).unwrap()
+    }
+
+    #[test]
+    fn a_bad_channel_keeps_its_last_good_version_and_the_rest_moves() {
+        let first = serve(
+            &knative::map(vec![
+                imc("a", "http://x.example/"),
+                imc("b", "http://y.example/"),
+            ]),
+            None,
+            &options(),
+        );
+        assert_eq!(first.clusters.len(), 2);
+        let second = serve(
+            &knative::map(vec![
+                imc("a", "ftp://x.example/"),
+                imc("b", "http://z.example/"),
+            ]),
+            Some(&first),
+            &options(),
+        );
+        assert_eq!(second.channels["default/a"].serving, Serving::LastGood);
+        assert_eq!(
+            second.channels["default/a"].digest,
+            first.channels["default/a"].digest
+        );
+        assert_eq!(second.channels["default/b"].serving, Serving::Current);
+        let config = plugin(&second);
+        assert_eq!(
+            config["channels"][0]["subscribers"][0]["cluster"],
+            "http|x.example|80"
+        );
+        assert_eq!(
+            config["channels"][1]["subscribers"][0]["cluster"],
+            "http|z.example|80"
+        );
+        let new = serve(
+            &knative::map(vec![imc("c", "ftp://x.example/")]),
+            None,
+            &options(),
+        );
+        assert_eq!(new.channels["default/c"].serving, Serving::NotServed);
+        assert_eq!(plugin(&new)["channels"], json!([]));
+    }
+
+    #[test]
+    fn versions_are_digests_of_the_content() {
+        let objects = vec![imc("a", "https://x.example/")];
+        let one = serve(&knative::map(objects.clone()), None, &options());
+        let two = serve(&knative::map(objects), None, &options());
+        assert_eq!(
+            (one.ecds_version.clone(), one.cds_version.clone()),
+            (two.ecds_version, two.cds_version)
+        );
+        let other = serve(
+            &knative::map(vec![imc("a", "https://y.example/")]),
+            None,
+            &options(),
+        );
+        assert_ne!(one.ecds_version, other.ecds_version);
+        assert_ne!(one.cds_version, other.cds_version);
+        let cluster =
+            Cluster::decode(one.clusters["https|x.example|443"].value.as_slice()).unwrap();
+        let Some(transport_socket::ConfigType::TypedConfig(tls)) =
+            cluster.transport_socket.unwrap().config_type
+        else {
+            panic!("no TLS")
+        };
+        assert_eq!(
+            UpstreamTlsContext::decode(tls.value.as_slice())
+                .unwrap()
+                .sni,
+            "x.example"
+        );
+    }
+}

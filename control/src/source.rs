@@ -1,0 +1,203 @@
+//! Sources of truth. A source runs for as long as the server does and publishes a
+//! [`Snapshot`] (channels mapped, with their problems) each time what it says changes; the
+//! server decides what to serve from the latest one. The directory source is the first; a
+//! live Kubernetes source is another implementation of [`Source`].
+
+use crate::knative;
+use crate::model::{Problem, Snapshot};
+use serde::Deserialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Where snapshots go: the server watches it.
+pub type Snapshots = watch::Sender<Option<Arc<Snapshot>>>;
+
+/// A source of truth.
+pub trait Source: Send + 'static {
+    /// For logs and `--help`: what it reads.
+    fn describe(&self) -> String;
+    /// Publish snapshots until `out` has no receiver left. Runs on its own thread: a source
+    /// may block.
+    fn run(self: Box<Self>, out: Snapshots);
+}
+
+/// Parse `--source`: `dir:PATH`.
+pub fn from_arg(arg: &str) -> Result<Box<dyn Source>, String> {
+    match arg.split_once(':') {
+        Some(("dir", path)) if !path.is_empty() => {
+            Ok(Box::new(DirSource::new(PathBuf::from(path))))
+        }
+        _ => Err(format!("--source {arg:?}: expected dir:PATH")),
+    }
+}
+
+/// A directory of Knative objects as `kubectl get -o yaml` (or `-o json`) writes them, one
+/// or more per file (`*.yaml`, `*.yml`, `*.json`; names starting with `.` are skipped, so a
+/// mounted ConfigMap's `..data` works). Read again whenever a file changes. A file that does
+/// not parse is reported and its objects stay as they last parsed (a half-written file never
+/// deletes a channel).
+pub struct DirSource {
+    dir: PathBuf,
+    interval: Duration,
+    files: BTreeMap<String, (Vec<u8>, Vec<Value>)>,
+}
+
+impl DirSource {
+    pub fn new(dir: PathBuf) -> DirSource {
+        DirSource {
+            dir,
+            interval: Duration::from_millis(100),
+            files: BTreeMap::new(),
+        }
+    }
+
+    /// Read the directory: a snapshot, or None when nothing changed.
+    pub fn poll(&mut self) -> Option<Snapshot> {
+        let mut problems = Vec::new();
+        let names = match list(&self.dir) {
+            Ok(names) => names,
+            Err(e) => {
+                problems.push(Problem::new(
+                    &self.dir.display().to_string(),
+                    "",
+                    format!("cannot list: {e}"),
+                ));
+                self.files.keys().cloned().collect()
+            }
+        };
+        let mut changed = names.len() != self.files.len() || !problems.is_empty();
+        let mut files = BTreeMap::new();
+        for name in names {
+            let path = self.dir.join(&name);
+            let previous = self.files.remove(&name);
+            let bytes = match std::fs::read(&path) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    problems.push(Problem::new(&name, "", format!("cannot read: {e}")));
+                    files.extend(previous.map(|p| (name, p)));
+                    continue;
+                }
+            };
+            let objects = match previous {
+                Some((old, objects)) if old == bytes => objects,
+                previous => {
+                    changed = true;
+                    match parse(&bytes) {
+                        Ok(objects) => objects,
+                        Err(e) => {
+                            problems.push(Problem::new(
+                                &name,
+                                "",
+                                format!("not YAML or JSON: {e}"),
+                            ));
+                            previous.map(|(_, objects)| objects).unwrap_or_default()
+                        }
+                    }
+                }
+            };
+            files.insert(name, (bytes, objects));
+        }
+        self.files = files;
+        if !changed {
+            return None;
+        }
+        let objects = self
+            .files
+            .values()
+            .flat_map(|(_, objects)| objects.iter().cloned())
+            .collect();
+        let mut snapshot = knative::map(objects);
+        snapshot.problems.extend(problems);
+        Some(snapshot)
+    }
+}
+
+impl Source for DirSource {
+    fn describe(&self) -> String {
+        format!("dir:{}", self.dir.display())
+    }
+
+    fn run(mut self: Box<Self>, out: Snapshots) {
+        let mut last: Option<Snapshot> = None;
+        loop {
+            if let Some(snapshot) = self.poll() {
+                if last.as_ref() != Some(&snapshot) {
+                    log::info!(
+                        "{}: {} channel(s), {} with problems",
+                        self.describe(),
+                        snapshot.channels.len(),
+                        snapshot
+                            .channels
+                            .values()
+                            .filter(|c| !c.problems.is_empty())
+                            .count()
+                    );
+                    if out.send(Some(Arc::new(snapshot.clone()))).is_err() {
+                        return;
+                    }
+                    last = Some(snapshot);
+                }
+            } else if out.is_closed() {
+                return;
+            }
+            std::thread::sleep(self.interval);
+        }
+    }
+}
+
+fn list(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        let wanted = [".yaml", ".yml", ".json"]
+            .iter()
+            .any(|ext| name.ends_with(ext));
+        if wanted && !name.starts_with('.') {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Every Kubernetes object of a YAML (multi-document) or JSON file.
+pub fn parse(bytes: &[u8]) -> Result<Vec<Value>, String> {
+    let mut objects = Vec::new();
+    for document in serde_yaml_ng::Deserializer::from_slice(bytes) {
+        let value = Value::deserialize(document).map_err(|e| e.to_string())?;
+        knative::objects_of(value, &mut objects);
+    }
+    Ok(objects)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_that_stops_parsing_keeps_its_objects() {
+        let dir =
+            std::env::temp_dir().join(format!("fanout-control-source-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let channel = "apiVersion: messaging.knative.dev/v1\nkind: InMemoryChannel\nmetadata: {name: a, namespace: default}\n\
+                       spec: {subscribers: [{subscriberUri: 'http://x.example/'}]}\n";
+        std::fs::write(dir.join("a.yaml"), channel).unwrap();
+        std::fs::write(dir.join(".hidden.yaml"), "{").unwrap();
+        let mut source = DirSource::new(dir.clone());
+        let first = source.poll().unwrap();
+        assert_eq!(first.channels.len(), 1);
+        assert!(first.problems.is_empty(), "{:?}", first.problems);
+        assert_eq!(source.poll(), None);
+        std::fs::write(dir.join("a.yaml"), "kind: [").unwrap();
+        let broken = source.poll().unwrap();
+        assert_eq!(broken.channels, first.channels);
+        assert_eq!(broken.problems[0].object, "a.yaml");
+        std::fs::remove_file(dir.join("a.yaml")).unwrap();
+        assert!(source.poll().unwrap().channels.is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

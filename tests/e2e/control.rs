@@ -1,0 +1,789 @@
+//! The control plane end to end: the real `fanout-control` on a directory of Knative
+//! objects, real Envoys on the shipped `envoy/xds/envoy.yaml`, real subscribers, while a
+//! sender keeps sending.
+
+use crate::harness::control::{xds_envoy, Control};
+use crate::harness::{free_ports, Client, Envoy, Subscriber, TempDir};
+use serde_json::Value;
+use std::fs;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// An InMemoryChannel `name` (host `<name>.example`) with these subscribers (URI, and more
+/// fields of the entry as YAML flow text).
+fn channel(name: &str, subscribers: &[(String, &str)]) -> String {
+    let entries: Vec<String> = subscribers
+        .iter()
+        .map(|(uri, more)| format!("    - {{subscriberUri: '{uri}'{more}}}"))
+        .collect();
+    format!(
+        "apiVersion: messaging.knative.dev/v1\nkind: InMemoryChannel\nmetadata: {{name: {name}, namespace: default}}\n\
+         spec:\n  subscribers:\n{}\nstatus:\n  address: {{url: 'http://{name}.example'}}\n",
+        entries.join("\n")
+    )
+}
+
+fn uri(subscriber: &Subscriber, path: &str) -> String {
+    format!("http://127.0.0.1:{}{path}", subscriber.port())
+}
+
+/// Write a file the way an editor or `kubectl get > file` does: whole, then renamed over.
+fn write(dir: &Path, name: &str, text: &str) {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    fs::write(&tmp, text).unwrap();
+    fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
+/// A sender posting to `host` through every Envoy, one event after another, recording each
+/// answer's status in order.
+struct Sender {
+    stop: Arc<AtomicBool>,
+    statuses: Arc<Mutex<Vec<u16>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sender {
+    fn start(host: &str, envoys: &[&Envoy]) -> Sender {
+        let stop = Arc::new(AtomicBool::new(false));
+        let statuses = Arc::new(Mutex::new(Vec::new()));
+        let clients: Vec<(Client, String)> = envoys
+            .iter()
+            .map(|e| {
+                (
+                    Client::http1_resolving(host, e.addr()),
+                    format!("http://{host}:{}/", e.port()),
+                )
+            })
+            .collect();
+        let (s, st) = (stop.clone(), statuses.clone());
+        let thread = std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !s.load(Ordering::SeqCst) {
+                for (client, url) in &clients {
+                    n += 1;
+                    let status = client
+                        .post(url)
+                        .header("content-type", "application/json")
+                        .body(format!("{{\"n\":{n}}}"))
+                        .send()
+                        .map_or((0, String::new()), |r| {
+                            (r.status().as_u16(), r.text().unwrap_or_default())
+                        });
+                    if ![202, 404].contains(&status.0) {
+                        eprintln!("sender: {} {}", status.0, status.1);
+                    }
+                    st.lock().unwrap().push(status.0);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        Sender {
+            stop,
+            statuses,
+            thread: Some(thread),
+        }
+    }
+
+    fn statuses(&self) -> Vec<u16> {
+        self.statuses.lock().unwrap().clone()
+    }
+
+    fn finish(mut self) -> Vec<u16> {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+        self.statuses()
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+fn channel_state<'a>(state: &'a Value, name: &str) -> &'a Value {
+    &state["channels"][name]
+}
+
+/// Every Envoy named has the channel as served now.
+fn current_on(state: &Value, channel: &str, nodes: &[&str]) -> bool {
+    nodes
+        .iter()
+        .all(|n| channel_state(state, channel)["envoys"][n]["state"] == "current")
+}
+
+fn wait_until(what: &str, mut pred: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !pred() {
+        assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn subscribers_added_changed_removed_and_the_channel_deleted_while_events_flow() {
+    let dir = TempDir::new("fanout-control-src", "the source directory");
+    let (a, b) = (Subscriber::ok("a"), Subscriber::ok("b"));
+    write(
+        dir.path(),
+        "orders.yaml",
+        &channel("orders", &[(uri(&a, "/"), "")]),
+    );
+    let control = Control::start(dir.path(), free_ports(1)[0]);
+    let envoys = [
+        xds_envoy("e1", control.xds_port).start(),
+        xds_envoy("e2", control.xds_port).start(),
+    ];
+    let sender = Sender::start("orders.example", &[&envoys[0], &envoys[1]]);
+    a.wait_for(2, WAIT);
+
+    // Added.
+    write(
+        dir.path(),
+        "orders.yaml",
+        &channel("orders", &[(uri(&a, "/"), ""), (uri(&b, "/"), "")]),
+    );
+    assert!(b.wait_for(2, WAIT) >= 2, "the new subscriber got no events");
+    let state = control.wait_for_state("b live on both", WAIT, |s| {
+        let subs = &channel_state(s, "default/orders")["subscribers"];
+        subs[1]["live_on"].as_array().is_some_and(|l| l.len() == 2)
+    });
+    assert_eq!(
+        channel_state(&state, "default/orders")["serving"],
+        "current"
+    );
+
+    // Changed: a's path.
+    write(
+        dir.path(),
+        "orders.yaml",
+        &channel("orders", &[(uri(&a, "/v2"), ""), (uri(&b, "/"), "")]),
+    );
+    wait_until("a called on /v2", || {
+        a.requests().iter().any(|r| r.path == "/v2")
+    });
+
+    // Removed: once both Envoys have the version without a, a gets nothing more.
+    write(
+        dir.path(),
+        "orders.yaml",
+        &channel("orders", &[(uri(&b, "/"), "")]),
+    );
+    control.wait_for_state("a removed everywhere", WAIT, |s| {
+        let subscribers = channel_state(s, "default/orders")["subscribers"]
+            .as_array()
+            .map(Vec::len);
+        subscribers == Some(1) && current_on(s, "default/orders", &["e1", "e2"])
+    });
+    // Events the sender had sent before are still finishing with the version they started
+    // with: wait until it has had two more answers (it sends one after another).
+    let answered = sender.statuses().len();
+    wait_until("two more answers", || {
+        sender.statuses().len() >= answered + 2
+    });
+    let (a_then, b_then) = (a.count(), b.count());
+    wait_until("more events to b", || b.count() >= b_then + 4);
+    assert_eq!(
+        a.count(),
+        a_then,
+        "a got events after its removal reached every Envoy"
+    );
+
+    // Deleted: 404 from then on.
+    fs::remove_file(dir.path().join("orders.yaml")).unwrap();
+    wait_until("404 after the delete", || {
+        sender.statuses().ends_with(&[404, 404, 404, 404])
+    });
+    let statuses = sender.finish();
+    let first_404 = statuses.iter().position(|s| *s == 404).unwrap();
+    assert!(
+        statuses[..first_404].iter().all(|s| *s == 202),
+        "every event before the delete was taken by all: {statuses:?}"
+    );
+    assert!(
+        statuses[first_404..].iter().all(|s| *s == 404),
+        "{statuses:?}"
+    );
+}
+
+#[test]
+fn server_restart_mid_stream_and_envoy_restart_resync() {
+    let dir = TempDir::new("fanout-control-src", "the source directory");
+    let (a, b) = (Subscriber::ok("a"), Subscriber::ok("b"));
+    write(
+        dir.path(),
+        "orders.yaml",
+        &channel("orders", &[(uri(&a, "/"), "")]),
+    );
+    let xds_port = free_ports(1)[0];
+    let mut control = Control::start(dir.path(), xds_port);
+    let mut envoys = [
+        xds_envoy("e1", xds_port).start(),
+        xds_envoy("e2", xds_port).start(),
+    ];
+    let sender = Sender::start("orders.example", &[&envoys[0], &envoys[1]]);
+    a.wait_for(4, WAIT);
+
+    // The server goes away: the Envoys keep serving what they have.
+    control.stop();
+    let before = a.count();
+    wait_until("events flow without the server", || {
+        a.count() >= before + 10
+    });
+    // A change while it is away, and the server back on the same address: both Envoys resync.
+    write(
+        dir.path(),
+        "orders.yaml",
+        &channel("orders", &[(uri(&a, "/"), ""), (uri(&b, "/"), "")]),
+    );
+    let control = Control::start(dir.path(), xds_port);
+    control.wait_for_state("both resynced", WAIT, |s| {
+        current_on(s, "default/orders", &["e1", "e2"])
+    });
+    wait_until("b gets events through both", || b.count() >= 4);
+    let statuses = sender.finish();
+    assert!(
+        statuses.iter().all(|s| *s == 202),
+        "an event was lost or misrouted: {statuses:?}"
+    );
+    let a_total = a.count();
+    assert!(
+        a_total >= statuses.len(),
+        "a missed events: {a_total} < {}",
+        statuses.len()
+    );
+
+    // An Envoy restarted gets everything again.
+    envoys[0].stop();
+    envoys[0] = xds_envoy("e1", xds_port).start();
+    let (a_then, b_then) = (a.count(), b.count());
+    let client = Client::http1_resolving("orders.example", envoys[0].addr());
+    let url = format!("http://orders.example:{}/", envoys[0].port());
+    let reply = crate::harness::send(
+        client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body("{}"),
+    );
+    assert_eq!(reply.status, 202, "{}", reply.text());
+    assert_eq!((a.count(), b.count()), (a_then + 1, b_then + 1));
+}
+
+#[test]
+fn two_servers_side_by_side_serve_the_same_state() {
+    let dir = TempDir::new("fanout-control-src", "the source directory");
+    let (a, b) = (Subscriber::ok("a"), Subscriber::ok("b"));
+    write(
+        dir.path(),
+        "orders.yaml",
+        &channel("orders", &[(uri(&a, "/"), "")]),
+    );
+    let ports = free_ports(2);
+    let controls = [
+        Control::start(dir.path(), ports[0]),
+        Control::start(dir.path(), ports[1]),
+    ];
+    let envoys = [
+        xds_envoy("e1", ports[0]).start(),
+        xds_envoy("e2", ports[1]).start(),
+    ];
+    let versions = |c: &Control| c.state()["versions"].clone();
+    assert_eq!(versions(&controls[0]), versions(&controls[1]));
+    write(
+        dir.path(),
+        "orders.yaml",
+        &channel("orders", &[(uri(&a, "/"), ""), (uri(&b, "/"), "")]),
+    );
+    for (control, node) in controls.iter().zip(["e1", "e2"]) {
+        control.wait_for_state("the change on its Envoy", WAIT, |s| {
+            let subscribers = channel_state(s, "default/orders")["subscribers"]
+                .as_array()
+                .map(Vec::len);
+            subscribers == Some(2) && current_on(s, "default/orders", &[node])
+        });
+    }
+    assert_eq!(versions(&controls[0]), versions(&controls[1]));
+    for envoy in &envoys {
+        let client = Client::http1_resolving("orders.example", envoy.addr());
+        let url = format!("http://orders.example:{}/", envoy.port());
+        let reply = crate::harness::send(
+            client
+                .post(&url)
+                .header("content-type", "application/json")
+                .body("{}"),
+        );
+        assert_eq!(reply.status, 202, "{}", reply.text());
+    }
+    assert_eq!((a.count(), b.count()), (2, 2));
+}
+
+#[test]
+fn bad_objects_are_reported_for_their_channel_and_the_rest_is_served() {
+    let dir = TempDir::new("fanout-control-src", "the source directory");
+    let (a, b) = (Subscriber::ok("a"), Subscriber::ok("b"));
+    write(
+        dir.path(),
+        "good.yaml",
+        &channel("good", &[(uri(&a, "/"), "")]),
+    );
+    let bad_uri = format!("ftp://127.0.0.1:{}/", b.port());
+    write(dir.path(), "bad.yaml", &channel("bad", &[(bad_uri, "")]));
+    write(dir.path(), "broken.yaml", "kind: [");
+    let control = Control::start(dir.path(), free_ports(1)[0]);
+    let envoy = xds_envoy("e1", control.xds_port).start();
+    let post = |host: &str| {
+        let client = Client::http1_resolving(host, envoy.addr());
+        let url = format!("http://{host}:{}/", envoy.port());
+        crate::harness::send(
+            client
+                .post(&url)
+                .header("content-type", "application/json")
+                .body("{}"),
+        )
+    };
+    assert_eq!(post("good.example").status, 202);
+    assert_eq!(
+        post("bad.example").status,
+        404,
+        "a channel that never mapped is not served"
+    );
+    let state = control.state();
+    let bad = channel_state(&state, "default/bad");
+    assert_eq!(bad["serving"], "not-served");
+    assert_eq!(
+        bad["problems"][0]["field"], "spec.subscribers[0].subscriberUri",
+        "{bad:#}"
+    );
+    assert!(
+        state["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["object"] == "broken.yaml"),
+        "{state:#}"
+    );
+
+    // Fixed, then broken again (an unknown delivery field): the last good version stays.
+    write(
+        dir.path(),
+        "bad.yaml",
+        &channel("bad", &[(uri(&b, "/"), "")]),
+    );
+    wait_until("bad served once fixed", || {
+        post("bad.example").status == 202
+    });
+    write(
+        dir.path(),
+        "bad.yaml",
+        &channel("bad", &[(uri(&b, "/x"), ", delivery: {retries: 3}")]),
+    );
+    let state = control.wait_for_state("bad reported", WAIT, |s| {
+        channel_state(s, "default/bad")["serving"] == "last-good"
+    });
+    assert_eq!(
+        channel_state(&state, "default/bad")["problems"][0]["field"],
+        "spec.subscribers[0].delivery.retries"
+    );
+    let b_then = b.count();
+    assert_eq!(post("bad.example").status, 202);
+    assert_eq!(
+        b.requests()[b_then].path,
+        "/",
+        "the last good version is served"
+    );
+}
+
+#[test]
+fn a_version_envoy_refuses_is_reported_with_its_text_and_not_resent() {
+    let dir = TempDir::new("fanout-control-src", "the source directory");
+    let a = Subscriber::ok("a");
+    write(
+        dir.path(),
+        "good.yaml",
+        &channel("good", &[(uri(&a, "/"), "")]),
+    );
+    let control = Control::start(dir.path(), free_ports(1)[0]);
+    let envoy = xds_envoy("e1", control.xds_port).start();
+    // An https subscriber whose CA certificates are not PEM: it maps, and Envoy refuses the
+    // cluster.
+    write(
+        dir.path(),
+        "tls.yaml",
+        &channel(
+            "tls",
+            &[(
+                "https://127.0.0.1:1/".to_owned(),
+                ", subscriberCACerts: 'not a certificate'",
+            )],
+        ),
+    );
+    let state = control.wait_for_state("the NACK recorded", WAIT, |s| {
+        !s["envoys"]["e1"]["clusters"]["nack"].is_null()
+    });
+    let nack = &state["envoys"]["e1"]["clusters"]["nack"];
+    assert_eq!(nack["version"], state["versions"]["clusters"]);
+    assert!(
+        nack["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("https|127.0.0.1|1")),
+        "Envoy's text: {nack}"
+    );
+    let responses = state["envoys"]["e1"]["responses"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        control.state()["envoys"]["e1"]["responses"]
+            .as_u64()
+            .unwrap(),
+        responses,
+        "resent in a loop"
+    );
+    // The rest is served.
+    let client = Client::http1_resolving("good.example", envoy.addr());
+    let url = format!("http://good.example:{}/", envoy.port());
+    let reply = crate::harness::send(
+        client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body("{}"),
+    );
+    assert_eq!(reply.status, 202);
+}
+
+#[test]
+fn an_envoy_started_before_the_server_refuses_connections_until_it_has_everything() {
+    let dir = TempDir::new("fanout-control-src", "the source directory");
+    let a = Subscriber::ok("a");
+    write(
+        dir.path(),
+        "orders.yaml",
+        &channel("orders", &[(uri(&a, "/"), "")]),
+    );
+    let xds_port = free_ports(1)[0];
+    let mut envoy = xds_envoy("e1", xds_port).start_unready();
+    let admin = {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(admin) = envoy.admin_now() {
+                break admin;
+            }
+            assert!(Instant::now() < deadline, "Envoy wrote no admin address");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let get = |path: &str| {
+        let client = reqwest::blocking::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap();
+        client.get(format!("http://{admin}{path}")).send().unwrap()
+    };
+    // The listener's port is chosen (in /listeners), but nothing listens on it yet.
+    let port = {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let listeners: Value =
+                serde_json::from_str(&get("/listeners?format=json").text().unwrap()).unwrap();
+            let port = listeners["listener_statuses"][0]["local_address"]["socket_address"]
+                ["port_value"]
+                .as_u64();
+            if let Some(port) = port.filter(|p| *p > 0) {
+                break port;
+            }
+            assert!(Instant::now() < deadline, "no listener port: {listeners}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // A sender that starts now and, like a client, retries a refused connection.
+    let sender = std::thread::spawn(move || {
+        let client = Client::http1_resolving(
+            "orders.example",
+            format!("127.0.0.1:{port}").parse().unwrap(),
+        );
+        let url = format!("http://orders.example:{port}/");
+        let mut refused = 0;
+        loop {
+            match client
+                .post(&url)
+                .header("content-type", "application/json")
+                .body("{}")
+                .send()
+            {
+                Ok(reply) => return (refused, reply.status().as_u16()),
+                Err(e) if e.is_connect() => refused += 1,
+                Err(e) => panic!("{e}"),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        get("/ready").status().as_u16(),
+        503,
+        "Envoy is ready without a configuration"
+    );
+    assert!(
+        !sender.is_finished(),
+        "Envoy answered without a configuration"
+    );
+    assert_eq!(a.count(), 0);
+    let _control = Control::start(dir.path(), xds_port);
+    envoy.wait_started();
+    let (refused, status) = sender.join().unwrap();
+    assert!(
+        refused > 0,
+        "the listener accepted connections before it had a configuration"
+    );
+    assert_eq!(
+        status, 202,
+        "the sender's retry is served once the configuration is there"
+    );
+    assert_eq!(a.count(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The measurements of `make bench-control` (part of `make bench`): ignored in `make test`.
+
+/// A sender per Envoy, posting back to back; each event's x-request-id names its Envoy
+/// (`e<k>-<n>`), which fanout forwards to the subscribers.
+struct Flood {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Flood {
+    fn start(host: &str, envoys: &[std::net::SocketAddr]) -> Flood {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = envoys
+            .iter()
+            .enumerate()
+            .map(|(k, addr)| {
+                let (stop, host, addr) = (stop.clone(), host.to_owned(), *addr);
+                std::thread::spawn(move || {
+                    let client = Client::http1_resolving(&host, addr);
+                    let url = format!("http://{host}:{}/", addr.port());
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::SeqCst) {
+                        n += 1;
+                        let request = client
+                            .post(&url)
+                            .header("x-request-id", format!("e{k}-{n}"))
+                            .body("{}");
+                        let _ = request.header("content-type", "application/json").send();
+                    }
+                })
+            })
+            .collect();
+        Flood { stop, threads }
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// From `start` to the first event `subscriber` got through each of `envoys` Envoys.
+fn reached_all(subscriber: &Subscriber, envoys: usize, start: Instant) -> Duration {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let requests = subscriber.requests();
+        let firsts: Vec<Option<Instant>> = (0..envoys)
+            .map(|k| {
+                let prefix = format!("e{k}-");
+                requests
+                    .iter()
+                    .find(|r| {
+                        r.header("x-request-id")
+                            .is_some_and(|id| id.starts_with(&prefix))
+                    })
+                    .map(|r| r.at)
+            })
+            .collect();
+        if let Some(last) = firsts
+            .iter()
+            .copied()
+            .collect::<Option<Vec<_>>>()
+            .and_then(|f| f.into_iter().max())
+        {
+            return last.saturating_duration_since(start);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new subscriber was not reached through every Envoy"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    let at =
+        |q: f64| samples[((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1];
+    (at(0.5), at(0.99))
+}
+
+const CHANGES: usize = 20;
+
+fn propagation_xds() -> (Duration, Duration) {
+    let dir = TempDir::new("fanout-control-src", "the source directory");
+    let first = Subscriber::ok("first");
+    let mut uris = vec![(uri(&first, "/"), "")];
+    write(dir.path(), "orders.yaml", &channel("orders", &uris));
+    let control = Control::start(dir.path(), free_ports(1)[0]);
+    let envoys: Vec<Envoy> = (0..3)
+        .map(|k| xds_envoy(&format!("e{k}"), control.xds_port).start())
+        .collect();
+    let _flood = Flood::start(
+        "orders.example",
+        &envoys.iter().map(Envoy::addr).collect::<Vec<_>>(),
+    );
+    let mut samples = Vec::new();
+    let mut subscribers = Vec::new();
+    for i in 0..CHANGES {
+        let new = Subscriber::ok(&format!("s{i}"));
+        uris.push((uri(&new, "/"), ""));
+        let start = Instant::now();
+        write(dir.path(), "orders.yaml", &channel("orders", &uris));
+        samples.push(reached_all(&new, 3, start));
+        subscribers.push(new);
+    }
+    percentiles(samples)
+}
+
+fn propagation_files() -> (Duration, Duration) {
+    use crate::harness::reload::{
+        render_clusters, render_filter, shipped_bootstrap, ConfigMapVolume,
+    };
+    let first = Subscriber::ok("first");
+    let mut clusters: Vec<(String, u16)> = vec![("s".to_owned(), first.port())];
+    let files = |clusters: &[(String, u16)]| {
+        let subscribers: Vec<Value> = clusters
+            .iter()
+            .map(|(c, _)| serde_json::json!({ "cluster": c }))
+            .collect();
+        let config = serde_json::json!({ "channels": [{ "name": "orders", "hosts": ["orders.example"], "subscribers": subscribers }] });
+        let named: Vec<(&str, u16)> = clusters.iter().map(|(c, p)| (c.as_str(), *p)).collect();
+        (render_filter(&config.to_string()), render_clusters(&named))
+    };
+    let mut volume = ConfigMapVolume::new();
+    let (filter, cds) = files(&clusters);
+    volume.publish(&[("fanout.yaml", &filter), ("clusters.yaml", &cds)]);
+    let bootstrap = shipped_bootstrap(volume.path());
+    let envoys: Vec<Envoy> = (0..3)
+        .map(|_| {
+            let mut builder = Envoy::builder();
+            for key in ["node", "admin", "dynamic_resources", "static_resources"] {
+                builder = builder.bootstrap_field(key, bootstrap[key].clone());
+            }
+            builder.start()
+        })
+        .collect();
+    let _flood = Flood::start(
+        "orders.example",
+        &envoys.iter().map(Envoy::addr).collect::<Vec<_>>(),
+    );
+    let mut samples = Vec::new();
+    let mut subscribers = Vec::new();
+    for i in 0..CHANGES {
+        let new = Subscriber::ok(&format!("s{i}"));
+        clusters.push((format!("s{i}"), new.port()));
+        let (filter, cds) = files(&clusters);
+        let start = Instant::now();
+        volume.publish(&[("fanout.yaml", &filter), ("clusters.yaml", &cds)]);
+        samples.push(reached_all(&new, 3, start));
+        subscribers.push(new);
+    }
+    percentiles(samples)
+}
+
+/// CPU of the server and of the three Envoys for one change to one channel among 1,000
+/// (each with its own subscriber cluster): the mean over 5 changes, the idle CPU of the same
+/// wall time taken off.
+fn push_cost() -> (Duration, Duration, Duration) {
+    use crate::harness::control::cpu_time;
+    let dir = TempDir::new("fanout-control-src", "the source directory");
+    let many = |changed: usize| -> String {
+        (0..1000)
+            .map(|i| {
+                let mut subs = vec![(format!("http://127.0.0.1:{}/", 20000 + i), "")];
+                if i == 500 {
+                    subs.extend(
+                        (0..changed).map(|c| (format!("http://127.0.0.1:{}/c", 20000 + c), "")),
+                    );
+                }
+                format!("---\n{}", channel(&format!("c{i}"), &subs))
+            })
+            .collect()
+    };
+    write(dir.path(), "channels.yaml", &many(0));
+    let control = Control::start(dir.path(), free_ports(1)[0]);
+    let envoys: Vec<Envoy> = (0..3)
+        .map(|k| xds_envoy(&format!("e{k}"), control.xds_port).start())
+        .collect();
+    let nodes = ["e0", "e1", "e2"];
+    let cpu = |pids: &[u32]| pids.iter().map(|p| cpu_time(*p)).sum::<Duration>();
+    let envoy_pids: Vec<u32> = envoys.iter().map(Envoy::pid).collect();
+    let (mut server, mut proxies, mut wall) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    for change in 1..=5 {
+        let (s0, e0, t0) = (cpu(&[control.pid()]), cpu(&envoy_pids), Instant::now());
+        write(dir.path(), "channels.yaml", &many(change));
+        control.wait_for_state("the change everywhere", WAIT, |s| {
+            s["channels"]["default/c500"]["subscribers"]
+                .as_array()
+                .map(Vec::len)
+                == Some(change + 1)
+                && current_on(s, "default/c500", &nodes)
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let elapsed = t0.elapsed();
+        let (s1, e1) = (cpu(&[control.pid()]), cpu(&envoy_pids));
+        // The same wall time idle.
+        std::thread::sleep(elapsed);
+        let (s2, e2) = (cpu(&[control.pid()]), cpu(&envoy_pids));
+        server += (s1 - s0).saturating_sub(s2 - s1);
+        proxies += (e1 - e0).saturating_sub(e2 - e1);
+        wall += elapsed;
+    }
+    (server / 5, proxies / 15, wall / 5)
+}
+
+#[test]
+#[ignore = "a measurement: make bench-control"]
+fn bench_propagation_and_push_cost() {
+    let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1000.0);
+    let (xds50, xds99) = propagation_xds();
+    let (file50, file99) = propagation_files();
+    let (server, envoy, wall) = push_cost();
+    println!("| path | p50 | p99 |\n|---|---|---|");
+    println!(
+        "| fanout-control (ADS), 3 Envoys, {CHANGES} changes | {} | {} |",
+        ms(xds50),
+        ms(xds99)
+    );
+    println!(
+        "| file-watched ECDS + CDS (inotify), 3 Envoys, {CHANGES} changes | {} | {} |",
+        ms(file50),
+        ms(file99)
+    );
+    println!(
+        "push cost, one change to one channel among 1,000: server {} CPU, each Envoy {} CPU (change to ACK + 0.5 s: {})",
+        ms(server),
+        ms(envoy),
+        ms(wall)
+    );
+    assert!(
+        xds99 <= Duration::from_secs(1),
+        "target: p99 <= 1 s through every Envoy, got {}",
+        ms(xds99)
+    );
+}
