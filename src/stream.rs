@@ -181,6 +181,20 @@ impl<H: Host> Stream<H> {
         if let Some(finished) = finished {
             self.finished(finished);
         }
+        self.flush_settles();
+    }
+
+    /// The etcd settles of the fan-outs that ended in this callback go out now (as calls of
+    /// the root context), if no settle txn is in flight; an answer held for a settle that
+    /// failed at once goes out.
+    fn flush_settles(&mut self) {
+        let failed = self
+            .deliveries
+            .borrow_mut()
+            .flush_settles(&self.host, self.root);
+        for finished in failed {
+            self.finished(finished);
+        }
     }
 
     /// What the root context made of this request while it was parked, if it did.
@@ -228,6 +242,7 @@ impl<H: Host> Stream<H> {
                 deliveries.abandon(&self.host, job);
             }
         }
+        self.flush_settles();
         true
     }
 
@@ -521,6 +536,7 @@ impl<H: Host> Stream<H> {
                 }
             }
         }
+        self.flush_settles();
     }
 
     /// A fan-out ended while this stream's callback runs.

@@ -37,6 +37,7 @@ mod call_end;
 mod call_plan;
 mod coalesce;
 mod job;
+mod settles;
 mod slot_gate;
 
 /// The host's clock, read at most once per callback and only if something needs the time:
@@ -102,6 +103,8 @@ pub struct Deliveries {
     pub store: Remote,
     /// The etcd store's claims in flight and those waiting to go out together.
     pub claims: Coalescer,
+    /// Sync fan-outs ended whose answer waits for their etcd settle: job id, answer.
+    held: Vec<(u64, Finished)>,
 }
 
 /// What a worker still owes: every fan-out not yet ended, by what it waits for. What
@@ -144,6 +147,7 @@ impl Deliveries {
             root_of: HashMap::new(),
             store: Remote::default(),
             claims: Coalescer::default(),
+            held: Vec::new(),
         }
     }
 
@@ -475,7 +479,7 @@ impl Deliveries {
             // so that none of them takes one.
             self.gate.cancel_job(id);
             self.forget_calls(id);
-            self.settle(&Clock::new(host), &mut job);
+            self.settle(&Clock::new(host), &mut job, None);
             self.count(&job.config, |tally| tally.fanout_ended(None));
         }
     }
@@ -747,7 +751,9 @@ impl Deliveries {
             return self.answer_if_due(id);
         }
         let mut job = self.jobs.remove(&id)?;
-        self.settle(clock, &mut job);
+        // A sync sender's answer waits for the etcd settle, if there is one.
+        let hold = job.answer_to.map(|_| id);
+        let held = self.settle(clock, &mut job, hold);
         let channel = &job.channel;
         let answer = job.fanout.verdict(channel);
         let duration = if job.config.metrics {
@@ -813,10 +819,15 @@ impl Deliveries {
                 });
             }
         }
-        Some(Finished {
+        let finished = Finished {
             answer_to: job.answer_to,
             answer,
-        })
+        };
+        if held {
+            self.held.push((id, finished));
+            return None;
+        }
+        Some(finished)
     }
 
     /// A sync fan-out whose required subscribers have all ended while best-effort ones are
@@ -836,8 +847,10 @@ impl Deliveries {
     }
 
     /// Records `dedupe`'s outcome of a job that ended (async too: at the end of the background
-    /// delivery, not at its 202).
-    fn settle<H: Host>(&mut self, clock: &Clock<'_, H>, job: &mut Job) {
+    /// delivery, not at its 202). With the etcd store the settle is queued, holding back the
+    /// answer of job `hold` if given: returns whether it does.
+    fn settle<H: Host>(&mut self, clock: &Clock<'_, H>, job: &mut Job, hold: Option<u64>) -> bool {
+        let mut held = false;
         if let Some(claimed) = job.redelivery.take() {
             let mut settled = settle::settle(
                 clock.host,
@@ -847,12 +860,15 @@ impl Deliveries {
                 &job.fanout,
                 job.log_id,
             );
-            if let Some(remote) = settled.remote.take() {
+            if let Some(mut remote) = settled.remote.take() {
+                remote.hold = hold;
+                held = hold.is_some();
                 self.store.queue(clock.host, remote);
                 self.count(&job.config, |tally| tally.owed(1));
             }
             self.count(&job.config, |tally| settled.record(tally));
         }
+        held
     }
 
     fn count(&self, config: &Config, record: impl FnOnce(&mut crate::metrics::Tally)) {
