@@ -366,10 +366,6 @@ impl<H: Host> Stream<H> {
                 let message = (body, forwarded, converted);
                 self.deliver(config, channel, recipients.fanout, claims, message)
             }
-            Claim::Failed(error) => {
-                let message = (body, forwarded, converted);
-                self.store_failed(config, channel, recipients.fanout, &error, message)
-            }
             Claim::Ask(ask) => {
                 let message = (body, forwarded, converted);
                 self.ask(config, channel, recipients.fanout, ask, message);
@@ -377,19 +373,21 @@ impl<H: Host> Stream<H> {
         }
     }
 
-    /// The etcd store must be asked first. With no claim txn of this worker in flight, from
-    /// this stream: its answer comes back here, and the stream waits. Else the request is
-    /// parked, and goes out with the others parked meanwhile in one txn when the one in
-    /// flight is answered; the root context continues it then.
+    /// The etcd store must be asked first. With no claim txn of this worker in flight and a
+    /// lease held, from this stream: its answer comes back here, and the stream waits. Else
+    /// the request is parked, and goes out with the others parked meanwhile in one txn when
+    /// the one in flight is answered (or, without a lease, once one is granted: up to the
+    /// store's timeout, then it is a store error); the root context continues it then.
     fn ask(
         &mut self,
         config: &Rc<Config>,
         channel: &Rc<Channel>,
         fanout: FanOut,
-        ask: Ask,
+        mut ask: Ask,
         message: Message,
     ) {
-        if self.deliveries.borrow().claims.must_park() {
+        let unleased = !ask.lease_from(|until| self.deliveries.borrow().store.leases.pick(until));
+        if unleased || self.deliveries.borrow().claims.must_park() {
             let job = self.job(config, channel, fanout, message);
             self.deliveries.borrow_mut().claims.park(Parked {
                 stream: self.id,
@@ -476,6 +474,9 @@ impl<H: Host> Stream<H> {
     ) {
         let now = self.started_ms;
         let deliveries = &self.deliveries;
+        if error.lease_lost() {
+            deliveries.borrow_mut().store.leases.forget();
+        }
         let failed = claim::store_failed(&self.host, &self.counter, config, self.id, error, || {
             deliveries.borrow_mut().store.warn(now)
         });

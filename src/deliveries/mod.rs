@@ -285,6 +285,10 @@ impl Deliveries {
     /// `root`, from whichever context runs: its answer goes to the root, which continues
     /// them ([`Deliveries::claims_answered`]).
     pub fn send_parked<H: Host>(&mut self, host: &H, root: u32) {
+        if self.claims.waits_for_a_lease() {
+            let leases = &self.store.leases;
+            self.claims.lease(|until| leases.pick(until));
+        }
         let Some(batch) = self.claims.next_batch() else {
             return;
         };
@@ -348,11 +352,20 @@ impl Deliveries {
     /// the etcd store or not.)
     pub fn tick_claims<H: Host>(&mut self, host: &H, root: u32) -> Vec<Finished> {
         let mut finished = Vec::new();
-        let overdue = if self.claims.in_flight() {
-            self.claims.overdue(host.now_ms())
-        } else {
-            Vec::new()
+        let waits = self.claims.waits_for_a_lease();
+        let now = (self.claims.in_flight() || waits).then(|| host.now_ms());
+        let overdue = match now {
+            Some(now) if self.claims.in_flight() => self.claims.overdue(now),
+            _ => Vec::new(),
         };
+        // Those that waited for a lease as long as a claim may take: store errors.
+        if let (Some(now), true) = (now, waits) {
+            let late = self.claims.unleased_past(now);
+            if !late.is_empty() {
+                let error = StoreError("no etcd lease granted within the store's timeout".into());
+                self.claims.not_sent(late, error);
+            }
+        }
         for token in overdue {
             self.root_call_ended(token);
             if let Some(batch) = self.claims.landed(token) {
@@ -392,6 +405,9 @@ impl Deliveries {
             Err(error) => {
                 let now = job.started_ms;
                 let store = &mut self.store;
+                if error.lease_lost() {
+                    store.leases.forget();
+                }
                 let failed =
                     claim::store_failed(host, &counter, &job.config, stream, &error, || {
                         store.warn(now)

@@ -280,6 +280,9 @@ fn a_cluster_envoy_does_not_have_makes_every_event_a_store_error() {
     assert!(plugin.root.on_configure());
     plugin.tick_at(1_000);
     let _ctx = send(&plugin, &event("e1"), b"{}");
+    // No lease comes: it waits the store's timeout, then takes on_store_error.
+    assert!(plugin.subscriber_calls().is_empty());
+    plugin.tick_at(1_250);
     assert_eq!(plugin.subscriber_calls().len(), 3);
     assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 1);
 }
@@ -557,12 +560,41 @@ fn reject_answers_503_and_calls_nobody() {
 }
 
 #[test]
-fn without_a_lease_yet_the_store_counts_as_failed() {
+fn a_request_before_the_first_lease_waits_for_it() {
     let mut plugin = FakeEnvoy::configured(ETCD);
-    let _ctx = send(&plugin, &event("e1"), b"{}");
+    plugin.tick_at(0);
+    let mut ctx = open(&plugin, 10, "e1");
     assert!(plugin.etcd_calls().is_empty(), "no claim without a lease");
-    assert_eq!(plugin.subscriber_calls().len(), 3);
-    assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 1);
+    assert!(plugin.subscriber_calls().is_empty() && plugin.answers().is_empty());
+    // The grants come back: the claim goes out at once, for the root.
+    plugin.grant_leases();
+    let claim = plugin.etcd_calls()[0].clone();
+    assert_eq!(claim.context, ROOT);
+    plugin.answer_etcd_root(claim.token, &fixture("claim_fresh"));
+    assert_eq!(plugin.root_subscriber_calls().len(), 3);
+    assert_eq!(plugin.state().value("fanout.dedupe.store_errors"), 0);
+    assert!(ctx.on_done());
+}
+
+#[test]
+fn without_a_lease_within_the_store_timeout_on_store_error_decides_and_counts() {
+    for (on_store_error, status, calls) in [("deliver", None, 3), ("reject", Some(503), 0)] {
+        let json = ETCD.replace(
+            "\"timeout_ms\": 250}}",
+            &format!("\"timeout_ms\": 250}}}}, \"on_store_error\": \"{on_store_error}\""),
+        );
+        let mut plugin = FakeEnvoy::configured(&json);
+        plugin.tick_at(0);
+        let _ctx = open(&plugin, 10, "e1");
+        plugin.tick_at(200);
+        assert!(plugin.subscriber_calls().is_empty(), "it still waits");
+        assert_eq!(plugin.state().tick_period, Some(Duration::from_millis(10)));
+        plugin.tick_at(250);
+        assert!(plugin.etcd_calls().is_empty(), "no claim without a lease");
+        assert_eq!(plugin.subscriber_calls().len(), calls, "{on_store_error}");
+        assert_eq!(plugin.answers().first().map(|a| a.status), status);
+        assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 1);
+    }
 }
 
 #[test]
