@@ -22,6 +22,7 @@ mod flow;
 mod format;
 mod metrics;
 mod reload;
+mod replicas_redelivery;
 mod replicas_store;
 mod rollout;
 // Knative's contract, with the CloudEvents SDK; the importer of Knative objects.
