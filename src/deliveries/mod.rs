@@ -777,6 +777,21 @@ impl Deliveries {
         } else {
             0
         };
+        self.log_and_count_end(&job, &answer, duration);
+        let finished = Finished {
+            answer_to: job.answer_to,
+            answer,
+        };
+        if held {
+            self.held.push((id, finished));
+            return None;
+        }
+        Some(finished)
+    }
+
+    /// What a fan-out that ended leaves in the log and the metrics (the answer not yet sent).
+    fn log_and_count_end(&self, job: &Job, answer: &Answer, duration: u64) {
+        let channel = &job.channel;
         let best_effort_failed = job.fanout.best_effort_failed(channel);
         if best_effort_failed > 0 {
             // Never in the answer's status: logged and counted here, dead-lettered if
@@ -835,15 +850,6 @@ impl Deliveries {
                 });
             }
         }
-        let finished = Finished {
-            answer_to: job.answer_to,
-            answer,
-        };
-        if held {
-            self.held.push((id, finished));
-            return None;
-        }
-        Some(finished)
     }
 
     /// A sync fan-out whose required subscribers have all ended while best-effort ones are

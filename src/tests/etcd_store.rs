@@ -640,6 +640,55 @@ fn a_failed_settle_is_counted_and_grants_again_when_the_lease_is_lost() {
     assert!(grants >= 2, "{grants}");
 }
 
+#[test]
+fn a_settle_whose_answer_never_comes_lets_the_answer_go_counted() {
+    let mut plugin = FakeEnvoy::with_etcd(ETCD);
+    let mut ctx = send(&plugin, &event("e1"), b"{}");
+    let claim = plugin.etcd_calls()[0].clone();
+    plugin.answer_etcd(&mut ctx, claim.token, &fixture("claim_fresh"));
+    for (token, _) in plugin.subscriber_calls() {
+        plugin.answer_call(&mut ctx, token, Some(200), "");
+    }
+    assert_eq!(plugin.etcd_calls().len(), 2, "the settle is out");
+    // Envoy answers a timed-out call itself; if even that never comes, the timer gives up
+    // a second after the timeout (250 ms).
+    plugin.tick_at(1_249);
+    assert!(plugin.answers().is_empty());
+    plugin.tick_at(1_250);
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 202);
+    assert_eq!(
+        FakeEnvoy::header(&answer, NOT_RECORDED_HEADER).as_deref(),
+        Some("1")
+    );
+    assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 1);
+    assert_eq!(plugin.state().value("fanout.in_flight"), 0);
+}
+
+#[test]
+fn a_claim_refused_for_a_lost_lease_has_the_leases_granted_again() {
+    let mut plugin = FakeEnvoy::with_etcd(ETCD);
+    let mut ctx = send(&plugin, &event("e1"), b"{}");
+    let claim = plugin.etcd_calls()[0].clone();
+    let grants_before = plugin.state().dispatched.len();
+    plugin.answer_etcd(&mut ctx, claim.token, &fixture("lease_not_found"));
+    assert_eq!(
+        plugin.subscriber_calls().len(),
+        3,
+        "on_store_error: deliver"
+    );
+    assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 1);
+    // The next request waits for the new leases, asked for at the next tick.
+    let _next = open(&plugin, 20, "e2");
+    assert_eq!(plugin.etcd_calls().len(), 1, "no claim on a lost lease");
+    plugin.tick_at(10);
+    let grants = plugin.state().dispatched[grants_before..]
+        .iter()
+        .filter(|d| header_of(d, ":path").as_deref() == Some(etcd::GRANT_PATH))
+        .count();
+    assert!(grants >= 2, "{grants}");
+}
+
 /// Records etcd's answers to the requests fanout makes, into `tests/fixtures/etcd/`: run
 /// against an etcd 3.5.1 on loopback with
 /// `FANOUT_ETCD_RECORD=127.0.0.1:2379 cargo test --lib record_etcd_fixtures -- --ignored`.
