@@ -236,10 +236,6 @@ impl Deliveries {
             .is_some_and(|job| job.answer_to.is_some())
     }
 
-    pub fn contains(&self, job: u64) -> bool {
-        self.jobs.contains_key(&job)
-    }
-
     /// Starts the fan-out `job` of the request on `stream`: answered at once (async mode, a
     /// channel of best-effort subscribers, or nothing to send) or a sync fan-out that answers
     /// when it ends. `from_root`: the root context is the current one (its calls are the
