@@ -421,7 +421,7 @@ impl<H: Host> Stream<H> {
                 };
             }
             Err(failure) => {
-                let error = StoreError(format!("refused at dispatch: {failure}"));
+                let error = StoreError::new(format!("refused at dispatch: {failure}"));
                 self.store_failed(config, channel, fanout, &error, message);
             }
         }

@@ -318,7 +318,7 @@ pub fn answered<H: Host>(
     let found = found
         .into_iter()
         .next()
-        .ok_or_else(|| StoreError("no answer for the claim".into()))?;
+        .ok_or_else(|| StoreError::new("no answer for the claim"))?;
     Ok(claimed(host, counter, ask, &found, fanout))
 }
 

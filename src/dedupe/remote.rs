@@ -128,7 +128,7 @@ impl Remote {
             if *due <= now_ms {
                 let token = *token;
                 let (_, _, settles) = self.in_flight.swap_remove(i);
-                let error = StoreError("no answer to the settle txn, long past its timeout".into());
+                let error = StoreError::new("no answer to the settle txn, long past its timeout");
                 for s in &settles {
                     self.settle_failed(s.log_id, &error, now_ms);
                 }
@@ -200,7 +200,7 @@ impl Remote {
                 self.leases.pick(settle.until_ms)
             };
             let Some(lease) = lease else {
-                let error = StoreError("no etcd lease for the records".into());
+                let error = StoreError::new("no etcd lease for the records");
                 self.settle_failed(settle.log_id, &error, now_ms);
                 outcome.failed.push(settle.sent());
                 continue;
@@ -253,7 +253,7 @@ impl Remote {
                 outcome.sent.push(token);
             }
             Err(failure) => {
-                let error = StoreError(format!("refused at dispatch: {failure}"));
+                let error = StoreError::new(format!("refused at dispatch: {failure}"));
                 for sent in settles {
                     self.settle_failed(sent.log_id, &error, now_ms);
                     outcome.failed.push(sent);

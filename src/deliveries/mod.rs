@@ -301,7 +301,7 @@ impl Deliveries {
                 self.claims.sent(token, batch, host.now_ms());
             }
             Err(failure) => {
-                let error = StoreError(format!("refused at dispatch: {failure}"));
+                let error = StoreError::new(format!("refused at dispatch: {failure}"));
                 self.claims.not_sent(batch, error);
                 self.store.wake(host);
             }
@@ -358,14 +358,14 @@ impl Deliveries {
         if let (Some(now), true) = (now, waits) {
             let late = self.claims.unleased_past(now);
             if !late.is_empty() {
-                let error = StoreError("no etcd lease granted within the store's timeout".into());
+                let error = StoreError::new("no etcd lease granted within the store's timeout");
                 self.claims.not_sent(late, error);
             }
         }
         for token in overdue {
             self.root_call_ended(token);
             if let Some(batch) = self.claims.landed(token) {
-                let error = StoreError("no answer to the claim txn, long past its timeout".into());
+                let error = StoreError::new("no answer to the claim txn, long past its timeout");
                 self.claims.not_sent(batch, error);
             }
         }
