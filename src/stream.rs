@@ -481,7 +481,13 @@ impl<H: Host> Stream<H> {
             deliveries.borrow_mut().store.warn(now)
         });
         match failed {
-            Ok(()) => self.deliver(config, channel, fanout, None, message),
+            Ok(()) => {
+                let job = Job {
+                    unrecorded: true,
+                    ..self.job(config, channel, fanout, message)
+                };
+                self.launch(job);
+            }
             Err(answer) => self.reject(answer),
         }
     }
@@ -506,6 +512,7 @@ impl<H: Host> Stream<H> {
             log_id: self.id,
             started_ms: self.started_ms,
             redelivery: None,
+            unrecorded: false,
             line: InLine::default(),
         }
     }
@@ -523,6 +530,11 @@ impl<H: Host> Stream<H> {
             redelivery: claims,
             ..self.job(config, channel, fanout, message)
         };
+        self.launch(job);
+    }
+
+    /// Hands the fan-out `job` to the deliveries: answered now, or delivering.
+    fn launch(&mut self, job: Job) {
         let launched = self
             .deliveries
             .borrow_mut()

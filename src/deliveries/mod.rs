@@ -256,6 +256,7 @@ impl Deliveries {
         // A channel of best-effort subscribers only answers at once, like async mode.
         let best_effort = job.channel.all_best_effort();
         if job.config.mode == AnswerMode::Async || best_effort {
+            let unrecorded = job.unrecorded;
             let (_, finished) = self.start(host, job, nothing_to_send, from_root);
             let answer = match finished {
                 Some(finished) => finished.answer,
@@ -267,7 +268,7 @@ impl Deliveries {
                     .with_header(crate::answer::PENDING_HEADER, to_call.to_string()),
                 None => Answer::accepted(),
             };
-            return Launched::Answer(answer);
+            return Launched::Answer(labelled(answer, unrecorded));
         }
         let job = Job {
             answer_to: Some(stream),
@@ -411,6 +412,7 @@ impl Deliveries {
                 if let Err(answer) = failed {
                     return (!gone).then(|| self.answer_parked(host, &counter, stream, answer));
                 }
+                job.unrecorded = true;
             }
         }
         match self.launch(host, job, stream, true) {
@@ -766,8 +768,7 @@ impl Deliveries {
         // A sync sender's answer waits for the etcd settle, if there is one.
         let hold = job.answer_to.map(|_| id);
         let held = self.settle(clock, &mut job, hold);
-        let channel = &job.channel;
-        let answer = job.fanout.verdict(channel);
+        let answer = labelled(job.fanout.verdict(&job.channel), job.unrecorded);
         let duration = if job.config.metrics {
             clock.now().saturating_sub(job.started_ms)
         } else {
@@ -856,7 +857,7 @@ impl Deliveries {
         if job.answer_to.is_none() || !job.fanout.required_done(&job.channel) {
             return None;
         }
-        let answer = job.fanout.verdict(&job.channel);
+        let answer = labelled(job.fanout.verdict(&job.channel), job.unrecorded);
         let answer_to = job.answer_to.take();
         let config = job.config.clone();
         let status = answer.status;
@@ -891,6 +892,16 @@ impl Deliveries {
 
     fn count(&self, config: &Config, record: impl FnOnce(&mut crate::metrics::Tally)) {
         count(&self.telemetry, config, record);
+    }
+}
+
+/// The answer of a fan-out whose outcome the etcd store will not record (`unrecorded`) says
+/// so.
+fn labelled(answer: Answer, unrecorded: bool) -> Answer {
+    if unrecorded {
+        answer.with_header(crate::dedupe::settle::NOT_RECORDED_HEADER, "1".into())
+    } else {
+        answer
     }
 }
 

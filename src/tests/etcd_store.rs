@@ -532,7 +532,14 @@ fn an_unreachable_store_delivers_to_everyone_and_counts() {
         for (token, _) in calls {
             plugin.answer_call(&mut ctx, token, Some(200), "");
         }
-        assert_eq!(plugin.last_answer().status, 202);
+        let answer = plugin.last_answer();
+        assert_eq!(answer.status, 202);
+        // Delivered without dedupe: the sender is told its outcome is not recorded.
+        assert_eq!(
+            FakeEnvoy::header(&answer, NOT_RECORDED_HEADER).as_deref(),
+            Some("1"),
+            "{what}"
+        );
         assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 1);
         // Nothing was claimed: nothing to settle.
         assert_eq!(plugin.etcd_calls().len(), 1);
