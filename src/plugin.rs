@@ -180,6 +180,7 @@ impl<H: Host + Clone> Plugin<H> {
                 deliveries.act_for(Some(self.id));
                 let mut finished = deliveries.tick(&self.host);
                 finished.extend(deliveries.tick_claims(&self.host, self.id));
+                finished.extend(deliveries.tick_settles(&self.host, self.id));
                 deliveries.act_for(None);
                 finished
             };
@@ -188,13 +189,7 @@ impl<H: Host + Clone> Plugin<H> {
         let now = self.host.now_ms();
         if let Ok(mut deliveries) = self.deliveries.try_borrow_mut() {
             let config = self.config.as_deref();
-            remote::tick(
-                &self.host,
-                now,
-                config,
-                &mut deliveries.store,
-                &self.telemetry,
-            );
+            remote::tick(&self.host, now, config, &mut deliveries.store);
         }
         if self.tick >= METRICS_FLUSH || now.saturating_sub(self.last_flush_ms) >= 1000 {
             self.telemetry.borrow_mut().flush(&self.host);
@@ -205,31 +200,24 @@ impl<H: Host + Clone> Plugin<H> {
 
     /// Answers to the calls the root made (retries, async deliveries).
     pub fn on_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        if let Ok(mut deliveries) = self.deliveries.try_borrow_mut() {
-            let store = &mut deliveries.store;
-            if remote::on_response(
-                &self.host,
-                token,
-                num_headers,
-                body_size,
-                store,
-                &self.telemetry,
-            ) {
-                return;
-            }
-        }
         let finished = {
             let mut deliveries = self.deliveries.borrow_mut();
             deliveries.act_for(Some(self.id));
             let host = &self.host;
+            let store = deliveries.store_answered(host, token, num_headers, body_size, self.id);
             let reply = || claim::etcd_reply(host, num_headers, body_size);
-            let finished = match deliveries.claims_answered(host, token, reply, self.id) {
+            let mut finished = match store {
                 Some(finished) => finished,
-                None => deliveries
-                    .on_response(host, token, num_headers, body_size, true)
-                    .into_iter()
-                    .collect(),
+                None => match deliveries.claims_answered(host, token, reply, self.id) {
+                    Some(finished) => finished,
+                    None => deliveries
+                        .on_response(host, token, num_headers, body_size, true)
+                        .into_iter()
+                        .collect(),
+                },
             };
+            // The fan-outs that ended hold their answers for their settles: out now.
+            finished.extend(deliveries.flush_settles(host, self.id));
             deliveries.act_for(None);
             finished
         };

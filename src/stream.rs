@@ -181,6 +181,20 @@ impl<H: Host> Stream<H> {
         if let Some(finished) = finished {
             self.finished(finished);
         }
+        self.flush_settles();
+    }
+
+    /// The etcd settles of the fan-outs that ended in this callback go out now (as calls of
+    /// the root context), if no settle txn is in flight; an answer held for a settle that
+    /// failed at once goes out.
+    fn flush_settles(&mut self) {
+        let failed = self
+            .deliveries
+            .borrow_mut()
+            .flush_settles(&self.host, self.root);
+        for finished in failed {
+            self.finished(finished);
+        }
     }
 
     /// What the root context made of this request while it was parked, if it did.
@@ -228,6 +242,7 @@ impl<H: Host> Stream<H> {
                 deliveries.abandon(&self.host, job);
             }
         }
+        self.flush_settles();
         true
     }
 
@@ -351,10 +366,6 @@ impl<H: Host> Stream<H> {
                 let message = (body, forwarded, converted);
                 self.deliver(config, channel, recipients.fanout, claims, message)
             }
-            Claim::Failed(error) => {
-                let message = (body, forwarded, converted);
-                self.store_failed(config, channel, recipients.fanout, &error, message)
-            }
             Claim::Ask(ask) => {
                 let message = (body, forwarded, converted);
                 self.ask(config, channel, recipients.fanout, ask, message);
@@ -362,19 +373,21 @@ impl<H: Host> Stream<H> {
         }
     }
 
-    /// The etcd store must be asked first. With no claim txn of this worker in flight, from
-    /// this stream: its answer comes back here, and the stream waits. Else the request is
-    /// parked, and goes out with the others parked meanwhile in one txn when the one in
-    /// flight is answered; the root context continues it then.
+    /// The etcd store must be asked first. With no claim txn of this worker in flight and a
+    /// lease held, from this stream: its answer comes back here, and the stream waits. Else
+    /// the request is parked, and goes out with the others parked meanwhile in one txn when
+    /// the one in flight is answered (or, without a lease, once one is granted: up to the
+    /// store's timeout, then it is a store error); the root context continues it then.
     fn ask(
         &mut self,
         config: &Rc<Config>,
         channel: &Rc<Channel>,
         fanout: FanOut,
-        ask: Ask,
+        mut ask: Ask,
         message: Message,
     ) {
-        if self.deliveries.borrow().claims.must_park() {
+        let unleased = !ask.lease_from(|until| self.deliveries.borrow().store.leases.pick(until));
+        if unleased || self.deliveries.borrow().claims.must_park() {
             let job = self.job(config, channel, fanout, message);
             self.deliveries.borrow_mut().claims.park(Parked {
                 stream: self.id,
@@ -408,7 +421,7 @@ impl<H: Host> Stream<H> {
                 };
             }
             Err(failure) => {
-                let error = StoreError(format!("refused at dispatch: {failure}"));
+                let error = StoreError::new(format!("refused at dispatch: {failure}"));
                 self.store_failed(config, channel, fanout, &error, message);
             }
         }
@@ -461,11 +474,20 @@ impl<H: Host> Stream<H> {
     ) {
         let now = self.started_ms;
         let deliveries = &self.deliveries;
+        if error.lease_lost() {
+            deliveries.borrow_mut().store.leases.forget();
+        }
         let failed = claim::store_failed(&self.host, &self.counter, config, self.id, error, || {
             deliveries.borrow_mut().store.warn(now)
         });
         match failed {
-            Ok(()) => self.deliver(config, channel, fanout, None, message),
+            Ok(()) => {
+                let job = Job {
+                    unrecorded: true,
+                    ..self.job(config, channel, fanout, message)
+                };
+                self.launch(job);
+            }
             Err(answer) => self.reject(answer),
         }
     }
@@ -490,6 +512,7 @@ impl<H: Host> Stream<H> {
             log_id: self.id,
             started_ms: self.started_ms,
             redelivery: None,
+            unrecorded: false,
             line: InLine::default(),
         }
     }
@@ -507,6 +530,11 @@ impl<H: Host> Stream<H> {
             redelivery: claims,
             ..self.job(config, channel, fanout, message)
         };
+        self.launch(job);
+    }
+
+    /// Hands the fan-out `job` to the deliveries: answered now, or delivering.
+    fn launch(&mut self, job: Job) {
         let launched = self
             .deliveries
             .borrow_mut()
@@ -521,6 +549,7 @@ impl<H: Host> Stream<H> {
                 }
             }
         }
+        self.flush_settles();
     }
 
     /// A fan-out ended while this stream's callback runs.

@@ -100,9 +100,12 @@ fuzz_target!(|data: &[u8]| {
     host.0.borrow_mut().call_response = (status, body.clone());
     stream.on_call_response(claim, usize::from(status.is_some()), body.len());
     let state = host.0.borrow();
+    // The subscribers called (a settle to etcd may follow the claim at once, before the
+    // answer, when nobody is left to call).
     let called: Vec<&str> = state.dispatched[before + 1..]
         .iter()
         .map(|d| d.cluster.as_str())
+        .filter(|c| *c != "etcd")
         .collect();
     assert!(
         called.iter().all(|c| ["a", "b", "c"].contains(c)),

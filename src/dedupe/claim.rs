@@ -37,10 +37,10 @@ pub enum Claim {
     /// Decided: the claims to settle when the fan-out ends (`None`: nothing claimed, or
     /// dedupe does not apply; `fanout` is marked).
     Done(Option<Claims>),
-    /// The etcd store must be asked first: send this, then [`answered`].
+    /// The etcd store must be asked first: send this, then [`answered`]. (Without a lease
+    /// yet, it waits for one up to the store's timeout, then [`store_failed`] says what the
+    /// event gets.)
     Ask(Ask),
-    /// The store cannot answer: [`store_failed`] says what the event gets.
-    Failed(StoreError),
 }
 
 /// An etcd claim to send, and what reading its answer needs. Sent alone ([`Ask::body`]) or
@@ -51,8 +51,10 @@ pub struct Ask {
     channel: String,
     key: Vec<u8>,
     owner: u64,
-    /// The lease its claim is written with, and the request's time.
-    lease: i64,
+    /// The lease its claim is written with (`None`: none held yet; it waits for one), the
+    /// time the lease must cover, and the request's time.
+    pub lease: Option<i64>,
+    until_ms: u64,
     now_ms: u64,
     /// Index in the channel and identity of each subscriber asked for.
     subscribers: Vec<(usize, u64)>,
@@ -78,9 +80,18 @@ impl Ask {
     pub fn shares_a_key(&self, other: &Ask) -> bool {
         self.claim_key == other.claim_key
     }
+
+    /// Takes the lease `pick` gives for its claim, if it has none yet: whether it has one.
+    pub fn lease_from(&mut self, pick: impl FnOnce(u64) -> Option<i64>) -> bool {
+        if self.lease.is_none() {
+            self.lease = pick(self.until_ms);
+        }
+        self.lease.is_some()
+    }
 }
 
-/// One claim txn for several requests' claims, in their order (their keys all differ).
+/// One claim txn for several requests' claims, in their order (their keys all differ; each
+/// has its lease: an ask without one waits, it is never sent).
 pub fn batch_body(asks: &[&Ask]) -> Vec<u8> {
     let ops: Vec<ClaimOp<'_>> = asks
         .iter()
@@ -88,7 +99,7 @@ pub fn batch_body(asks: &[&Ask]) -> Vec<u8> {
             key: &ask.claim_key,
             value: &ask.claim,
             records: &ask.records_key,
-            lease: ask.lease,
+            lease: ask.lease.unwrap_or_default(),
             now_ms: ask.now_ms,
         })
         .collect();
@@ -146,7 +157,8 @@ pub fn etcd_reply<H: Host>(host: &H, num_headers: usize, body_size: usize) -> et
 /// request, or claims it for this request (left ready to call). Returns the claims to settle
 /// when the fan-out ends, or the etcd txn to ask first. Changes nothing (everyone wanted is
 /// called) when dedupe is off, the request has no key, or the store cannot be updated.
-/// `lease` gives the etcd lease that lives at least until the given time, if one is held.
+/// `lease` gives the etcd lease that lives at least until the given time, if one is held
+/// (without one the ask waits for it: [`Ask::lease_from`]).
 pub fn claim<H: Host>(
     host: &H,
     counter: &Counter,
@@ -185,9 +197,7 @@ pub fn claim<H: Host>(
     let owner = owner_id(request.log_id, now);
     if let Store::Etcd(store) = &dedupe.store {
         let longest = until.iter().copied().max().unwrap_or(now);
-        let Some(lease) = lease(longest) else {
-            return Claim::Failed(StoreError("no etcd lease granted yet".into()));
-        };
+        let lease = lease(longest);
         return Claim::Ask(ask(
             store,
             channel,
@@ -274,7 +284,7 @@ fn ask(
     owner: u64,
     subscribers: Vec<(usize, u64)>,
     until: u64,
-    lease: i64,
+    lease: Option<i64>,
     now: u64,
 ) -> Ask {
     let (claim_key, records_key) = etcd::keys(&store.prefix, &channel.name, key);
@@ -286,6 +296,7 @@ fn ask(
         key: key.to_vec(),
         owner,
         lease,
+        until_ms: until,
         now_ms: now,
         subscribers,
         claim_key,
@@ -307,7 +318,7 @@ pub fn answered<H: Host>(
     let found = found
         .into_iter()
         .next()
-        .ok_or_else(|| StoreError("no answer for the claim".into()))?;
+        .ok_or_else(|| StoreError::new("no answer for the claim"))?;
     Ok(claimed(host, counter, ask, &found, fanout))
 }
 

@@ -3,25 +3,27 @@
 //! timer, since Envoy cancels a stream's calls when the stream ends), and the store-error
 //! warnings (one per 10 s at most).
 //!
+//! A sync fan-out's answer waits for its settle (the deliveries hold it): so when its sender
+//! hears the answer, what it delivered is in etcd. A settle goes out at once, as a call of
+//! the root context, when no settle txn of this VM is in flight; else it waits for the one in
+//! flight to be answered, and the settles queued meanwhile go out together, as one txn per
+//! lease (up to [`MAX_SETTLES_PER_TXN`] events each, no key twice): at low load no wait, and
+//! under load an event costs its claim and a share of a settle.
+//!
 //! The timer runs at [`SETTLE_TICK`] only while something is owed: settles queued or in
 //! flight, a lease grant pending. Otherwise every [`LEASE_TICK`], enough to ask for the next
 //! bucket's lease in time (buckets are at least a second wide). A settle queued while the
 //! timer is slow asks for the fast one from the context that queues it ([`Remote::queue`]).
-//! The settles queued at one tick go out as one txn per lease (up to
-//! [`MAX_SETTLES_PER_TXN`] events each, no key twice): under load an event costs its claim and
-//! a share of a settle.
 
-use std::cell::RefCell;
 use std::time::Duration;
 
-use super::claim::{etcd_headers, etcd_reply};
+use super::claim::etcd_headers;
 use super::etcd::{self, Family, Leases, SettleOp, StoreError, MAX_SETTLES_PER_TXN};
 use super::settle::RemoteSettle;
 use super::CLAIM_MARGIN_MS;
 use crate::call::Failure;
 use crate::config::{Config, EtcdStore, Store};
 use crate::host::Host;
-use crate::telemetry::Telemetry;
 
 /// At most one store-error warning per this long.
 const WARNING_EVERY_MS: u64 = 10_000;
@@ -39,9 +41,8 @@ pub struct Remote {
     families: Vec<Family>,
     /// Settles to send at the next tick.
     queued: Vec<RemoteSettle>,
-    /// Settle txns sent: token, and the settles in it: context id (for log lines), whether
-    /// counted in the metrics.
-    in_flight: Vec<(u32, Vec<(u32, bool)>)>,
+    /// Settle txns sent: token, when their answer is overdue, and the settles in it.
+    in_flight: Vec<(u32, u64, Vec<Sent>)>,
     last_warning_ms: Option<u64>,
     unlogged: u32,
     /// Whether the root's timer runs at [`SETTLE_TICK`] (kept by the plugin; set when a
@@ -49,20 +50,34 @@ pub struct Remote {
     fast_timer: bool,
 }
 
+/// A settle sent: its context id (for log lines), whether counted in the metrics, and the
+/// answer it holds back (a sync fan-out's job id), if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent {
+    pub log_id: u32,
+    pub metrics: bool,
+    pub hold: Option<u64>,
+}
+
 /// What an answer to one of the root's etcd calls came to.
 pub enum Answered {
     /// A lease grant: nothing to count.
     Grant,
-    /// A settle txn: `counted` settles in it (of configurations with metrics on) applied,
-    /// or (`failed`) each a store error.
-    Settles { counted: u32, failed: bool },
+    /// A settle txn: the settles in it, applied, or (`failed`) each a store error.
+    Settles { settles: Vec<Sent>, failed: bool },
 }
 
-/// Settles that ended at once when sent (no lease, refused at dispatch), each a store error:
-/// how many, of configurations with metrics on.
-pub struct NotSent {
-    pub counted: u32,
+/// What sending the settles queued came to: the txns sent (their tokens), and the settles
+/// that ended at once (no lease, refused at dispatch), each a store error.
+#[derive(Default)]
+pub struct SendOutcome {
+    pub sent: Vec<u32>,
+    pub failed: Vec<Sent>,
 }
+
+/// How long after its timeout a settle txn's answer is given up on (Envoy answers a
+/// timed-out call itself; this is for an answer that never comes at all).
+const OVERDUE_MARGIN_MS: u64 = 1_000;
 
 impl Remote {
     /// The lease kinds of a (new) configuration: records (`ttl_ms`) and claims (the longest
@@ -95,8 +110,34 @@ impl Remote {
             + self
                 .in_flight
                 .iter()
-                .map(|(_, settles)| settles.len())
+                .map(|(_, _, settles)| settles.len())
                 .sum::<usize>()
+    }
+
+    /// Whether settles are queued and none is in flight: they go out now, not at the tick.
+    pub fn ready_to_send(&self) -> bool {
+        !self.queued.is_empty() && self.in_flight.is_empty()
+    }
+
+    /// Settle txns whose answer is overdue at `now_ms` (Envoy lost it): taken out, each
+    /// settle in them a store error.
+    pub fn overdue(&mut self, now_ms: u64) -> Vec<(u32, Vec<Sent>)> {
+        let mut overdue = Vec::new();
+        let mut i = 0;
+        while let Some((token, due, _)) = self.in_flight.get(i) {
+            if *due <= now_ms {
+                let token = *token;
+                let (_, _, settles) = self.in_flight.swap_remove(i);
+                let error = StoreError::new("no answer to the settle txn, long past its timeout");
+                for s in &settles {
+                    self.settle_failed(s.log_id, &error, now_ms);
+                }
+                overdue.push((token, settles));
+            } else {
+                i += 1;
+            }
+        }
+        overdue
     }
 
     /// Whether the timer must run at [`SETTLE_TICK`]: settles owed, or leases not held yet
@@ -147,11 +188,10 @@ impl Remote {
         Ok(())
     }
 
-    /// Sends the settles queued (the root context is the current one), as few txns as
-    /// their leases, clusters and etcd's limits allow; returns those that failed at once
-    /// (no lease, refused at dispatch), each counted as a store error.
-    pub fn send_settles<H: Host>(&mut self, host: &H, now_ms: u64) -> NotSent {
-        let mut failed = 0;
+    /// Sends the settles queued as calls of root context `root` (from whichever context
+    /// runs), as few txns as their leases, clusters and etcd's limits allow.
+    pub fn send_settles<H: Host>(&mut self, host: &H, now_ms: u64, root: u32) -> SendOutcome {
+        let mut outcome = SendOutcome::default();
         let mut batches: Vec<Batch> = Vec::new();
         for settle in std::mem::take(&mut self.queued) {
             let lease = if settle.records.is_none() {
@@ -160,12 +200,9 @@ impl Remote {
                 self.leases.pick(settle.until_ms)
             };
             let Some(lease) = lease else {
-                self.settle_failed(
-                    settle.log_id,
-                    &StoreError("no etcd lease for the records".into()),
-                    now_ms,
-                );
-                failed += u32::from(settle.metrics);
+                let error = StoreError::new("no etcd lease for the records");
+                self.settle_failed(settle.log_id, &error, now_ms);
+                outcome.failed.push(settle.sent());
                 continue;
             };
             match batches.iter_mut().find(|b| b.takes(&settle, lease)) {
@@ -177,39 +214,52 @@ impl Remote {
             }
         }
         for batch in batches {
-            let Some(first) = batch.settles.first() else {
-                continue;
-            };
-            let (cluster, timeout_ms) = (first.cluster.clone(), first.timeout_ms);
-            let ops: Vec<SettleOp<'_>> = batch
-                .settles
-                .iter()
-                .map(|s| SettleOp {
-                    claim_key: &s.claim.0,
-                    claim: &s.claim.1,
-                    records: s.records.as_ref().map(|(k, v)| (k.as_slice(), v.as_str())),
-                })
-                .collect();
-            let body = etcd::settle_body(&ops, batch.lease);
-            let timeout = Duration::from_millis(u64::from(timeout_ms));
-            let settles: Vec<(u32, bool)> = batch
-                .settles
-                .iter()
-                .map(|s| (s.log_id, s.metrics))
-                .collect();
-            let headers = etcd_headers(&cluster, etcd::TXN_PATH);
-            match host.dispatch(&cluster, headers, &body, timeout) {
-                Ok(token) => self.in_flight.push((token, settles)),
-                Err(failure) => {
-                    let error = StoreError(format!("refused at dispatch: {failure}"));
-                    for (log_id, metrics) in settles {
-                        self.settle_failed(log_id, &error, now_ms);
-                        failed += u32::from(metrics);
-                    }
+            self.send_batch(host, now_ms, root, batch, &mut outcome);
+        }
+        outcome
+    }
+
+    fn send_batch<H: Host>(
+        &mut self,
+        host: &H,
+        now_ms: u64,
+        root: u32,
+        batch: Batch,
+        outcome: &mut SendOutcome,
+    ) {
+        let Some(first) = batch.settles.first() else {
+            return;
+        };
+        let (cluster, timeout_ms) = (first.cluster.clone(), first.timeout_ms);
+        let ops: Vec<SettleOp<'_>> = batch
+            .settles
+            .iter()
+            .map(|s| SettleOp {
+                claim_key: &s.claim.0,
+                claim: &s.claim.1,
+                records: s.records.as_ref().map(|(k, v)| (k.as_slice(), v.as_str())),
+            })
+            .collect();
+        let body = etcd::settle_body(&ops, batch.lease);
+        let timeout = Duration::from_millis(u64::from(timeout_ms));
+        let settles: Vec<Sent> = batch.settles.iter().map(RemoteSettle::sent).collect();
+        let headers = etcd_headers(&cluster, etcd::TXN_PATH);
+        match host.dispatch_for(root, &cluster, headers, &body, timeout) {
+            Ok(token) => {
+                let due = now_ms
+                    .saturating_add(u64::from(timeout_ms))
+                    .saturating_add(OVERDUE_MARGIN_MS);
+                self.in_flight.push((token, due, settles));
+                outcome.sent.push(token);
+            }
+            Err(failure) => {
+                let error = StoreError::new(format!("refused at dispatch: {failure}"));
+                for sent in settles {
+                    self.settle_failed(sent.log_id, &error, now_ms);
+                    outcome.failed.push(sent);
                 }
             }
         }
-        NotSent { counted: failed }
     }
 
     fn settle_failed(&mut self, log_id: u32, error: &StoreError, now_ms: u64) {
@@ -246,22 +296,20 @@ impl Remote {
                 .granted(token, result, if failed { now() } else { 0 });
             return Some(Answered::Grant);
         }
-        let at = self.in_flight.iter().position(|(t, _)| *t == token)?;
-        let (_, settles) = self.in_flight.swap_remove(at);
-        let counted = settles.iter().filter(|(_, metrics)| *metrics).count();
-        let counted = u32::try_from(counted).unwrap_or(u32::MAX);
+        let at = self.in_flight.iter().position(|(t, _, _)| *t == token)?;
+        let (_, _, settles) = self.in_flight.swap_remove(at);
         match etcd::read_answer(&reply()).and_then(etcd::read_txn_ok) {
             Ok(()) => Some(Answered::Settles {
-                counted,
+                settles,
                 failed: false,
             }),
             Err(error) => {
                 let now = now();
-                for (log_id, _) in settles {
-                    self.settle_failed(log_id, &error, now);
+                for sent in &settles {
+                    self.settle_failed(sent.log_id, &error, now);
                 }
                 Some(Answered::Settles {
-                    counted,
+                    settles,
                     failed: true,
                 })
             }
@@ -316,15 +364,10 @@ pub fn prepare(remote: &mut Remote, config: &Config) {
     remote.configure(families);
 }
 
-/// The root context's timer (the root is the current context): the leases due, the settles
-/// owed. Nothing unless `config` uses the etcd store.
-pub fn tick<H: Host>(
-    host: &H,
-    now: u64,
-    config: Option<&Config>,
-    remote: &mut Remote,
-    telemetry: &RefCell<Telemetry>,
-) {
+/// The root context's timer (the root is the current context): the leases due. Nothing
+/// unless `config` uses the etcd store. (The settles are the deliveries': they hold the
+/// answers that wait for them.)
+pub fn tick<H: Host>(host: &H, now: u64, config: Option<&Config>, remote: &mut Remote) {
     let Some(Store::Etcd(store)) = config.and_then(|c| c.dedupe.as_ref()).map(|d| &d.store) else {
         return;
     };
@@ -337,48 +380,6 @@ pub fn tick<H: Host>(
             );
         }
     }
-    let failed = remote.send_settles(host, now).counted;
-    if failed > 0 {
-        if let Ok(mut telemetry) = telemetry.try_borrow_mut() {
-            for _ in 0..failed {
-                telemetry.tally.dedupe_store_error();
-                telemetry.tally.owed(-1);
-            }
-        }
-    }
-}
-
-/// An answer delivered to the root context: taken if it is one of the etcd store's calls (a
-/// lease grant, a settle), and false if it is not.
-pub fn on_response<H: Host>(
-    host: &H,
-    token: u32,
-    num_headers: usize,
-    body_size: usize,
-    remote: &mut Remote,
-    telemetry: &RefCell<Telemetry>,
-) -> bool {
-    let answered = remote.on_response(
-        token,
-        || etcd_reply(host, num_headers, body_size),
-        || host.now_ms(),
-    );
-    let (counted, failed) = match answered {
-        None => return false,
-        Some(Answered::Grant) => return true,
-        Some(Answered::Settles { counted, failed }) => (counted, failed),
-    };
-    if counted > 0 {
-        if let Ok(mut telemetry) = telemetry.try_borrow_mut() {
-            for _ in 0..counted {
-                telemetry.tally.owed(-1);
-                if failed {
-                    telemetry.tally.dedupe_store_error();
-                }
-            }
-        }
-    }
-    true
 }
 
 #[cfg(test)]
@@ -394,6 +395,7 @@ mod tests {
             until_ms: 0,
             log_id: 1,
             metrics: true,
+            hold: None,
         }
     }
 

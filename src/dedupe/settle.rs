@@ -52,7 +52,24 @@ pub struct RemoteSettle {
     pub until_ms: u64,
     pub log_id: u32,
     pub metrics: bool,
+    /// The sync fan-out (job id) whose answer waits for this settle, if any.
+    pub hold: Option<u64>,
 }
+
+impl RemoteSettle {
+    /// What is kept of it while its txn is in flight.
+    pub fn sent(&self) -> super::remote::Sent {
+        super::remote::Sent {
+            log_id: self.log_id,
+            metrics: self.metrics,
+            hold: self.hold,
+        }
+    }
+}
+
+/// Header on the answer of a fan-out whose outcome could not be written to the etcd store
+/// (its settle failed): a redelivery may call again the subscribers that took the event.
+pub const NOT_RECORDED_HEADER: &str = "x-fanout-not-recorded";
 
 /// At configure time: creates the shard keys, so that no request meets a missing one, and
 /// says how much memory the store may take.
@@ -191,6 +208,7 @@ pub fn settle<H: Host>(
                 until_ms,
                 log_id,
                 metrics: config.metrics,
+                hold: None,
             }),
         };
     }

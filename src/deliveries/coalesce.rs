@@ -114,6 +114,8 @@ impl Coalescer {
         let mut rest = Vec::new();
         for parked in std::mem::take(&mut self.parked) {
             let fits = match batch.first() {
+                // Without a lease it waits for one.
+                _ if parked.ask.lease.is_none() => false,
                 None => true,
                 Some(first) => {
                     first.ask.cluster == parked.ask.cluster
@@ -129,7 +131,30 @@ impl Coalescer {
             }
         }
         self.parked = rest;
-        Some(batch)
+        (!batch.is_empty()).then_some(batch)
+    }
+
+    /// Gives the parked requests without a lease the one `pick` has for them, if any.
+    pub fn lease(&mut self, pick: impl Fn(u64) -> Option<i64>) {
+        for parked in self.parked.iter_mut() {
+            parked.ask.lease_from(&pick);
+        }
+    }
+
+    /// Whether a parked request waits for a lease.
+    pub fn waits_for_a_lease(&self) -> bool {
+        self.parked.iter().any(|p| p.ask.lease.is_none())
+    }
+
+    /// The parked requests still without a lease when their store's timeout (counted from
+    /// their start) is over at `now_ms`: taken out, to go on as store errors.
+    pub fn unleased_past(&mut self, now_ms: u64) -> Vec<Parked> {
+        let (late, rest) = std::mem::take(&mut self.parked).into_iter().partition(|p| {
+            let timeout = u64::try_from(p.ask.timeout.as_millis()).unwrap_or(u64::MAX);
+            p.ask.lease.is_none() && p.job.started_ms.saturating_add(timeout) <= now_ms
+        });
+        self.parked = rest;
+        late
     }
 
     /// `batch` went out as call `token`.
@@ -194,7 +219,7 @@ impl Coalescer {
     /// (An overdue answer is noticed at the slow tick: it only ever happens when Envoy loses
     /// one.)
     pub fn needs_tick(&self) -> bool {
-        !self.failed.is_empty()
+        !self.failed.is_empty() || self.waits_for_a_lease()
     }
 
     /// Requests parked or in a batch in flight (waiting for their claim).

@@ -33,6 +33,9 @@ pub struct Job {
     pub started_ms: u64,
     /// `dedupe`'s claims of this event, settled when the fan-out ends.
     pub redelivery: Option<Claims>,
+    /// The etcd store failed for it (`on_store_error: deliver`): its outcome will not be
+    /// recorded, and its answer says so.
+    pub unrecorded: bool,
     /// Its calls in `max_concurrent_calls`' line (the deliveries' to keep; start with the
     /// default).
     pub line: InLine,
@@ -287,6 +290,7 @@ mod tests {
             log_id: 1,
             started_ms,
             redelivery: None,
+            unrecorded: false,
             line: InLine::default(),
         }
     }

@@ -37,6 +37,7 @@ mod call_end;
 mod call_plan;
 mod coalesce;
 mod job;
+mod settles;
 mod slot_gate;
 
 /// The host's clock, read at most once per callback and only if something needs the time:
@@ -102,6 +103,8 @@ pub struct Deliveries {
     pub store: Remote,
     /// The etcd store's claims in flight and those waiting to go out together.
     pub claims: Coalescer,
+    /// Sync fan-outs ended whose answer waits for their etcd settle: job id, answer.
+    held: Vec<(u64, Finished)>,
 }
 
 /// What a worker still owes: every fan-out not yet ended, by what it waits for. What
@@ -144,6 +147,7 @@ impl Deliveries {
             root_of: HashMap::new(),
             store: Remote::default(),
             claims: Coalescer::default(),
+            held: Vec::new(),
         }
     }
 
@@ -232,10 +236,6 @@ impl Deliveries {
             .is_some_and(|job| job.answer_to.is_some())
     }
 
-    pub fn contains(&self, job: u64) -> bool {
-        self.jobs.contains_key(&job)
-    }
-
     /// Starts the fan-out `job` of the request on `stream`: answered at once (async mode, a
     /// channel of best-effort subscribers, or nothing to send) or a sync fan-out that answers
     /// when it ends. `from_root`: the root context is the current one (its calls are the
@@ -256,6 +256,7 @@ impl Deliveries {
         // A channel of best-effort subscribers only answers at once, like async mode.
         let best_effort = job.channel.all_best_effort();
         if job.config.mode == AnswerMode::Async || best_effort {
+            let unrecorded = job.unrecorded;
             let (_, finished) = self.start(host, job, nothing_to_send, from_root);
             let answer = match finished {
                 Some(finished) => finished.answer,
@@ -267,7 +268,7 @@ impl Deliveries {
                     .with_header(crate::answer::PENDING_HEADER, to_call.to_string()),
                 None => Answer::accepted(),
             };
-            return Launched::Answer(answer);
+            return Launched::Answer(labelled(answer, unrecorded));
         }
         let job = Job {
             answer_to: Some(stream),
@@ -281,6 +282,10 @@ impl Deliveries {
     /// `root`, from whichever context runs: its answer goes to the root, which continues
     /// them ([`Deliveries::claims_answered`]).
     pub fn send_parked<H: Host>(&mut self, host: &H, root: u32) {
+        if self.claims.waits_for_a_lease() {
+            let leases = &self.store.leases;
+            self.claims.lease(|until| leases.pick(until));
+        }
         let Some(batch) = self.claims.next_batch() else {
             return;
         };
@@ -297,7 +302,7 @@ impl Deliveries {
                 self.claims.sent(token, batch, host.now_ms());
             }
             Err(failure) => {
-                let error = StoreError(format!("refused at dispatch: {failure}"));
+                let error = StoreError::new(format!("refused at dispatch: {failure}"));
                 self.claims.not_sent(batch, error);
                 self.store.wake(host);
             }
@@ -344,15 +349,24 @@ impl Deliveries {
     /// the etcd store or not.)
     pub fn tick_claims<H: Host>(&mut self, host: &H, root: u32) -> Vec<Finished> {
         let mut finished = Vec::new();
-        let overdue = if self.claims.in_flight() {
-            self.claims.overdue(host.now_ms())
-        } else {
-            Vec::new()
+        let waits = self.claims.waits_for_a_lease();
+        let now = (self.claims.in_flight() || waits).then(|| host.now_ms());
+        let overdue = match now {
+            Some(now) if self.claims.in_flight() => self.claims.overdue(now),
+            _ => Vec::new(),
         };
+        // Those that waited for a lease as long as a claim may take: store errors.
+        if let (Some(now), true) = (now, waits) {
+            let late = self.claims.unleased_past(now);
+            if !late.is_empty() {
+                let error = StoreError::new("no etcd lease granted within the store's timeout");
+                self.claims.not_sent(late, error);
+            }
+        }
         for token in overdue {
             self.root_call_ended(token);
             if let Some(batch) = self.claims.landed(token) {
-                let error = StoreError("no answer to the claim txn, long past its timeout".into());
+                let error = StoreError::new("no answer to the claim txn, long past its timeout");
                 self.claims.not_sent(batch, error);
             }
         }
@@ -388,6 +402,9 @@ impl Deliveries {
             Err(error) => {
                 let now = job.started_ms;
                 let store = &mut self.store;
+                if error.lease_lost() {
+                    store.leases.forget();
+                }
                 let failed =
                     claim::store_failed(host, &counter, &job.config, stream, &error, || {
                         store.warn(now)
@@ -395,6 +412,7 @@ impl Deliveries {
                 if let Err(answer) = failed {
                     return (!gone).then(|| self.answer_parked(host, &counter, stream, answer));
                 }
+                job.unrecorded = true;
             }
         }
         match self.launch(host, job, stream, true) {
@@ -475,7 +493,7 @@ impl Deliveries {
             // so that none of them takes one.
             self.gate.cancel_job(id);
             self.forget_calls(id);
-            self.settle(&Clock::new(host), &mut job);
+            self.settle(&Clock::new(host), &mut job, None);
             self.count(&job.config, |tally| tally.fanout_ended(None));
         }
     }
@@ -747,14 +765,30 @@ impl Deliveries {
             return self.answer_if_due(id);
         }
         let mut job = self.jobs.remove(&id)?;
-        self.settle(clock, &mut job);
-        let channel = &job.channel;
-        let answer = job.fanout.verdict(channel);
+        // A sync sender's answer waits for the etcd settle, if there is one.
+        let hold = job.answer_to.map(|_| id);
+        let held = self.settle(clock, &mut job, hold);
+        let answer = labelled(job.fanout.verdict(&job.channel), job.unrecorded);
         let duration = if job.config.metrics {
             clock.now().saturating_sub(job.started_ms)
         } else {
             0
         };
+        self.log_and_count_end(&job, &answer, duration);
+        let finished = Finished {
+            answer_to: job.answer_to,
+            answer,
+        };
+        if held {
+            self.held.push((id, finished));
+            return None;
+        }
+        Some(finished)
+    }
+
+    /// What a fan-out that ended leaves in the log and the metrics (the answer not yet sent).
+    fn log_and_count_end(&self, job: &Job, answer: &Answer, duration: u64) {
+        let channel = &job.channel;
         let best_effort_failed = job.fanout.best_effort_failed(channel);
         if best_effort_failed > 0 {
             // Never in the answer's status: logged and counted here, dead-lettered if
@@ -813,10 +847,6 @@ impl Deliveries {
                 });
             }
         }
-        Some(Finished {
-            answer_to: job.answer_to,
-            answer,
-        })
     }
 
     /// A sync fan-out whose required subscribers have all ended while best-effort ones are
@@ -827,7 +857,7 @@ impl Deliveries {
         if job.answer_to.is_none() || !job.fanout.required_done(&job.channel) {
             return None;
         }
-        let answer = job.fanout.verdict(&job.channel);
+        let answer = labelled(job.fanout.verdict(&job.channel), job.unrecorded);
         let answer_to = job.answer_to.take();
         let config = job.config.clone();
         let status = answer.status;
@@ -836,8 +866,10 @@ impl Deliveries {
     }
 
     /// Records `dedupe`'s outcome of a job that ended (async too: at the end of the background
-    /// delivery, not at its 202).
-    fn settle<H: Host>(&mut self, clock: &Clock<'_, H>, job: &mut Job) {
+    /// delivery, not at its 202). With the etcd store the settle is queued, holding back the
+    /// answer of job `hold` if given: returns whether it does.
+    fn settle<H: Host>(&mut self, clock: &Clock<'_, H>, job: &mut Job, hold: Option<u64>) -> bool {
+        let mut held = false;
         if let Some(claimed) = job.redelivery.take() {
             let mut settled = settle::settle(
                 clock.host,
@@ -847,16 +879,29 @@ impl Deliveries {
                 &job.fanout,
                 job.log_id,
             );
-            if let Some(remote) = settled.remote.take() {
+            if let Some(mut remote) = settled.remote.take() {
+                remote.hold = hold;
+                held = hold.is_some();
                 self.store.queue(clock.host, remote);
                 self.count(&job.config, |tally| tally.owed(1));
             }
             self.count(&job.config, |tally| settled.record(tally));
         }
+        held
     }
 
     fn count(&self, config: &Config, record: impl FnOnce(&mut crate::metrics::Tally)) {
         count(&self.telemetry, config, record);
+    }
+}
+
+/// The answer of a fan-out whose outcome the etcd store will not record (`unrecorded`) says
+/// so.
+fn labelled(answer: Answer, unrecorded: bool) -> Answer {
+    if unrecorded {
+        answer.with_header(crate::dedupe::settle::NOT_RECORDED_HEADER, "1".into())
+    } else {
+        answer
     }
 }
 

@@ -8,6 +8,7 @@ use prost::Message;
 use super::*;
 use crate::config::Config;
 use crate::dedupe::etcd::proto::{Against, Request, RequestOp, TxnRequest};
+use crate::dedupe::settle::NOT_RECORDED_HEADER;
 use crate::dedupe::{etcd, remote};
 
 const ETCD: &str = r#"{
@@ -279,6 +280,9 @@ fn a_cluster_envoy_does_not_have_makes_every_event_a_store_error() {
     assert!(plugin.root.on_configure());
     plugin.tick_at(1_000);
     let _ctx = send(&plugin, &event("e1"), b"{}");
+    // No lease comes: it waits the store's timeout, then takes on_store_error.
+    assert!(plugin.subscriber_calls().is_empty());
+    plugin.tick_at(1_250);
     assert_eq!(plugin.subscriber_calls().len(), 3);
     assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 1);
 }
@@ -309,10 +313,11 @@ fn first_delivery(plugin: &mut FakeEnvoy) {
     plugin.answer_call(&mut ctx, calls[0].0, Some(200), "");
     plugin.answer_call(&mut ctx, calls[1].0, Some(503), "down");
     plugin.answer_call(&mut ctx, calls[2].0, Some(200), "");
-    assert_eq!(plugin.last_answer().status, 500);
-    // The settle goes out from the root context, at its next tick; until etcd answers it,
-    // it is work owed (in `fanout.in_flight`).
-    assert_eq!(plugin.etcd_calls().len(), 1);
+    // The settle goes out at once, as a call of the root context (it outlives the stream);
+    // the answer waits for it, so that a sender that has it finds the records in etcd.
+    // Until etcd answers it, it is work owed (in `fanout.in_flight`).
+    assert!(plugin.answers().is_empty(), "no answer before the settle");
+    assert_eq!(plugin.etcd_calls().len(), 2);
     let now = plugin.state().now_ms;
     assert_eq!(plugin.flushed("fanout.in_flight"), 1);
     let settle = plugin.etcd_calls().last().cloned().unwrap();
@@ -328,6 +333,9 @@ fn first_delivery(plugin: &mut FakeEnvoy) {
     assert!(records.iter().all(|r| r.1 == now + 60_000), "{records:?}");
     assert_eq!(deletes(&settle.body), 1, "the claim released");
     plugin.answer_etcd_root(settle.token, &fixture("settle"));
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 500);
+    assert_eq!(FakeEnvoy::header(&answer, NOT_RECORDED_HEADER), None);
     assert_eq!(plugin.flushed("fanout.in_flight"), 0);
 }
 
@@ -349,14 +357,6 @@ fn a_redelivery_calls_only_the_subscriber_that_failed() {
         ["shipping"]
     );
     plugin.answer_call(&mut ctx, calls[before].0, Some(200), "");
-    let answer = plugin.last_answer();
-    assert_eq!(answer.status, 202);
-    assert_eq!(
-        report(&answer)["already_delivered"],
-        serde_json::json!(["billing", "analytics"])
-    );
-    assert_eq!(plugin.flushed("fanout.dedupe.skipped"), 2);
-    assert_eq!(plugin.state().value("fanout.dedupe.store_errors"), 0);
     // The settle keeps the records read with the claim, and adds shipping's.
     let settle = plugin.etcd_calls().last().cloned().unwrap();
     let values = puts(&settle.body);
@@ -365,6 +365,15 @@ fn a_redelivery_calls_only_the_subscriber_that_failed() {
     who.sort();
     assert_eq!(who, ["analytics", "billing", "shipping"]);
     assert_eq!(deletes(&settle.body), 1);
+    plugin.answer_etcd_root(settle.token, &fixture("settle"));
+    let answer = plugin.last_answer();
+    assert_eq!(answer.status, 202);
+    assert_eq!(
+        report(&answer)["already_delivered"],
+        serde_json::json!(["billing", "analytics"])
+    );
+    assert_eq!(plugin.flushed("fanout.dedupe.skipped"), 2);
+    assert_eq!(plugin.state().value("fanout.dedupe.store_errors"), 0);
 }
 
 /// etcd's answer to one claim, made here (not recorded): ours, with `records`.
@@ -414,18 +423,20 @@ fn a_copy_of_an_event_everyone_has_releases_its_claim_at_once() {
     let claim = plugin.etcd_calls()[0].clone();
     plugin.answer_etcd(&mut ctx, claim.token, &claimed_with(&records));
     assert!(plugin.subscriber_calls().is_empty());
+    // Nothing recorded anew; the claim deleted rather than left to lapse, before the
+    // answer (a copy sent the moment it comes finds no claim of ours).
+    let settle = plugin.etcd_calls().last().cloned().unwrap();
+    assert_eq!(settle.context, ROOT);
+    assert!(puts(&settle.body).is_empty());
+    assert_eq!(deletes(&settle.body), 1);
+    assert!(plugin.answers().is_empty());
+    plugin.answer_etcd_root(settle.token, &fixture("settle"));
     let answer = plugin.only_answer();
     assert_eq!(answer.status, 202);
     assert_eq!(
         report(&answer)["already_delivered"],
         serde_json::json!(["billing", "shipping", "analytics"])
     );
-    // Nothing recorded anew; the claim deleted rather than left to lapse.
-    plugin.tick_at(10);
-    let settle = plugin.etcd_calls().last().cloned().unwrap();
-    assert_eq!(settle.context, ROOT);
-    assert!(puts(&settle.body).is_empty());
-    assert_eq!(deletes(&settle.body), 1);
     // A record past its time is no record: everyone is called.
     let plugin = FakeEnvoy::with_etcd(ETCD);
     let now = plugin.state().now_ms;
@@ -521,7 +532,14 @@ fn an_unreachable_store_delivers_to_everyone_and_counts() {
         for (token, _) in calls {
             plugin.answer_call(&mut ctx, token, Some(200), "");
         }
-        assert_eq!(plugin.last_answer().status, 202);
+        let answer = plugin.last_answer();
+        assert_eq!(answer.status, 202);
+        // Delivered without dedupe: the sender is told its outcome is not recorded.
+        assert_eq!(
+            FakeEnvoy::header(&answer, NOT_RECORDED_HEADER).as_deref(),
+            Some("1"),
+            "{what}"
+        );
         assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 1);
         // Nothing was claimed: nothing to settle.
         assert_eq!(plugin.etcd_calls().len(), 1);
@@ -549,12 +567,41 @@ fn reject_answers_503_and_calls_nobody() {
 }
 
 #[test]
-fn without_a_lease_yet_the_store_counts_as_failed() {
+fn a_request_before_the_first_lease_waits_for_it() {
     let mut plugin = FakeEnvoy::configured(ETCD);
-    let _ctx = send(&plugin, &event("e1"), b"{}");
+    plugin.tick_at(0);
+    let mut ctx = open(&plugin, 10, "e1");
     assert!(plugin.etcd_calls().is_empty(), "no claim without a lease");
-    assert_eq!(plugin.subscriber_calls().len(), 3);
-    assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 1);
+    assert!(plugin.subscriber_calls().is_empty() && plugin.answers().is_empty());
+    // The grants come back: the claim goes out at once, for the root.
+    plugin.grant_leases();
+    let claim = plugin.etcd_calls()[0].clone();
+    assert_eq!(claim.context, ROOT);
+    plugin.answer_etcd_root(claim.token, &fixture("claim_fresh"));
+    assert_eq!(plugin.root_subscriber_calls().len(), 3);
+    assert_eq!(plugin.state().value("fanout.dedupe.store_errors"), 0);
+    assert!(ctx.on_done());
+}
+
+#[test]
+fn without_a_lease_within_the_store_timeout_on_store_error_decides_and_counts() {
+    for (on_store_error, status, calls) in [("deliver", None, 3), ("reject", Some(503), 0)] {
+        let json = ETCD.replace(
+            "\"timeout_ms\": 250}}",
+            &format!("\"timeout_ms\": 250}}}}, \"on_store_error\": \"{on_store_error}\""),
+        );
+        let mut plugin = FakeEnvoy::configured(&json);
+        plugin.tick_at(0);
+        let _ctx = open(&plugin, 10, "e1");
+        plugin.tick_at(200);
+        assert!(plugin.subscriber_calls().is_empty(), "it still waits");
+        assert_eq!(plugin.state().tick_period, Some(Duration::from_millis(10)));
+        plugin.tick_at(250);
+        assert!(plugin.etcd_calls().is_empty(), "no claim without a lease");
+        assert_eq!(plugin.subscriber_calls().len(), calls, "{on_store_error}");
+        assert_eq!(plugin.answers().first().map(|a| a.status), status);
+        assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 1);
+    }
 }
 
 #[test]
@@ -575,13 +622,73 @@ fn a_failed_settle_is_counted_and_grants_again_when_the_lease_is_lost() {
     for (token, _) in plugin.subscriber_calls() {
         plugin.answer_call(&mut ctx, token, Some(200), "");
     }
-    plugin.tick_at(10);
     let settle = plugin.etcd_calls().last().cloned().unwrap();
     let grants_before = plugin.state().dispatched.len();
+    assert!(
+        plugin.answers().is_empty(),
+        "the answer waits for the settle"
+    );
     plugin.answer_etcd_root(settle.token, &fixture("lease_not_found"));
     assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 1);
+    // Everyone took the event: still a 202 (an error would have the sender redeliver it to
+    // everyone), saying that it is not recorded.
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 202);
+    assert_eq!(
+        FakeEnvoy::header(&answer, NOT_RECORDED_HEADER).as_deref(),
+        Some("1")
+    );
     // The leases are asked for again at the next tick.
     plugin.tick_at(2_000);
+    let grants = plugin.state().dispatched[grants_before..]
+        .iter()
+        .filter(|d| header_of(d, ":path").as_deref() == Some(etcd::GRANT_PATH))
+        .count();
+    assert!(grants >= 2, "{grants}");
+}
+
+#[test]
+fn a_settle_whose_answer_never_comes_lets_the_answer_go_counted() {
+    let mut plugin = FakeEnvoy::with_etcd(ETCD);
+    let mut ctx = send(&plugin, &event("e1"), b"{}");
+    let claim = plugin.etcd_calls()[0].clone();
+    plugin.answer_etcd(&mut ctx, claim.token, &fixture("claim_fresh"));
+    for (token, _) in plugin.subscriber_calls() {
+        plugin.answer_call(&mut ctx, token, Some(200), "");
+    }
+    assert_eq!(plugin.etcd_calls().len(), 2, "the settle is out");
+    // Envoy answers a timed-out call itself; if even that never comes, the timer gives up
+    // a second after the timeout (250 ms).
+    plugin.tick_at(1_249);
+    assert!(plugin.answers().is_empty());
+    plugin.tick_at(1_250);
+    let answer = plugin.only_answer();
+    assert_eq!(answer.status, 202);
+    assert_eq!(
+        FakeEnvoy::header(&answer, NOT_RECORDED_HEADER).as_deref(),
+        Some("1")
+    );
+    assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 1);
+    assert_eq!(plugin.state().value("fanout.in_flight"), 0);
+}
+
+#[test]
+fn a_claim_refused_for_a_lost_lease_has_the_leases_granted_again() {
+    let mut plugin = FakeEnvoy::with_etcd(ETCD);
+    let mut ctx = send(&plugin, &event("e1"), b"{}");
+    let claim = plugin.etcd_calls()[0].clone();
+    let grants_before = plugin.state().dispatched.len();
+    plugin.answer_etcd(&mut ctx, claim.token, &fixture("lease_not_found"));
+    assert_eq!(
+        plugin.subscriber_calls().len(),
+        3,
+        "on_store_error: deliver"
+    );
+    assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 1);
+    // The next request waits for the new leases, asked for at the next tick.
+    let _next = open(&plugin, 20, "e2");
+    assert_eq!(plugin.etcd_calls().len(), 1, "no claim on a lost lease");
+    plugin.tick_at(10);
     let grants = plugin.state().dispatched[grants_before..]
         .iter()
         .filter(|d| header_of(d, ":path").as_deref() == Some(etcd::GRANT_PATH))
@@ -784,64 +891,73 @@ fn the_timer_runs_fast_only_while_the_store_owes_something() {
     for (token, _) in plugin.subscriber_calls() {
         plugin.answer_call(&mut ctx, token, Some(200), "");
     }
-    assert_eq!(plugin.last_answer().status, 202);
-    // The answer went before the settle: queued, it asked for the fast timer.
-    assert_eq!(plugin.etcd_calls().len(), 1);
+    // The settle went out at once; owed, it asked for the fast timer.
+    assert_eq!(plugin.etcd_calls().len(), 2);
     assert_eq!(plugin.state().tick_period, Some(Duration::from_millis(10)));
-    plugin.tick_at(20);
     let settle = plugin.etcd_calls().last().cloned().unwrap();
-    assert_eq!(
-        plugin.etcd_calls().len(),
-        2,
-        "the settle went out at the tick"
-    );
-    // In flight: still owed, still fast.
+    // In flight: still owed, still fast, and sent once.
     plugin.tick_at(30);
     assert_eq!(plugin.state().tick_period, Some(Duration::from_millis(10)));
+    assert_eq!(plugin.etcd_calls().len(), 2);
     plugin.answer_etcd_root(settle.token, &fixture("settle"));
+    assert_eq!(plugin.last_answer().status, 202);
     plugin.tick_at(40);
     assert_eq!(plugin.state().tick_period, Some(remote::LEASE_TICK));
     assert_eq!(plugin.flushed("fanout.in_flight"), 0);
 }
 
 #[test]
-fn the_settles_of_one_tick_go_out_as_one_txn() {
+fn the_settles_queued_while_one_is_in_flight_go_out_as_one_txn() {
     let mut plugin = FakeEnvoy::with_etcd(ETCD);
     // Each claimed before the next comes (no claim coalesced).
-    let mut first = send(&plugin, &event("e1"), b"{}");
-    let claim = plugin.etcd_calls()[0].clone();
-    plugin.answer_etcd(&mut first, claim.token, &fixture("claim_fresh"));
-    let mut second = send(&plugin, &event("e2"), b"{}");
-    let claims = plugin.etcd_calls();
-    assert_eq!(claims.len(), 2);
-    plugin.answer_etcd(&mut second, claims[1].token, &fixture("claim_fresh"));
-    let calls = plugin.subscriber_calls();
-    assert_eq!(calls.len(), 6);
-    for (token, _) in &calls[..3] {
-        plugin.answer_call(&mut first, *token, Some(200), "");
+    let mut ctxs = Vec::new();
+    for (i, id) in ["e1", "e2", "e3"].into_iter().enumerate() {
+        let mut ctx = open(&plugin, 10 + i as u32, id);
+        let claim = plugin.etcd_calls().last().cloned().unwrap();
+        plugin.answer_etcd_on(
+            &mut ctx,
+            10 + i as u32,
+            claim.token,
+            &fixture("claim_fresh"),
+        );
+        ctxs.push(ctx);
     }
-    // e2: shipping fails, its claim is released in the same txn.
+    let calls = plugin.subscriber_calls();
+    assert_eq!(calls.len(), 9);
+    // e1 ends: its settle goes out at once.
+    for (token, _) in &calls[..3] {
+        plugin.answer_call(&mut ctxs[0], *token, Some(200), "");
+    }
+    let first = plugin.etcd_calls().last().cloned().unwrap();
+    assert_eq!(plugin.etcd_calls().len(), 4, "three claims, e1's settle");
+    // e2 (shipping fails, its claim is released in the same txn) and e3 end meanwhile: they
+    // wait for e1's settle.
     for (i, (token, _)) in calls[3..].iter().enumerate() {
         let status = if i == 1 { 503 } else { 200 };
-        plugin.answer_call(&mut second, *token, Some(status), "");
+        plugin.answer_call(&mut ctxs[1 + i / 3], *token, Some(status), "");
     }
-    plugin.tick_at(10);
+    assert_eq!(plugin.etcd_calls().len(), 4);
+    assert!(plugin.answers().is_empty());
+    plugin.answer_etcd_root(first.token, &fixture("settle"));
+    assert_eq!(plugin.answers().len(), 1, "e1's answer");
     let txns = plugin.etcd_calls();
-    assert_eq!(txns.len(), 3, "two claims, one settle for both");
-    assert_eq!(txns[2].context, ROOT);
-    let values = puts(&txns[2].body);
-    assert_eq!(values.len(), 2, "the records of e1, of e2: {values:?}");
-    assert_eq!(records_of(&values[0]).len(), 3);
+    assert_eq!(txns.len(), 5, "one settle for e2 and e3");
+    assert_eq!(txns[4].context, ROOT);
+    let values = puts(&txns[4].body);
+    assert_eq!(values.len(), 2, "the records of e2, of e3: {values:?}");
     assert_eq!(
-        records_of(&values[1])
+        records_of(&values[0])
             .into_iter()
             .map(|r| r.0)
             .collect::<Vec<_>>(),
         ["billing", "analytics"]
     );
-    assert_eq!(deletes(&txns[2].body), 2, "both claims released");
+    assert_eq!(records_of(&values[1]).len(), 3);
+    assert_eq!(deletes(&txns[4].body), 2, "both claims released");
     assert_eq!(plugin.flushed("fanout.in_flight"), 2);
-    plugin.answer_etcd_root(txns[2].token, &fixture("settle"));
+    plugin.answer_etcd_root(txns[4].token, &fixture("settle"));
+    let statuses: Vec<u32> = plugin.answers().iter().map(|a| a.status).collect();
+    assert_eq!(statuses, [202, 500, 202]);
     assert_eq!(plugin.flushed("fanout.in_flight"), 0);
     assert_eq!(plugin.state().value("fanout.dedupe.store_errors"), 0);
 }
@@ -850,21 +966,37 @@ fn the_settles_of_one_tick_go_out_as_one_txn() {
 fn a_failed_settle_txn_counts_each_settle_in_it() {
     let mut plugin = FakeEnvoy::with_etcd(ETCD);
     let mut ctxs = Vec::new();
-    for id in ["e1", "e2"] {
-        let mut ctx = send(&plugin, &event(id), b"{}");
+    for (i, id) in ["e1", "e2"].into_iter().enumerate() {
+        let mut ctx = open(&plugin, 10 + i as u32, id);
         let claim = plugin.etcd_calls().last().cloned().unwrap();
-        plugin.answer_etcd(&mut ctx, claim.token, &fixture("claim_fresh"));
+        plugin.answer_etcd_on(
+            &mut ctx,
+            10 + i as u32,
+            claim.token,
+            &fixture("claim_fresh"),
+        );
         ctxs.push(ctx);
     }
+    // e1's settle goes out at once; e2's waits for it, and goes out at the tick.
     let calls = plugin.subscriber_calls();
     for (i, (token, _)) in calls.iter().enumerate() {
         plugin.answer_call(&mut ctxs[i / 3], *token, Some(200), "");
     }
     plugin.tick_at(10);
-    let settle = plugin.etcd_calls().last().cloned().unwrap();
-    plugin.answer_etcd_root(settle.token, &not_grpc(None, b""));
+    let settles = plugin.etcd_calls()[2..].to_vec();
+    assert_eq!(settles.len(), 2);
+    for settle in &settles {
+        plugin.answer_etcd_root(settle.token, &not_grpc(None, b""));
+    }
     assert_eq!(plugin.flushed("fanout.dedupe.store_errors"), 2);
     assert_eq!(plugin.state().value("fanout.in_flight"), 0);
+    for answer in plugin.answers() {
+        assert_eq!(answer.status, 202);
+        assert_eq!(
+            FakeEnvoy::header(&answer, NOT_RECORDED_HEADER).as_deref(),
+            Some("1")
+        );
+    }
 }
 
 /// Where the etcd store's own work per event goes (N = 3, natively): the claim body, reading
@@ -1026,6 +1158,11 @@ fn claims_that_come_while_one_is_in_flight_go_out_as_one_txn_for_the_root() {
     for (token, _) in calls {
         plugin.answer_root(token, 200);
     }
+    // e3's answer waits for its settle, sent by the root.
+    assert_eq!(plugin.state().answered_streams, [11]);
+    let settle = plugin.etcd_calls().last().cloned().unwrap();
+    assert_eq!(settle.context, ROOT);
+    plugin.answer_etcd_root(settle.token, &fixture("settle"));
     assert_eq!(plugin.state().answered_streams, [11, 12]);
     assert_eq!(plugin.last_answer().status, 202);
     // The streams learn it at their next callback: the answer coming back through them.
@@ -1036,6 +1173,8 @@ fn claims_that_come_while_one_is_in_flight_go_out_as_one_txn_for_the_root() {
     for (token, _) in plugin.subscriber_calls().into_iter().take(3) {
         plugin.answer_call(&mut first, token, Some(200), "");
     }
+    let settle = plugin.etcd_calls().last().cloned().unwrap();
+    plugin.answer_etcd_root(settle.token, &fixture("settle"));
     assert_eq!(plugin.answers().len(), 3);
     assert_eq!(plugin.flushed("fanout.dedupe.in_progress"), 3);
     assert_eq!(plugin.state().value("fanout.dedupe.store_errors"), 0);

@@ -26,6 +26,7 @@ mod alerts;
 mod reload;
 // The control plane (fanout-control) and Envoys on envoy/xds/envoy.yaml.
 mod control;
+mod replicas_redelivery;
 mod replicas_store;
 mod rollout;
 // Knative's contract, with the CloudEvents SDK; the importer of Knative objects.

@@ -12,16 +12,20 @@ use harness::etcd::EtcdCluster;
 use harness::{send, Behavior, Client, Envoy, Reply, Subscriber};
 use serde_json::{json, Value};
 
-const SOURCE: &str = "/e2e/replicas";
+pub(crate) const SOURCE: &str = "/e2e/replicas";
 
 /// A fanout Envoy on channel `default/orders` of `subscribers`, with `dedupe`; the etcd
 /// cluster `etcd` of `store`'s members when given.
-fn replica(dedupe: Value, subscribers: &[&Subscriber], store: Option<&EtcdCluster>) -> Envoy {
+pub(crate) fn replica(
+    dedupe: Value,
+    subscribers: &[&Subscriber],
+    store: Option<&EtcdCluster>,
+) -> Envoy {
     replica_with(dedupe, subscribers, store, None)
 }
 
 /// [`replica`], with `workers` Envoy worker threads (default 2).
-fn replica_with(
+pub(crate) fn replica_with(
     dedupe: Value,
     subscribers: &[&Subscriber],
     store: Option<&EtcdCluster>,
@@ -52,13 +56,12 @@ fn replica_with(
                 EtcdCluster::envoy_protocol_options(),
             );
     }
-    let envoy = builder.start();
-    // The leases are granted at configure time; give the answers a moment to come.
-    std::thread::sleep(Duration::from_millis(500));
-    envoy
+    // Ready: a sender sends at once (the first requests wait for the replica's first
+    // leases).
+    builder.start()
 }
 
-fn etcd_dedupe(prefix: &str, on_store_error: &str) -> Value {
+pub(crate) fn etcd_dedupe(prefix: &str, on_store_error: &str) -> Value {
     json!({
         "ttl_ms": 60000,
         "store": { "etcd": { "cluster": "etcd", "prefix": prefix, "timeout_ms": 1000 } },
@@ -66,7 +69,7 @@ fn etcd_dedupe(prefix: &str, on_store_error: &str) -> Value {
     })
 }
 
-fn post(client: &Client, envoy: &Envoy, id: &str) -> Reply {
+pub(crate) fn post(client: &Client, envoy: &Envoy, id: &str) -> Reply {
     let reply = send(
         client
             .post(&envoy.url("/"))
@@ -78,14 +81,14 @@ fn post(client: &Client, envoy: &Envoy, id: &str) -> Reply {
     reply
 }
 
-fn counts(subs: &[&Subscriber]) -> Vec<usize> {
+pub(crate) fn counts(subs: &[&Subscriber]) -> Vec<usize> {
     subs.iter().map(|s| s.count()).collect()
 }
 
 /// The delivery records etcd holds under `prefix`: each event's records key (`.../d`) holds
 /// `d` and one record (a subscriber's id, 16 hex digits, and a time, 20 digits) per subscriber
 /// that took it.
-fn records(etcd: &EtcdCluster, prefix: &str) -> usize {
+pub(crate) fn records(etcd: &EtcdCluster, prefix: &str) -> usize {
     etcd.keys(prefix)
         .iter()
         .filter(|(k, v)| k.ends_with("/d") && v.starts_with('d') && (v.len() - 1) % 36 == 0)
@@ -93,25 +96,14 @@ fn records(etcd: &EtcdCluster, prefix: &str) -> usize {
         .sum()
 }
 
-/// Waits (bounded) until etcd holds `n` delivery records under `prefix`: the settle goes out
-/// from the root context at its next tick, after the answer.
-fn wait_for_records(etcd: &EtcdCluster, prefix: &str, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let records = records(etcd, prefix);
-        if records == n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{records} records, want {n}: {:?}",
-            etcd.keys(prefix)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Asserts that etcd holds `n` delivery records under `prefix` now: a replica answers only
+/// once its records are in etcd, so a sender that has the answer finds them there.
+fn assert_records(etcd: &EtcdCluster, prefix: &str, n: usize) {
+    let records = records(etcd, prefix);
+    assert_eq!(records, n, "records in etcd: {:?}", etcd.keys(prefix));
 }
 
-fn stat(envoy: &Envoy, name: &str, pred: impl Fn(u64) -> bool) -> Option<u64> {
+pub(crate) fn stat(envoy: &Envoy, name: &str, pred: impl Fn(u64) -> bool) -> Option<u64> {
     envoy.wait_for_stat(&format!("wasmcustom.{name}"), pred, Duration::from_secs(10))
 }
 
@@ -136,7 +128,7 @@ fn a_redelivery_through_another_replica_calls_only_the_subscriber_that_failed() 
     let first = post(&client, &one, "evt-1");
     assert_eq!(first.status, 500, "{}", first.text());
     assert_eq!(counts(&subs), [1, 1, 1]);
-    wait_for_records(&etcd, "/fanout-redelivery/", 2);
+    assert_records(&etcd, "/fanout-redelivery/", 2);
     c.set_behavior(Behavior::Status(200));
     let retry = post(&client, &two, "evt-1");
     assert_eq!(retry.status, 202, "{}", retry.text());
@@ -187,7 +179,7 @@ fn a_killed_replica_takes_no_memory_with_it() {
     let two = replica(dedupe.clone(), &subs, Some(&etcd));
     let client = Client::http1();
     assert_eq!(post(&client, &one, "evt-1").status, 202);
-    wait_for_records(&etcd, "/fanout-kill/", 2);
+    assert_records(&etcd, "/fanout-kill/", 2);
     // SAFETY: signalling the Envoy process this test started.
     unsafe {
         libc::kill(one.pid() as libc::pid_t, libc::SIGKILL);
@@ -270,7 +262,7 @@ fn etcd_down_and_back() {
     std::thread::sleep(Duration::from_secs(1));
     b.set_behavior(Behavior::Status(503));
     assert_eq!(post(&client, &one, "evt-1").status, 500);
-    wait_for_records(&etcd, "/fanout-down/", 1);
+    assert_records(&etcd, "/fanout-down/", 1);
     b.set_behavior(Behavior::Status(200));
     let retry = post(&client, &two, "evt-1");
     assert_eq!(retry.status, 202, "{}", retry.text());
@@ -355,7 +347,7 @@ fn claims_that_come_together_share_txns() {
         assert_eq!(status, 202, "{text}");
     }
     assert_eq!(counts(&subs), [n, n], "each event to each subscriber once");
-    wait_for_records(&etcd, prefix, 2 * n);
+    assert_records(&etcd, prefix, 2 * n);
     let used = txns() - before;
     eprintln!("{n} events at once: {used} etcd txns (claims and settles)");
     assert!(
@@ -384,13 +376,13 @@ fn ttl_is_honoured_and_no_key_is_left() {
     let client = Client::http1();
     let sent = Instant::now();
     assert_eq!(post(&client, &one, "evt-ttl").status, 202);
-    wait_for_records(&etcd, "/fanout-ttl/", 2);
+    assert_records(&etcd, "/fanout-ttl/", 2);
     assert_eq!(post(&client, &two, "evt-ttl").status, 202);
     assert_eq!(counts(&subs), [1, 1], "within ttl_ms: deduplicated");
     std::thread::sleep(Duration::from_millis(2300).saturating_sub(sent.elapsed()));
     assert_eq!(post(&client, &two, "evt-ttl").status, 202);
     assert_eq!(counts(&subs), [2, 2], "after ttl_ms: delivered again");
-    wait_for_records(&etcd, "/fanout-ttl/", 2);
+    assert_records(&etcd, "/fanout-ttl/", 2);
     // ttl 2 s + a bucket (1 s) + the lease's rounding (1 s) + etcd's expiry check.
     let written = Instant::now();
     std::thread::sleep(Duration::from_millis(1000));

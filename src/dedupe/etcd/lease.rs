@@ -172,7 +172,7 @@ mod tests {
         assert_eq!(grants[0].until_ms, 13_000);
         // A failed grant is asked again after a second.
         leases.asked(13_000, 3);
-        leases.granted(3, Err(StoreError("down".into())), 1_000);
+        leases.granted(3, Err(StoreError::new("down")), 1_000);
         assert!(leases.wanted(1_500, &[family]).is_empty());
         assert_eq!(leases.wanted(2_000, &[family]).len(), 2);
         leases.forget();

@@ -316,19 +316,40 @@ pub fn grant_body(ttl_s: u64) -> Vec<u8> {
 /// What went wrong with the store: unreachable, timing out, an error status, an answer that
 /// does not read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoreError(pub String);
+pub struct StoreError {
+    kind: StoreErrorKind,
+    detail: String,
+}
+
+/// What a store error means for the store's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreErrorKind {
+    /// etcd does not have the lease a key was written with (gRPC `NOT_FOUND`, 5: the only
+    /// one a txn or a lease grant of fanout's can get): the leases must be granted again.
+    LeaseLost,
+    /// Anything else: this call failed, the state stands.
+    Failed,
+}
 
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.detail)
     }
 }
 
 impl StoreError {
+    /// A store error that says what happened.
+    pub fn new(detail: impl Into<String>) -> StoreError {
+        StoreError {
+            kind: StoreErrorKind::Failed,
+            detail: detail.into(),
+        }
+    }
+
     /// etcd no longer has the lease the keys were written with: the leases must be granted
     /// again.
     pub fn lease_lost(&self) -> bool {
-        self.0.contains("lease not found")
+        self.kind == StoreErrorKind::LeaseLost
     }
 }
 
@@ -347,14 +368,14 @@ pub struct Reply {
 /// The message of a successful answer, or what went wrong.
 pub fn read_answer(reply: &Reply) -> Result<&[u8], StoreError> {
     let Some(status) = reply.status else {
-        return Err(StoreError(
-            "no answer (unreachable, reset or timed out)".into(),
+        return Err(StoreError::new(
+            "no answer (unreachable, reset or timed out)",
         ));
     };
     if status != 200 {
         // Not etcd's gRPC server: Envoy's own answer (no healthy upstream), or a cluster
         // that speaks HTTP/1.1 to etcd, whose gateway does not know the gRPC paths.
-        return Err(StoreError(format!(
+        return Err(StoreError::new(format!(
             "etcd answered {status}: {} (fanout speaks etcd's gRPC API: the cluster must \
              speak HTTP/2, with http2_protocol_options)",
             crate::answer::sanitize(&reply.body, 200)
@@ -365,10 +386,19 @@ pub fn read_answer(reply: &Reply) -> Result<&[u8], StoreError> {
         Some(code) => {
             let message = reply.grpc_message.as_deref().unwrap_or("");
             let message = percent_encoding::percent_decode_str(message).decode_utf8_lossy();
-            return Err(StoreError(format!(
-                "etcd answered gRPC status {code}: {}",
-                crate::answer::sanitize(message.as_bytes(), 200)
-            )));
+            let kind = match code {
+                // NOT_FOUND: etcd's `ErrGRPCLeaseNotFound`, the one a txn with a lease or a
+                // grant can get.
+                "5" => StoreErrorKind::LeaseLost,
+                _ => StoreErrorKind::Failed,
+            };
+            return Err(StoreError {
+                kind,
+                detail: format!(
+                    "etcd answered gRPC status {code}: {}",
+                    crate::answer::sanitize(message.as_bytes(), 200)
+                ),
+            });
         }
         None => return Err(bad("no grpc-status")),
     }
@@ -376,7 +406,7 @@ pub fn read_answer(reply: &Reply) -> Result<&[u8], StoreError> {
 }
 
 fn bad(what: &str) -> StoreError {
-    StoreError(format!("etcd's answer does not read: {what}"))
+    StoreError::new(format!("etcd's answer does not read: {what}"))
 }
 
 fn txn_response(message: &[u8]) -> Result<TxnResponse, StoreError> {
@@ -478,7 +508,7 @@ pub fn read_txn_ok(message: &[u8]) -> Result<(), StoreError> {
 pub fn read_grant(message: &[u8]) -> Result<i64, StoreError> {
     let grant = LeaseGrantResponse::decode(message).map_err(|_| bad("not a LeaseGrantResponse"))?;
     if !grant.error.is_empty() {
-        return Err(StoreError(format!(
+        return Err(StoreError::new(format!(
             "etcd refused the lease: {}",
             crate::answer::sanitize(grant.error.as_bytes(), 200)
         )));
@@ -649,7 +679,7 @@ mod tests {
         assert!(!found[0].claimed && found[0].records.is_empty());
         assert_eq!(found[0].seen(0xa, 1_000), Seen::InProgress);
         assert_eq!(
-            read_claim(&held, 2).unwrap_err().0,
+            read_claim(&held, 2).unwrap_err().to_string(),
             "etcd's answer does not read: not one response per event"
         );
         // Values fanout did not write.
@@ -805,7 +835,7 @@ mod tests {
         let error = read_answer(&lost).unwrap_err();
         assert!(error.lease_lost(), "{error}");
         assert_eq!(
-            error.0,
+            error.to_string(),
             "etcd answered gRPC status 5: etcdserver: requested lease not found"
         );
         let encoded = Reply {
@@ -813,10 +843,15 @@ mod tests {
             grpc_message: Some("no%20leader%0A".into()),
             ..lost.clone()
         };
-        assert_eq!(
-            read_answer(&encoded).unwrap_err().0,
-            "etcd answered gRPC status 14: no leader"
-        );
+        let error = read_answer(&encoded).unwrap_err();
+        assert_eq!(error.to_string(), "etcd answered gRPC status 14: no leader");
+        assert!(!error.lease_lost(), "only NOT_FOUND is a lost lease");
+        // A lost lease is told by its status, whatever the message says.
+        let reworded = Reply {
+            grpc_message: Some("lease gone".into()),
+            ..lost.clone()
+        };
+        assert!(read_answer(&reworded).unwrap_err().lease_lost());
         let http1 = Reply {
             status: Some(404),
             grpc_status: None,
@@ -825,19 +860,19 @@ mod tests {
         };
         assert!(read_answer(&http1)
             .unwrap_err()
-            .0
+            .to_string()
             .starts_with("etcd answered 404: Not Found (fanout speaks etcd's gRPC API"));
         let untold = Reply {
             grpc_status: None,
             ..ok.clone()
         };
         assert_eq!(
-            read_answer(&untold).unwrap_err().0,
+            read_answer(&untold).unwrap_err().to_string(),
             "etcd's answer does not read: no grpc-status"
         );
         assert!(read_answer(&Reply::default())
             .unwrap_err()
-            .0
+            .to_string()
             .starts_with("no answer"));
     }
 
@@ -858,7 +893,7 @@ mod tests {
         assert!(read_grant(&grant(0, "")).is_err());
         assert!(read_grant(&grant(5, "too many"))
             .unwrap_err()
-            .0
+            .to_string()
             .contains("too many"));
         assert!(read_grant(b"\xff\xff").is_err());
     }

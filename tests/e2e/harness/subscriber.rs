@@ -29,6 +29,9 @@ pub enum Behavior {
     /// The n-th request (counting from 0, over the subscriber's life) gets the n-th
     /// behaviour; the last one repeats.
     Sequence(Vec<Behavior>),
+    /// The first request with each value of the header (e.g. `ce-id`: each event's first
+    /// delivery) gets this status; the later ones 200.
+    FirstOfEach(&'static str, u16),
 }
 
 impl Behavior {
@@ -261,6 +264,16 @@ fn serve(stream: TcpStream, id: u64, shared: &Shared, connections: &Connections)
         let mut custom: Option<(Vec<(String, String)>, String)> = None;
         let status = match behavior {
             Behavior::Status(status) => status,
+            Behavior::FirstOfEach(header, first) => {
+                let requests = lock(&shared.requests);
+                let value = |i: usize| requests.get(i).and_then(|r| r.header(header));
+                let seen = (0..index).any(|i| value(i).is_some() && value(i) == value(index));
+                if seen {
+                    200
+                } else {
+                    first
+                }
+            }
             Behavior::Sequence(_) => 200,
             Behavior::Respond {
                 status,
