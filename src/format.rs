@@ -8,8 +8,9 @@
 //! The rules, after the CloudEvents HTTP protocol binding (v1.0.2, 3.1 binary mode, 3.2
 //! structured mode) and the JSON event format (v1.0.2, 2.2 type system, 3.1 handling of data):
 //! - **binary → structured**: every `ce-<name>` header is the attribute `<name>`, its value
-//!   unquoted if it is a quoted-string (RFC 7230 3.2.6), then percent-decoded once; a value
-//!   that is not UTF-8 then cannot be converted. `content-type` is `datacontenttype`. The
+//!   decoded as every reader of the crate decodes it
+//!   ([`cloudevents::decode_attribute`](crate::cloudevents::decode_attribute): a quoted-string
+//!   unquoted, then percent-decoded once); a value that is not UTF-8 then cannot be converted. `content-type` is `datacontenttype`. The
 //!   body: under a JSON media type (`*/json`, `*/*+json`) and valid JSON, `data`, embedded as
 //!   the body's exact text; any other non-empty body is bytes (the JSON format's `Binary`
 //!   runtime type: an HTTP body has no other), so `data_base64`; an empty body, no data. The
@@ -39,12 +40,11 @@ use std::fmt;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
 use base64::engine::DecodePaddingMode;
 use base64::Engine;
-use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use crate::cloudevents::{
-    media_type, percent_decode, BATCH_PREFIX, EVENT_FORMAT_PREFIX, REQUIRED_ATTRIBUTES,
-    STRUCTURED_JSON,
+    check_binary_required, check_required, decode_attribute, encode_attribute, media_type,
+    text_value, Member, BATCH_PREFIX, EVENT_FORMAT_PREFIX, STRUCTURED_JSON,
 };
 
 /// A subscriber's content mode (`delivery.format`).
@@ -90,10 +90,6 @@ pub struct Converted {
     pub headers: Vec<Pair>,
     pub body: Vec<u8>,
 }
-
-/// What the binding (3.1.3.2) percent-encodes in a header value: space, `"`, `%`, the
-/// controls (which it recommends encoding); non-ASCII is always encoded.
-const HEADER_VALUE: &AsciiSet = &CONTROLS.add(b' ').add(b'"').add(b'%');
 
 /// Base64 as RFC 4648 writes it, padded or not.
 const BASE64: GeneralPurpose = GeneralPurpose::new(
@@ -160,34 +156,9 @@ fn to_structured(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, S
     let mut json = String::with_capacity(body.len().saturating_mul(4) / 3 + 256);
     json.push('{');
     let mut names: Vec<&str> = Vec::with_capacity(headers.len());
-    let mut empty: Vec<&str> = Vec::new();
-    let mut specversion_ok = false;
     let mut out = Vec::with_capacity(headers.len());
-    let mut content_type: Option<&[u8]> = None;
     for &(name, value) in headers {
-        let (attribute, text) = if name == b"content-type" {
-            let text = std::str::from_utf8(value)
-                .map_err(|_| "header content-type is not UTF-8".to_string())?;
-            content_type = Some(value);
-            ("datacontenttype", Cow::Borrowed(text))
-        } else if let Some(attribute) = name.strip_prefix(b"ce-") {
-            let spelled = String::from_utf8_lossy(name);
-            let attribute = std::str::from_utf8(attribute)
-                .ok()
-                .filter(|a| is_attribute_name(a.as_bytes()) && *a != "data")
-                .ok_or_else(|| {
-                    format!(
-                        "header {spelled} names no CloudEvents attribute (lower-case letters \
-                         and digits): it has no place in a structured event"
-                    )
-                })?;
-            if attribute == "datacontenttype" {
-                return Err(format!(
-                    "header {spelled}: binary mode carries datacontenttype as content-type"
-                ));
-            }
-            (attribute, decode_value(&spelled, value)?)
-        } else {
+        let Some((attribute, text)) = binary_attribute(name, value)? else {
             out.push((name.to_vec(), value.to_vec()));
             continue;
         };
@@ -208,38 +179,24 @@ fn to_structured(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, S
             json.push(',');
         }
         names.push(attribute);
-        if text.is_empty() {
-            empty.push(attribute);
-        }
-        if attribute == "specversion" {
-            specversion_ok = text == SPEC_VERSION;
-        }
         push_member(&mut json, attribute, &text);
     }
-    check_required(
-        |name| names.contains(&name) && !empty.contains(&name),
-        "ce-",
-    )?;
-    if !specversion_ok {
+    let header = |wanted: &str| {
+        headers
+            .iter()
+            .find(|(name, _)| *name == wanted.as_bytes())
+            .map(|(_, value)| *value)
+    };
+    check_binary_required(header)?;
+    if header("ce-specversion")
+        .and_then(decode_attribute)
+        .as_deref()
+        != Some(SPEC_VERSION)
+    {
         return Err(not_spec_version());
     }
     if !body.is_empty() {
-        let json_data = content_type
-            .is_some_and(is_json_media)
-            .then(|| std::str::from_utf8(body).ok())
-            .flatten()
-            .filter(|text| serde_json::from_slice::<IgnoredAny>(text.as_bytes()).is_ok());
-        match json_data {
-            Some(text) => {
-                json.push_str(",\"data\":");
-                json.push_str(text);
-            }
-            None => {
-                json.push_str(",\"data_base64\":\"");
-                STANDARD.encode_string(body, &mut json);
-                json.push('"');
-            }
-        }
+        push_data(&mut json, header("content-type"), body);
     }
     json.push('}');
     Ok(Converted {
@@ -249,6 +206,59 @@ fn to_structured(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, S
     })
 }
 
+/// The attribute a binary-mode header carries, and its value decoded: `ce-<name>` is
+/// `<name>`, `content-type` is `datacontenttype`; `None` for any other header. `Err`: a header
+/// that cannot be an attribute of a structured event.
+fn binary_attribute<'h>(
+    name: &'h [u8],
+    value: &'h [u8],
+) -> Result<Option<(&'h str, Cow<'h, str>)>, String> {
+    if name == b"content-type" {
+        let text = text_value("content-type", value)?;
+        return Ok(Some(("datacontenttype", text)));
+    }
+    let Some(attribute) = name.strip_prefix(b"ce-") else {
+        return Ok(None);
+    };
+    let spelled = String::from_utf8_lossy(name);
+    let attribute = std::str::from_utf8(attribute)
+        .ok()
+        .filter(|a| is_attribute_name(a.as_bytes()) && *a != "data")
+        .ok_or_else(|| {
+            format!(
+                "header {spelled} names no CloudEvents attribute (lower-case letters and \
+                 digits): it has no place in a structured event"
+            )
+        })?;
+    if attribute == "datacontenttype" {
+        return Err(format!(
+            "header {spelled}: binary mode carries datacontenttype as content-type"
+        ));
+    }
+    Ok(Some((attribute, text_value(&spelled, value)?)))
+}
+
+/// The body as the structured event's data: under a JSON `content_type` and valid JSON,
+/// `data`, its exact text; otherwise `data_base64`.
+fn push_data(json: &mut String, content_type: Option<&[u8]>, body: &[u8]) {
+    let json_data = content_type
+        .is_some_and(is_json_media)
+        .then(|| std::str::from_utf8(body).ok())
+        .flatten()
+        .filter(|text| serde_json::from_slice::<IgnoredAny>(text.as_bytes()).is_ok());
+    match json_data {
+        Some(text) => {
+            json.push_str(",\"data\":");
+            json.push_str(text);
+        }
+        None => {
+            json.push_str(",\"data_base64\":\"");
+            STANDARD.encode_string(body, json);
+            json.push('"');
+        }
+    }
+}
+
 /// `"name":"value"`, the value a JSON string.
 fn push_member(json: &mut String, name: &str, value: &str) {
     json.push('"');
@@ -256,63 +266,6 @@ fn push_member(json: &mut String, name: &str, value: &str) {
     json.push_str("\":");
     // A `str` always serializes; the fallback is never taken.
     json.push_str(&serde_json::to_string(value).unwrap_or_else(|_| "\"\"".to_string()));
-}
-
-/// A binary-mode header value as the binding decodes it: a quoted-string unquoted (RFC 7230
-/// 3.2.6, backslash escapes), then one round of percent-decoding; it must be UTF-8 then.
-fn decode_value<'v>(spelled: &str, value: &'v [u8]) -> Result<Cow<'v, str>, String> {
-    let unquoted: Cow<'v, [u8]> = match value {
-        [b'"', inner @ .., b'"'] => {
-            let mut bytes = Vec::with_capacity(inner.len());
-            let mut escaped = false;
-            for &b in inner {
-                if escaped || b != b'\\' {
-                    bytes.push(b);
-                    escaped = false;
-                } else {
-                    escaped = true;
-                }
-            }
-            Cow::Owned(bytes)
-        }
-        _ => Cow::Borrowed(value),
-    };
-    let decoded = match unquoted {
-        Cow::Borrowed(value) => percent_decode(value),
-        Cow::Owned(bytes) => Cow::Owned(percent_decode(&bytes).into_owned()),
-    };
-    let not_utf8 = || {
-        format!(
-            "header {spelled} is not UTF-8 once percent-decoded, as the CloudEvents HTTP binding \
-             requires"
-        )
-    };
-    match decoded {
-        Cow::Borrowed(bytes) => std::str::from_utf8(bytes)
-            .map(Cow::Borrowed)
-            .map_err(|_| not_utf8()),
-        Cow::Owned(bytes) => String::from_utf8(bytes)
-            .map(Cow::Owned)
-            .map_err(|_| not_utf8()),
-    }
-}
-
-/// Every required attribute is there (`has`), and nothing but CloudEvents 1.0 is converted;
-/// `spelled`: how the mode names an attribute (`ce-`, `member `).
-fn check_required(has: impl Fn(&'static str) -> bool, spelled: &str) -> Result<(), String> {
-    let missing: Vec<String> = REQUIRED_ATTRIBUTES
-        .into_iter()
-        .filter(|name| !has(name))
-        .map(|name| format!("{spelled}{name}"))
-        .collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "not a CloudEvent: {} missing or empty",
-            missing.join(", ")
-        ))
-    }
 }
 
 /// The one `specversion` converted: 0.3 encodes binary data in another member.
@@ -331,7 +284,6 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
     let mut block: Vec<Pair> = Vec::with_capacity(members.len() + 1);
     let mut names: Vec<&str> = Vec::with_capacity(members.len());
     let (mut data, mut data_base64) = (None, None);
-    let mut content_type: Option<String> = None;
     for (name, raw) in &members {
         let name = name.as_ref();
         if names.contains(&name) {
@@ -341,88 +293,108 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
         match name {
             "data" => data = Some(*raw),
             "data_base64" => data_base64 = Some(*raw),
-            _ => {
-                if !is_attribute_name(name.as_bytes()) {
-                    return Err(format!(
-                        "member {:?} is not a CloudEvents attribute name (lower-case letters \
-                         and digits): it has no ce- header",
-                        name
-                    ));
-                }
-                let Some(value) = attribute_text(name, raw)? else {
-                    continue; // null: unset
-                };
-                if name == "datacontenttype" {
-                    if !raw.starts_with('"') || !value.bytes().all(|b| (b' '..=b'~').contains(&b)) {
-                        return Err(format!(
-                            "member datacontenttype {} cannot be a content-type header \
-                             (printable ASCII)",
-                            raw
-                        ));
-                    }
-                    // A receiver would read such a message as the structured (or batch)
-                    // event its body is not.
-                    let media = media_type(value.as_bytes());
-                    if media.starts_with(EVENT_FORMAT_PREFIX) {
-                        return Err(format!(
-                            "member datacontenttype {media} cannot be a binary-mode \
-                             content-type: a receiver would read the message as a structured \
-                             event"
-                        ));
-                    }
-                    block.push((b"content-type".to_vec(), value.as_bytes().to_vec()));
-                    content_type = Some(value.into_owned());
-                } else {
-                    let mut header = Vec::with_capacity(3 + name.len());
-                    header.extend_from_slice(b"ce-");
-                    header.extend_from_slice(name.as_bytes());
-                    // Through `Display`, as dead letters encode: no second encoder instance.
-                    let encoded = utf8_percent_encode(&value, HEADER_VALUE).to_string();
-                    block.push((header, encoded.into_bytes()));
-                }
-            }
+            _ => block.extend(attribute_header(name, raw)?),
         }
     }
-    let string = |name: &str| {
-        members
-            .iter()
-            .find(|(n, _)| n == name)
-            .and_then(|(_, raw)| json_string(raw))
-            .filter(|value| !value.is_empty())
-    };
-    check_required(|name| string(name).is_some(), "member ")?;
-    if string("specversion").as_deref() != Some(SPEC_VERSION) {
+    check_required("structured", |name| {
+        let member = match members.iter().find(|(n, _)| n == name) {
+            None => Member::Missing,
+            Some((_, raw)) => {
+                json_string(raw).map_or(Member::NotString, |s| Member::Text(s.into()))
+            }
+        };
+        (format!("member {name}"), member)
+    })?;
+    let specversion = members.iter().find(|(n, _)| n == "specversion");
+    if specversion.and_then(|(_, raw)| json_string(raw)).as_deref() != Some(SPEC_VERSION) {
         return Err(not_spec_version());
     }
-    let payload = match (data, data_base64) {
+    let payload = payload(data, data_base64, &mut block)?;
+    Ok(Converted {
+        format: Format::Binary,
+        headers: in_place_of_content_type(headers, block),
+        body: payload,
+    })
+}
+
+/// The header of one attribute member (`name`, its JSON text `raw`): `ce-<name>`, or
+/// `content-type` for `datacontenttype`; `None` for `null` (unset). `Err`: a member that has
+/// no exact header.
+fn attribute_header(name: &str, raw: &str) -> Result<Option<Pair>, String> {
+    if !is_attribute_name(name.as_bytes()) {
+        return Err(format!(
+            "member {:?} is not a CloudEvents attribute name (lower-case letters and digits): \
+             it has no ce- header",
+            name
+        ));
+    }
+    let Some(value) = attribute_text(name, raw)? else {
+        return Ok(None); // null: unset
+    };
+    if name != "datacontenttype" {
+        let header = [b"ce-", name.as_bytes()].concat();
+        return Ok(Some((header, encode_attribute(&value).into_bytes())));
+    }
+    if !raw.starts_with('"') || !value.bytes().all(|b| (b' '..=b'~').contains(&b)) {
+        return Err(format!(
+            "member datacontenttype {} cannot be a content-type header (printable ASCII)",
+            raw
+        ));
+    }
+    // A receiver would read such a message as the structured (or batch) event its body is not.
+    let media = media_type(value.as_bytes());
+    if media.starts_with(EVENT_FORMAT_PREFIX) {
+        return Err(format!(
+            "member datacontenttype {media} cannot be a binary-mode content-type: a receiver \
+             would read the message as a structured event"
+        ));
+    }
+    Ok(Some((b"content-type".to_vec(), value.as_bytes().to_vec())))
+}
+
+/// The binary body, from the `data` or `data_base64` member's JSON text, by the content type
+/// the `block` of headers has (and, for JSON data without one, states).
+fn payload(
+    data: Option<&str>,
+    data_base64: Option<&str>,
+    block: &mut Vec<Pair>,
+) -> Result<Vec<u8>, String> {
+    let content_type = block
+        .iter()
+        .find(|(name, _)| name == b"content-type")
+        .map(|(_, value)| value.as_slice());
+    match (data, data_base64) {
         (Some(_), Some(_)) => {
-            return Err("both data and data_base64 are given: the JSON format allows one".into())
+            Err("both data and data_base64 are given: the JSON format allows one".into())
         }
         (None, Some(raw)) => {
             let text = json_string(raw).ok_or_else(|| "data_base64 is not a string".to_string())?;
             BASE64
                 .decode(text.as_bytes())
-                .map_err(|e| format!("data_base64 is not valid base64: {e}"))?
+                .map_err(|e| format!("data_base64 is not valid base64: {e}"))
         }
-        (Some(raw), None) => match &content_type {
+        (Some(raw), None) => match content_type {
             None => {
                 // The JSON format's implied type, stated (3.1.2).
                 block.push((b"content-type".to_vec(), b"application/json".to_vec()));
-                raw.as_bytes().to_vec()
+                Ok(raw.as_bytes().to_vec())
             }
-            Some(ct) if is_json_media(ct.as_bytes()) => raw.as_bytes().to_vec(),
-            Some(ct) => json_string(raw)
-                .ok_or_else(|| {
-                    format!(
-                        "data is not a string, and datacontenttype {ct} is not JSON: it has no \
-                         exact binary body"
-                    )
-                })?
-                .into_bytes(),
+            Some(ct) if is_json_media(ct) => Ok(raw.as_bytes().to_vec()),
+            Some(ct) => json_string(raw).map(String::into_bytes).ok_or_else(|| {
+                format!(
+                    "data is not a string, and datacontenttype {} is not JSON: it has no exact \
+                     binary body",
+                    String::from_utf8_lossy(ct)
+                )
+            }),
         },
-        (None, None) => Vec::new(),
-    };
-    // The block goes where the structured content type was; stale ce-* headers go.
+        (None, None) => Ok(Vec::new()),
+    }
+}
+
+/// The structured message's headers with the `block` of binary-mode headers where its
+/// `content-type` was (at the end without one); its stale `ce-*` headers dropped.
+fn in_place_of_content_type(headers: &[(&[u8], &[u8])], block: Vec<Pair>) -> Vec<Pair> {
     let mut out = Vec::with_capacity(headers.len() + block.len());
     let mut block = Some(block);
     for &(name, value) in headers {
@@ -437,11 +409,7 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
     if let Some(block) = block {
         out.extend(block);
     }
-    Ok(Converted {
-        format: Format::Binary,
-        headers: out,
-        body: payload,
-    })
+    out
 }
 
 /// An attribute's canonical string, from its JSON value: a string as it is, a boolean or an
@@ -825,7 +793,11 @@ mod tests {
                 "carries datacontenttype as content-type",
             ),
             (&[("ce-id", b"2")], 0, "ce-id is given twice"),
-            (&[], 1, "not a CloudEvent: ce-specversion missing"),
+            (
+                &[],
+                1,
+                "not a valid CloudEvent (binary mode): ce-specversion is missing",
+            ),
             (&[("ce-specversion", b"0.3")], 1, "specversion is not 1.0"),
             (&[("ce-type", b"")], 0, "ce-type is given twice"),
         ];
@@ -836,7 +808,10 @@ mod tests {
         let mut no_type = BINARY[..4].to_vec();
         no_type.push(("ce-type", ""));
         let error = structured(&no_type, b"").unwrap_err();
-        assert_eq!(error, "not a CloudEvent: ce-type missing or empty");
+        assert_eq!(
+            error,
+            "not a valid CloudEvent (binary mode): ce-type is empty"
+        );
     }
 
     #[test]
@@ -973,7 +948,7 @@ mod tests {
         for (body, want) in [
             (
                 r#"{"id": "1", "source": "/s", "type": "t"}"#,
-                "member specversion missing",
+                "member specversion is missing",
             ),
             (
                 r#"{"specversion": "1.0", "id": 1, "source": "/s", "type": "t"}"#,

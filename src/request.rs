@@ -596,6 +596,62 @@ mod tests {
         assert_eq!(key(&on, &batch, b"[]"), None);
     }
 
+    /// A quoted-string (how older senders write `ce-*` values) and the percent-encoding of the
+    /// same value are one attribute value to every reader: filters, `require_cloudevents`,
+    /// dedupe's identity, `delivery.format`, and the reading of a subscriber's reply.
+    #[test]
+    fn a_quoted_value_is_read_the_same_by_every_reader() {
+        let quoted = [
+            ("ce-specversion", r#""1.0""#),
+            ("ce-id", r#""a b\"c""#),
+            ("ce-source", r#""/s""#),
+            ("ce-type", r#""t""#),
+        ];
+        let encoded = [
+            ("ce-specversion", "1.0"),
+            ("ce-id", "a%20b%22c"),
+            ("ce-source", "/s"),
+            ("ce-type", "t"),
+        ];
+        let config = Config::from_json(
+            br#"{"require_cloudevents": true, "dedupe": {}, "subscribers": [
+                   {"cluster": "a",
+                    "filters": [{"exact": {"id": "a b\"c"}}, {"exact": {"type": "t"}}]}]}"#,
+        )
+        .unwrap();
+        let admitted = |pairs: &[(&str, &str)]| admit_with(&config, pairs).unwrap().event;
+        let (from_quoted, from_encoded) = (admitted(&quoted), admitted(&encoded));
+        let Some(ContentMode::Binary(attributes)) = &from_quoted.mode else {
+            panic!("not binary mode: {from_quoted:?}");
+        };
+        assert_eq!(attributes.get("id"), Some("a b\"c"));
+        let filter = config
+            .channel(0)
+            .and_then(|c| c.subscribers[0].filter.as_ref());
+        assert!(crate::event_filter::accepts(filter, Some(attributes)));
+        assert_eq!(from_quoted, from_encoded, "attributes and identity");
+        assert_eq!(from_quoted.key, EventKey::Known(b"2:/sa b\"c".to_vec()));
+        assert_eq!(
+            cloudevents::validate_headers(&HeaderMap::from_pairs(&quoted)),
+            Ok(())
+        );
+        let as_pairs = |pairs: &[(&'static str, &'static str)]| -> Vec<(&[u8], &[u8])> {
+            pairs
+                .iter()
+                .map(|(n, v)| (n.as_bytes(), v.as_bytes()))
+                .collect()
+        };
+        let structured = |pairs| {
+            let converted =
+                crate::format::convert(crate::format::Format::Structured, &as_pairs(pairs), b"");
+            converted.unwrap().body
+        };
+        assert_eq!(structured(&quoted), structured(&encoded));
+        let reply = |pairs: &[(&str, &str)]| crate::reply::read(headers(pairs), 0, 100);
+        assert!(matches!(reply(&quoted), crate::reply::Answered::Event(_)));
+        assert!(matches!(reply(&encoded), crate::reply::Answered::Event(_)));
+    }
+
     fn strict() -> Config {
         Config::from_json(br#"{"require_cloudevents": true, "subscribers": []}"#).unwrap()
     }
