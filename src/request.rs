@@ -73,6 +73,27 @@ pub struct Event {
 /// values as bytes). `Err` is the answer to send instead of a fan-out: a rejection, or the
 /// answer to OPTIONS.
 pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
+    let channel = route(config, headers)?;
+    let event = pending_event(config, channel, headers)?;
+    // A channel nobody subscribes to forwards nothing: the selection is skipped.
+    let nobody = config
+        .channel(channel)
+        .is_some_and(|c| c.subscribers.is_empty());
+    let forwarded = if nobody {
+        Forwarded::default()
+    } else {
+        forwarded(config, headers)?
+    };
+    Ok(Admitted {
+        channel,
+        forwarded,
+        event,
+    })
+}
+
+/// The checks before any of the event, in the order a sender can act on them: OPTIONS,
+/// method, host, declared body size. `Ok`: the request's channel.
+fn route(config: &Config, headers: &HeaderMap) -> Result<usize, Answer> {
     let method = headers.get(":method").unwrap_or_default();
     if method == OPTIONS.as_bytes() {
         return Err(options(config, headers));
@@ -111,7 +132,16 @@ pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
             }
         }
     }
+    Ok(channel)
+}
 
+/// What the headers tell of the event, as far as something reads it: `require_cloudevents`'s
+/// check, dedupe's identity, the mode and attributes for a channel's filters.
+fn pending_event(
+    config: &Config,
+    channel: usize,
+    headers: &HeaderMap,
+) -> Result<PendingEvent, Answer> {
     // Read from the headers Envoy already gave us: no host call.
     if config.require_cloudevents {
         cloudevents::validate_headers(headers).map_err(|e| Answer::rejected(400, &e))?;
@@ -136,26 +166,11 @@ pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
     } else {
         None
     };
-    let event = PendingEvent {
+    Ok(PendingEvent {
         mode,
         strict: filtered.is_some() || config.require_cloudevents,
         validate: config.require_cloudevents,
         key,
-    };
-
-    // A channel nobody subscribes to forwards nothing: the selection is skipped.
-    let nobody = config
-        .channel(channel)
-        .is_some_and(|c| c.subscribers.is_empty());
-    let forwarded = if nobody {
-        Forwarded::default()
-    } else {
-        forwarded(config, headers)?
-    };
-    Ok(Admitted {
-        channel,
-        forwarded,
-        event,
     })
 }
 
