@@ -187,7 +187,7 @@ struct RawHeadersVisitor;
 impl<'de> serde::de::Visitor<'de> for RawHeadersVisitor {
     type Value = RawHeaders;
 
-    /// A map's own word, so the messages are those of the map this replaced.
+    /// A map's own word, so the messages are those serde's derived reader of a map gives.
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a map")
     }

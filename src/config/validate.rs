@@ -46,7 +46,7 @@ impl RawDelivery {
                 format!(
                     "{} is not a content mode: use \"binary\", \"structured\" or \"json\" \
                      (Knative's word for structured), or leave it out for the event as it came",
-                    // Quoted as JSON without `serde_json::Value`'s serializer (~5 KB).
+                    // Quoted as JSON without `serde_json::Value`'s serializer (bench/README.md: size).
                     serde_json::to_string(word).unwrap_or_default()
                 ),
             )
