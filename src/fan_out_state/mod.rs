@@ -64,6 +64,7 @@ impl CallEnd {
     }
 
     /// A 2xx whose reply event goes to the subscriber's reply target.
+    #[cfg(test)]
     pub fn replied(reply: ReplyEvent) -> CallEnd {
         CallEnd {
             reply: Some(Ok(reply)),
