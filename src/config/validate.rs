@@ -13,6 +13,7 @@ use super::{
     SYNC_DEADLINE_WARNING_MS,
 };
 use crate::call_slots::{CallCap, DEFAULT_MAX_QUEUED_CALLS};
+use crate::cloudevents::REQUIRED_ATTRIBUTES;
 use crate::dedupe::settings::subscriber_ids;
 use crate::event_filter::{self, Filter};
 use crate::format::Format;
@@ -139,21 +140,16 @@ impl RawConfig {
 }
 
 /// The headers a `delivery.format` conversion reads (the event's content type and its
-/// attributes): it converts the forwarded headers, so they must be forwarded.
-const CONVERTED_HEADERS: [&str; 5] = [
-    "content-type",
-    "ce-specversion",
-    "ce-id",
-    "ce-source",
-    "ce-type",
-];
-
+/// required attributes) must be forwarded: it converts the forwarded headers.
 fn converted_headers_forwarded(
     forward: &HeaderSelector,
     channels: &[Rc<Channel>],
     shorthand: bool,
 ) -> Result<(), ConfigError> {
-    let Some(missing) = CONVERTED_HEADERS.iter().find(|h| !forward.selects(h)) else {
+    let missing = std::iter::once("content-type".to_string())
+        .chain(REQUIRED_ATTRIBUTES.iter().map(|name| format!("ce-{name}")))
+        .find(|header| !forward.selects(header));
+    let Some(missing) = missing else {
         return Ok(());
     };
     for (c, channel) in channels.iter().enumerate() {
