@@ -26,11 +26,11 @@ use std::borrow::Cow;
 use std::fmt;
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 
 use crate::headers::HeaderMap;
-use crate::json::{number_text, OnlyObject};
+use crate::json::{number_text, Node, OnlyObject};
 
 /// `content-type` of a structured CloudEvent in the JSON event format.
 pub const STRUCTURED_JSON: &str = "application/cloudevents+json";
@@ -470,16 +470,16 @@ impl<'de> Visitor<'de> for EventVisitor {
                 map.next_value::<IgnoredAny>()?;
                 continue;
             }
-            let scalar = map.next_value::<Scalar>()?;
+            let value = map.next_value::<Node>()?;
             if let Some(required) = REQUIRED_ATTRIBUTES.into_iter().find(|r| *r == name) {
                 // A later duplicate member wins, for its type as for its value.
                 not_strings.retain(|r| *r != required);
-                if !scalar.string {
+                if !matches!(value, Node::Str(_)) {
                     not_strings.push(required);
                 }
             }
-            if let Some(value) = scalar.text {
-                attributes.insert(name, value);
+            if let Some(text) = attribute_text(value) {
+                attributes.insert(name, text);
             }
         }
         Ok(StructuredEvent {
@@ -489,86 +489,19 @@ impl<'de> Visitor<'de> for EventVisitor {
     }
 }
 
-/// A member's value as attribute text. Attributes are scalars: `null`, objects and arrays
-/// are no attribute value (`text` is `None`). `string`: the value was a JSON string.
-struct Scalar {
-    text: Option<String>,
-    string: bool,
-}
-
-impl Scalar {
-    fn text(text: String) -> Scalar {
-        Scalar {
-            text: Some(text),
-            string: false,
-        }
-    }
-
-    fn string(text: String) -> Scalar {
-        Scalar {
-            text: Some(text),
-            string: true,
-        }
-    }
-
-    const NONE: Scalar = Scalar {
-        text: None,
-        string: false,
-    };
-}
-
-impl<'de> Deserialize<'de> for Scalar {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(ScalarVisitor)
-    }
-}
-
-struct ScalarVisitor;
-
-impl<'de> Visitor<'de> for ScalarVisitor {
-    type Value = Scalar;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
-        Ok(Scalar::string(v.to_string()))
-    }
-
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Scalar, E> {
-        Ok(Scalar::string(v))
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Scalar, E> {
-        Ok(Scalar::text(v.to_string()))
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
-        Ok(Scalar::text(v.to_string()))
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
-        Ok(Scalar::text(v.to_string()))
-    }
-
-    /// Rust's shortest round-trip form: `1.5`, and `1` for `1.0` or `1e0`.
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
-        Ok(Scalar::text(number_text(v)))
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Scalar, E> {
-        Ok(Scalar::NONE)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scalar, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Scalar::NONE)
-    }
-
-    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Scalar::NONE)
+/// A member's value as attribute text: strings as they are, numbers and booleans in their
+/// canonical text (an f64 in Rust's shortest round-trip form: `1.5`, and `1` for `1.0` or
+/// `1e0`). Attributes are scalars: `null`, objects and arrays are no attribute value. Read
+/// through [`Node`], the configuration's reader too: one serde_json instance for both
+/// (bench/README.md: module size).
+fn attribute_text(value: Node) -> Option<String> {
+    match value {
+        Node::Str(text) => Some(text),
+        Node::Bool(b) => Some(b.to_string()),
+        Node::Unsigned(n) => Some(n.to_string()),
+        Node::Signed(n) => Some(n.to_string()),
+        Node::Float(n) => Some(number_text(n)),
+        Node::Null | Node::Array(_) | Node::Object(_) => None,
     }
 }
 

@@ -2,55 +2,23 @@
 //! passes values on as their exact text rather than parsing them into a tree.
 
 use std::borrow::Cow;
-use std::fmt;
 
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::IgnoredAny;
+
+use super::Node;
 
 /// A JSON string's value, from one JSON value's text; `None` when it is another value.
 ///
-/// Through `deserialize_any` and a visitor that answers every kind itself, not
-/// `from_slice::<String>`: serde_json's refusal of a non-string words it through serde's
-/// `Unexpected`, whose `Display` formats floats (bench/README.md: module size).
+/// Read as a [`Node`], whose reader the configuration uses too (one serde_json instance for
+/// both), not `from_slice::<String>`: serde_json's refusal of a non-string words it through
+/// serde's `Unexpected`, whose `Display` formats floats (bench/README.md: module size).
 pub fn string(raw: &str) -> Option<String> {
     if !raw.starts_with('"') {
         return None;
     }
-    let mut deserializer = serde_json::Deserializer::from_slice(raw.as_bytes());
-    deserializer.deserialize_any(JsonString).ok().flatten()
-}
-
-/// [`string`]'s visitor: a string's value, `None` for any other kind.
-struct JsonString;
-
-impl<'de> Visitor<'de> for JsonString {
-    type Value = Option<String>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON string")
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Option<String>, E> {
-        Ok(Some(v.to_string()))
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Option<String>, E> {
-        Ok(None)
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Option<String>, E> {
-        Ok(None)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Option<String>, E> {
-        Ok(None)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Option<String>, E> {
-        Ok(None)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Option<String>, E> {
-        Ok(None)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Option<String>, A::Error> {
-        Ok(None)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<Option<String>, A::Error> {
-        Ok(None)
+    match serde_json::from_slice::<Node>(raw.as_bytes()) {
+        Ok(Node::Str(text)) => Some(text),
+        _ => None,
     }
 }
 
