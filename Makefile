@@ -218,12 +218,37 @@ test:
 .PHONY: test-tools
 test-tools: envoy sdk js etcd jsonschema kubernetes-validate skopeo registry prometheus wasm-opt
 
+# CI's fast lane, all of it (.ci/run runs this target; nothing runs, everything is checked):
+# formatting of every crate; clippy with warnings denied on both feature sets and every
+# target, on the demo subscriber, and on the side crates (fuzz/, bench/*: their own
+# workspaces, in one target directory apart from the main one); rustdoc with warnings denied
+# (the docs rely on intra-doc links).
+SIDE_CRATES := fuzz bench/hostcalls bench/floor-filter bench/noop-filter
+SIDE_TARGET := target/ci-side
 lint: targets
 	$(CARGO) fmt --all -- --check
+	@for crate in $(SIDE_CRATES); do \
+	  echo "$(CARGO) fmt --manifest-path $$crate/Cargo.toml -- --check"; \
+	  $(CARGO) fmt --manifest-path $$crate/Cargo.toml -- --check || exit 1; \
+	done
 	$(CARGO) clippy --target wasm32-wasip1 --lib -- -D warnings
+	$(CARGO) clippy --target wasm32-wasip1 --lib --no-default-features -- -D warnings
 	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --all-targets --no-default-features -- -D warnings
 	$(CARGO) clippy -p fanout-demo-subscriber --all-targets -- -D warnings
 	$(CARGO) clippy -p fanout-control --all-targets -- -D warnings
+	@for crate in fuzz bench/hostcalls; do \
+	  echo "$(CARGO) clippy --manifest-path $$crate/Cargo.toml --all-targets -- -D warnings"; \
+	  CARGO_TARGET_DIR=$(SIDE_TARGET) \
+	    $(CARGO) clippy --manifest-path $$crate/Cargo.toml --all-targets -- -D warnings || exit 1; \
+	done
+	@for crate in bench/floor-filter bench/noop-filter; do \
+	  echo "$(CARGO) clippy --manifest-path $$crate/Cargo.toml --target wasm32-wasip1 -- -D warnings"; \
+	  CARGO_TARGET_DIR=$(SIDE_TARGET) \
+	    $(CARGO) clippy --manifest-path $$crate/Cargo.toml --target wasm32-wasip1 -- -D warnings || exit 1; \
+	done
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --lib
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p fanout-control
 
 # The pure core and the proxy-wasm glue (driven through a fake host), natively.
 test-unit:

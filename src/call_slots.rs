@@ -223,36 +223,37 @@ impl<K: Clone + Eq + Hash, C> CallSlots<K, C> {
         }
         let mut refused: Option<(usize, Refusal<K>)> = None;
         for (lane_index, &(wanted, first_position)) in wanted.iter().enumerate() {
-            if wanted == 0 {
+            if refused.as_ref().is_some_and(|(p, _)| *p <= first_position) {
                 continue;
             }
-            let Some(lane) = self.lanes.get(lane_index) else {
-                continue;
-            };
-            let Some(cap) = lane.cap else {
-                continue;
-            };
-            let free = cap.max_concurrent_calls.saturating_sub(lane.in_flight);
-            let would_queue = wanted.saturating_sub(free);
-            let after = lane.waiting.len().saturating_add(would_queue as usize);
-            let fits = would_queue == 0 || after <= cap.max_queued_calls as usize;
-            if !fits && refused.as_ref().is_none_or(|(p, _)| first_position < *p) {
-                refused = Some((
-                    first_position,
-                    Refusal {
-                        key: lane.key.clone(),
-                        in_flight: lane.in_flight,
-                        queued: lane.waiting.len(),
-                        cap,
-                        would_queue,
-                    },
-                ));
+            if let Some(refusal) = self.refusal(lane_index, wanted) {
+                refused = Some((first_position, refusal));
             }
         }
         match refused {
             Some((_, refusal)) => Err(refusal),
             None => Ok(()),
         }
+    }
+
+    /// The refusal of `wanted` more calls in the lane `lane_index`, when those that would
+    /// have to wait do not fit in its line; `None` when they fit or it has no cap.
+    fn refusal(&self, lane_index: usize, wanted: u32) -> Option<Refusal<K>> {
+        let lane = self.lanes.get(lane_index)?;
+        let cap = lane.cap?;
+        let free = cap.max_concurrent_calls.saturating_sub(lane.in_flight);
+        let would_queue = wanted.saturating_sub(free);
+        let after = lane.waiting.len().saturating_add(would_queue as usize);
+        if would_queue == 0 || after <= cap.max_queued_calls as usize {
+            return None;
+        }
+        Some(Refusal {
+            key: lane.key.clone(),
+            in_flight: lane.in_flight,
+            queued: lane.waiting.len(),
+            cap,
+            would_queue,
+        })
     }
 
     /// A call to `key` is to be made: now, with a slot, or later, in line behind the calls

@@ -2,8 +2,10 @@
 //! identity and `require_cloudevents` need them.
 //!
 //! Where they come from, after the CloudEvents HTTP protocol binding (v1.0.2):
-//! - **binary mode**: every `ce-<name>` header is the attribute `<name>`, its value
-//!   percent-decoded; `content-type` is the `datacontenttype` attribute. A request is a binary
+//! - **binary mode**: every `ce-<name>` header is the attribute `<name>`, its value decoded
+//!   by the binding's rule (a quoted-string unquoted, then percent-decoded:
+//!   [`decode_attribute`], the one decoder of this crate; [`encode_attribute`] its inverse);
+//!   `content-type` is the `datacontenttype` attribute. A request is a binary
 //!   CloudEvent when it has a `ce-type` header.
 //! - **structured mode** (`content-type: application/cloudevents+json`): the top-level members
 //!   of the JSON body. Strings are taken as they are, numbers and booleans in their canonical
@@ -23,11 +25,12 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 
 use crate::headers::HeaderMap;
-use crate::json::{number_text, OnlyObject};
+use crate::json::{number_text, Node, OnlyObject};
 
 /// `content-type` of a structured CloudEvent in the JSON event format.
 pub const STRUCTURED_JSON: &str = "application/cloudevents+json";
@@ -164,13 +167,13 @@ pub fn read_headers_for(
         if attribute.is_empty() {
             continue;
         }
-        match String::from_utf8(percent_decode(value).into_owned()) {
-            Ok(decoded) => attributes.insert(attribute.to_string(), decoded),
-            Err(_) if reads(attribute) => {
+        match decode_attribute(value) {
+            Some(decoded) => attributes.insert(attribute.to_string(), decoded.into_owned()),
+            None if reads(attribute) => {
                 return Err(EventError::Malformed(not_utf8(name)));
             }
             // Nobody reads it: no attribute, and the header goes on as it came.
-            Err(_) => {}
+            None => {}
         }
     }
     // The binding maps `datacontenttype` to the content-type header in binary mode.
@@ -183,18 +186,11 @@ pub fn read_headers_for(
 }
 
 /// A header value fanout must read, as text, by the CloudEvents HTTP binding's rule: a `ce-*`
-/// value percent-decoded (3.1.3.2), any other as it is; either must then be UTF-8. `Err`: the
-/// message of the 400, naming the header.
+/// value decoded as an attribute ([`decode_attribute`]), any other as it is, which must be
+/// UTF-8. `Err`: the message of the 400, naming the header.
 pub fn text_value<'v>(name: &str, value: &'v [u8]) -> Result<Cow<'v, str>, String> {
     if name.starts_with("ce-") {
-        return match percent_decode(value) {
-            Cow::Borrowed(raw) => std::str::from_utf8(raw)
-                .map(Cow::Borrowed)
-                .map_err(|_| not_utf8(name.as_bytes())),
-            Cow::Owned(decoded) => String::from_utf8(decoded)
-                .map(Cow::Owned)
-                .map_err(|_| not_utf8(name.as_bytes())),
-        };
+        return decode_attribute(value).ok_or_else(|| not_utf8(name.as_bytes()));
     }
     std::str::from_utf8(value).map(Cow::Borrowed).map_err(|_| {
         format!(
@@ -261,21 +257,11 @@ pub fn validate_headers(headers: &HeaderMap) -> Result<(), String> {
              of binary mode nor the content-type {STRUCTURED_JSON} of structured mode"
         ));
     }
-    check_required("binary", |name| {
-        let spelled = format!("ce-{name}");
-        let member = match headers.get(&spelled) {
-            None => Member::Missing,
-            Some(value) => match String::from_utf8(percent_decode(value).into_owned()) {
-                Ok(text) => Member::Text(text),
-                Err(_) => Member::NotUtf8,
-            },
-        };
-        (spelled, member)
-    })?;
+    check_binary_required(|name| headers.get(name))?;
     // Every other attribute too (extensions, `subject`, ...): the binding's rule is the same
     // for all, and a valid event has only readable attributes.
     for (name, value) in headers.iter() {
-        if name.starts_with(b"ce-") && std::str::from_utf8(&percent_decode(value)).is_err() {
+        if name.starts_with(b"ce-") && decode_attribute(value).is_none() {
             return Err(format!(
                 "not a valid CloudEvent (binary mode): {}",
                 not_utf8(name)
@@ -286,18 +272,36 @@ pub fn validate_headers(headers: &HeaderMap) -> Result<(), String> {
 }
 
 /// What one required attribute is, for [`check_required`].
-enum Member {
+pub enum Member<'v> {
     Missing,
-    Text(String),
+    Text(Cow<'v, str>),
     /// A structured member that is not a JSON string.
     NotString,
-    /// A binary header that is not UTF-8 once percent-decoded.
+    /// A binary header that is not UTF-8 once decoded.
     NotUtf8,
 }
 
-/// Checks every required attribute (as `lookup` finds it: its spelling in the request, and
-/// what it is) and says everything wrong at once.
-fn check_required(mode: &str, lookup: impl Fn(&str) -> (String, Member)) -> Result<(), String> {
+/// Binary mode's required attributes, each `ce-<name>` header as `header` finds it (present,
+/// decoded as [`decode_attribute`] does): [`check_required`].
+pub fn check_binary_required<'h>(header: impl Fn(&str) -> Option<&'h [u8]>) -> Result<(), String> {
+    check_required("binary", |name| {
+        let spelled = format!("ce-{name}");
+        let member = match header(&spelled) {
+            None => Member::Missing,
+            Some(value) => decode_attribute(value).map_or(Member::NotUtf8, Member::Text),
+        };
+        (spelled, member)
+    })
+}
+
+/// The one check of the [`REQUIRED_ATTRIBUTES`]: each present, a non-empty string, and
+/// `specversion` one of [`SPEC_VERSIONS`], as `lookup` finds it (its spelling in the request,
+/// and what it is). `Err` says everything wrong at once, in `mode`'s words (`binary`,
+/// `structured`).
+pub fn check_required<'v>(
+    mode: &str,
+    lookup: impl Fn(&'static str) -> (String, Member<'v>),
+) -> Result<(), String> {
     let mut problems = Vec::new();
     for name in REQUIRED_ATTRIBUTES {
         let (spelled, member) = lookup(name);
@@ -338,12 +342,57 @@ pub fn media_type(value: &[u8]) -> Cow<'_, str> {
     }
 }
 
-/// A binary-mode header value decoded as the HTTP binding says (v1.0.2, 3.1.3.2): one round of
-/// percent-decoding, `%XX` (either case of hex digit) becoming the byte XX; a `%` not followed
-/// by two hex digits stays as it is. Whether the result is UTF-8 (the binding rejects a value
-/// that is not) is the caller's check. Borrowed when there is nothing to decode.
-pub fn percent_decode(value: &[u8]) -> Cow<'_, [u8]> {
+/// A `ce-*` header value decoded into its attribute's value, as the HTTP binding says
+/// (3.1.3.2), the one decoder every reader uses (filters, `require_cloudevents`, dedupe's
+/// identity, `delivery.format`): a quoted-string (RFC 7230 3.2.6) is first unquoted, its
+/// backslash escapes undone (older senders quote rather than percent-encode); then one round
+/// of percent-decoding, `%XX` (either case of hex digit) becoming the byte XX, a `%` not
+/// followed by two hex digits staying as it is. `None`: the result is not UTF-8, which the
+/// binding rejects. A value that only starts or ends with `"` is no quoted-string and is taken
+/// as it is. Borrowed when there is nothing to decode.
+pub fn decode_attribute(value: &[u8]) -> Option<Cow<'_, str>> {
+    let decoded = match unquote(value) {
+        Some(unquoted) => Cow::Owned(percent_decode(&unquoted).into_owned()),
+        None => percent_decode(value),
+    };
+    match decoded {
+        Cow::Borrowed(raw) => std::str::from_utf8(raw).ok().map(Cow::Borrowed),
+        Cow::Owned(bytes) => String::from_utf8(bytes).ok().map(Cow::Owned),
+    }
+}
+
+/// The inside of a quoted-string, `\x` read as `x`; `None` when `value` is no quoted-string
+/// (no `"` at both ends, an unescaped `"` inside, or the closing one escaped).
+fn unquote(value: &[u8]) -> Option<Vec<u8>> {
+    let inner = value.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+    let mut bytes = Vec::with_capacity(inner.len());
+    let mut escaped = false;
+    for &b in inner {
+        match (escaped, b) {
+            (false, b'\\') => escaped = true,
+            (false, b'"') => return None,
+            _ => {
+                bytes.push(b);
+                escaped = false;
+            }
+        }
+    }
+    (!escaped).then_some(bytes)
+}
+
+/// One round of percent-decoding. Borrowed when there is nothing to decode.
+fn percent_decode(value: &[u8]) -> Cow<'_, [u8]> {
     percent_encoding::percent_decode(value).into()
+}
+
+/// What the binding (3.1.3.2) percent-encodes in a `ce-*` header value: space, `"`, `%`, the
+/// controls (which it recommends encoding); non-ASCII is always encoded.
+const HEADER_VALUE: &AsciiSet = &CONTROLS.add(b' ').add(b'"').add(b'%');
+
+/// An attribute's value as its `ce-*` header value (3.1.3.2): [`decode_attribute`]'s inverse,
+/// with upper-case hex digits.
+pub fn encode_attribute(value: &str) -> String {
+    utf8_percent_encode(value, HEADER_VALUE).to_string()
 }
 
 /// The attributes of a structured JSON event: its top-level members but the payload.
@@ -388,7 +437,7 @@ impl StructuredEvent {
                 Member::NotString
             } else {
                 match self.attributes.get(name) {
-                    Some(value) => Member::Text(value.to_string()),
+                    Some(value) => Member::Text(Cow::Borrowed(value)),
                     None => Member::Missing,
                 }
             };
@@ -421,16 +470,16 @@ impl<'de> Visitor<'de> for EventVisitor {
                 map.next_value::<IgnoredAny>()?;
                 continue;
             }
-            let scalar = map.next_value::<Scalar>()?;
+            let value = map.next_value::<Node>()?;
             if let Some(required) = REQUIRED_ATTRIBUTES.into_iter().find(|r| *r == name) {
                 // A later duplicate member wins, for its type as for its value.
                 not_strings.retain(|r| *r != required);
-                if !scalar.string {
+                if !matches!(value, Node::Str(_)) {
                     not_strings.push(required);
                 }
             }
-            if let Some(value) = scalar.text {
-                attributes.insert(name, value);
+            if let Some(text) = attribute_text(value) {
+                attributes.insert(name, text);
             }
         }
         Ok(StructuredEvent {
@@ -440,86 +489,19 @@ impl<'de> Visitor<'de> for EventVisitor {
     }
 }
 
-/// A member's value as attribute text. Attributes are scalars: `null`, objects and arrays
-/// are no attribute value (`text` is `None`). `string`: the value was a JSON string.
-struct Scalar {
-    text: Option<String>,
-    string: bool,
-}
-
-impl Scalar {
-    fn text(text: String) -> Scalar {
-        Scalar {
-            text: Some(text),
-            string: false,
-        }
-    }
-
-    fn string(text: String) -> Scalar {
-        Scalar {
-            text: Some(text),
-            string: true,
-        }
-    }
-
-    const NONE: Scalar = Scalar {
-        text: None,
-        string: false,
-    };
-}
-
-impl<'de> Deserialize<'de> for Scalar {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(ScalarVisitor)
-    }
-}
-
-struct ScalarVisitor;
-
-impl<'de> Visitor<'de> for ScalarVisitor {
-    type Value = Scalar;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
-        Ok(Scalar::string(v.to_string()))
-    }
-
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Scalar, E> {
-        Ok(Scalar::string(v))
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Scalar, E> {
-        Ok(Scalar::text(v.to_string()))
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
-        Ok(Scalar::text(v.to_string()))
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
-        Ok(Scalar::text(v.to_string()))
-    }
-
-    /// Rust's shortest round-trip form: `1.5`, and `1` for `1.0` or `1e0`.
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
-        Ok(Scalar::text(number_text(v)))
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Scalar, E> {
-        Ok(Scalar::NONE)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scalar, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Scalar::NONE)
-    }
-
-    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Scalar::NONE)
+/// A member's value as attribute text: strings as they are, numbers and booleans in their
+/// canonical text (an f64 in Rust's shortest round-trip form: `1.5`, and `1` for `1.0` or
+/// `1e0`). Attributes are scalars: `null`, objects and arrays are no attribute value. Read
+/// through [`Node`], the configuration's reader too: one serde_json instance for both
+/// (bench/README.md: module size).
+fn attribute_text(value: Node) -> Option<String> {
+    match value {
+        Node::Str(text) => Some(text),
+        Node::Bool(b) => Some(b.to_string()),
+        Node::Unsigned(n) => Some(n.to_string()),
+        Node::Signed(n) => Some(n.to_string()),
+        Node::Float(n) => Some(number_text(n)),
+        Node::Null | Node::Array(_) | Node::Object(_) => None,
     }
 }
 
@@ -711,6 +693,50 @@ mod tests {
         assert_eq!(a.get("ext2"), Some("%zz%4"));
         assert_eq!(a.get("ext3"), Some("a%A"));
         assert_eq!(a.get("ext4"), Some("%41"));
+    }
+
+    #[test]
+    fn a_quoted_string_is_unquoted_before_percent_decoding() {
+        let decoded = |value: &[u8]| decode_attribute(value).map(Cow::into_owned);
+        let cases: [(&[u8], Option<&str>); 12] = [
+            (br#""abc""#, Some("abc")),
+            (br#""a b""#, Some("a b")),
+            (br#""say \"hi\" 100%25""#, Some(r#"say "hi" 100%"#)),
+            (br#""a\\b""#, Some(r"a\b")),
+            (br#""\x""#, Some("x")),
+            (br#""""#, Some("")),
+            (br#""%C3%A9""#, Some("é")),
+            // No quoted-string: taken as it is, then percent-decoded.
+            (br#""abc"#, Some(r#""abc"#)),
+            (br#"abc""#, Some(r#"abc""#)),
+            (br#"""#, Some(r#"""#)),
+            (br#""a"b""#, Some(r#""a"b""#)),
+            (br#""a\""#, Some(r#""a\""#)),
+        ];
+        for (value, want) in cases {
+            let value_text = String::from_utf8_lossy(value);
+            assert_eq!(decoded(value).as_deref(), want, "{value_text}");
+        }
+        assert_eq!(decode_attribute(br#""%FF""#), None);
+        assert!(matches!(decode_attribute(b"plain"), Some(Cow::Borrowed(_))));
+        // Every reader of the headers goes through it.
+        assert_eq!(text_value("ce-id", br#""a b""#).unwrap(), "a b");
+        assert_eq!(text_value("x-key", br#""a b""#).unwrap(), r#""a b""#);
+        let a = binary(&[("ce-type", r#""t""#), ("ce-id", r#""1""#)]);
+        assert_eq!((a.get("type"), a.get("id")), (Some("t"), Some("1")));
+    }
+
+    #[test]
+    fn encoding_is_decodings_inverse() {
+        for value in ["abc", "a b", r#"say "hi" 100%"#, "grüße\n", "", "%41"] {
+            let encoded = encode_attribute(value);
+            assert!(
+                encoded.bytes().all(|b| b.is_ascii_graphic() && b != b'"'),
+                "{encoded}"
+            );
+            assert_eq!(decode_attribute(encoded.as_bytes()).as_deref(), Some(value));
+        }
+        assert_eq!(encode_attribute("a b\"%é"), "a%20b%22%25%C3%A9");
     }
 
     #[test]

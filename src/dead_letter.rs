@@ -24,12 +24,11 @@
 use std::fmt;
 
 use base64::Engine;
-use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use crate::answer::sanitize;
 use crate::call::{Failure, Leg, BODY_PEEK_BYTES};
-use crate::cloudevents::{media_type, STRUCTURED_JSON};
+use crate::cloudevents::{encode_attribute, media_type, STRUCTURED_JSON};
 use crate::headers::Forwarded;
 use crate::json::OnlyObject;
 
@@ -54,10 +53,6 @@ const ERROR_HEADERS: [&str; 3] = [
     "ce-knativeerrorcode",
     "ce-knativeerrordata",
 ];
-
-/// What the CloudEvents HTTP binding (3.1.3.2) percent-encodes in a `ce-*` header value:
-/// everything but printable ASCII, and space, `"` and `%` (non-ASCII is always encoded).
-const HEADER_VALUE: &AsciiSet = &CONTROLS.add(b' ').add(b'"').add(b'%');
 
 /// The failure that sent an event to its dead-letter target.
 #[derive(Debug)]
@@ -120,7 +115,7 @@ pub fn dead_letter(cause: &Cause<'_>, forwarded: &Forwarded, event: &[u8]) -> De
             format!("\"{ERROR_DEST}\":{dest},\"{ERROR_CODE}\":{code},\"{ERROR_DATA}\":\"{data}\"");
         with_members(event, &members)
     } else {
-        let dest = utf8_percent_encode(&dest, HEADER_VALUE).to_string();
+        let dest = encode_attribute(&dest);
         headers.extend(
             ERROR_HEADERS
                 .iter()

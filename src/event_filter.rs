@@ -175,50 +175,20 @@ pub fn compile_legacy(filter: &Node) -> Result<Option<Filter>, FilterError> {
 }
 
 fn compile(value: &Node, at: &str) -> Result<Filter, FilterError> {
-    let object = value.as_object().ok_or_else(|| {
-        FilterError::new(
-            at,
-            format!("must be an object with one operator ({OPERATORS}), e.g. {{\"exact\": {{\"type\": \"t\"}}}}"),
-        )
-    })?;
-    let mut operators = object.iter();
-    let (Some((operator, operand)), None) = (operators.next(), operators.next()) else {
-        let names: Vec<&str> = object.iter().map(|(name, _)| *name).collect();
-        return Err(FilterError::new(
-            at,
-            format!(
-                "must have exactly one operator ({OPERATORS}), got {}",
-                if names.is_empty() {
-                    "none".to_string()
-                } else {
-                    names.join(", ")
-                }
-            ),
-        ));
-    };
+    let (operator, operand) = operator(value, at)?;
     let at = format!("{at}.{operator}");
-    match *operator {
+    match operator {
         "exact" | "prefix" | "suffix" => {
             let (attribute, value) = single_attribute(operand, &at)?;
-            Ok(match *operator {
+            Ok(match operator {
                 "exact" => Filter::Exact { attribute, value },
                 "prefix" => Filter::Prefix { attribute, value },
                 _ => Filter::Suffix { attribute, value },
             })
         }
         "any" | "all" => {
-            let list = operand
-                .as_array()
-                .ok_or_else(|| FilterError::new(&at, "must be a list of filters"))?;
-            if list.is_empty() {
-                return Err(FilterError::new(&at, "must list at least one filter"));
-            }
-            let filters = list
-                .iter()
-                .enumerate()
-                .map(|(i, f)| compile(f, &format!("{at}[{i}]")))
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(if *operator == "any" {
+            let filters = compile_operands(operand, &at)?;
+            Ok(if operator == "any" {
                 Filter::Any(filters)
             } else {
                 Filter::All(filters)
@@ -234,6 +204,45 @@ fn compile(value: &Node, at: &str) -> Result<Filter, FilterError> {
             format!("unknown operator \"{other}\": use {OPERATORS}"),
         )),
     }
+}
+
+/// A filter object's one operator and its operand.
+fn operator<'n>(value: &'n Node, at: &str) -> Result<(&'n str, &'n Node), FilterError> {
+    let object = value.as_object().ok_or_else(|| {
+        FilterError::new(
+            at,
+            format!("must be an object with one operator ({OPERATORS}), e.g. {{\"exact\": {{\"type\": \"t\"}}}}"),
+        )
+    })?;
+    if let [(operator, operand)] = object[..] {
+        return Ok((operator, operand));
+    }
+    let names: Vec<&str> = object.iter().map(|(name, _)| *name).collect();
+    Err(FilterError::new(
+        at,
+        format!(
+            "must have exactly one operator ({OPERATORS}), got {}",
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            }
+        ),
+    ))
+}
+
+/// The operand of `any`/`all`: a non-empty list of filters.
+fn compile_operands(operand: &Node, at: &str) -> Result<Vec<Filter>, FilterError> {
+    let list = operand
+        .as_array()
+        .ok_or_else(|| FilterError::new(at, "must be a list of filters"))?;
+    if list.is_empty() {
+        return Err(FilterError::new(at, "must list at least one filter"));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, f)| compile(f, &format!("{at}[{i}]")))
+        .collect()
 }
 
 /// The operand of `exact`/`prefix`/`suffix`: an object with one attribute and its value.

@@ -8,8 +8,9 @@
 //! The rules, after the CloudEvents HTTP protocol binding (v1.0.2, 3.1 binary mode, 3.2
 //! structured mode) and the JSON event format (v1.0.2, 2.2 type system, 3.1 handling of data):
 //! - **binary → structured**: every `ce-<name>` header is the attribute `<name>`, its value
-//!   unquoted if it is a quoted-string (RFC 7230 3.2.6), then percent-decoded once; a value
-//!   that is not UTF-8 then cannot be converted. `content-type` is `datacontenttype`. The
+//!   decoded as every reader of the crate decodes it
+//!   ([`cloudevents::decode_attribute`](crate::cloudevents::decode_attribute): a quoted-string
+//!   unquoted, then percent-decoded once); a value that is not UTF-8 then cannot be converted. `content-type` is `datacontenttype`. The
 //!   body: under a JSON media type (`*/json`, `*/*+json`) and valid JSON, `data`, embedded as
 //!   the body's exact text; any other non-empty body is bytes (the JSON format's `Binary`
 //!   runtime type: an HTTP body has no other), so `data_base64`; an empty body, no data. The
@@ -39,13 +40,13 @@ use std::fmt;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
 use base64::engine::DecodePaddingMode;
 use base64::Engine;
-use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::IgnoredAny;
 
 use crate::cloudevents::{
-    media_type, percent_decode, BATCH_PREFIX, EVENT_FORMAT_PREFIX, REQUIRED_ATTRIBUTES,
-    STRUCTURED_JSON,
+    check_binary_required, check_required, decode_attribute, encode_attribute, media_type,
+    text_value, Member, BATCH_PREFIX, EVENT_FORMAT_PREFIX, STRUCTURED_JSON,
 };
+use crate::json::{members, string as json_string};
 
 /// A subscriber's content mode (`delivery.format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,10 +91,6 @@ pub struct Converted {
     pub headers: Vec<Pair>,
     pub body: Vec<u8>,
 }
-
-/// What the binding (3.1.3.2) percent-encodes in a header value: space, `"`, `%`, the
-/// controls (which it recommends encoding); non-ASCII is always encoded.
-const HEADER_VALUE: &AsciiSet = &CONTROLS.add(b' ').add(b'"').add(b'%');
 
 /// Base64 as RFC 4648 writes it, padded or not.
 const BASE64: GeneralPurpose = GeneralPurpose::new(
@@ -160,34 +157,9 @@ fn to_structured(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, S
     let mut json = String::with_capacity(body.len().saturating_mul(4) / 3 + 256);
     json.push('{');
     let mut names: Vec<&str> = Vec::with_capacity(headers.len());
-    let mut empty: Vec<&str> = Vec::new();
-    let mut specversion_ok = false;
     let mut out = Vec::with_capacity(headers.len());
-    let mut content_type: Option<&[u8]> = None;
     for &(name, value) in headers {
-        let (attribute, text) = if name == b"content-type" {
-            let text = std::str::from_utf8(value)
-                .map_err(|_| "header content-type is not UTF-8".to_string())?;
-            content_type = Some(value);
-            ("datacontenttype", Cow::Borrowed(text))
-        } else if let Some(attribute) = name.strip_prefix(b"ce-") {
-            let spelled = String::from_utf8_lossy(name);
-            let attribute = std::str::from_utf8(attribute)
-                .ok()
-                .filter(|a| is_attribute_name(a.as_bytes()) && *a != "data")
-                .ok_or_else(|| {
-                    format!(
-                        "header {spelled} names no CloudEvents attribute (lower-case letters \
-                         and digits): it has no place in a structured event"
-                    )
-                })?;
-            if attribute == "datacontenttype" {
-                return Err(format!(
-                    "header {spelled}: binary mode carries datacontenttype as content-type"
-                ));
-            }
-            (attribute, decode_value(&spelled, value)?)
-        } else {
+        let Some((attribute, text)) = binary_attribute(name, value)? else {
             out.push((name.to_vec(), value.to_vec()));
             continue;
         };
@@ -208,38 +180,24 @@ fn to_structured(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, S
             json.push(',');
         }
         names.push(attribute);
-        if text.is_empty() {
-            empty.push(attribute);
-        }
-        if attribute == "specversion" {
-            specversion_ok = text == SPEC_VERSION;
-        }
         push_member(&mut json, attribute, &text);
     }
-    check_required(
-        |name| names.contains(&name) && !empty.contains(&name),
-        "ce-",
-    )?;
-    if !specversion_ok {
+    let header = |wanted: &str| {
+        headers
+            .iter()
+            .find(|(name, _)| *name == wanted.as_bytes())
+            .map(|(_, value)| *value)
+    };
+    check_binary_required(header)?;
+    if header("ce-specversion")
+        .and_then(decode_attribute)
+        .as_deref()
+        != Some(SPEC_VERSION)
+    {
         return Err(not_spec_version());
     }
     if !body.is_empty() {
-        let json_data = content_type
-            .is_some_and(is_json_media)
-            .then(|| std::str::from_utf8(body).ok())
-            .flatten()
-            .filter(|text| serde_json::from_slice::<IgnoredAny>(text.as_bytes()).is_ok());
-        match json_data {
-            Some(text) => {
-                json.push_str(",\"data\":");
-                json.push_str(text);
-            }
-            None => {
-                json.push_str(",\"data_base64\":\"");
-                STANDARD.encode_string(body, &mut json);
-                json.push('"');
-            }
-        }
+        push_data(&mut json, header("content-type"), body);
     }
     json.push('}');
     Ok(Converted {
@@ -249,6 +207,59 @@ fn to_structured(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, S
     })
 }
 
+/// The attribute a binary-mode header carries, and its value decoded: `ce-<name>` is
+/// `<name>`, `content-type` is `datacontenttype`; `None` for any other header. `Err`: a header
+/// that cannot be an attribute of a structured event.
+fn binary_attribute<'h>(
+    name: &'h [u8],
+    value: &'h [u8],
+) -> Result<Option<(&'h str, Cow<'h, str>)>, String> {
+    if name == b"content-type" {
+        let text = text_value("content-type", value)?;
+        return Ok(Some(("datacontenttype", text)));
+    }
+    let Some(attribute) = name.strip_prefix(b"ce-") else {
+        return Ok(None);
+    };
+    let spelled = String::from_utf8_lossy(name);
+    let attribute = std::str::from_utf8(attribute)
+        .ok()
+        .filter(|a| is_attribute_name(a.as_bytes()) && *a != "data")
+        .ok_or_else(|| {
+            format!(
+                "header {spelled} names no CloudEvents attribute (lower-case letters and \
+                 digits): it has no place in a structured event"
+            )
+        })?;
+    if attribute == "datacontenttype" {
+        return Err(format!(
+            "header {spelled}: binary mode carries datacontenttype as content-type"
+        ));
+    }
+    Ok(Some((attribute, text_value(&spelled, value)?)))
+}
+
+/// The body as the structured event's data: under a JSON `content_type` and valid JSON,
+/// `data`, its exact text; otherwise `data_base64`.
+fn push_data(json: &mut String, content_type: Option<&[u8]>, body: &[u8]) {
+    let json_data = content_type
+        .is_some_and(is_json_media)
+        .then(|| std::str::from_utf8(body).ok())
+        .flatten()
+        .filter(|text| serde_json::from_slice::<IgnoredAny>(text.as_bytes()).is_ok());
+    match json_data {
+        Some(text) => {
+            json.push_str(",\"data\":");
+            json.push_str(text);
+        }
+        None => {
+            json.push_str(",\"data_base64\":\"");
+            STANDARD.encode_string(body, json);
+            json.push('"');
+        }
+    }
+}
+
 /// `"name":"value"`, the value a JSON string.
 fn push_member(json: &mut String, name: &str, value: &str) {
     json.push('"');
@@ -256,63 +267,6 @@ fn push_member(json: &mut String, name: &str, value: &str) {
     json.push_str("\":");
     // A `str` always serializes; the fallback is never taken.
     json.push_str(&serde_json::to_string(value).unwrap_or_else(|_| "\"\"".to_string()));
-}
-
-/// A binary-mode header value as the binding decodes it: a quoted-string unquoted (RFC 7230
-/// 3.2.6, backslash escapes), then one round of percent-decoding; it must be UTF-8 then.
-fn decode_value<'v>(spelled: &str, value: &'v [u8]) -> Result<Cow<'v, str>, String> {
-    let unquoted: Cow<'v, [u8]> = match value {
-        [b'"', inner @ .., b'"'] => {
-            let mut bytes = Vec::with_capacity(inner.len());
-            let mut escaped = false;
-            for &b in inner {
-                if escaped || b != b'\\' {
-                    bytes.push(b);
-                    escaped = false;
-                } else {
-                    escaped = true;
-                }
-            }
-            Cow::Owned(bytes)
-        }
-        _ => Cow::Borrowed(value),
-    };
-    let decoded = match unquoted {
-        Cow::Borrowed(value) => percent_decode(value),
-        Cow::Owned(bytes) => Cow::Owned(percent_decode(&bytes).into_owned()),
-    };
-    let not_utf8 = || {
-        format!(
-            "header {spelled} is not UTF-8 once percent-decoded, as the CloudEvents HTTP binding \
-             requires"
-        )
-    };
-    match decoded {
-        Cow::Borrowed(bytes) => std::str::from_utf8(bytes)
-            .map(Cow::Borrowed)
-            .map_err(|_| not_utf8()),
-        Cow::Owned(bytes) => String::from_utf8(bytes)
-            .map(Cow::Owned)
-            .map_err(|_| not_utf8()),
-    }
-}
-
-/// Every required attribute is there (`has`), and nothing but CloudEvents 1.0 is converted;
-/// `spelled`: how the mode names an attribute (`ce-`, `member `).
-fn check_required(has: impl Fn(&'static str) -> bool, spelled: &str) -> Result<(), String> {
-    let missing: Vec<String> = REQUIRED_ATTRIBUTES
-        .into_iter()
-        .filter(|name| !has(name))
-        .map(|name| format!("{spelled}{name}"))
-        .collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "not a CloudEvent: {} missing or empty",
-            missing.join(", ")
-        ))
-    }
 }
 
 /// The one `specversion` converted: 0.3 encodes binary data in another member.
@@ -331,7 +285,6 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
     let mut block: Vec<Pair> = Vec::with_capacity(members.len() + 1);
     let mut names: Vec<&str> = Vec::with_capacity(members.len());
     let (mut data, mut data_base64) = (None, None);
-    let mut content_type: Option<String> = None;
     for (name, raw) in &members {
         let name = name.as_ref();
         if names.contains(&name) {
@@ -341,88 +294,108 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
         match name {
             "data" => data = Some(*raw),
             "data_base64" => data_base64 = Some(*raw),
-            _ => {
-                if !is_attribute_name(name.as_bytes()) {
-                    return Err(format!(
-                        "member {:?} is not a CloudEvents attribute name (lower-case letters \
-                         and digits): it has no ce- header",
-                        name
-                    ));
-                }
-                let Some(value) = attribute_text(name, raw)? else {
-                    continue; // null: unset
-                };
-                if name == "datacontenttype" {
-                    if !raw.starts_with('"') || !value.bytes().all(|b| (b' '..=b'~').contains(&b)) {
-                        return Err(format!(
-                            "member datacontenttype {} cannot be a content-type header \
-                             (printable ASCII)",
-                            raw
-                        ));
-                    }
-                    // A receiver would read such a message as the structured (or batch)
-                    // event its body is not.
-                    let media = media_type(value.as_bytes());
-                    if media.starts_with(EVENT_FORMAT_PREFIX) {
-                        return Err(format!(
-                            "member datacontenttype {media} cannot be a binary-mode \
-                             content-type: a receiver would read the message as a structured \
-                             event"
-                        ));
-                    }
-                    block.push((b"content-type".to_vec(), value.as_bytes().to_vec()));
-                    content_type = Some(value.into_owned());
-                } else {
-                    let mut header = Vec::with_capacity(3 + name.len());
-                    header.extend_from_slice(b"ce-");
-                    header.extend_from_slice(name.as_bytes());
-                    // Through `Display`, as dead letters encode: no second encoder instance.
-                    let encoded = utf8_percent_encode(&value, HEADER_VALUE).to_string();
-                    block.push((header, encoded.into_bytes()));
-                }
-            }
+            _ => block.extend(attribute_header(name, raw)?),
         }
     }
-    let string = |name: &str| {
-        members
-            .iter()
-            .find(|(n, _)| n == name)
-            .and_then(|(_, raw)| json_string(raw))
-            .filter(|value| !value.is_empty())
-    };
-    check_required(|name| string(name).is_some(), "member ")?;
-    if string("specversion").as_deref() != Some(SPEC_VERSION) {
+    check_required("structured", |name| {
+        let member = match members.iter().find(|(n, _)| n == name) {
+            None => Member::Missing,
+            Some((_, raw)) => {
+                json_string(raw).map_or(Member::NotString, |s| Member::Text(s.into()))
+            }
+        };
+        (format!("member {name}"), member)
+    })?;
+    let specversion = members.iter().find(|(n, _)| n == "specversion");
+    if specversion.and_then(|(_, raw)| json_string(raw)).as_deref() != Some(SPEC_VERSION) {
         return Err(not_spec_version());
     }
-    let payload = match (data, data_base64) {
+    let payload = payload(data, data_base64, &mut block)?;
+    Ok(Converted {
+        format: Format::Binary,
+        headers: in_place_of_content_type(headers, block),
+        body: payload,
+    })
+}
+
+/// The header of one attribute member (`name`, its JSON text `raw`): `ce-<name>`, or
+/// `content-type` for `datacontenttype`; `None` for `null` (unset). `Err`: a member that has
+/// no exact header.
+fn attribute_header(name: &str, raw: &str) -> Result<Option<Pair>, String> {
+    if !is_attribute_name(name.as_bytes()) {
+        return Err(format!(
+            "member {:?} is not a CloudEvents attribute name (lower-case letters and digits): \
+             it has no ce- header",
+            name
+        ));
+    }
+    let Some(value) = attribute_text(name, raw)? else {
+        return Ok(None); // null: unset
+    };
+    if name != "datacontenttype" {
+        let header = [b"ce-", name.as_bytes()].concat();
+        return Ok(Some((header, encode_attribute(&value).into_bytes())));
+    }
+    if !raw.starts_with('"') || !value.bytes().all(|b| (b' '..=b'~').contains(&b)) {
+        return Err(format!(
+            "member datacontenttype {} cannot be a content-type header (printable ASCII)",
+            raw
+        ));
+    }
+    // A receiver would read such a message as the structured (or batch) event its body is not.
+    let media = media_type(value.as_bytes());
+    if media.starts_with(EVENT_FORMAT_PREFIX) {
+        return Err(format!(
+            "member datacontenttype {media} cannot be a binary-mode content-type: a receiver \
+             would read the message as a structured event"
+        ));
+    }
+    Ok(Some((b"content-type".to_vec(), value.as_bytes().to_vec())))
+}
+
+/// The binary body, from the `data` or `data_base64` member's JSON text, by the content type
+/// the `block` of headers has (and, for JSON data without one, states).
+fn payload(
+    data: Option<&str>,
+    data_base64: Option<&str>,
+    block: &mut Vec<Pair>,
+) -> Result<Vec<u8>, String> {
+    let content_type = block
+        .iter()
+        .find(|(name, _)| name == b"content-type")
+        .map(|(_, value)| value.as_slice());
+    match (data, data_base64) {
         (Some(_), Some(_)) => {
-            return Err("both data and data_base64 are given: the JSON format allows one".into())
+            Err("both data and data_base64 are given: the JSON format allows one".into())
         }
         (None, Some(raw)) => {
             let text = json_string(raw).ok_or_else(|| "data_base64 is not a string".to_string())?;
             BASE64
                 .decode(text.as_bytes())
-                .map_err(|e| format!("data_base64 is not valid base64: {e}"))?
+                .map_err(|e| format!("data_base64 is not valid base64: {e}"))
         }
-        (Some(raw), None) => match &content_type {
+        (Some(raw), None) => match content_type {
             None => {
                 // The JSON format's implied type, stated (3.1.2).
                 block.push((b"content-type".to_vec(), b"application/json".to_vec()));
-                raw.as_bytes().to_vec()
+                Ok(raw.as_bytes().to_vec())
             }
-            Some(ct) if is_json_media(ct.as_bytes()) => raw.as_bytes().to_vec(),
-            Some(ct) => json_string(raw)
-                .ok_or_else(|| {
-                    format!(
-                        "data is not a string, and datacontenttype {ct} is not JSON: it has no \
-                         exact binary body"
-                    )
-                })?
-                .into_bytes(),
+            Some(ct) if is_json_media(ct) => Ok(raw.as_bytes().to_vec()),
+            Some(ct) => json_string(raw).map(String::into_bytes).ok_or_else(|| {
+                format!(
+                    "data is not a string, and datacontenttype {} is not JSON: it has no exact \
+                     binary body",
+                    String::from_utf8_lossy(ct)
+                )
+            }),
         },
-        (None, None) => Vec::new(),
-    };
-    // The block goes where the structured content type was; stale ce-* headers go.
+        (None, None) => Ok(Vec::new()),
+    }
+}
+
+/// The structured message's headers with the `block` of binary-mode headers where its
+/// `content-type` was (at the end without one); its stale `ce-*` headers dropped.
+fn in_place_of_content_type(headers: &[(&[u8], &[u8])], block: Vec<Pair>) -> Vec<Pair> {
     let mut out = Vec::with_capacity(headers.len() + block.len());
     let mut block = Some(block);
     for &(name, value) in headers {
@@ -437,11 +410,7 @@ fn to_binary(headers: &[(&[u8], &[u8])], body: &[u8]) -> Result<Converted, Strin
     if let Some(block) = block {
         out.extend(block);
     }
-    Ok(Converted {
-        format: Format::Binary,
-        headers: out,
-        body: payload,
-    })
+    out
 }
 
 /// An attribute's canonical string, from its JSON value: a string as it is, a boolean or an
@@ -468,159 +437,6 @@ fn attribute_text<'r>(name: &str, text: &'r str) -> Result<Option<Cow<'r, str>>,
             "member {name} is an object or an array: attributes are scalars, it has no exact \
              header"
         )),
-    }
-}
-
-/// A JSON string's value, from one JSON value's text; `None` when it is another value.
-///
-/// Through `deserialize_any` and a visitor that answers every kind itself: serde_json's own
-/// refusal of a non-string (`from_slice::<String>`) words it through serde's `Unexpected`,
-/// whose `Display` formats floats and so links all of `core::num::flt2dec` (~17 KB).
-fn json_string(raw: &str) -> Option<String> {
-    if !raw.starts_with('"') {
-        return None;
-    }
-    let mut deserializer = serde_json::Deserializer::from_slice(raw.as_bytes());
-    deserializer.deserialize_any(JsonString).ok().flatten()
-}
-
-/// [`json_string`]'s visitor: a string's value, `None` for any other kind.
-struct JsonString;
-
-impl<'de> Visitor<'de> for JsonString {
-    type Value = Option<String>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON string")
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Option<String>, E> {
-        Ok(Some(v.to_string()))
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Option<String>, E> {
-        Ok(None)
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Option<String>, E> {
-        Ok(None)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Option<String>, E> {
-        Ok(None)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Option<String>, E> {
-        Ok(None)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Option<String>, E> {
-        Ok(None)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Option<String>, A::Error> {
-        Ok(None)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<Option<String>, A::Error> {
-        Ok(None)
-    }
-}
-
-/// A JSON object's members in order: each name (borrowed when it has no escapes) and its
-/// value's exact text. serde_json validates the whole body first (`from_slice::<IgnoredAny>`,
-/// the reader `to_structured` uses too); this walk then only finds where each member is, on
-/// text known to be valid JSON, and needs no `RawValue` (serde_json's `raw_value` feature:
-/// the same walk through `RawValue` and `deserialize_any` made the shipped module 25.6 KB
-/// larger, measured on 2026-12-02).
-fn members(body: &[u8]) -> Result<Vec<(Cow<'_, str>, &str)>, String> {
-    let not_object = |why: &str| format!("the body is not one JSON object: {why}");
-    let text = std::str::from_utf8(body).map_err(|_| not_object("it is not UTF-8"))?;
-    serde_json::from_slice::<IgnoredAny>(body).map_err(|e| not_object(&e.to_string()))?;
-    let mut scan = Scan { text, at: 0 };
-    scan.space();
-    if scan.peek() != Some(b'{') {
-        return Err(not_object("it is another JSON value"));
-    }
-    scan.at += 1;
-    let mut members = Vec::new();
-    loop {
-        scan.space();
-        if scan.peek() != Some(b'"') {
-            break; // `}`: the body is valid JSON
-        }
-        let key = scan.value();
-        let name = match key.get(1..key.len().saturating_sub(1)) {
-            Some(inner) if !inner.contains('\\') => Cow::Borrowed(inner),
-            _ => Cow::Owned(json_string(key).ok_or_else(|| not_object("a name is no string"))?),
-        };
-        scan.space();
-        scan.at += 1; // `:`
-        scan.space();
-        members.push((name, scan.value()));
-        scan.space();
-        if scan.peek() == Some(b',') {
-            scan.at += 1;
-        }
-    }
-    Ok(members)
-}
-
-/// [`members`], for the fuzz target (`fuzz/fuzz_targets/format.rs`), which checks it against
-/// serde_json on any object.
-#[cfg(feature = "testing")]
-pub fn object_members(body: &[u8]) -> Result<Vec<(Cow<'_, str>, &str)>, String> {
-    members(body)
-}
-
-/// A cursor over text that is valid JSON.
-struct Scan<'t> {
-    text: &'t str,
-    at: usize,
-}
-
-impl<'t> Scan<'t> {
-    fn peek(&self) -> Option<u8> {
-        self.text.as_bytes().get(self.at).copied()
-    }
-
-    fn space(&mut self) {
-        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            self.at += 1;
-        }
-    }
-
-    /// The exact text of the value that starts here; the cursor moves past it.
-    fn value(&mut self) -> &'t str {
-        let start = self.at;
-        let mut depth = 0usize;
-        let mut in_string = false;
-        let mut escaped = false;
-        while let Some(b) = self.peek() {
-            if in_string {
-                self.at += 1;
-                match (escaped, b) {
-                    (true, _) => escaped = false,
-                    (false, b'\\') => escaped = true,
-                    (false, b'"') => {
-                        in_string = false;
-                        if depth == 0 {
-                            break;
-                        }
-                    }
-                    _ => {}
-                }
-                continue;
-            }
-            match b {
-                b'"' => in_string = true,
-                b'{' | b'[' => depth += 1,
-                b'}' | b']' if depth == 0 => break,
-                b'}' | b']' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        self.at += 1;
-                        break;
-                    }
-                }
-                b',' | b' ' | b'\t' | b'\n' | b'\r' | b':' if depth == 0 => break,
-                _ => {}
-            }
-            self.at += 1;
-        }
-        self.text.get(start..self.at).unwrap_or_default()
     }
 }
 
@@ -825,7 +641,11 @@ mod tests {
                 "carries datacontenttype as content-type",
             ),
             (&[("ce-id", b"2")], 0, "ce-id is given twice"),
-            (&[], 1, "not a CloudEvent: ce-specversion missing"),
+            (
+                &[],
+                1,
+                "not a valid CloudEvent (binary mode): ce-specversion is missing",
+            ),
             (&[("ce-specversion", b"0.3")], 1, "specversion is not 1.0"),
             (&[("ce-type", b"")], 0, "ce-type is given twice"),
         ];
@@ -836,7 +656,10 @@ mod tests {
         let mut no_type = BINARY[..4].to_vec();
         no_type.push(("ce-type", ""));
         let error = structured(&no_type, b"").unwrap_err();
-        assert_eq!(error, "not a CloudEvent: ce-type missing or empty");
+        assert_eq!(
+            error,
+            "not a valid CloudEvent (binary mode): ce-type is empty"
+        );
     }
 
     #[test]
@@ -973,7 +796,7 @@ mod tests {
         for (body, want) in [
             (
                 r#"{"id": "1", "source": "/s", "type": "t"}"#,
-                "member specversion missing",
+                "member specversion is missing",
             ),
             (
                 r#"{"specversion": "1.0", "id": 1, "source": "/s", "type": "t"}"#,
@@ -1022,34 +845,6 @@ mod tests {
             let back = convert(Format::Binary, &borrowed(&there.headers), &there.body).unwrap();
             assert_eq!(borrowed(&back.headers), original, "{content_type}");
             assert_eq!(back.body, body, "{content_type}");
-        }
-    }
-
-    #[test]
-    fn members_are_found_with_their_exact_text() {
-        let body = br#" { "a" : "x\"}{[,\\" , "b\u0063":{"n":[1,{"m":"]"}],"e":{}}, "c":-1.5e3,
-            "d":[ ] ,"t":true,"z":null}  "#;
-        let found = members(body).unwrap();
-        let found: Vec<(&str, &str)> = found.iter().map(|(n, v)| (n.as_ref(), *v)).collect();
-        assert_eq!(
-            found,
-            [
-                ("a", r#""x\"}{[,\\""#),
-                ("bc", r#"{"n":[1,{"m":"]"}],"e":{}}"#),
-                ("c", "-1.5e3"),
-                ("d", "[ ]"),
-                ("t", "true"),
-                ("z", "null"),
-            ]
-        );
-        assert_eq!(members(b"{}").unwrap(), []);
-        assert_eq!(members(b" {\n} ").unwrap(), []);
-        for body in [&b"[1]"[..], b"\"x\"", b"{\"a\":1", b"{\"a\":\"\xff\"}", b""] {
-            let error = members(body).unwrap_err();
-            assert!(
-                error.starts_with("the body is not one JSON object: "),
-                "{error}"
-            );
         }
     }
 

@@ -92,6 +92,7 @@ impl HeaderMap {
     }
 
     /// The pair at `span` as text: `None` if the name or the value is not UTF-8.
+    #[cfg(test)]
     pub fn text_pair(&self, span: Span) -> Option<(&str, &str)> {
         let (name, value) = self.pair(span)?;
         Some((

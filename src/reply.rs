@@ -119,20 +119,10 @@ fn event_headers(headers: Vec<(String, Vec<u8>)>) -> Reading {
     }
 }
 
-/// Binary mode's required attributes: present, not empty, UTF-8 once percent-decoded, and a
+/// Binary mode's required attributes: present, not empty, UTF-8 once decoded, and a
 /// `specversion` fanout knows.
 fn binary_attributes_valid<'a>(value: &impl Fn(&str) -> Option<&'a [u8]>) -> bool {
-    use crate::cloudevents::{percent_decode, REQUIRED_ATTRIBUTES, SPEC_VERSIONS};
-    REQUIRED_ATTRIBUTES.iter().all(|attribute| {
-        let Some(raw) = value(&format!("ce-{attribute}")) else {
-            return false;
-        };
-        let decoded = percent_decode(raw);
-        match std::str::from_utf8(&decoded) {
-            Ok("") | Err(_) => false,
-            Ok(text) => *attribute != "specversion" || SPEC_VERSIONS.contains(&text),
-        }
-    })
+    crate::cloudevents::check_binary_required(value).is_ok()
 }
 
 #[cfg(test)]

@@ -73,6 +73,27 @@ pub struct Event {
 /// values as bytes). `Err` is the answer to send instead of a fan-out: a rejection, or the
 /// answer to OPTIONS.
 pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
+    let channel = route(config, headers)?;
+    let event = pending_event(config, channel, headers)?;
+    // A channel nobody subscribes to forwards nothing: the selection is skipped.
+    let nobody = config
+        .channel(channel)
+        .is_some_and(|c| c.subscribers.is_empty());
+    let forwarded = if nobody {
+        Forwarded::default()
+    } else {
+        forwarded(config, headers)?
+    };
+    Ok(Admitted {
+        channel,
+        forwarded,
+        event,
+    })
+}
+
+/// The checks before any of the event, in the order a sender can act on them: OPTIONS,
+/// method, host, declared body size. `Ok`: the request's channel.
+fn route(config: &Config, headers: &HeaderMap) -> Result<usize, Answer> {
     let method = headers.get(":method").unwrap_or_default();
     if method == OPTIONS.as_bytes() {
         return Err(options(config, headers));
@@ -111,7 +132,16 @@ pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
             }
         }
     }
+    Ok(channel)
+}
 
+/// What the headers tell of the event, as far as something reads it: `require_cloudevents`'s
+/// check, dedupe's identity, the mode and attributes for a channel's filters.
+fn pending_event(
+    config: &Config,
+    channel: usize,
+    headers: &HeaderMap,
+) -> Result<PendingEvent, Answer> {
     // Read from the headers Envoy already gave us: no host call.
     if config.require_cloudevents {
         cloudevents::validate_headers(headers).map_err(|e| Answer::rejected(400, &e))?;
@@ -136,26 +166,11 @@ pub fn admit(config: &Config, headers: &HeaderMap) -> Result<Admitted, Answer> {
     } else {
         None
     };
-    let event = PendingEvent {
+    Ok(PendingEvent {
         mode,
         strict: filtered.is_some() || config.require_cloudevents,
         validate: config.require_cloudevents,
         key,
-    };
-
-    // A channel nobody subscribes to forwards nothing: the selection is skipped.
-    let nobody = config
-        .channel(channel)
-        .is_some_and(|c| c.subscribers.is_empty());
-    let forwarded = if nobody {
-        Forwarded::default()
-    } else {
-        forwarded(config, headers)?
-    };
-    Ok(Admitted {
-        channel,
-        forwarded,
-        event,
     })
 }
 
@@ -594,6 +609,62 @@ mod tests {
         // A batch has no one identity.
         let batch = [("content-type", "application/cloudevents-batch+json")];
         assert_eq!(key(&on, &batch, b"[]"), None);
+    }
+
+    /// A quoted-string (how older senders write `ce-*` values) and the percent-encoding of the
+    /// same value are one attribute value to every reader: filters, `require_cloudevents`,
+    /// dedupe's identity, `delivery.format`, and the reading of a subscriber's reply.
+    #[test]
+    fn a_quoted_value_is_read_the_same_by_every_reader() {
+        let quoted = [
+            ("ce-specversion", r#""1.0""#),
+            ("ce-id", r#""a b\"c""#),
+            ("ce-source", r#""/s""#),
+            ("ce-type", r#""t""#),
+        ];
+        let encoded = [
+            ("ce-specversion", "1.0"),
+            ("ce-id", "a%20b%22c"),
+            ("ce-source", "/s"),
+            ("ce-type", "t"),
+        ];
+        let config = Config::from_json(
+            br#"{"require_cloudevents": true, "dedupe": {}, "subscribers": [
+                   {"cluster": "a",
+                    "filters": [{"exact": {"id": "a b\"c"}}, {"exact": {"type": "t"}}]}]}"#,
+        )
+        .unwrap();
+        let admitted = |pairs: &[(&str, &str)]| admit_with(&config, pairs).unwrap().event;
+        let (from_quoted, from_encoded) = (admitted(&quoted), admitted(&encoded));
+        let Some(ContentMode::Binary(attributes)) = &from_quoted.mode else {
+            panic!("not binary mode: {from_quoted:?}");
+        };
+        assert_eq!(attributes.get("id"), Some("a b\"c"));
+        let filter = config
+            .channel(0)
+            .and_then(|c| c.subscribers[0].filter.as_ref());
+        assert!(crate::event_filter::accepts(filter, Some(attributes)));
+        assert_eq!(from_quoted, from_encoded, "attributes and identity");
+        assert_eq!(from_quoted.key, EventKey::Known(b"2:/sa b\"c".to_vec()));
+        assert_eq!(
+            cloudevents::validate_headers(&HeaderMap::from_pairs(&quoted)),
+            Ok(())
+        );
+        let as_pairs = |pairs: &[(&'static str, &'static str)]| -> Vec<(&[u8], &[u8])> {
+            pairs
+                .iter()
+                .map(|(n, v)| (n.as_bytes(), v.as_bytes()))
+                .collect()
+        };
+        let structured = |pairs| {
+            let converted =
+                crate::format::convert(crate::format::Format::Structured, &as_pairs(pairs), b"");
+            converted.unwrap().body
+        };
+        assert_eq!(structured(&quoted), structured(&encoded));
+        let reply = |pairs: &[(&str, &str)]| crate::reply::read(headers(pairs), 0, 100);
+        assert!(matches!(reply(&quoted), crate::reply::Answered::Event(_)));
+        assert!(matches!(reply(&encoded), crate::reply::Answered::Event(_)));
     }
 
     fn strict() -> Config {

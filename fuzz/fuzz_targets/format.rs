@@ -10,7 +10,7 @@
 //!   serde_json reads, whose members are attributes (lower-case names, each once, the required
 //!   ones there) and `data`/`data_base64` last;
 //! - **members**: on any text serde_json reads as a JSON object, the hand-written scan
-//!   (`format::object_members`) gives exactly serde_json's members, in order, duplicates
+//!   (`json::members`) gives exactly serde_json's members, in order, duplicates
 //!   included, each text parsing to the same value; on any other text (and on an object whose
 //!   names serde_json cannot read, such as a lone surrogate escape) it refuses;
 //! - **binary round trip**: an event encoded as the binding says (canonical percent-encoding,
@@ -30,7 +30,8 @@ use arbitrary::{Arbitrary, Result, Unstructured};
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
 use base64::engine::DecodePaddingMode;
 use base64::Engine;
-use fanout::format::{convert, is_json_media, mode, object_members, Converted, Format, Pair};
+use fanout::format::{convert, is_json_media, mode, Converted, Format, Pair};
+use fanout::json::members as object_members;
 use libfuzzer_sys::fuzz_target;
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};

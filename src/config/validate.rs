@@ -13,8 +13,9 @@ use super::{
     SYNC_DEADLINE_WARNING_MS,
 };
 use crate::call_slots::{CallCap, DEFAULT_MAX_QUEUED_CALLS};
+use crate::cloudevents::REQUIRED_ATTRIBUTES;
 use crate::dedupe::settings::subscriber_ids;
-use crate::event_filter;
+use crate::event_filter::{self, Filter};
 use crate::format::Format;
 use crate::headers::{self, HeaderSelector};
 use crate::jitter::Jitter;
@@ -46,7 +47,7 @@ impl RawDelivery {
                 format!(
                     "{} is not a content mode: use \"binary\", \"structured\" or \"json\" \
                      (Knative's word for structured), or leave it out for the event as it came",
-                    // Quoted as JSON without `serde_json::Value`'s serializer (~5 KB).
+                    // Quoted as JSON without `serde_json::Value`'s serializer (bench/README.md: size).
                     serde_json::to_string(word).unwrap_or_default()
                 ),
             )
@@ -109,21 +110,12 @@ impl RawConfig {
             return Err(ConfigError::new("max_queued_calls", QUEUE_WITHOUT_CAP));
         }
         let warnings = sync_warnings(self.mode, &channels);
-        let capped = !call_caps.is_empty();
-        // Best-effort subscribers are called from the root context, by its timer.
-        // Calls that waited for a slot are sent by the root context's timer.
+        let needs_timer = needs_timer(!call_caps.is_empty(), self.mode, &channels);
         let dedupe = self
             .dedupe
             .map(RawDedupe::validate)
             .transpose()
             .map_err(|e| ConfigError::new(e.path, e.message))?;
-        // (The etcd store's timer is the plugin's to tune: fast only while it owes something.)
-        let needs_timer = capped
-            || self.mode == AnswerMode::Async
-            || channels
-                .iter()
-                .flat_map(|c| &c.subscribers)
-                .any(|s| s.has_follow_ups() || !s.required);
 
         Ok(Config {
             // OPTIONS is answered by the filter itself (request.rs), whatever `methods` says.
@@ -148,21 +140,16 @@ impl RawConfig {
 }
 
 /// The headers a `delivery.format` conversion reads (the event's content type and its
-/// attributes): it converts the forwarded headers, so they must be forwarded.
-const CONVERTED_HEADERS: [&str; 5] = [
-    "content-type",
-    "ce-specversion",
-    "ce-id",
-    "ce-source",
-    "ce-type",
-];
-
+/// required attributes) must be forwarded: it converts the forwarded headers.
 fn converted_headers_forwarded(
     forward: &HeaderSelector,
     channels: &[Rc<Channel>],
     shorthand: bool,
 ) -> Result<(), ConfigError> {
-    let Some(missing) = CONVERTED_HEADERS.iter().find(|h| !forward.selects(h)) else {
+    let missing = std::iter::once("content-type".to_string())
+        .chain(REQUIRED_ATTRIBUTES.iter().map(|name| format!("ce-{name}")))
+        .find(|header| !forward.selects(header));
+    let Some(missing) = missing else {
         return Ok(());
     };
     for (c, channel) in channels.iter().enumerate() {
@@ -233,6 +220,19 @@ fn max_in_flight(max: Option<u32>) -> Result<usize, ConfigError> {
     }
 }
 
+/// Whether the root context needs its timer: it sends the calls that waited for a slot
+/// (`capped`), the best-effort subscribers' calls, what async mode answers before, and every
+/// follow-up (retries, replies, dead letters). The etcd store's timer is the plugin's to tune:
+/// fast only while it owes something.
+fn needs_timer(capped: bool, mode: AnswerMode, channels: &[Rc<Channel>]) -> bool {
+    capped
+        || mode == AnswerMode::Async
+        || channels
+            .iter()
+            .flat_map(|c| &c.subscribers)
+            .any(|s| s.has_follow_ups() || !s.required)
+}
+
 /// Every channel, and the host routing table that leads to them.
 fn channels(
     raw_channels: Vec<RawChannel>,
@@ -248,34 +248,8 @@ fn channels(
         } else {
             format!("channels[{c}].")
         };
-        let name = match raw.name {
-            Some(name) if name.trim().is_empty() => {
-                return Err(ConfigError::new(
-                    format!("{at}name"),
-                    "must not be empty (leave it out for a default name)",
-                ))
-            }
-            Some(name) => name,
-            None => format!("channels[{c}]"),
-        };
-        if let Some(other) = channels.iter().position(|ch: &Rc<Channel>| ch.name == name) {
-            return Err(ConfigError::new(
-                format!("{at}name"),
-                format!("\"{name}\" is already the name of channels[{other}]"),
-            ));
-        }
-        let hosts = raw.hosts.unwrap_or_else(|| vec!["*".to_string()]);
-        if hosts.is_empty() {
-            return Err(ConfigError::new(
-                format!("{at}hosts"),
-                "must list at least one host (\"*\" matches every host)",
-            ));
-        }
-        for (h, host) in hosts.iter().enumerate() {
-            router
-                .add(host, c)
-                .map_err(|msg| ConfigError::new(format!("{at}hosts[{h}]"), msg))?;
-        }
+        let name = channel_name(raw.name, c, &at, &channels)?;
+        route_hosts(raw.hosts, c, &at, &mut router)?;
         let mut subscribers = Vec::with_capacity(raw.subscribers.len());
         for (s, sub) in raw.subscribers.into_iter().enumerate() {
             subscribers.push(sub.validate(
@@ -302,6 +276,55 @@ fn channels(
         }));
     }
     Ok((channels, router))
+}
+
+/// Channel `c`'s name: its own, not empty and not that of an earlier channel, or
+/// `channels[c]`.
+fn channel_name(
+    name: Option<String>,
+    c: usize,
+    at: &str,
+    channels: &[Rc<Channel>],
+) -> Result<String, ConfigError> {
+    let name = match name {
+        Some(name) if name.trim().is_empty() => {
+            return Err(ConfigError::new(
+                format!("{at}name"),
+                "must not be empty (leave it out for a default name)",
+            ))
+        }
+        Some(name) => name,
+        None => format!("channels[{c}]"),
+    };
+    if let Some(other) = channels.iter().position(|ch| ch.name == name) {
+        return Err(ConfigError::new(
+            format!("{at}name"),
+            format!("\"{name}\" is already the name of channels[{other}]"),
+        ));
+    }
+    Ok(name)
+}
+
+/// Channel `c`'s hosts (every host when it names none) into the `router`.
+fn route_hosts(
+    hosts: Option<Vec<String>>,
+    c: usize,
+    at: &str,
+    router: &mut Router,
+) -> Result<(), ConfigError> {
+    let hosts = hosts.unwrap_or_else(|| vec!["*".to_string()]);
+    if hosts.is_empty() {
+        return Err(ConfigError::new(
+            format!("{at}hosts"),
+            "must list at least one host (\"*\" matches every host)",
+        ));
+    }
+    for (h, host) in hosts.iter().enumerate() {
+        router
+            .add(host, c)
+            .map_err(|msg| ConfigError::new(format!("{at}hosts[{h}]"), msg))?;
+    }
+    Ok(())
 }
 
 /// Valid, but probably not what the user wants: a sync delivery that can outlast Envoy's
@@ -422,13 +445,9 @@ impl Defaults {
 }
 
 impl RawSubscriber {
-    fn validate(
-        self,
-        at: &str,
-        default_timeout: Duration,
-        defaults: &Defaults,
-    ) -> Result<Subscriber, ConfigError> {
-        let filter = match (&self.filters, &self.filter) {
+    /// Its filter, from `filters` or the legacy `filter`, compiled.
+    fn filter(&self, at: &str) -> Result<Option<Filter>, ConfigError> {
+        match (&self.filters, &self.filter) {
             (Some(_), Some(_)) => {
                 return Err(ConfigError::new(
                     format!("{at}.filter"),
@@ -440,7 +459,16 @@ impl RawSubscriber {
             (None, Some(legacy)) => event_filter::compile_legacy(legacy),
             (None, None) => Ok(None),
         }
-        .map_err(|e| ConfigError::new(format!("{at}.{}", e.path), e.message))?;
+        .map_err(|e| ConfigError::new(format!("{at}.{}", e.path), e.message))
+    }
+
+    fn validate(
+        self,
+        at: &str,
+        default_timeout: Duration,
+        defaults: &Defaults,
+    ) -> Result<Subscriber, ConfigError> {
+        let filter = self.filter(at)?;
         let target = RawTarget {
             cluster: self.cluster,
             authority: self.authority,
@@ -466,12 +494,10 @@ impl RawSubscriber {
             self.max_queued_calls,
             defaults,
         )?;
-        let dead_letter = match delivery.dead_letter {
-            Some(dlq) => {
-                Some(dlq.validate(&format!("{delivery_at}.dead_letter"), default_timeout)?)
-            }
-            None => None,
-        };
+        let dead_letter = delivery
+            .dead_letter
+            .map(|dlq| dlq.validate(&format!("{delivery_at}.dead_letter"), default_timeout))
+            .transpose()?;
         let reply = match (self.reply, &defaults.reply) {
             (Some(reply), _) => Some(reply.validate(&format!("{at}.reply"), default_timeout)?),
             (None, Some(reply)) => Some(reply.clone().validate("reply", default_timeout)?),

@@ -18,109 +18,112 @@ impl FanOut {
     /// delivering to make it a 409 (retry) when nothing failed. Meaningful once
     /// [`FanOut::is_done`].
     pub fn verdict(&self, channel: &Channel) -> Answer {
-        let clusters = |which: &dyn Fn(&CallState) -> bool| -> Vec<&str> {
-            self.calls
-                .iter()
-                .zip(&channel.subscribers)
-                .filter(|(call, _)| which(&call.state))
-                .map(|(_, sub)| sub.cluster.as_str())
-                .collect()
+        let mut report = Report::new(channel, self.calls.len());
+        for (call, sub) in self.calls.iter().zip(&channel.subscribers) {
+            report.add(call, sub);
+        }
+        let (failed, already) = (report.failed.len(), report.already_delivered.len());
+        let (dead_lettered, pending) =
+            (report.dead_lettered.len(), report.best_effort_pending.len());
+        // A failure outranks a delivery in progress elsewhere: both mean "retry", but a
+        // failure is what a sender's operator needs to see.
+        let status = match (failed, already, report.in_progress.is_empty()) {
+            (0, 0, true) => None,
+            (0, _, true) => Some(202),
+            (0, _, false) => Some(409),
+            _ => Some(500),
         };
-        let dead_lettered = clusters(&|s| *s == CallState::DeadLettered);
-        // A best-effort subscriber's failure is reported apart and never makes a 500.
-        let failed_where = |required: bool| -> Vec<FailedSubscriber<'_>> {
-            self.calls
-                .iter()
-                .zip(&channel.subscribers)
-                .filter(|(_, sub)| sub.required == required)
-                .filter_map(|(call, sub)| match &call.state {
-                    CallState::Failed { elapsed_ms } => {
-                        Some(FailedSubscriber::new(sub, call, *elapsed_ms))
-                    }
-                    _ => None,
-                })
-                .collect()
+        let mut answer = match status {
+            None => Answer::accepted(),
+            Some(status) => {
+                if self.full_report {
+                    report.succeeded = Some(self.succeeded(channel));
+                }
+                Answer::json(status, &report)
+            }
         };
-        let failed = failed_where(true);
-        let best_effort_failed = failed_where(false);
-        let best_effort_pending: Vec<&str> = self
-            .calls
+        let counted = |answer: Answer, header: &'static str, count: usize| match count {
+            0 => answer,
+            _ => answer.with_header(header, count.to_string()),
+        };
+        answer = counted(answer, FAILED_HEADER, failed);
+        answer = counted(answer, ALREADY_DELIVERED_HEADER, already);
+        if status == Some(409) {
+            answer = answer.with_header("retry-after", "1".to_string());
+        }
+        answer = counted(answer, DEAD_LETTERED_HEADER, dead_lettered);
+        counted(answer, PENDING_HEADER, pending)
+    }
+
+    /// With `"report": "full"`: every subscriber that took the event.
+    fn succeeded<'a>(&self, channel: &'a Channel) -> Vec<Succeeded<'a>> {
+        self.calls
             .iter()
             .zip(&channel.subscribers)
-            .filter(|(call, sub)| !sub.required && !call.ended())
-            .map(|(_, sub)| sub.cluster.as_str())
-            .collect();
-        let pending = best_effort_pending.len();
-        let already_delivered = clusters(&|s| *s == CallState::AlreadyDelivered);
-        let in_progress = clusters(&|s| *s == CallState::InProgress);
-        let answer = if failed.is_empty() && already_delivered.is_empty() && in_progress.is_empty()
-        {
-            Answer::accepted()
-        } else {
-            let (failed_count, already_count) = (failed.len(), already_delivered.len());
-            // A failure outranks a delivery in progress elsewhere: both mean "retry", but a
-            // failure is what a sender's operator needs to see.
-            let status = match (failed_count, in_progress.is_empty()) {
-                (0, true) => 202,
-                (0, false) => 409,
-                _ => 500,
-            };
-            let report = Report {
-                channel: &channel.name,
-                subscribers: self.calls.len(),
-                delivered: self.count(|s| *s == CallState::Delivered),
-                failed,
-                dead_lettered: dead_lettered.clone(),
-                skipped: clusters(&|s| *s == CallState::Skipped),
-                already_delivered,
-                in_progress,
-                best_effort_failed,
-                best_effort_pending,
-                succeeded: self.full_report.then(|| {
-                    self.calls
-                        .iter()
-                        .zip(&channel.subscribers)
-                        .filter(|(call, _)| {
-                            matches!(call.state, CallState::Delivered | CallState::DeadLettered)
-                        })
-                        .map(|(call, sub)| Succeeded {
-                            cluster: &sub.cluster,
-                            authority: &sub.authority,
-                            path: &sub.path,
-                            dead_lettered: call.state == CallState::DeadLettered,
-                            attempts: call.event_attempts,
-                        })
-                        .collect()
-                }),
-            };
-            let mut answer = Answer::json(status, &report);
-            if failed_count > 0 {
-                answer = answer.with_header(FAILED_HEADER, failed_count.to_string());
+            .filter(|(call, _)| {
+                matches!(call.state, CallState::Delivered | CallState::DeadLettered)
+            })
+            .map(|(call, sub)| Succeeded {
+                cluster: &sub.cluster,
+                authority: &sub.authority,
+                path: &sub.path,
+                dead_lettered: call.state == CallState::DeadLettered,
+                attempts: call.event_attempts,
+            })
+            .collect()
+    }
+}
+
+impl<'a> Report<'a> {
+    fn new(channel: &'a Channel, subscribers: usize) -> Self {
+        Report {
+            channel: &channel.name,
+            subscribers,
+            delivered: 0,
+            failed: Vec::new(),
+            dead_lettered: Vec::new(),
+            skipped: Vec::new(),
+            already_delivered: Vec::new(),
+            in_progress: Vec::new(),
+            best_effort_failed: Vec::new(),
+            best_effort_pending: Vec::new(),
+            succeeded: None,
+        }
+    }
+
+    /// One subscriber's delivery, in its place. A best-effort subscriber's failure is
+    /// reported apart and never makes a 500.
+    fn add(&mut self, call: &Call, sub: &'a Subscriber) {
+        let cluster = sub.cluster.as_str();
+        if !sub.required && !call.ended() {
+            self.best_effort_pending.push(cluster);
+        }
+        match &call.state {
+            CallState::Delivered => self.delivered += 1,
+            CallState::DeadLettered => self.dead_lettered.push(cluster),
+            CallState::Skipped => self.skipped.push(cluster),
+            CallState::AlreadyDelivered => self.already_delivered.push(cluster),
+            CallState::InProgress => self.in_progress.push(cluster),
+            CallState::Failed { elapsed_ms } => {
+                let failed = FailedSubscriber::new(sub, call, *elapsed_ms);
+                if sub.required {
+                    self.failed.push(failed);
+                } else {
+                    self.best_effort_failed.push(failed);
+                }
             }
-            if already_count > 0 {
-                answer = answer.with_header(ALREADY_DELIVERED_HEADER, already_count.to_string());
-            }
-            if status == 409 {
-                answer = answer.with_header("retry-after", "1".to_string());
-            }
-            answer
-        };
-        let answer = if dead_lettered.is_empty() {
-            answer
-        } else {
-            answer.with_header(DEAD_LETTERED_HEADER, dead_lettered.len().to_string())
-        };
-        if pending == 0 {
-            answer
-        } else {
-            answer.with_header(PENDING_HEADER, pending.to_string())
+            CallState::Ready
+            | CallState::Sending
+            | CallState::Pending { .. }
+            | CallState::Waiting { .. } => {}
         }
     }
 }
 
-/// The body of a 500: which subscribers did not take the event, and why.
-/// `subscribers` = `delivered` + `failed` + `dead_lettered` + `skipped` + `already_delivered`
-/// + `in_progress` + `best_effort_failed` + `best_effort_pending`. Also the body of a 202 or 409 when `dedupe` did not call some subscribers.
+/// The body of a 500: which subscribers did not take the event, and why. Also the body of a
+/// 202 or 409 when `dedupe` did not call some subscribers. `subscribers` is the sum of
+/// `delivered` and the lengths of `failed`, `dead_lettered`, `skipped`, `already_delivered`,
+/// `in_progress`, `best_effort_failed` and `best_effort_pending`.
 #[derive(Serialize)]
 struct Report<'a> {
     channel: &'a str,

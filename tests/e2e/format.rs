@@ -206,3 +206,55 @@ fn the_dead_letter_of_a_subscriber_with_a_format_is_in_that_mode_with_knatives_a
     assert_eq!(got["mode"], "structured");
     assert_eq!(got["attributes"].get("knativeerrorcode"), None, "{got}");
 }
+
+/// A `ce-*` value sent as a quoted-string (as older senders write it, and the binding says a
+/// receiver must read) is one value to every reader in the real Envoy: `require_cloudevents`
+/// takes it, a filter on it matches, the structured delivery carries it unquoted, and the same
+/// event sent percent-encoded is the same event to dedupe.
+#[test]
+fn a_quoted_header_value_is_one_value_to_every_reader() {
+    let (filtered, structured) = (Subscriber::ok("filtered"), Subscriber::ok("structured"));
+    let config = json!({
+        "require_cloudevents": true,
+        "dedupe": {},
+        "subscribers": [
+            { "cluster": "filtered", "filters": [{ "exact": { "id": "a b\"c" } }] },
+            { "cluster": "structured", "delivery": { "format": "json" } }
+        ]
+    });
+    let envoy = Envoy::with_subscribers(&config, &[&filtered, &structured]);
+    let post = |specversion: &str, id: &str, source: &str| {
+        send(
+            Client::http1()
+                .post(&envoy.url("/"))
+                .header("content-type", "application/json")
+                .header("ce-specversion", specversion)
+                .header("ce-type", "t")
+                .header("ce-source", source)
+                .header("ce-id", id)
+                .body("{}"),
+        )
+    };
+    let quoted = post(r#""1.0""#, r#""a b\"c""#, r#""/s""#);
+    assert_eq!(quoted.status, 202, "{}", quoted.text());
+    assert_eq!(filtered.count(), 1, "the filter on id matched");
+    assert_eq!(
+        filtered.requests()[0].header("ce-id"),
+        Some(r#""a b\"c""#),
+        "a subscriber that takes the event as it came gets the header as it came"
+    );
+    let delivered: Value = serde_json::from_slice(&structured.requests()[0].body).unwrap();
+    assert_eq!(delivered["id"], "a b\"c", "{delivered}");
+    assert_eq!(delivered["source"], "/s", "{delivered}");
+    assert_eq!(delivered["specversion"], "1.0", "{delivered}");
+
+    let encoded = post("1.0", "a%20b%22c", "%2Fs");
+    assert_eq!(encoded.status, 202, "{}", encoded.text());
+    assert_eq!(
+        encoded.header("x-fanout-already-delivered").as_deref(),
+        Some("2"),
+        "the percent-encoded copy is the same event: {}",
+        encoded.text()
+    );
+    assert_eq!((filtered.count(), structured.count()), (1, 1));
+}
