@@ -203,7 +203,7 @@ fn read_date(layout: &[u8], text: &[u8]) -> Option<u64> {
 /// The days from 1970-01-01 to a date (`month` from 0) of the years 1970 to 9999; `None` for
 /// a day the month does not have.
 fn days_since_epoch(year: u64, month: u64, day: u64) -> Option<u64> {
-    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let leap = year.is_multiple_of(4) && (!year.is_multiple_of(100) || year.is_multiple_of(400));
     let month_days = match month {
         1 => 28 + u64::from(leap),
         3 | 5 | 8 | 10 => 30,
