@@ -162,6 +162,7 @@ impl<K, C> Default for CallSlots<K, C> {
 }
 
 impl<K: Clone + Eq + Hash, C> CallSlots<K, C> {
+    #[cfg(test)]
     pub fn new() -> Self {
         CallSlots::default()
     }
@@ -312,11 +313,13 @@ impl<K: Clone + Eq + Hash, C> CallSlots<K, C> {
     }
 
     /// Calls to `key` in flight (holding a slot).
+    #[cfg(test)]
     pub fn in_flight(&self, key: &K) -> u32 {
         self.lane(key).map_or(0, |lane| lane.in_flight)
     }
 
     /// Calls to `key` waiting for a slot.
+    #[cfg(test)]
     pub fn queued(&self, key: &K) -> usize {
         self.lane(key).map_or(0, |lane| lane.waiting.len())
     }

@@ -34,8 +34,6 @@ use crate::json::{number_text, Node, OnlyObject};
 
 /// `content-type` of a structured CloudEvent in the JSON event format.
 pub const STRUCTURED_JSON: &str = "application/cloudevents+json";
-/// `content-type` of a JSON batch of CloudEvents.
-pub const BATCH_JSON: &str = "application/cloudevents-batch+json";
 /// What every CloudEvents event format's media type starts with (structured mode in any format,
 /// batches): a request with such a `content-type` carries its event in the body.
 pub const EVENT_FORMAT_PREFIX: &str = "application/cloudevents";
@@ -68,10 +66,12 @@ impl Attributes {
         }
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.0.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

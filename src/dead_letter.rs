@@ -21,16 +21,13 @@
 //! object, or a structured format other than JSON, is passed on as it came, with only the
 //! `x-fanout-failed-*` headers: there is no event object to put the attributes in.
 
-use std::fmt;
-
 use base64::Engine;
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use crate::answer::sanitize;
 use crate::call::{Failure, Leg, BODY_PEEK_BYTES};
 use crate::cloudevents::{encode_attribute, media_type, STRUCTURED_JSON};
 use crate::headers::Forwarded;
-use crate::json::OnlyObject;
+use crate::json::members as members_of;
 
 /// Headers on a dead letter: which subscriber failed, how, and the start of its answer.
 pub const DEAD_LETTER_CLUSTER: &str = "x-fanout-failed-cluster";
@@ -188,46 +185,19 @@ fn error_data<'a>(cause: &Cause<'a>) -> &'a [u8] {
 /// A member of the same name already in the event stays where it is: JSON parsers keep the
 /// last of duplicate names (the CloudEvents SDKs do), so the added one is what they read.
 fn with_members(event: &[u8], members: &str) -> Option<Vec<u8>> {
-    let object: ObjectSize = serde_json::from_slice(event).ok()?;
+    // The same scan `delivery.format` reads a structured body with: one JSON reader.
+    let had_members = !members_of(event).ok()?.is_empty();
     // Valid JSON: after the object's closing brace comes only whitespace.
     let close = event.iter().rposition(|&b| b == b'}')?;
     let (before, after) = event.split_at_checked(close)?;
     let mut body = Vec::with_capacity(event.len() + members.len() + 1);
     body.extend_from_slice(before);
-    if object.0 > 0 {
+    if had_members {
         body.push(b',');
     }
     body.extend_from_slice(members.as_bytes());
     body.extend_from_slice(after);
     Some(body)
-}
-
-/// A JSON object, scanned (every member must be valid JSON) but not kept: how many members
-/// it has. Anything but an object is refused.
-struct ObjectSize(usize);
-
-impl<'de> Deserialize<'de> for ObjectSize {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(OnlyObject(ObjectSizeVisitor))
-    }
-}
-
-struct ObjectSizeVisitor;
-
-impl<'de> Visitor<'de> for ObjectSizeVisitor {
-    type Value = ObjectSize;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ObjectSize, A::Error> {
-        let mut members: usize = 0;
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
-            members = members.saturating_add(1);
-        }
-        Ok(ObjectSize(members))
-    }
 }
 
 #[cfg(test)]

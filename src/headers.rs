@@ -209,6 +209,7 @@ impl Forwarded {
     }
 
     /// Owned copies of every pair (for tests and the fuzz targets, to compare).
+    #[cfg(any(test, feature = "testing"))]
     pub fn to_pairs(&self) -> Vec<(String, Vec<u8>)> {
         self.iter()
             .map(|(name, value)| (name.to_string(), value.to_vec()))

@@ -36,6 +36,7 @@ impl Jitter {
         }
     }
 
+    #[cfg(test)]
     pub fn fraction(self) -> f64 {
         self.0
     }
@@ -58,6 +59,7 @@ impl Jitter {
 
     /// The longest wait [`Jitter::apply`] can give for `wait_ms`: for the worst-case time of a
     /// delivery.
+    #[cfg(test)]
     pub fn longest(self, wait_ms: u64, floor_ms: u64, max_ms: u64) -> u64 {
         let wait = wait_ms.min(max_ms);
         let longest = (wait as f64 * (1.0 + self.0)).ceil() as u64;

@@ -56,6 +56,7 @@ impl CallEnd {
         }
     }
 
+    #[cfg(test)]
     pub fn failed(failure: Failure) -> CallEnd {
         CallEnd {
             result: Err(failure),
@@ -378,6 +379,7 @@ impl FanOut {
     }
 
     /// Which subscriber and leg a token belongs to, if it is pending.
+    #[cfg(any(test, feature = "testing"))]
     pub fn leg_of(&self, token: u32) -> Option<(usize, Leg)> {
         self.calls
             .iter()
@@ -394,9 +396,9 @@ impl FanOut {
             .map(|call| call.leg)
     }
 
-    /// The call with `token` ended. Returns the subscriber's index, or `None` (and changes
-    /// nothing) for a token this fan-out is not waiting for, so that late and duplicate
-    /// callbacks cannot change an answer.
+    /// [`FanOut::completed_at`] for a token of any subscriber (the tests' and fuzz targets'
+    /// way in).
+    #[cfg(any(test, feature = "testing"))]
     pub fn completed(
         &mut self,
         token: u32,
@@ -408,7 +410,10 @@ impl FanOut {
         self.completed_at(index, token, end, now_ms, channel)
     }
 
-    /// [`FanOut::completed`] for a token the caller knows belongs to subscriber `index`.
+    /// The call with `token`, which the caller knows belongs to subscriber `index`, ended.
+    /// Returns the subscriber's index, or `None` (and changes nothing) for a token this
+    /// fan-out is not waiting for there, so that late and duplicate callbacks cannot change an
+    /// answer.
     pub fn completed_at(
         &mut self,
         index: usize,

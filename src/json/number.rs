@@ -3,9 +3,9 @@
 /// `v` as f64's `Display` writes it (`1.5`, `2` for `2.0`, `1000` for `1e3`, `0.0000001`,
 /// never an exponent), made from the shortest digits serde_json writes (zmij): `Display`
 /// itself would keep core's float formatting in the module for this one use
-/// (bench/README.md, "Size"). One difference: a value exactly halfway between two shortest texts (16 or
-/// 17 digits) ends in the even digit (`1055564202423516.2`), where `Display` rounds up
-/// (`…516.3`); both read back as the same f64.
+/// (bench/README.md, "Size"). One difference: a value exactly halfway between two shortest
+/// texts (16 or 17 digits) ends in the even digit (`1055564202423516.2`), where `Display`
+/// rounds up (`…516.3`); both read back as the same f64.
 pub fn number_text(v: f64) -> String {
     let Some(number) = serde_json::Number::from_f64(v) else {
         // Not from JSON (it has no NaN or infinity): Display's words for them.
