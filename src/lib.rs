@@ -11,13 +11,14 @@
 //! request's walk through it; README.md is the user contract.
 
 // Values: an answer, one call, an event's attributes and its content modes, header rules,
-// JSON, channel routing.
+// JSON, channel routing, protobuf's wire format.
 pub mod answer;
 pub mod call;
 pub mod cloudevents;
 pub mod format;
 pub mod headers;
 pub mod json;
+pub mod protowire;
 pub mod routing;
 // Policies over them: retries and their jitter, replies, dead letters, subscription filters,
 // the per-cluster caps on calls in flight.

@@ -3,7 +3,7 @@
 //! requests over its gRPC API (`tests/fixtures/etcd/`, recorded by `record_etcd_fixtures`
 //! below).
 
-use prost::Message;
+use crate::dedupe::etcd::proto::Message;
 
 use super::*;
 use crate::config::Config;

@@ -33,7 +33,7 @@
 //! cost etcd about three times the CPU per event, and the event its latency
 //! (docs/performance.md, "Dedupe stores").
 
-use prost::Message;
+use proto::Message;
 
 use super::Seen;
 use proto::{
