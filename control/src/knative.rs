@@ -2,15 +2,20 @@
 //! mapping, with each problem charged to the channel it concerns. The same mapping as
 //! `envoy/knative-import.py` for what both carry over: Channels and InMemoryChannels matched
 //! by the hosts of their addresses, their `spec.subscribers` and the Subscriptions of the
-//! input, deliveries (retries, backoff, timeout, dead letter, format) and replies.
+//! input, deliveries (retries, backoff, timeout, dead letter, format), replies, and with
+//! OIDC (the server's `--oidc-issuer`) the EventPolicies: who may send ([`policy`]).
 //!
 //! Unlike the import, a problem does not stop the rest: it is reported for its channel (the
 //! server keeps serving that channel's last good version) and every other channel is served.
-//! An EventPolicy is a problem for each channel of its namespace: the control plane does not
-//! serve the sender checks yet, and serving the channel without them would let every sender
-//! send.
+//! What the import reports as a warning is a warning here too: the channel is served. Without
+//! OIDC, an EventPolicy is a problem for each channel of its namespace: serving the channel
+//! without its sender checks would let every sender send.
 
-use crate::model::{ChannelMapping, ChannelSpec, ClusterSpec, Problem, Snapshot, SubscriberSpec};
+mod policy;
+
+use crate::model::{
+    ChannelMapping, ChannelSpec, ClusterSpec, MapOptions, Problem, Snapshot, SubscriberSpec,
+};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -88,11 +93,13 @@ pub fn objects_of(document: Value, out: &mut Vec<Value>) {
     }
 }
 
-/// The problems charged so far, by channel (`None`: of no channel).
+/// The problems and warnings charged so far, by channel (`other`: of no channel).
 #[derive(Default)]
 struct Report {
     by_channel: BTreeMap<String, Vec<Problem>>,
     other: Vec<Problem>,
+    warnings: BTreeMap<String, Vec<Problem>>,
+    other_warnings: Vec<Problem>,
 }
 
 impl Report {
@@ -102,10 +109,21 @@ impl Report {
             list.push(problem);
         }
     }
+
+    /// A warning: what is served differs from what Knative does; the channel is served.
+    fn warn(&mut self, channel: Option<&str>, warning: Problem) {
+        let list = match channel {
+            Some(channel) => self.warnings.entry(channel.to_owned()).or_default(),
+            None => &mut self.other_warnings,
+        };
+        if !list.contains(&warning) {
+            list.push(warning);
+        }
+    }
 }
 
 /// Map Knative objects to the channels fanout serves.
-pub fn map(documents: Vec<Value>) -> Snapshot {
+pub fn map(options: &MapOptions, documents: Vec<Value>) -> Snapshot {
     let mut report = Report::default();
     let (channels, subscriptions, policies) = sort_objects(documents, &mut report);
     let groups = group_channels(channels);
@@ -113,7 +131,7 @@ pub fn map(documents: Vec<Value>) -> Snapshot {
     let mut seen_uids: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for group in &groups {
         let mut spec = ChannelSpec {
-            hosts: channel_hosts(group, &mut report),
+            hosts: channel_hosts(group, options, &mut report),
             ..ChannelSpec::default()
         };
         let uids = seen_uids.entry(group.name.clone()).or_default();
@@ -124,7 +142,39 @@ pub fn map(documents: Vec<Value>) -> Snapshot {
         attach_subscription(sub, &groups, &mut specs, &seen_uids, &mut report);
     }
     check_hosts(&specs, &mut report);
-    for policy in &policies {
+    match options.senders {
+        Some(mode) => {
+            for (name, senders) in policy::senders(&groups, &policies, mode, &mut report) {
+                if let Some(spec) = specs.get_mut(&name) {
+                    spec.senders = Some(senders);
+                }
+            }
+        }
+        None => unchecked_policies(&groups, &policies, &mut report),
+    }
+    let channels = specs
+        .into_iter()
+        .map(|(name, spec)| {
+            let problems = report.by_channel.remove(&name).unwrap_or_default();
+            let warnings = report.warnings.remove(&name).unwrap_or_default();
+            let mapping = ChannelMapping {
+                spec,
+                problems,
+                warnings,
+            };
+            (name, mapping)
+        })
+        .collect();
+    Snapshot {
+        channels,
+        problems: report.other,
+        warnings: report.other_warnings,
+    }
+}
+
+/// Without OIDC, an EventPolicy is a problem for every channel of its namespace.
+fn unchecked_policies(groups: &[Group], policies: &[KObject], report: &mut Report) {
+    for policy in policies {
         for group in groups
             .iter()
             .filter(|g| g.primary.namespace == policy.namespace)
@@ -134,23 +184,12 @@ pub fn map(documents: Vec<Value>) -> Snapshot {
                 Problem::new(
                     &policy.label,
                     "kind",
-                    "EventPolicy: the control plane does not serve sender checks yet; the \
-                     channels of its namespace stay as they were (use envoy/knative-import.py \
-                     --oidc-issuer with the file-watched configuration for them)",
+                    "EventPolicy: who may send is enforced only with --oidc-issuer; without \
+                     it every sender could send, so the channels of its namespace stay as they \
+                     were",
                 ),
             );
         }
-    }
-    let channels = specs
-        .into_iter()
-        .map(|(name, spec)| {
-            let problems = report.by_channel.remove(&name).unwrap_or_default();
-            (name, ChannelMapping { spec, problems })
-        })
-        .collect();
-    Snapshot {
-        channels,
-        problems: report.other,
     }
 }
 
@@ -250,8 +289,9 @@ fn group_channels(channels: Vec<KObject>) -> Vec<Group> {
     groups
 }
 
-fn channel_hosts(group: &Group, report: &mut Report) -> Vec<String> {
-    let mut hosts = Vec::new();
+fn channel_hosts(group: &Group, options: &MapOptions, report: &mut Report) -> Vec<String> {
+    // Each host with whether a sender reaches it over plain http too.
+    let mut hosts: Vec<(String, bool)> = Vec::new();
     for member in &group.members {
         let mut urls: Vec<String> = text(&member.doc, &["status", "address", "url"])
             .into_iter()
@@ -260,31 +300,70 @@ fn channel_hosts(group: &Group, report: &mut Report) -> Vec<String> {
             urls.extend(addresses.iter().filter_map(|a| text(a, &["url"])));
         }
         for url in urls {
-            if let Some(host) = url_host(&url) {
-                if !hosts.contains(&host) {
-                    hosts.push(host);
-                }
+            let Some(host) = url_host(&url) else { continue };
+            let plain = !url.to_ascii_lowercase().starts_with("https://");
+            match hosts.iter_mut().find(|(h, _)| *h == host) {
+                Some((_, p)) => *p |= plain,
+                None => hosts.push((host, plain)),
             }
         }
-    }
-    if hosts.is_empty() {
-        if let Some(imc) = group.members.iter().find(|m| m.kind == "InMemoryChannel") {
-            hosts.push(format!(
-                "{}-kn-channel.{}.svc.cluster.local",
-                imc.name, imc.namespace
-            ));
-        } else {
-            report.channel(
-                &group.name,
-                Problem::new(
-                    &group.primary.label,
-                    "status.address.url",
-                    "missing: fanout could not tell which requests are for this channel",
-                ),
+        let audience = text(&member.doc, &["status", "address", "audience"]);
+        if let Some(audience) = audience.filter(|_| options.senders.is_none()) {
+            let message = format!(
+                "senders' OIDC tokens (audience {audience:?}) are not checked: run the server \
+                 with --oidc-issuer to enforce who may send"
             );
+            let warning = Problem::new(&member.label, "status.address.audience", message);
+            report.warn(Some(&group.name), warning);
         }
     }
-    hosts
+    for (host, _) in hosts.iter().filter(|(_, plain)| !plain) {
+        let message = format!(
+            "senders reach this channel over https ({host}); the bootstrap's listener is \
+             plain HTTP: terminate TLS in front of it"
+        );
+        let warning = Problem::new(&group.primary.label, "status.address.url", message);
+        report.warn(Some(&group.name), warning);
+    }
+    if !hosts.is_empty() {
+        return hosts.into_iter().map(|(h, _)| h).collect();
+    }
+    if let Some(imc) = in_memory_name(group) {
+        let host = format!(
+            "{imc}-kn-channel.{}.svc.cluster.local",
+            group.primary.namespace
+        );
+        let message = format!("missing: matched by the InMemoryChannel's conventional host {host}");
+        let warning = Problem::new(&group.primary.label, "status.address.url", message);
+        report.warn(Some(&group.name), warning);
+        return vec![host];
+    }
+    report.channel(
+        &group.name,
+        Problem::new(
+            &group.primary.label,
+            "status.address.url",
+            "missing, and the channel is not an InMemoryChannel whose conventional host could \
+             stand in: fanout could not tell which requests are for it",
+        ),
+    );
+    Vec::new()
+}
+
+/// The name of the InMemoryChannel behind `group`, if it is one: a member, or what a
+/// Channel's status (or template) says backs it.
+fn in_memory_name(group: &Group) -> Option<String> {
+    if let Some(imc) = group.members.iter().find(|m| m.kind == "InMemoryChannel") {
+        return Some(imc.name.clone());
+    }
+    let primary = &group.primary;
+    let backing = primary
+        .at(&["status", "channel"])
+        .or_else(|| primary.at(&["spec", "channelTemplate"]));
+    let kind = backing.and_then(|b| text(b, &["kind"]));
+    (primary.kind == "Channel" && kind.as_deref().is_none_or(|k| k == "InMemoryChannel")).then(
+        || text(&primary.doc, &["status", "channel", "name"]).unwrap_or(primary.name.clone()),
+    )
 }
 
 fn check_hosts(specs: &BTreeMap<String, ChannelSpec>, report: &mut Report) {
@@ -813,6 +892,10 @@ pub fn duration_ms(value: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn map(documents: Vec<Value>) -> Snapshot {
+        super::map(&MapOptions::default(), documents)
+    }
 
     fn channel(name: &str, subscribers: Value) -> Value {
         json!({

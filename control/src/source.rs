@@ -4,7 +4,7 @@
 //! live Kubernetes source is another implementation of [`Source`].
 
 use crate::knative;
-use crate::model::{Problem, Snapshot};
+use crate::model::{MapOptions, Problem, Snapshot};
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -26,10 +26,10 @@ pub trait Source: Send + 'static {
 }
 
 /// Parse `--source`: `dir:PATH`.
-pub fn from_arg(arg: &str) -> Result<Box<dyn Source>, String> {
+pub fn from_arg(arg: &str, options: MapOptions) -> Result<Box<dyn Source>, String> {
     match arg.split_once(':') {
         Some(("dir", path)) if !path.is_empty() => {
-            Ok(Box::new(DirSource::new(PathBuf::from(path))))
+            Ok(Box::new(DirSource::new(PathBuf::from(path), options)))
         }
         _ => Err(format!("--source {arg:?}: expected dir:PATH")),
     }
@@ -44,14 +44,16 @@ pub struct DirSource {
     dir: PathBuf,
     interval: Duration,
     files: BTreeMap<String, (Vec<u8>, Vec<Value>)>,
+    options: MapOptions,
 }
 
 impl DirSource {
-    pub fn new(dir: PathBuf) -> DirSource {
+    pub fn new(dir: PathBuf, options: MapOptions) -> DirSource {
         DirSource {
             dir,
             interval: Duration::from_millis(100),
             files: BTreeMap::new(),
+            options,
         }
     }
 
@@ -110,7 +112,7 @@ impl DirSource {
             .values()
             .flat_map(|(_, objects)| objects.iter().cloned())
             .collect();
-        let mut snapshot = knative::map(objects);
+        let mut snapshot = knative::map(&self.options, objects);
         snapshot.problems.extend(problems);
         Some(snapshot)
     }
@@ -187,7 +189,7 @@ mod tests {
                        spec: {subscribers: [{subscriberUri: 'http://x.example/'}]}\n";
         std::fs::write(dir.join("a.yaml"), channel).unwrap();
         std::fs::write(dir.join(".hidden.yaml"), "{").unwrap();
-        let mut source = DirSource::new(dir.clone());
+        let mut source = DirSource::new(dir.clone(), crate::model::MapOptions::default());
         let first = source.poll().unwrap();
         assert_eq!(first.channels.len(), 1);
         assert!(first.problems.is_empty(), "{:?}", first.problems);

@@ -455,6 +455,93 @@ fn a_version_envoy_refuses_is_reported_with_its_text_and_not_resent() {
     assert_eq!(reply.status, 202);
 }
 
+/// With `--oidc-issuer`, an EventPolicy decides who may send to its channel: a token for the
+/// channel's audience whose subject the policy allows is delivered; another subject, or a
+/// token for another audience, gets 403; no token 401. Removing the policy opens the channel under Knative's default mode,
+/// allow-same-namespace: a sender of the channel's namespace is delivered, one of another
+/// namespace still gets 403.
+#[test]
+fn event_policies_decide_who_may_send_and_removing_one_opens_the_channel() {
+    use crate::knative_senders::{mint, ISSUER};
+    const SA: &str = "system:serviceaccount";
+    let audience = "messaging.knative.dev/inmemorychannel/default/orders";
+    let dir = TempDir::new("fanout-control-src", "the source directory");
+    let keys = TempDir::new("fanout-control-keys", "the JWKS and tokens");
+    let tokens = mint(
+        keys.path(),
+        &[
+            ("allowed", format!("{SA}:default:producer"), audience.into()),
+            ("neighbour", format!("{SA}:default:other"), audience.into()),
+            ("stranger", format!("{SA}:elsewhere:other"), audience.into()),
+            (
+                "wrong_audience",
+                format!("{SA}:default:producer"),
+                "messaging.knative.dev/inmemorychannel/default/audit".into(),
+            ),
+        ],
+    );
+    let a = Subscriber::ok("a");
+    write(
+        dir.path(),
+        "orders.yaml",
+        &format!(
+            "apiVersion: messaging.knative.dev/v1\nkind: InMemoryChannel\n\
+             metadata: {{name: orders, namespace: default}}\n\
+             spec:\n  subscribers:\n    - {{subscriberUri: '{}'}}\n\
+             status:\n  address: {{url: 'http://orders.example', audience: '{audience}'}}\n",
+            uri(&a, "/")
+        ),
+    );
+    write(
+        dir.path(),
+        "policy.yaml",
+        "apiVersion: eventing.knative.dev/v1alpha1\nkind: EventPolicy\n\
+         metadata: {name: orders-producer, namespace: default}\n\
+         spec:\n  to:\n    - ref: {apiVersion: messaging.knative.dev/v1, kind: InMemoryChannel, name: orders}\n\
+         \x20 from:\n    - sub: system:serviceaccount:default:producer\n",
+    );
+    let jwks = keys.path().join("jwks.json");
+    let jwks = jwks.to_str().unwrap();
+    let control = Control::start_with(
+        dir.path(),
+        free_ports(1)[0],
+        &["--oidc-issuer", ISSUER, "--jwks", jwks],
+    );
+    let envoy = xds_envoy("e1", control.xds_port).start();
+    let client = Client::http1_resolving("orders.example", envoy.addr());
+    let url = format!("http://orders.example:{}/", envoy.port());
+    let post = |token: Option<&str>| {
+        let mut request = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body("{}");
+        if let Some(name) = token {
+            request = request.header("authorization", format!("Bearer {}", tokens[name]));
+        }
+        crate::harness::send(request).status
+    };
+    assert_eq!(post(Some("allowed")), 202);
+    assert_eq!(post(Some("neighbour")), 403, "the policy does not allow it");
+    assert_eq!(post(Some("wrong_audience")), 403, "a token for another channel");
+    assert_eq!(post(None), 401, "no token");
+    assert_eq!(a.wait_for(1, WAIT), 1);
+    let state = control.state();
+    assert_eq!(
+        channel_state(&state, "default/orders")["senders"]["allowed"]["subjects"],
+        serde_json::json!(["system:serviceaccount:default:producer"]),
+        "{state:#}"
+    );
+
+    // The policy removed: the default mode, allow-same-namespace. The sender tries again
+    // the moment it has its answer, as a client with a refused event does.
+    fs::remove_file(dir.path().join("policy.yaml")).unwrap();
+    wait_until("the neighbour delivered", || post(Some("neighbour")) == 202);
+    assert_eq!(post(Some("stranger")), 403, "another namespace's sender");
+    assert_eq!(post(Some("allowed")), 202);
+    assert_eq!(a.wait_for(3, WAIT), 3);
+    a.stays_at(3, Duration::from_millis(300));
+}
+
 #[test]
 fn an_envoy_started_before_the_server_refuses_connections_until_it_has_everything() {
     let dir = TempDir::new("fanout-control-src", "the source directory");
