@@ -542,6 +542,109 @@ fn event_policies_decide_who_may_send_and_removing_one_opens_the_channel() {
     a.stays_at(3, Duration::from_millis(300));
 }
 
+/// `make run-control` as a user runs it (the script it runs, `examples/control-demo.sh`, with
+/// this run's ports): the demo sends an event, adds a subscriber by rewriting the channel's
+/// file and sends another; then this test, as the user the demo invites to, edits the same
+/// file to add a third subscriber and sends events until that one gets one. SIGTERM to the
+/// demo's process group (Ctrl-C) stops everything it started.
+#[test]
+fn run_control_demo_adds_a_subscriber_when_its_file_is_edited() {
+    use crate::harness::{envoy_bin, manifest_dir, wasm_path};
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    let ports = free_ports(6);
+    let logs = TempDir::new("fanout-control-demo", "the demo's output");
+    let out = logs.path().join("demo.out");
+    let mut child = Command::new("bash")
+        .arg(manifest_dir().join("examples/control-demo.sh"))
+        .current_dir(manifest_dir())
+        .env("ENVOY_BIN", envoy_bin())
+        .env("FANOUT_WASM", wasm_path())
+        .env("FANOUT_CONTROL_BIN", crate::harness::control::control_bin())
+        .env("FANOUT_DEMO_PORT", ports[0].to_string())
+        .env("FANOUT_DEMO_ADMIN_PORT", ports[1].to_string())
+        .env("FANOUT_CONTROL_XDS_PORT", ports[2].to_string())
+        .env("FANOUT_CONTROL_HTTP_PORT", ports[3].to_string())
+        .env("FANOUT_DEMO_BILLING_PORT", ports[4].to_string())
+        .env("FANOUT_DEMO_SHIPPING_PORT", ports[5].to_string())
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(&out).unwrap())
+        .stderr(fs::File::create(logs.path().join("demo.err")).unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pgid = child.id() as libc::pid_t;
+    let stop = |child: &mut std::process::Child| {
+        // SAFETY: signalling the process group this test created.
+        unsafe {
+            libc::kill(-pgid, libc::SIGTERM);
+        }
+        child.wait().unwrap()
+    };
+    let read = || {
+        let text = fs::read_to_string(&out).unwrap_or_default();
+        let err = fs::read_to_string(logs.path().join("demo.err")).unwrap_or_default();
+        (text, err)
+    };
+    // The demo bounds its own waits; this bounds the whole start (it may build the
+    // subscriber).
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !read().0.contains("Ctrl-C stops everything") {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the demo stopped ({status}): {:?}", read());
+        }
+        if Instant::now() > deadline {
+            stop(&mut child);
+            panic!("the demo did not come up in 300 s: {:?}", read());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (text, _) = read();
+    assert!(text.contains("event 1 -> 202"), "{text}");
+    assert!(text.contains("event 2 -> 202"), "{text}");
+    let channels = text
+        .lines()
+        .find_map(|l| l.strip_prefix("fanout-control serves "))
+        .and_then(|l| l.split(';').next())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| panic!("which directory: {text}"));
+
+    // The user's edit: a third subscriber, the file written whole and renamed over.
+    let third = Subscriber::ok("third");
+    let file = fs::read_to_string(channels.join("orders.yaml")).unwrap();
+    let entry = format!("    - subscriberUri: {}\nstatus:", uri(&third, "/third"));
+    assert!(file.contains("\nstatus:"), "{file}");
+    write(&channels, "orders.yaml", &file.replacen("status:", &entry, 1));
+    let envoy: std::net::SocketAddr = format!("127.0.0.1:{}", ports[0]).parse().unwrap();
+    let host = "orders-kn-channel.demo.svc.cluster.local";
+    let client = Client::http1_resolving(host, envoy);
+    let url = format!("http://{host}:{}/", ports[0]);
+    wait_until("an event reaches the added subscriber", || {
+        let reply = crate::harness::send(
+            client
+                .post(&url)
+                .header("content-type", "application/json")
+                .header("ce-specversion", "1.0")
+                .header("ce-id", "user-1")
+                .header("ce-source", "/e2e")
+                .header("ce-type", "e2e.order")
+                .body("{}"),
+        );
+        assert_eq!(reply.status, 202, "{}", reply.text());
+        third.count() >= 1
+    });
+    assert_eq!(third.requests()[0].path, "/third");
+
+    // Ctrl-C: everything the demo started stops.
+    let status = stop(&mut child);
+    assert!(!status.success(), "stopped by the signal: {status}");
+    for port in [ports[0], ports[3], ports[4], ports[5]] {
+        wait_until(&format!("port {port} closed"), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+        });
+    }
+}
+
 #[test]
 fn an_envoy_started_before_the_server_refuses_connections_until_it_has_everything() {
     let dir = TempDir::new("fanout-control-src", "the source directory");
