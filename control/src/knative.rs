@@ -12,6 +12,7 @@
 //! without its sender checks would let every sender send.
 
 mod policy;
+mod warnings;
 
 use crate::model::{
     ChannelMapping, ChannelSpec, ClusterSpec, MapOptions, Problem, Snapshot, SubscriberSpec,
@@ -100,6 +101,17 @@ struct Report {
     other: Vec<Problem>,
     warnings: BTreeMap<String, Vec<Problem>>,
     other_warnings: Vec<Problem>,
+    /// By https cluster: the targets that name CA certificates (with them) and the first
+    /// that names none, as (channel, object, field).
+    tls: BTreeMap<String, TlsUse>,
+}
+
+type Place = (String, String, String);
+
+#[derive(Default)]
+struct TlsUse {
+    with_ca: Vec<(Place, String)>,
+    without_ca: Option<Place>,
 }
 
 impl Report {
@@ -142,6 +154,7 @@ pub fn map(options: &MapOptions, documents: Vec<Value>) -> Snapshot {
         attach_subscription(sub, &groups, &mut specs, &seen_uids, &mut report);
     }
     check_hosts(&specs, &mut report);
+    check_tls(&mut report);
     match options.senders {
         Some(mode) => {
             for (name, senders) in policy::senders(&groups, &policies, mode, &mut report) {
@@ -215,6 +228,14 @@ fn sort_objects(documents: Vec<Value>, report: &mut Report) -> Sorted {
                         obj.kind, obj.group
                     ),
                 ));
+            } else {
+                let group = if obj.group.is_empty() {
+                    "core"
+                } else {
+                    &obj.group
+                };
+                let message = format!("{} ({group}) is not served; ignored", obj.kind);
+                report.warn(None, Problem::new(&obj.label, "kind", message));
             }
             continue;
         }
@@ -225,6 +246,8 @@ fn sort_objects(documents: Vec<Value>, report: &mut Report) -> Sorted {
             continue;
         }
         if !seen.insert((obj.kind.clone(), obj.namespace.clone(), obj.name.clone())) {
+            let message = "listed twice in the source; the first is used";
+            report.warn(None, Problem::new(&obj.label, "metadata", message));
             continue;
         }
         match obj.kind.as_str() {
@@ -361,9 +384,39 @@ fn in_memory_name(group: &Group) -> Option<String> {
         .at(&["status", "channel"])
         .or_else(|| primary.at(&["spec", "channelTemplate"]));
     let kind = backing.and_then(|b| text(b, &["kind"]));
-    (primary.kind == "Channel" && kind.as_deref().is_none_or(|k| k == "InMemoryChannel")).then(
-        || text(&primary.doc, &["status", "channel", "name"]).unwrap_or(primary.name.clone()),
-    )
+    (primary.kind == "Channel" && kind.as_deref().is_none_or(|k| k == "InMemoryChannel"))
+        .then(|| text(&primary.doc, &["status", "channel", "name"]).unwrap_or(primary.name.clone()))
+}
+
+/// The https clusters whose URIs disagree on the CA certificates: the cluster trusts the
+/// ones named, all of them.
+fn check_tls(report: &mut Report) {
+    let mut found = Vec::new();
+    for (cluster, uses) in &report.tls {
+        let Some(((channel, object, field), _)) = uses.with_ca.first() else {
+            continue;
+        };
+        if let Some((without_channel, without_object, without_field)) = &uses.without_ca {
+            let message = format!(
+                "names no CA certificates, but {object} {field} does, for the same cluster \
+                 {cluster}: the cluster trusts only the named ones"
+            );
+            let warning = Problem::new(without_object, without_field, message);
+            found.push((without_channel.clone(), warning));
+        }
+        let sets: BTreeSet<&String> = uses.with_ca.iter().map(|(_, ca)| ca).collect();
+        if sets.len() > 1 {
+            let message = format!(
+                "the URIs of cluster {cluster} name {} different sets of CA certificates: the \
+                 cluster trusts all of them",
+                sets.len()
+            );
+            found.push((channel.clone(), Problem::new(object, field, message)));
+        }
+    }
+    for (channel, warning) in found {
+        report.warn(Some(&channel), warning);
+    }
 }
 
 fn check_hosts(specs: &BTreeMap<String, ChannelSpec>, report: &mut Report) {
@@ -425,6 +478,7 @@ fn channel_subscribers(
                 channel: &group.name,
                 object: &member.label,
             };
+            warnings::subscriber_entry(report, &source, &at, entry);
             let ca = text(entry, &["subscriberCACerts"]);
             let uri_field = format!("{at}.subscriberUri");
             if let Some(sub) = subscriber(
@@ -481,6 +535,7 @@ fn attach_subscription(
         channel: &group.name,
         object: &sub.label,
     };
+    warnings::subscription(report, &source, &sub.doc);
     let Some((uri, uri_field)) = resolved("subscriber") else {
         let message = "not resolved to a URI: neither status.physicalSubscription.subscriberUri \
                        nor an absolute spec.subscriber.uri";
@@ -610,8 +665,23 @@ fn target(
             port: parsed.port,
             ca_certs: Vec::new(),
         });
-    if let Some(ca) = ca.map(|c| c.trim().to_owned()).filter(|c| !c.is_empty()) {
-        if parsed.tls && !cluster.ca_certs.contains(&ca) {
+    let ca = ca.map(|c| c.trim().to_owned()).filter(|c| !c.is_empty());
+    if parsed.tls {
+        let place = (
+            source.channel.to_owned(),
+            source.object.to_owned(),
+            field.to_owned(),
+        );
+        let uses = report.tls.entry(name.clone()).or_default();
+        match &ca {
+            Some(ca) => uses.with_ca.push((place, ca.clone())),
+            None => {
+                uses.without_ca.get_or_insert(place);
+            }
+        }
+    }
+    if let Some(ca) = ca.filter(|_| parsed.tls) {
+        if !cluster.ca_certs.contains(&ca) {
             cluster.ca_certs.push(ca);
         }
     }
@@ -732,8 +802,13 @@ fn map_delivery(
             checked.delay,
             checked.retry_after_max,
         );
-        retries(&mut out, checked.retry, policy, delay, cap);
+        let longest = retries(&mut out, checked.retry, policy, delay, cap);
+        let given = (policy.is_some(), delay.is_some(), cap);
+        warnings::backoff(report, source, at, given, longest);
     }
+    let field = format!("{at}.deadLetterSink.audience");
+    let audience = text(delivery, &["deadLetterSink", "audience"]);
+    warnings::audience(report, source, &field, audience);
     if let Some(uri) = text(delivery, &["deadLetterSink", "uri"]) {
         let field = format!("{at}.deadLetterSink.uri");
         let ca = text(delivery, &["deadLetterSink", "CACerts"]);
@@ -822,14 +897,15 @@ fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, Str
 }
 
 /// Knative waits delay * 2^(n-1) (exponential) or delay * (n-1) (linear) before retry n;
-/// fanout waits delay * 2^n or delay * n: exponential maps with half the delay.
+/// fanout waits delay * 2^n or delay * n: exponential maps with half the delay. Returns the
+/// longest backoff (ms).
 fn retries(
     out: &mut Map<String, Value>,
     retry: u64,
     policy: Option<&str>,
     delay: Option<u32>,
     cap: Option<u32>,
-) {
+) -> u32 {
     out.insert("retry".into(), json!(retry));
     let (delay, longest) = match (policy, delay) {
         (Some("exponential"), Some(d)) => {
@@ -848,6 +924,7 @@ fn retries(
         "backoff_max_ms".into(),
         json!(cap.filter(|c| *c >= longest).unwrap_or(longest)),
     );
+    longest
 }
 
 /// An ISO-8601 duration (`PT0.2S`, `PT1M`, `PT1H30M`, `P1D`) in whole milliseconds.
@@ -1008,6 +1085,69 @@ mod tests {
         assert_eq!(
             snapshot.channels["default/orders"].spec.subscribers.len(),
             1
+        );
+    }
+
+    /// The import's warnings, one per kind: each names its object and field, and the
+    /// channel is served (warnings are not problems).
+    #[test]
+    fn what_is_served_unlike_knative_is_a_warning_and_the_channel_is_served() {
+        let mut orders = channel(
+            "orders",
+            json!([
+                { "subscriberUri": "http://a.example/", "subscriberAudience": "a-aud",
+                  "auth": { "serviceAccountName": "orders-oidc" },
+                  "delivery": { "retry": 2, "backoffPolicy": "exponential", "retryAfterMax": "PT0S" } },
+                { "subscriberUri": "http://b.example/",
+                  "delivery": { "retry": 3, "backoffPolicy": "linear", "backoffDelay": "PT1S",
+                                "retryAfterMax": "PT2S" } },
+                { "subscriberUri": "https://c.example/", "subscriberCACerts": "CA-1" },
+                { "subscriberUri": "https://c.example/x", "subscriberCACerts": "CA-2" },
+                { "subscriberUri": "https://c.example/y" }
+            ]),
+        );
+        orders["status"]["address"] = json!({ "url": "https://orders.example", "audience": "o" });
+        let mut bare = channel("bare", json!([{ "subscriberUri": "http://d.example/" }]));
+        bare["status"] = json!({});
+        let broker = json!({ "apiVersion": "eventing.knative.dev/v1", "kind": "Broker",
+                             "metadata": { "name": "b", "namespace": "default" } });
+        let snapshot = map(vec![orders.clone(), orders, bare, broker]);
+        let fields = |channel: &str| -> Vec<String> {
+            let mapping = &snapshot.channels[channel];
+            assert!(mapping.problems.is_empty(), "{:?}", mapping.problems);
+            mapping.warnings.iter().map(|w| w.field.clone()).collect()
+        };
+        let orders = fields("default/orders");
+        for field in [
+            "status.address.audience",
+            "status.address.url",
+            "spec.subscribers[0].subscriberAudience",
+            "spec.subscribers[0].auth",
+            "spec.subscribers[0].delivery.backoffPolicy",
+            "spec.subscribers[0].delivery.retryAfterMax",
+            "spec.subscribers[1].delivery.retryAfterMax",
+            "spec.subscribers[2].subscriberUri",
+            "spec.subscribers[4].subscriberUri",
+        ] {
+            assert!(orders.contains(&field.to_owned()), "{field}: {orders:?}");
+        }
+        assert_eq!(orders.len(), 9, "{orders:?}");
+        assert_eq!(fields("default/bare"), vec!["status.address.url"]);
+        assert_eq!(
+            snapshot.channels["default/bare"].spec.hosts,
+            vec!["bare-kn-channel.default.svc.cluster.local"]
+        );
+        let other: Vec<_> = snapshot
+            .warnings
+            .iter()
+            .map(|w| (w.object.as_str(), w.field.as_str()))
+            .collect();
+        assert_eq!(
+            other,
+            vec![
+                ("InMemoryChannel default/orders", "metadata"),
+                ("Broker default/b", "kind")
+            ]
         );
     }
 

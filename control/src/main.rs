@@ -13,8 +13,8 @@ mod state;
 mod xds;
 
 use clap::Parser;
-use model::{AuthorizationMode, MapOptions};
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
+use model::{AuthorizationMode, MapOptions};
 use render::{RenderOptions, Resolve, Served};
 use source::Source;
 use state::Ledger;

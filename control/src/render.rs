@@ -142,30 +142,7 @@ pub struct Served {
 /// Decide what to serve from `snapshot`, falling back for a channel with problems to its
 /// version in `previous`.
 pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOptions) -> Served {
-    let mut channels = BTreeMap::new();
-    for (name, mapping) in &snapshot.channels {
-        let last = previous
-            .and_then(|p| p.channels.get(name))
-            .filter(|c| c.serving != Serving::NotServed);
-        let (serving, spec) = match (mapping.problems.is_empty(), last) {
-            (true, _) => (Serving::Current, mapping.spec.clone()),
-            (false, Some(last)) => (Serving::LastGood, last.spec.clone()),
-            (false, None) => (Serving::NotServed, ChannelSpec::default()),
-        };
-        let described = json!([channel_json(name, &spec), spec.senders]);
-        let digest = digest(&described.to_string());
-        let problems = mapping.problems.clone();
-        channels.insert(
-            name.clone(),
-            ServedChannel {
-                serving,
-                spec,
-                digest,
-                problems,
-                warnings: mapping.warnings.clone(),
-            },
-        );
-    }
+    let channels = decide(snapshot, previous);
     let served: Vec<_> = channels
         .iter()
         .filter(|(_, c)| c.serving != Serving::NotServed)
@@ -211,6 +188,35 @@ pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOpt
         clusters,
         cds_version,
     }
+}
+
+/// Each channel as it is now, its last good version in `previous`, or not at all.
+fn decide(snapshot: &Snapshot, previous: Option<&Served>) -> BTreeMap<String, ServedChannel> {
+    let mut channels = BTreeMap::new();
+    for (name, mapping) in &snapshot.channels {
+        let last = previous
+            .and_then(|p| p.channels.get(name))
+            .filter(|c| c.serving != Serving::NotServed);
+        let (serving, spec) = match (mapping.problems.is_empty(), last) {
+            (true, _) => (Serving::Current, mapping.spec.clone()),
+            (false, Some(last)) => (Serving::LastGood, last.spec.clone()),
+            (false, None) => (Serving::NotServed, ChannelSpec::default()),
+        };
+        let described = json!([channel_json(name, &spec), spec.senders]);
+        let digest = digest(&described.to_string());
+        let problems = mapping.problems.clone();
+        channels.insert(
+            name.clone(),
+            ServedChannel {
+                serving,
+                spec,
+                digest,
+                problems,
+                warnings: mapping.warnings.clone(),
+            },
+        );
+    }
+    channels
 }
 
 /// A cluster named by several channels trusts the CA certificates any of them names.
@@ -421,19 +427,19 @@ mod tests {
     #[test]
     fn a_bad_channel_keeps_its_last_good_version_and_the_rest_moves() {
         let first = serve(
-            &knative::map(&MapOptions::default(), vec![
-                imc("a", "http://x.example/"),
-                imc("b", "http://y.example/"),
-            ]),
+            &knative::map(
+                &MapOptions::default(),
+                vec![imc("a", "http://x.example/"), imc("b", "http://y.example/")],
+            ),
             None,
             &options(),
         );
         assert_eq!(first.clusters.len(), 2);
         let second = serve(
-            &knative::map(&MapOptions::default(), vec![
-                imc("a", "ftp://x.example/"),
-                imc("b", "http://z.example/"),
-            ]),
+            &knative::map(
+                &MapOptions::default(),
+                vec![imc("a", "ftp://x.example/"), imc("b", "http://z.example/")],
+            ),
             Some(&first),
             &options(),
         );
@@ -462,10 +468,80 @@ mod tests {
     }
 
     #[test]
+    fn resolve_points_a_cluster_elsewhere_and_keeps_its_tls_name() {
+        let parse = |s: &str| s.parse::<Resolve>();
+        assert_eq!(
+            parse("x.example:443=127.0.0.1:8443").unwrap(),
+            Resolve {
+                spec: "x.example:443=127.0.0.1:8443".into(),
+                host: "x.example".into(),
+                port: Some(443),
+                address: "127.0.0.1".into(),
+                address_port: 8443,
+            }
+        );
+        assert_eq!(parse("[::1]=[::1]:9").unwrap().host, "::1");
+        assert_eq!(parse("X.example=h:9").unwrap().port, None);
+        assert!(parse("x.example").is_err());
+        assert!(parse("x.example=127.0.0.1").is_err());
+        assert!(parse("x.example=127.0.0.1:0").is_err());
+        assert!(parse("x.example:http=127.0.0.1:9").is_err());
+        let options = RenderOptions {
+            resolve: vec![
+                parse("x.example=127.0.0.1:8443").unwrap(),
+                parse("y.example:80=127.0.0.1:9").unwrap(),
+                parse("nobody.example=127.0.0.1:9").unwrap(),
+            ],
+            ..options()
+        };
+        let served = serve(
+            &knative::map(
+                &MapOptions::default(),
+                vec![
+                    imc("a", "https://x.example/"),
+                    imc("b", "http://y.example:81/"),
+                ],
+            ),
+            None,
+            &options,
+        );
+        let x = Cluster::decode(served.clusters["https|x.example|443"].value.as_slice()).unwrap();
+        assert_eq!(
+            x.cluster_discovery_type,
+            Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32))
+        );
+        let endpoint = format!("{:?}", x.load_assignment.unwrap().endpoints);
+        assert!(endpoint.contains("\"127.0.0.1\"") && endpoint.contains("PortValue(8443)"));
+        let Some(transport_socket::ConfigType::TypedConfig(tls)) =
+            x.transport_socket.unwrap().config_type
+        else {
+            panic!("no TLS")
+        };
+        let tls = UpstreamTlsContext::decode(tls.value.as_slice()).unwrap();
+        assert_eq!(tls.sni, "x.example", "the SNI stays the URI's host");
+        // y.example:80 does not resolve y.example:81.
+        let y = Cluster::decode(served.clusters["http|y.example|81"].value.as_slice()).unwrap();
+        assert!(format!("{:?}", y.load_assignment).contains("\"y.example\""));
+        let unused: Vec<_> = served.warnings.iter().map(|w| w.field.as_str()).collect();
+        assert_eq!(
+            unused,
+            vec!["y.example:80=127.0.0.1:9", "nobody.example=127.0.0.1:9"]
+        );
+    }
+
+    #[test]
     fn versions_are_digests_of_the_content() {
         let objects = vec![imc("a", "https://x.example/")];
-        let one = serve(&knative::map(&MapOptions::default(), objects.clone()), None, &options());
-        let two = serve(&knative::map(&MapOptions::default(), objects), None, &options());
+        let one = serve(
+            &knative::map(&MapOptions::default(), objects.clone()),
+            None,
+            &options(),
+        );
+        let two = serve(
+            &knative::map(&MapOptions::default(), objects),
+            None,
+            &options(),
+        );
         assert_eq!(
             (one.ecds_version.clone(), one.cds_version.clone()),
             (two.ecds_version, two.cds_version)

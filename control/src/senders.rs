@@ -9,8 +9,8 @@ use crate::model::{Allowed, ChannelSpec, Senders};
 use crate::render::any;
 use envoy_types::pb::envoy::config::core::v3::{data_source, DataSource, TypedExtensionConfig};
 use envoy_types::pb::envoy::config::rbac::v3::{
-    permission, principal, rbac, MetadataSource, Permission, Policy, Principal,
-    Rbac as RbacRules, SourcedMetadata,
+    permission, principal, rbac, MetadataSource, Permission, Policy, Principal, Rbac as RbacRules,
+    SourcedMetadata,
 };
 use envoy_types::pb::envoy::config::route::v3::{
     header_matcher, route_match, HeaderMatcher, RouteMatch,
@@ -21,8 +21,8 @@ use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::{
 };
 use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac;
 use envoy_types::pb::envoy::r#type::matcher::v3::{
-    metadata_matcher, string_matcher, value_matcher, MetadataMatcher, RegexMatcher,
-    StringMatcher, ValueMatcher,
+    metadata_matcher, string_matcher, value_matcher, MetadataMatcher, RegexMatcher, StringMatcher,
+    ValueMatcher,
 };
 use envoy_types::pb::google::protobuf::Any;
 use serde_json::{json, Value};
@@ -68,18 +68,7 @@ pub fn filters(channels: &[(&String, &ChannelSpec)], oidc: Option<&Oidc>) -> (Ve
         let provider = format!("channel-{index}");
         jwt.providers
             .insert(provider.clone(), jwt_provider(oidc, senders));
-        jwt.rules.push(RequirementRule {
-            r#match: Some(RouteMatch {
-                path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_owned())),
-                headers: vec![authority.clone()],
-                ..RouteMatch::default()
-            }),
-            requirement_type: Some(requirement_rule::RequirementType::Requires(
-                JwtRequirement {
-                    requires_type: Some(jwt_requirement::RequiresType::ProviderName(provider)),
-                },
-            )),
-        });
+        jwt.rules.push(rule(authority.clone(), provider));
         let principals = principals(&senders.allowed);
         if !principals.is_empty() {
             let permission = Permission {
@@ -105,6 +94,22 @@ pub fn filters(channels: &[(&String, &ChannelSpec)], oidc: Option<&Oidc>) -> (Ve
         ],
         description,
     )
+}
+
+/// Requests for the hosts `authority` matches need a token `provider` verifies.
+fn rule(authority: HeaderMatcher, provider: String) -> RequirementRule {
+    RequirementRule {
+        r#match: Some(RouteMatch {
+            path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_owned())),
+            headers: vec![authority],
+            ..RouteMatch::default()
+        }),
+        requirement_type: Some(requirement_rule::RequirementType::Requires(
+            JwtRequirement {
+                requires_type: Some(jwt_requirement::RequiresType::ProviderName(provider)),
+            },
+        )),
+    }
 }
 
 fn extension(name: &str, config: Any) -> Any {
@@ -185,12 +190,10 @@ fn principals(allowed: &Allowed) -> Vec<Principal> {
                     })
                     .collect(),
                 value: Some(ValueMatcher {
-                    match_pattern: Some(value_matcher::MatchPattern::StringMatch(
-                        StringMatcher {
-                            match_pattern: Some(pattern),
-                            ignore_case: true,
-                        },
-                    )),
+                    match_pattern: Some(value_matcher::MatchPattern::StringMatch(StringMatcher {
+                        match_pattern: Some(pattern),
+                        ignore_case: true,
+                    })),
                 }),
                 ..MetadataMatcher::default()
             };

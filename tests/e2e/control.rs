@@ -522,7 +522,11 @@ fn event_policies_decide_who_may_send_and_removing_one_opens_the_channel() {
     };
     assert_eq!(post(Some("allowed")), 202);
     assert_eq!(post(Some("neighbour")), 403, "the policy does not allow it");
-    assert_eq!(post(Some("wrong_audience")), 403, "a token for another channel");
+    assert_eq!(
+        post(Some("wrong_audience")),
+        403,
+        "a token for another channel"
+    );
     assert_eq!(post(None), 401, "no token");
     assert_eq!(a.wait_for(1, WAIT), 1);
     let state = control.state();
@@ -614,7 +618,11 @@ fn run_control_demo_adds_a_subscriber_when_its_file_is_edited() {
     let file = fs::read_to_string(channels.join("orders.yaml")).unwrap();
     let entry = format!("    - subscriberUri: {}\nstatus:", uri(&third, "/third"));
     assert!(file.contains("\nstatus:"), "{file}");
-    write(&channels, "orders.yaml", &file.replacen("status:", &entry, 1));
+    write(
+        &channels,
+        "orders.yaml",
+        &file.replacen("status:", &entry, 1),
+    );
     let envoy: std::net::SocketAddr = format!("127.0.0.1:{}", ports[0]).parse().unwrap();
     let host = "orders-kn-channel.demo.svc.cluster.local";
     let client = Client::http1_resolving(host, envoy);

@@ -36,7 +36,10 @@ fn host(channel: &str) -> String {
 }
 
 /// Tokens by name, from (name, subject, audience), issued by [`ISSUER`]; the JWKS into `dir`.
-pub(crate) fn mint(dir: &std::path::Path, tokens: &[(&str, String, String)]) -> BTreeMap<String, String> {
+pub(crate) fn mint(
+    dir: &std::path::Path,
+    tokens: &[(&str, String, String)],
+) -> BTreeMap<String, String> {
     let spec: serde_json::Map<String, Value> = tokens
         .iter()
         .map(|(name, sub, aud)| {

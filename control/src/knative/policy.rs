@@ -166,9 +166,9 @@ fn applies(policy: &KObject, member: &KObject) -> Result<bool, Problem> {
             {
                 let labels = member.at(&["metadata", "labels"]);
                 let field = format!("spec.to[{i}].selector");
-                if selector_matches(selector, labels)
-                    .map_err(|(at, why)| Problem::new(&policy.label, &format!("{field}{at}"), why))?
-                {
+                if selector_matches(selector, labels).map_err(|(at, why)| {
+                    Problem::new(&policy.label, &format!("{field}{at}"), why)
+                })? {
                     return Ok(true);
                 }
             }
@@ -244,7 +244,11 @@ fn policy_subjects(policy: &KObject) -> Result<Vec<String>, Problem> {
         }
         let Some(reference) = entry.get("ref").filter(|r| r.is_object()) else {
             let field = format!("spec.from[{i}]");
-            return Err(Problem::new(&policy.label, &field, "neither a ref nor a sub"));
+            return Err(Problem::new(
+                &policy.label,
+                &field,
+                "neither a ref nor a sub",
+            ));
         };
         let kind = text(reference, &["kind"]).unwrap_or_default();
         let namespace = text(reference, &["namespace"]).unwrap_or(policy.namespace.clone());
