@@ -140,7 +140,7 @@ pub fn map(options: &MapOptions, documents: Vec<Value>) -> Snapshot {
     let (channels, subscriptions, policies) = sort_objects(documents, &mut report);
     let groups = group_channels(channels);
     let mut specs: BTreeMap<String, ChannelSpec> = BTreeMap::new();
-    let mut seen_uids: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut seen_uids: BTreeMap<String, Listed> = BTreeMap::new();
     for group in &groups {
         let mut spec = ChannelSpec {
             hosts: channel_hosts(group, options, &mut report),
@@ -443,7 +443,7 @@ fn check_hosts(specs: &BTreeMap<String, ChannelSpec>, report: &mut Report) {
 fn channel_subscribers(
     group: &Group,
     spec: &mut ChannelSpec,
-    uids: &mut BTreeSet<String>,
+    listed: &mut Listed,
     report: &mut Report,
 ) {
     for member in &group.members {
@@ -457,10 +457,8 @@ fn channel_subscribers(
         };
         for (i, entry) in entries.iter().enumerate() {
             let at = format!("spec.subscribers[{i}]");
-            if let Some(uid) = text(entry, &["uid"]) {
-                if !uids.insert(uid) {
-                    continue;
-                }
+            if !list(listed, member, entry, &at) {
+                continue; // the same Subscription, listed by the Channel and its backing channel
             }
             let Some(uri) = text(entry, &["subscriberUri"]) else {
                 let problem =
@@ -468,9 +466,10 @@ fn channel_subscribers(
                 report.channel(&group.name, problem);
                 continue;
             };
+            // Knative's reconciler has put the resolved dead letter into the entry's delivery.
             let delivery = match entry.get("delivery") {
-                Some(d) => Some((d, member.label.clone(), format!("{at}.delivery"))),
-                None => channel_delivery(group),
+                Some(d) => Some((d, member.label.clone(), format!("{at}.delivery"), None)),
+                None => channel_delivery(group, report),
             };
             let reply = text(entry, &["replyUri"])
                 .map(|u| (u, format!("{at}.replyUri"), text(entry, &["replyCACerts"])));
@@ -495,12 +494,64 @@ fn channel_subscribers(
     }
 }
 
-/// The channel's own `spec.delivery`, for subscribers without one of their own.
-fn channel_delivery(group: &Group) -> Option<(&Value, String, String)> {
-    group.members.iter().find_map(|m| {
-        m.at(&["spec", "delivery"])
-            .map(|d| (d, m.label.clone(), "spec.delivery".to_owned()))
-    })
+/// Record the Subscription a channel's subscriber entry stands for; false when it is listed
+/// already.
+fn list(listed: &mut Listed, member: &KObject, entry: &Value, at: &str) -> bool {
+    let uid = text(entry, &["uid"]).map(|u| format!("uid:{u}"));
+    if uid.as_ref().is_some_and(|u| listed.contains_key(u)) {
+        return false;
+    }
+    let place = (
+        text(entry, &["subscriberUri"]).unwrap_or_default(),
+        format!("{} {at}.subscriberUri", member.label),
+    );
+    if let Some(name) = text(entry, &["name"]) {
+        let namespace = text(entry, &["namespace"]).unwrap_or(member.namespace.clone());
+        listed.insert(format!("name:{namespace}/{name}"), place.clone());
+    }
+    if let Some(uid) = uid {
+        listed.insert(uid, place);
+    }
+    true
+}
+
+/// The channel's own `spec.delivery`, for subscribers without one of their own, with its
+/// dead letter as Knative resolved it into the channel's status.
+fn channel_delivery<'a>(group: &'a Group, report: &mut Report) -> Delivery<'a> {
+    let member = group
+        .members
+        .iter()
+        .find(|m| m.at(&["spec", "delivery"]).is_some())?;
+    let spec = member.at(&["spec", "delivery"])?;
+    let source = Source {
+        channel: &group.name,
+        object: &member.label,
+    };
+    let dead_letter = resolved_dead_letter(&member.doc, &["status"], &source, report);
+    let at = "spec.delivery".to_owned();
+    Some((spec, member.label.clone(), at, dead_letter))
+}
+
+/// The dead letter Knative resolved into the status object at `path` (`deadLetterSinkUri`,
+/// `-CACerts`, `-Audience`).
+fn resolved_dead_letter(
+    doc: &Value,
+    path: &[&str],
+    source: &Source,
+    report: &mut Report,
+) -> Option<Reply> {
+    let status = dig(doc, path)?;
+    let uri = text(status, &["deadLetterSinkUri"])?;
+    let at = path.join(".");
+    let audience = text(status, &["deadLetterSinkAudience"]);
+    warnings::audience(
+        report,
+        source,
+        &format!("{at}.deadLetterSinkAudience"),
+        audience,
+    );
+    let ca = text(status, &["deadLetterSinkCACerts"]);
+    Some((uri, format!("{at}.deadLetterSinkUri"), ca))
 }
 
 /// A Subscription the channel's `spec.subscribers` does not list (yet), as Knative's
@@ -509,17 +560,24 @@ fn attach_subscription(
     sub: &KObject,
     groups: &[Group],
     specs: &mut BTreeMap<String, ChannelSpec>,
-    seen_uids: &BTreeMap<String, BTreeSet<String>>,
+    seen_uids: &BTreeMap<String, Listed>,
     report: &mut Report,
 ) {
     let Some(group) = subscription_channel(sub, groups, report) else {
         return;
     };
-    let listed = sub
-        .uid
-        .as_ref()
-        .is_some_and(|u| seen_uids.get(&group.name).is_some_and(|s| s.contains(u)));
-    let Some(spec) = specs.get_mut(&group.name).filter(|_| !listed) else {
+    let by_uid = sub.uid.as_ref().map(|u| format!("uid:{u}"));
+    let by_name = format!("name:{}/{}", sub.namespace, sub.name);
+    let listed_as = seen_uids.get(&group.name).and_then(|listed| {
+        by_uid
+            .and_then(|k| listed.get(&k))
+            .or_else(|| listed.get(&by_name))
+    });
+    if let Some((listed_uri, listed_at)) = listed_as {
+        differs_from_listed(sub, &group.name, listed_uri, listed_at, report);
+        return;
+    }
+    let Some(spec) = specs.get_mut(&group.name) else {
         return;
     };
     let physical = "status.physicalSubscription";
@@ -545,13 +603,16 @@ fn attach_subscription(
         );
         return;
     };
-    let reply =
-        resolved("reply").map(|(u, f)| (u, f, text(&sub.doc, &["spec", "reply", "CACerts"])));
-    let delivery = match sub.at(&["spec", "delivery"]) {
-        Some(d) => Some((d, sub.label.clone(), "spec.delivery".to_owned())),
-        None => channel_delivery(group),
+    let ca_of = |role: &str| {
+        text(
+            &sub.doc,
+            &["status", "physicalSubscription", &format!("{role}CACerts")],
+        )
+        .or_else(|| text(&sub.doc, &["spec", role, "CACerts"]))
     };
-    let ca = text(&sub.doc, &["spec", "subscriber", "CACerts"]);
+    let reply = resolved("reply").map(|(u, f)| (u, f, ca_of("reply")));
+    let delivery = subscription_delivery(sub, group, &source, report);
+    let ca = ca_of("subscriber");
     if let Some(mapped) = subscriber(
         &source,
         (&uri, &uri_field, ca),
@@ -561,6 +622,55 @@ fn attach_subscription(
         report,
     ) {
         spec.subscribers.push(mapped);
+    }
+}
+
+/// A Subscription's own delivery, or else its channel's, with the dead letter Knative
+/// resolved into its `status.physicalSubscription`.
+fn subscription_delivery<'a>(
+    sub: &'a KObject,
+    group: &'a Group,
+    source: &Source,
+    report: &mut Report,
+) -> Delivery<'a> {
+    let physical_path = ["status", "physicalSubscription"];
+    let dead_letter = resolved_dead_letter(&sub.doc, &physical_path, source, report);
+    match sub.at(&["spec", "delivery"]) {
+        Some(d) => {
+            let at = "spec.delivery".to_owned();
+            Some((d, sub.label.clone(), at, dead_letter))
+        }
+        None => channel_delivery(group, report).map(|(d, object, at, channel_dead_letter)| {
+            (d, object, at, dead_letter.or(channel_dead_letter))
+        }),
+    }
+}
+
+/// The Subscriptions a channel's `spec.subscribers` lists, by `uid:UID` and
+/// `name:NAMESPACE/NAME`: the entry's subscriberUri and where it is written.
+type Listed = BTreeMap<String, (String, String)>;
+
+/// A Subscription the channel lists whose resolved URI is not the one listed: the listed one
+/// is what Knative's dispatcher calls, and so does fanout.
+fn differs_from_listed(
+    sub: &KObject,
+    channel: &str,
+    listed_uri: &str,
+    listed_at: &str,
+    report: &mut Report,
+) {
+    let field = "status.physicalSubscription.subscriberUri";
+    let Some(physical) = text(
+        &sub.doc,
+        &["status", "physicalSubscription", "subscriberUri"],
+    ) else {
+        return;
+    };
+    let call = |u: &str| parse_uri(u).ok().map(|u| (u.authority, u.path));
+    if call(&physical).is_some() && call(&physical) != call(listed_uri) {
+        let message =
+            format!("differs from {listed_at}, which Knative's dispatcher uses and so does fanout");
+        report.warn(Some(channel), Problem::new(&sub.label, field, message));
     }
 }
 
@@ -595,7 +705,9 @@ struct Source<'a> {
 }
 
 type Reply = (String, String, Option<String>);
-type Delivery<'a> = Option<(&'a Value, String, String)>;
+/// A DeliverySpec, the object and field it is written at, and its dead letter as Knative
+/// resolved it (URI, field, CA certificates), if it did.
+type Delivery<'a> = Option<(&'a Value, String, String, Option<Reply>)>;
 
 fn subscriber(
     source: &Source,
@@ -608,12 +720,12 @@ fn subscriber(
     let before = report.by_channel.get(source.channel).map_or(0, Vec::len);
     let mut config = target(source, uri, field, ca, spec, report)?;
     let mut timeout = None;
-    if let Some((value, object, at)) = delivery {
+    if let Some((value, object, at, dead_letter)) = delivery {
         let here = Source {
             channel: source.channel,
             object: &object,
         };
-        let (mapped, t) = map_delivery(&here, value, &at, spec, report);
+        let (mapped, t) = map_delivery(&here, (value, &at, dead_letter), spec, report);
         timeout = t;
         if let Some(t) = t {
             config.insert("timeout_ms".into(), json!(t));
@@ -778,8 +890,7 @@ fn url_host(url: &str) -> Option<String> {
 /// Knative's DeliverySpec -> fanout's `delivery` and the per-call timeout.
 fn map_delivery(
     source: &Source,
-    delivery: &Value,
-    at: &str,
+    (delivery, at, resolved): (&Value, &str, Option<Reply>),
     spec: &mut ChannelSpec,
     report: &mut Report,
 ) -> (Map<String, Value>, Option<u32>) {
@@ -806,12 +917,17 @@ fn map_delivery(
         let given = (policy.is_some(), delay.is_some(), cap);
         warnings::backoff(report, source, at, given, longest);
     }
-    let field = format!("{at}.deadLetterSink.audience");
-    let audience = text(delivery, &["deadLetterSink", "audience"]);
-    warnings::audience(report, source, &field, audience);
-    if let Some(uri) = text(delivery, &["deadLetterSink", "uri"]) {
-        let field = format!("{at}.deadLetterSink.uri");
+    let own = || {
+        let uri = text(delivery, &["deadLetterSink", "uri"])?;
         let ca = text(delivery, &["deadLetterSink", "CACerts"]);
+        Some((uri, format!("{at}.deadLetterSink.uri"), ca))
+    };
+    if resolved.is_none() {
+        let field = format!("{at}.deadLetterSink.audience");
+        let audience = text(delivery, &["deadLetterSink", "audience"]);
+        warnings::audience(report, source, &field, audience);
+    }
+    if let Some((uri, field, ca)) = resolved.or_else(own) {
         if let Some(mut t) = target(source, &uri, &field, ca, spec, report) {
             if let Some(ms) = checked.timeout {
                 t.insert("timeout_ms".into(), json!(ms));
@@ -1148,6 +1264,80 @@ mod tests {
                 ("InMemoryChannel default/orders", "metadata"),
                 ("Broker default/b", "kind")
             ]
+        );
+    }
+
+    /// Dead letters and CA certificates as Knative resolved them into the statuses, and a
+    /// Subscription the channel lists (by uid or name) joined once, warned when its resolved
+    /// URI is not the listed one.
+    #[test]
+    fn what_knative_resolved_into_statuses_is_used() {
+        let mut orders = channel(
+            "orders",
+            json!([{ "uid": "u1", "subscriberUri": "http://listed.example/" },
+                   { "name": "by-name", "subscriberUri": "http://named.example/" }]),
+        );
+        orders["spec"]["delivery"] = json!({ "retry": 1,
+            "deadLetterSink": { "ref": { "kind": "Service", "name": "dlq" } } });
+        orders["status"]["deadLetterSinkUri"] = json!("http://dlq.default.svc.cluster.local/");
+        let sub = |name: &str, uid: &str, status: Value| {
+            json!({
+                "apiVersion": "messaging.knative.dev/v1", "kind": "Subscription",
+                "metadata": { "name": name, "namespace": "default", "uid": uid },
+                "spec": { "channel": { "apiVersion": "messaging.knative.dev/v1",
+                                       "kind": "InMemoryChannel", "name": "orders" },
+                          "subscriber": { "ref": { "kind": "Service", "name": name } },
+                          "delivery": { "deadLetterSink": { "ref": { "kind": "Service", "name": "x" } } } },
+                "status": { "physicalSubscription": status }
+            })
+        };
+        let snapshot = map(vec![
+            orders,
+            sub(
+                "listed",
+                "u1",
+                json!({ "subscriberUri": "http://moved.example/" }),
+            ),
+            sub(
+                "by-name",
+                "u2",
+                json!({ "subscriberUri": "http://named.example/" }),
+            ),
+            sub(
+                "new",
+                "u3",
+                json!({ "subscriberUri": "https://new.example/", "subscriberCACerts": "CA",
+                        "deadLetterSinkUri": "http://sub-dlq.example/" }),
+            ),
+        ]);
+        let orders = &snapshot.channels["default/orders"];
+        assert!(orders.problems.is_empty(), "{:?}", orders.problems);
+        let configs: Vec<&Value> = orders.spec.subscribers.iter().map(|s| &s.config).collect();
+        assert_eq!(configs.len(), 3, "{configs:?}");
+        assert_eq!(
+            configs[0]["delivery"]["dead_letter"]["cluster"],
+            "http|dlq.default.svc.cluster.local|80"
+        );
+        assert_eq!(configs[2]["cluster"], "https|new.example|443");
+        assert_eq!(
+            configs[2]["delivery"]["dead_letter"]["cluster"],
+            "http|sub-dlq.example|80"
+        );
+        assert_eq!(
+            orders.spec.clusters["https|new.example|443"].ca_certs,
+            vec!["CA"]
+        );
+        let warned: Vec<_> = orders
+            .warnings
+            .iter()
+            .map(|w| (w.object.as_str(), w.field.as_str()))
+            .collect();
+        assert_eq!(
+            warned,
+            vec![(
+                "Subscription default/listed",
+                "status.physicalSubscription.subscriberUri"
+            )]
         );
     }
 
