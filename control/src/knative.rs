@@ -580,21 +580,12 @@ fn attach_subscription(
     let Some(spec) = specs.get_mut(&group.name) else {
         return;
     };
-    let physical = "status.physicalSubscription";
-    let resolved = |role: &str| {
-        text(
-            &sub.doc,
-            &["status", "physicalSubscription", &format!("{role}Uri")],
-        )
-        .map(|u| (u, format!("{physical}.{role}Uri")))
-        .or_else(|| text(&sub.doc, &["spec", role, "uri"]).map(|u| (u, format!("spec.{role}.uri"))))
-    };
     let source = Source {
         channel: &group.name,
         object: &sub.label,
     };
     warnings::subscription(report, &source, &sub.doc);
-    let Some((uri, uri_field)) = resolved("subscriber") else {
+    let Some((uri, uri_field, ca)) = subscription_uri(sub, "subscriber") else {
         let message = "not resolved to a URI: neither status.physicalSubscription.subscriberUri \
                        nor an absolute spec.subscriber.uri";
         report.channel(
@@ -603,16 +594,8 @@ fn attach_subscription(
         );
         return;
     };
-    let ca_of = |role: &str| {
-        text(
-            &sub.doc,
-            &["status", "physicalSubscription", &format!("{role}CACerts")],
-        )
-        .or_else(|| text(&sub.doc, &["spec", role, "CACerts"]))
-    };
-    let reply = resolved("reply").map(|(u, f)| (u, f, ca_of("reply")));
+    let reply = subscription_uri(sub, "reply");
     let delivery = subscription_delivery(sub, group, &source, report);
-    let ca = ca_of("subscriber");
     if let Some(mapped) = subscriber(
         &source,
         (&uri, &uri_field, ca),
@@ -623,6 +606,24 @@ fn attach_subscription(
     ) {
         spec.subscribers.push(mapped);
     }
+}
+
+/// A Subscription's `role` (subscriber, reply): its URI as Knative resolved it (else the
+/// spec's absolute one), the field it is read from, and its CA certificates.
+fn subscription_uri(sub: &KObject, role: &str) -> Option<Reply> {
+    let physical = |field: &str| {
+        text(
+            &sub.doc,
+            &["status", "physicalSubscription", &format!("{role}{field}")],
+        )
+    };
+    let (uri, field) = physical("Uri")
+        .map(|u| (u, format!("status.physicalSubscription.{role}Uri")))
+        .or_else(|| {
+            text(&sub.doc, &["spec", role, "uri"]).map(|u| (u, format!("spec.{role}.uri")))
+        })?;
+    let ca = physical("CACerts").or_else(|| text(&sub.doc, &["spec", role, "CACerts"]));
+    Some((uri, field, ca))
 }
 
 /// A Subscription's own delivery, or else its channel's, with the dead letter Knative
