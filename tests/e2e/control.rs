@@ -876,9 +876,10 @@ fn propagation_files() -> (Duration, Duration) {
     let mut volume = ConfigMapVolume::new();
     let (filter, cds) = files(&clusters);
     volume.publish(&[("fanout.yaml", &filter), ("clusters.yaml", &cds)]);
-    let bootstrap = shipped_bootstrap(volume.path());
     let envoys: Vec<Envoy> = (0..3)
         .map(|_| {
+            // One each: the admin port is chosen per bootstrap.
+            let bootstrap = shipped_bootstrap(volume.path());
             let mut builder = Envoy::builder();
             for key in ["node", "admin", "dynamic_resources", "static_resources"] {
                 builder = builder.bootstrap_field(key, bootstrap[key].clone());
