@@ -37,12 +37,17 @@ pub fn from_arg(arg: &str, options: MapOptions) -> Result<Box<dyn Source>, Strin
 
 /// A directory of Knative objects as `kubectl get -o yaml` (or `-o json`) writes them, one
 /// or more per file (`*.yaml`, `*.yml`, `*.json`; names starting with `.` are skipped, so a
-/// mounted ConfigMap's `..data` works). Read again whenever a file changes. A file that does
+/// mounted ConfigMap's `..data` works). Read again whenever a file changes: an inotify watch
+/// on the directory wakes the source at once, and it looks every second anyway (every 100 ms
+/// where the watch cannot be set). A file that does
 /// not parse is reported and its objects stay as they last parsed (a half-written file never
 /// deletes a channel).
 pub struct DirSource {
     dir: PathBuf,
+    /// How often to look without a watch.
     interval: Duration,
+    /// How often to look with one (a watch lost with a directory replaced).
+    fallback: Duration,
     files: BTreeMap<String, (Vec<u8>, Vec<Value>)>,
     options: MapOptions,
 }
@@ -52,6 +57,7 @@ impl DirSource {
         DirSource {
             dir,
             interval: Duration::from_millis(100),
+            fallback: Duration::from_secs(1),
             files: BTreeMap::new(),
             options,
         }
@@ -124,6 +130,13 @@ impl Source for DirSource {
     }
 
     fn run(mut self: Box<Self>, out: Snapshots) {
+        let (tx, changes) = std::sync::mpsc::channel();
+        let watcher = watch(&self.dir, tx);
+        let wait = if watcher.is_some() {
+            self.fallback
+        } else {
+            self.interval
+        };
         let mut last: Option<Snapshot> = None;
         loop {
             if let Some(snapshot) = self.poll() {
@@ -146,7 +159,35 @@ impl Source for DirSource {
             } else if out.is_closed() {
                 return;
             }
-            std::thread::sleep(self.interval);
+            // A change wakes the source at once; the changes that came with it are read by
+            // the same look.
+            if changes.recv_timeout(wait).is_ok() {
+                while changes.try_recv().is_ok() {}
+            }
+        }
+    }
+}
+
+/// An inotify watch on `dir` that sends on `tx` at every change in it; None (logged) where
+/// it cannot be set: the source then looks every 100 ms.
+fn watch(dir: &Path, tx: std::sync::mpsc::Sender<()>) -> Option<notify::RecommendedWatcher> {
+    use notify::Watcher;
+    let on_event = move |_: notify::Result<notify::Event>| {
+        let _ = tx.send(());
+    };
+    let watched = notify::recommended_watcher(on_event).and_then(|mut watcher| {
+        watcher
+            .watch(dir, notify::RecursiveMode::NonRecursive)
+            .map(|()| watcher)
+    });
+    match watched {
+        Ok(watcher) => Some(watcher),
+        Err(e) => {
+            log::warn!(
+                "{}: no watch on the directory ({e}); looking every 100 ms",
+                dir.display()
+            );
+            None
         }
     }
 }
