@@ -1,5 +1,6 @@
 //! The ADS server (state of the world): every Envoy gets the fanout filter and the senders
-//! filters (ECDS, one version for the three) and the subscriber clusters (CDS) on one stream, whole on every (re)connect and on every change.
+//! filters (ECDS, one version for the three) and the subscriber clusters (CDS) on one
+//! stream, whole on every (re)connect and on every change.
 //!
 //! Order: clusters before the filter that calls them, and a cluster the Envoy's current
 //! filter still calls stays until the Envoy has ACKed the filter that no longer does, and
