@@ -12,8 +12,12 @@
 #   ENVOY_BIN, FANOUT_WASM, FANOUT_CONTROL_BIN   the binaries (defaults: as `make` builds them)
 #   DEMO_ONESHOT=1                               stop after the second event; exit 0 only if
 #                                                both subscribers got it
-# Ports (loopback): Envoy 10000 (admin 9901), the server 18000 (xDS) and 18001 (/state),
-# subscribers 18081 and 18082.
+#   FANOUT_DEMO_PORT, FANOUT_DEMO_ADMIN_PORT      Envoy's listener and admin ports (10000, 9901)
+#   FANOUT_CONTROL_XDS_PORT, FANOUT_CONTROL_HTTP_PORT   the server's xDS and /state ports
+#                                                (18000, 18001)
+#   FANOUT_DEMO_BILLING_PORT, FANOUT_DEMO_SHIPPING_PORT  the subscribers (18081, 18082)
+# All on loopback. With other ports than the defaults, Envoy runs on a copy of
+# envoy/xds/envoy.yaml with them.
 
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,6 +25,12 @@ ENVOY_BIN=${ENVOY_BIN:-$ROOT/.tools/envoy-1.40.0}
 FANOUT_WASM=${FANOUT_WASM:-$ROOT/target/wasm32-wasip1/release/fanout.wasm}
 CONTROL_BIN=${FANOUT_CONTROL_BIN:-$ROOT/target/release/fanout-control}
 ONESHOT=${DEMO_ONESHOT:-0}
+LISTEN_PORT=${FANOUT_DEMO_PORT:-10000}
+ADMIN_PORT=${FANOUT_DEMO_ADMIN_PORT:-9901}
+XDS_PORT=${FANOUT_CONTROL_XDS_PORT:-18000}
+STATE_PORT=${FANOUT_CONTROL_HTTP_PORT:-18001}
+BILLING_PORT=${FANOUT_DEMO_BILLING_PORT:-18081}
+SHIPPING_PORT=${FANOUT_DEMO_SHIPPING_PORT:-18082}
 CARGO=${CARGO:-cargo}
 for bin in "$ENVOY_BIN" "$FANOUT_WASM" "$CONTROL_BIN"; do
   [[ -e $bin ]] || { echo "missing $bin: run make run-control" >&2; exit 1; }
@@ -70,31 +80,48 @@ wait_for() { # wait_for WHAT CMD...: until CMD succeeds, 20 s at most
 }
 
 send() { # send N: one CloudEvent to the channel through Envoy; prints fanout's answer
-  curl -sS -o /dev/null -w '%{http_code}\n' http://127.0.0.1:10000/ \
+  curl -sS -o /dev/null -w '%{http_code}\n' "http://127.0.0.1:$LISTEN_PORT/" \
     -H 'host: orders-kn-channel.demo.svc.cluster.local' -H 'content-type: application/json' \
     -H 'ce-specversion: 1.0' -H "ce-id: demo-$1" -H 'ce-source: /demo' -H 'ce-type: demo.order' \
     -d "{\"order\": $1}"
 }
 
-start "$TMP/billing.log" "$SUBSCRIBER_BIN" --name billing --port 18081
-start "$TMP/shipping.log" "$SUBSCRIBER_BIN" --name shipping --port 18082
-channel http://127.0.0.1:18081/events
-start "$TMP/control.log" "$CONTROL_BIN" --source "dir:$CHANNELS" --wasm "$FANOUT_WASM"
-start "$TMP/envoy.log" "$ENVOY_BIN" -c "$ROOT/envoy/xds/envoy.yaml" --service-node demo-envoy \
+# The shipped bootstrap, with this run's ports (each needle must be there exactly once).
+BOOTSTRAP=$TMP/envoy.yaml
+for needle in 'port_value: 10000 }' 'port_value: 9901 }' 'port_value: 18000 }'; do
+  [[ $(grep -cF "$needle" "$ROOT/envoy/xds/envoy.yaml") == 1 ]] || {
+    echo "envoy/xds/envoy.yaml no longer has exactly one '$needle'; update $0 to match it" >&2
+    exit 1
+  }
+done
+sed -e "s|port_value: 10000 }|port_value: $LISTEN_PORT }|;t" \
+  -e "s|port_value: 9901 }|port_value: $ADMIN_PORT }|;t" \
+  -e "s|port_value: 18000 }|port_value: $XDS_PORT }|" \
+  "$ROOT/envoy/xds/envoy.yaml" >"$BOOTSTRAP"
+
+BILLING=http://127.0.0.1:$BILLING_PORT/events
+SHIPPING=http://127.0.0.1:$SHIPPING_PORT/hooks
+STATE=http://127.0.0.1:$STATE_PORT
+start "$TMP/billing.log" "$SUBSCRIBER_BIN" --name billing --port "$BILLING_PORT"
+start "$TMP/shipping.log" "$SUBSCRIBER_BIN" --name shipping --port "$SHIPPING_PORT"
+channel "$BILLING"
+start "$TMP/control.log" "$CONTROL_BIN" --source "dir:$CHANNELS" --wasm "$FANOUT_WASM" \
+  --xds-address "127.0.0.1:$XDS_PORT" --http-address "127.0.0.1:$STATE_PORT"
+start "$TMP/envoy.log" "$ENVOY_BIN" -c "$BOOTSTRAP" --service-node demo-envoy \
   --disable-hot-restart --concurrency 2
-wait_for "fanout-control" curl -sf http://127.0.0.1:18001/ready
-wait_for "Envoy" curl -sf http://127.0.0.1:9901/ready
-echo "fanout-control serves $CHANNELS; Envoy (node demo-envoy) listens on 127.0.0.1:10000"
+wait_for "fanout-control" curl -sf "$STATE/ready"
+wait_for "Envoy" curl -sf "http://127.0.0.1:$ADMIN_PORT/ready"
+echo "fanout-control serves $CHANNELS; Envoy (node demo-envoy) listens on 127.0.0.1:$LISTEN_PORT"
 
 echo "event 1 -> $(send 1) (billing only)"
 echo "adding shipping to $CHANNELS/orders.yaml"
-channel http://127.0.0.1:18081/events http://127.0.0.1:18082/hooks
-live() { curl -sf http://127.0.0.1:18001/state | grep -q '"live_on":\["demo-envoy"\][^]]*"uri":"http://127.0.0.1:18082/hooks"\|"uri":"http://127.0.0.1:18082/hooks"[^}]*"live_on":\["demo-envoy"\]'; }
+channel "$BILLING" "$SHIPPING"
+live() { curl -sf "$STATE/state" | grep -q "\"live_on\":\[\"demo-envoy\"\][^]]*\"uri\":\"$SHIPPING\"\|\"uri\":\"$SHIPPING\"[^}]*\"live_on\":\[\"demo-envoy\"\]"; }
 wait_for "shipping live on Envoy" live
 echo "event 2 -> $(send 2) (billing and shipping)"
 wait_for "shipping got event 2" grep -q 'demo-2' "$TMP/shipping.log"
 echo "shipping got event 2; billing has $(grep -c 'demo-' "$TMP/billing.log") event(s)"
 if ((ONESHOT)); then exit 0; fi
-echo "edit $CHANNELS/orders.yaml to change the subscribers; state: curl http://127.0.0.1:18001/state"
+echo "edit $CHANNELS/orders.yaml to change the subscribers; state: curl $STATE/state"
 echo "Ctrl-C stops everything"
 tail -f "$TMP/billing.log" "$TMP/shipping.log"

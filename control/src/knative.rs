@@ -2,15 +2,21 @@
 //! mapping, with each problem charged to the channel it concerns. The same mapping as
 //! `envoy/knative-import.py` for what both carry over: Channels and InMemoryChannels matched
 //! by the hosts of their addresses, their `spec.subscribers` and the Subscriptions of the
-//! input, deliveries (retries, backoff, timeout, dead letter, format) and replies.
+//! input, deliveries (retries, backoff, timeout, dead letter, format), replies, and with
+//! OIDC (the server's `--oidc-issuer`) the EventPolicies: who may send ([`policy`]).
 //!
 //! Unlike the import, a problem does not stop the rest: it is reported for its channel (the
 //! server keeps serving that channel's last good version) and every other channel is served.
-//! An EventPolicy is a problem for each channel of its namespace: the control plane does not
-//! serve the sender checks yet, and serving the channel without them would let every sender
-//! send.
+//! What the import reports as a warning is a warning here too: the channel is served. Without
+//! OIDC, an EventPolicy is a problem for each channel of its namespace: serving the channel
+//! without its sender checks would let every sender send.
 
-use crate::model::{ChannelMapping, ChannelSpec, ClusterSpec, Problem, Snapshot, SubscriberSpec};
+mod policy;
+mod warnings;
+
+use crate::model::{
+    ChannelMapping, ChannelSpec, ClusterSpec, MapOptions, Problem, Snapshot, SubscriberSpec,
+};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -88,11 +94,24 @@ pub fn objects_of(document: Value, out: &mut Vec<Value>) {
     }
 }
 
-/// The problems charged so far, by channel (`None`: of no channel).
+/// The problems and warnings charged so far, by channel (`other`: of no channel).
 #[derive(Default)]
 struct Report {
     by_channel: BTreeMap<String, Vec<Problem>>,
     other: Vec<Problem>,
+    warnings: BTreeMap<String, Vec<Problem>>,
+    other_warnings: Vec<Problem>,
+    /// By https cluster: the targets that name CA certificates (with them) and the first
+    /// that names none, as (channel, object, field).
+    tls: BTreeMap<String, TlsUse>,
+}
+
+type Place = (String, String, String);
+
+#[derive(Default)]
+struct TlsUse {
+    with_ca: Vec<(Place, String)>,
+    without_ca: Option<Place>,
 }
 
 impl Report {
@@ -102,18 +121,29 @@ impl Report {
             list.push(problem);
         }
     }
+
+    /// A warning: what is served differs from what Knative does; the channel is served.
+    fn warn(&mut self, channel: Option<&str>, warning: Problem) {
+        let list = match channel {
+            Some(channel) => self.warnings.entry(channel.to_owned()).or_default(),
+            None => &mut self.other_warnings,
+        };
+        if !list.contains(&warning) {
+            list.push(warning);
+        }
+    }
 }
 
 /// Map Knative objects to the channels fanout serves.
-pub fn map(documents: Vec<Value>) -> Snapshot {
+pub fn map(options: &MapOptions, documents: Vec<Value>) -> Snapshot {
     let mut report = Report::default();
     let (channels, subscriptions, policies) = sort_objects(documents, &mut report);
     let groups = group_channels(channels);
     let mut specs: BTreeMap<String, ChannelSpec> = BTreeMap::new();
-    let mut seen_uids: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut seen_uids: BTreeMap<String, Listed> = BTreeMap::new();
     for group in &groups {
         let mut spec = ChannelSpec {
-            hosts: channel_hosts(group, &mut report),
+            hosts: channel_hosts(group, options, &mut report),
             ..ChannelSpec::default()
         };
         let uids = seen_uids.entry(group.name.clone()).or_default();
@@ -124,7 +154,40 @@ pub fn map(documents: Vec<Value>) -> Snapshot {
         attach_subscription(sub, &groups, &mut specs, &seen_uids, &mut report);
     }
     check_hosts(&specs, &mut report);
-    for policy in &policies {
+    check_tls(&mut report);
+    match options.senders {
+        Some(mode) => {
+            for (name, senders) in policy::senders(&groups, &policies, mode, &mut report) {
+                if let Some(spec) = specs.get_mut(&name) {
+                    spec.senders = Some(senders);
+                }
+            }
+        }
+        None => unchecked_policies(&groups, &policies, &mut report),
+    }
+    let channels = specs
+        .into_iter()
+        .map(|(name, spec)| {
+            let problems = report.by_channel.remove(&name).unwrap_or_default();
+            let warnings = report.warnings.remove(&name).unwrap_or_default();
+            let mapping = ChannelMapping {
+                spec,
+                problems,
+                warnings,
+            };
+            (name, mapping)
+        })
+        .collect();
+    Snapshot {
+        channels,
+        problems: report.other,
+        warnings: report.other_warnings,
+    }
+}
+
+/// Without OIDC, an EventPolicy is a problem for every channel of its namespace.
+fn unchecked_policies(groups: &[Group], policies: &[KObject], report: &mut Report) {
+    for policy in policies {
         for group in groups
             .iter()
             .filter(|g| g.primary.namespace == policy.namespace)
@@ -134,23 +197,12 @@ pub fn map(documents: Vec<Value>) -> Snapshot {
                 Problem::new(
                     &policy.label,
                     "kind",
-                    "EventPolicy: the control plane does not serve sender checks yet; the \
-                     channels of its namespace stay as they were (use envoy/knative-import.py \
-                     --oidc-issuer with the file-watched configuration for them)",
+                    "EventPolicy: who may send is enforced only with --oidc-issuer; without \
+                     it every sender could send, so the channels of its namespace stay as they \
+                     were",
                 ),
             );
         }
-    }
-    let channels = specs
-        .into_iter()
-        .map(|(name, spec)| {
-            let problems = report.by_channel.remove(&name).unwrap_or_default();
-            (name, ChannelMapping { spec, problems })
-        })
-        .collect();
-    Snapshot {
-        channels,
-        problems: report.other,
     }
 }
 
@@ -176,6 +228,14 @@ fn sort_objects(documents: Vec<Value>, report: &mut Report) -> Sorted {
                         obj.kind, obj.group
                     ),
                 ));
+            } else {
+                let group = if obj.group.is_empty() {
+                    "core"
+                } else {
+                    &obj.group
+                };
+                let message = format!("{} ({group}) is not served; ignored", obj.kind);
+                report.warn(None, Problem::new(&obj.label, "kind", message));
             }
             continue;
         }
@@ -186,6 +246,8 @@ fn sort_objects(documents: Vec<Value>, report: &mut Report) -> Sorted {
             continue;
         }
         if !seen.insert((obj.kind.clone(), obj.namespace.clone(), obj.name.clone())) {
+            let message = "listed twice in the source; the first is used";
+            report.warn(None, Problem::new(&obj.label, "metadata", message));
             continue;
         }
         match obj.kind.as_str() {
@@ -250,8 +312,9 @@ fn group_channels(channels: Vec<KObject>) -> Vec<Group> {
     groups
 }
 
-fn channel_hosts(group: &Group, report: &mut Report) -> Vec<String> {
-    let mut hosts = Vec::new();
+fn channel_hosts(group: &Group, options: &MapOptions, report: &mut Report) -> Vec<String> {
+    // Each host with whether a sender reaches it over plain http too.
+    let mut hosts: Vec<(String, bool)> = Vec::new();
     for member in &group.members {
         let mut urls: Vec<String> = text(&member.doc, &["status", "address", "url"])
             .into_iter()
@@ -260,31 +323,100 @@ fn channel_hosts(group: &Group, report: &mut Report) -> Vec<String> {
             urls.extend(addresses.iter().filter_map(|a| text(a, &["url"])));
         }
         for url in urls {
-            if let Some(host) = url_host(&url) {
-                if !hosts.contains(&host) {
-                    hosts.push(host);
-                }
+            let Some(host) = url_host(&url) else { continue };
+            let plain = !url.to_ascii_lowercase().starts_with("https://");
+            match hosts.iter_mut().find(|(h, _)| *h == host) {
+                Some((_, p)) => *p |= plain,
+                None => hosts.push((host, plain)),
             }
         }
-    }
-    if hosts.is_empty() {
-        if let Some(imc) = group.members.iter().find(|m| m.kind == "InMemoryChannel") {
-            hosts.push(format!(
-                "{}-kn-channel.{}.svc.cluster.local",
-                imc.name, imc.namespace
-            ));
-        } else {
-            report.channel(
-                &group.name,
-                Problem::new(
-                    &group.primary.label,
-                    "status.address.url",
-                    "missing: fanout could not tell which requests are for this channel",
-                ),
+        let audience = text(&member.doc, &["status", "address", "audience"]);
+        if let Some(audience) = audience.filter(|_| options.senders.is_none()) {
+            let message = format!(
+                "senders' OIDC tokens (audience {audience:?}) are not checked: run the server \
+                 with --oidc-issuer to enforce who may send"
             );
+            let warning = Problem::new(&member.label, "status.address.audience", message);
+            report.warn(Some(&group.name), warning);
         }
     }
-    hosts
+    for (host, _) in hosts.iter().filter(|(_, plain)| !plain) {
+        let message = format!(
+            "senders reach this channel over https ({host}); the bootstrap's listener is \
+             plain HTTP: terminate TLS in front of it"
+        );
+        let warning = Problem::new(&group.primary.label, "status.address.url", message);
+        report.warn(Some(&group.name), warning);
+    }
+    if !hosts.is_empty() {
+        return hosts.into_iter().map(|(h, _)| h).collect();
+    }
+    if let Some(imc) = in_memory_name(group) {
+        let host = format!(
+            "{imc}-kn-channel.{}.svc.cluster.local",
+            group.primary.namespace
+        );
+        let message = format!("missing: matched by the InMemoryChannel's conventional host {host}");
+        let warning = Problem::new(&group.primary.label, "status.address.url", message);
+        report.warn(Some(&group.name), warning);
+        return vec![host];
+    }
+    report.channel(
+        &group.name,
+        Problem::new(
+            &group.primary.label,
+            "status.address.url",
+            "missing, and the channel is not an InMemoryChannel whose conventional host could \
+             stand in: fanout could not tell which requests are for it",
+        ),
+    );
+    Vec::new()
+}
+
+/// The name of the InMemoryChannel behind `group`, if it is one: a member, or what a
+/// Channel's status (or template) says backs it.
+fn in_memory_name(group: &Group) -> Option<String> {
+    if let Some(imc) = group.members.iter().find(|m| m.kind == "InMemoryChannel") {
+        return Some(imc.name.clone());
+    }
+    let primary = &group.primary;
+    let backing = primary
+        .at(&["status", "channel"])
+        .or_else(|| primary.at(&["spec", "channelTemplate"]));
+    let kind = backing.and_then(|b| text(b, &["kind"]));
+    (primary.kind == "Channel" && kind.as_deref().is_none_or(|k| k == "InMemoryChannel"))
+        .then(|| text(&primary.doc, &["status", "channel", "name"]).unwrap_or(primary.name.clone()))
+}
+
+/// The https clusters whose URIs disagree on the CA certificates: the cluster trusts the
+/// ones named, all of them.
+fn check_tls(report: &mut Report) {
+    let mut found = Vec::new();
+    for (cluster, uses) in &report.tls {
+        let Some(((channel, object, field), _)) = uses.with_ca.first() else {
+            continue;
+        };
+        if let Some((without_channel, without_object, without_field)) = &uses.without_ca {
+            let message = format!(
+                "names no CA certificates, but {object} {field} does, for the same cluster \
+                 {cluster}: the cluster trusts only the named ones"
+            );
+            let warning = Problem::new(without_object, without_field, message);
+            found.push((without_channel.clone(), warning));
+        }
+        let sets: BTreeSet<&String> = uses.with_ca.iter().map(|(_, ca)| ca).collect();
+        if sets.len() > 1 {
+            let message = format!(
+                "the URIs of cluster {cluster} name {} different sets of CA certificates: the \
+                 cluster trusts all of them",
+                sets.len()
+            );
+            found.push((channel.clone(), Problem::new(object, field, message)));
+        }
+    }
+    for (channel, warning) in found {
+        report.warn(Some(&channel), warning);
+    }
 }
 
 fn check_hosts(specs: &BTreeMap<String, ChannelSpec>, report: &mut Report) {
@@ -311,7 +443,7 @@ fn check_hosts(specs: &BTreeMap<String, ChannelSpec>, report: &mut Report) {
 fn channel_subscribers(
     group: &Group,
     spec: &mut ChannelSpec,
-    uids: &mut BTreeSet<String>,
+    listed: &mut Listed,
     report: &mut Report,
 ) {
     for member in &group.members {
@@ -325,10 +457,8 @@ fn channel_subscribers(
         };
         for (i, entry) in entries.iter().enumerate() {
             let at = format!("spec.subscribers[{i}]");
-            if let Some(uid) = text(entry, &["uid"]) {
-                if !uids.insert(uid) {
-                    continue;
-                }
+            if !list(listed, member, entry, &at) {
+                continue; // the same Subscription, listed by the Channel and its backing channel
             }
             let Some(uri) = text(entry, &["subscriberUri"]) else {
                 let problem =
@@ -336,9 +466,10 @@ fn channel_subscribers(
                 report.channel(&group.name, problem);
                 continue;
             };
+            // Knative's reconciler has put the resolved dead letter into the entry's delivery.
             let delivery = match entry.get("delivery") {
-                Some(d) => Some((d, member.label.clone(), format!("{at}.delivery"))),
-                None => channel_delivery(group),
+                Some(d) => Some((d, member.label.clone(), format!("{at}.delivery"), None)),
+                None => channel_delivery(group, report),
             };
             let reply = text(entry, &["replyUri"])
                 .map(|u| (u, format!("{at}.replyUri"), text(entry, &["replyCACerts"])));
@@ -346,6 +477,7 @@ fn channel_subscribers(
                 channel: &group.name,
                 object: &member.label,
             };
+            warnings::subscriber_entry(report, &source, &at, entry);
             let ca = text(entry, &["subscriberCACerts"]);
             let uri_field = format!("{at}.subscriberUri");
             if let Some(sub) = subscriber(
@@ -362,12 +494,64 @@ fn channel_subscribers(
     }
 }
 
-/// The channel's own `spec.delivery`, for subscribers without one of their own.
-fn channel_delivery(group: &Group) -> Option<(&Value, String, String)> {
-    group.members.iter().find_map(|m| {
-        m.at(&["spec", "delivery"])
-            .map(|d| (d, m.label.clone(), "spec.delivery".to_owned()))
-    })
+/// Record the Subscription a channel's subscriber entry stands for; false when it is listed
+/// already.
+fn list(listed: &mut Listed, member: &KObject, entry: &Value, at: &str) -> bool {
+    let uid = text(entry, &["uid"]).map(|u| format!("uid:{u}"));
+    if uid.as_ref().is_some_and(|u| listed.contains_key(u)) {
+        return false;
+    }
+    let place = (
+        text(entry, &["subscriberUri"]).unwrap_or_default(),
+        format!("{} {at}.subscriberUri", member.label),
+    );
+    if let Some(name) = text(entry, &["name"]) {
+        let namespace = text(entry, &["namespace"]).unwrap_or(member.namespace.clone());
+        listed.insert(format!("name:{namespace}/{name}"), place.clone());
+    }
+    if let Some(uid) = uid {
+        listed.insert(uid, place);
+    }
+    true
+}
+
+/// The channel's own `spec.delivery`, for subscribers without one of their own, with its
+/// dead letter as Knative resolved it into the channel's status.
+fn channel_delivery<'a>(group: &'a Group, report: &mut Report) -> Delivery<'a> {
+    let member = group
+        .members
+        .iter()
+        .find(|m| m.at(&["spec", "delivery"]).is_some())?;
+    let spec = member.at(&["spec", "delivery"])?;
+    let source = Source {
+        channel: &group.name,
+        object: &member.label,
+    };
+    let dead_letter = resolved_dead_letter(&member.doc, &["status"], &source, report);
+    let at = "spec.delivery".to_owned();
+    Some((spec, member.label.clone(), at, dead_letter))
+}
+
+/// The dead letter Knative resolved into the status object at `path` (`deadLetterSinkUri`,
+/// `-CACerts`, `-Audience`).
+fn resolved_dead_letter(
+    doc: &Value,
+    path: &[&str],
+    source: &Source,
+    report: &mut Report,
+) -> Option<Reply> {
+    let status = dig(doc, path)?;
+    let uri = text(status, &["deadLetterSinkUri"])?;
+    let at = path.join(".");
+    let audience = text(status, &["deadLetterSinkAudience"]);
+    warnings::audience(
+        report,
+        source,
+        &format!("{at}.deadLetterSinkAudience"),
+        audience,
+    );
+    let ca = text(status, &["deadLetterSinkCACerts"]);
+    Some((uri, format!("{at}.deadLetterSinkUri"), ca))
 }
 
 /// A Subscription the channel's `spec.subscribers` does not list (yet), as Knative's
@@ -376,33 +560,32 @@ fn attach_subscription(
     sub: &KObject,
     groups: &[Group],
     specs: &mut BTreeMap<String, ChannelSpec>,
-    seen_uids: &BTreeMap<String, BTreeSet<String>>,
+    seen_uids: &BTreeMap<String, Listed>,
     report: &mut Report,
 ) {
     let Some(group) = subscription_channel(sub, groups, report) else {
         return;
     };
-    let listed = sub
-        .uid
-        .as_ref()
-        .is_some_and(|u| seen_uids.get(&group.name).is_some_and(|s| s.contains(u)));
-    let Some(spec) = specs.get_mut(&group.name).filter(|_| !listed) else {
+    let by_uid = sub.uid.as_ref().map(|u| format!("uid:{u}"));
+    let by_name = format!("name:{}/{}", sub.namespace, sub.name);
+    let listed_as = seen_uids.get(&group.name).and_then(|listed| {
+        by_uid
+            .and_then(|k| listed.get(&k))
+            .or_else(|| listed.get(&by_name))
+    });
+    if let Some((listed_uri, listed_at)) = listed_as {
+        differs_from_listed(sub, &group.name, listed_uri, listed_at, report);
         return;
-    };
-    let physical = "status.physicalSubscription";
-    let resolved = |role: &str| {
-        text(
-            &sub.doc,
-            &["status", "physicalSubscription", &format!("{role}Uri")],
-        )
-        .map(|u| (u, format!("{physical}.{role}Uri")))
-        .or_else(|| text(&sub.doc, &["spec", role, "uri"]).map(|u| (u, format!("spec.{role}.uri"))))
+    }
+    let Some(spec) = specs.get_mut(&group.name) else {
+        return;
     };
     let source = Source {
         channel: &group.name,
         object: &sub.label,
     };
-    let Some((uri, uri_field)) = resolved("subscriber") else {
+    warnings::subscription(report, &source, &sub.doc);
+    let Some((uri, uri_field, ca)) = subscription_uri(sub, "subscriber") else {
         let message = "not resolved to a URI: neither status.physicalSubscription.subscriberUri \
                        nor an absolute spec.subscriber.uri";
         report.channel(
@@ -411,13 +594,8 @@ fn attach_subscription(
         );
         return;
     };
-    let reply =
-        resolved("reply").map(|(u, f)| (u, f, text(&sub.doc, &["spec", "reply", "CACerts"])));
-    let delivery = match sub.at(&["spec", "delivery"]) {
-        Some(d) => Some((d, sub.label.clone(), "spec.delivery".to_owned())),
-        None => channel_delivery(group),
-    };
-    let ca = text(&sub.doc, &["spec", "subscriber", "CACerts"]);
+    let reply = subscription_uri(sub, "reply");
+    let delivery = subscription_delivery(sub, group, &source, report);
     if let Some(mapped) = subscriber(
         &source,
         (&uri, &uri_field, ca),
@@ -427,6 +605,73 @@ fn attach_subscription(
         report,
     ) {
         spec.subscribers.push(mapped);
+    }
+}
+
+/// A Subscription's `role` (subscriber, reply): its URI as Knative resolved it (else the
+/// spec's absolute one), the field it is read from, and its CA certificates.
+fn subscription_uri(sub: &KObject, role: &str) -> Option<Reply> {
+    let physical = |field: &str| {
+        text(
+            &sub.doc,
+            &["status", "physicalSubscription", &format!("{role}{field}")],
+        )
+    };
+    let (uri, field) = physical("Uri")
+        .map(|u| (u, format!("status.physicalSubscription.{role}Uri")))
+        .or_else(|| {
+            text(&sub.doc, &["spec", role, "uri"]).map(|u| (u, format!("spec.{role}.uri")))
+        })?;
+    let ca = physical("CACerts").or_else(|| text(&sub.doc, &["spec", role, "CACerts"]));
+    Some((uri, field, ca))
+}
+
+/// A Subscription's own delivery, or else its channel's, with the dead letter Knative
+/// resolved into its `status.physicalSubscription`.
+fn subscription_delivery<'a>(
+    sub: &'a KObject,
+    group: &'a Group,
+    source: &Source,
+    report: &mut Report,
+) -> Delivery<'a> {
+    let physical_path = ["status", "physicalSubscription"];
+    let dead_letter = resolved_dead_letter(&sub.doc, &physical_path, source, report);
+    match sub.at(&["spec", "delivery"]) {
+        Some(d) => {
+            let at = "spec.delivery".to_owned();
+            Some((d, sub.label.clone(), at, dead_letter))
+        }
+        None => channel_delivery(group, report).map(|(d, object, at, channel_dead_letter)| {
+            (d, object, at, dead_letter.or(channel_dead_letter))
+        }),
+    }
+}
+
+/// The Subscriptions a channel's `spec.subscribers` lists, by `uid:UID` and
+/// `name:NAMESPACE/NAME`: the entry's subscriberUri and where it is written.
+type Listed = BTreeMap<String, (String, String)>;
+
+/// A Subscription the channel lists whose resolved URI is not the one listed: the listed one
+/// is what Knative's dispatcher calls, and so does fanout.
+fn differs_from_listed(
+    sub: &KObject,
+    channel: &str,
+    listed_uri: &str,
+    listed_at: &str,
+    report: &mut Report,
+) {
+    let field = "status.physicalSubscription.subscriberUri";
+    let Some(physical) = text(
+        &sub.doc,
+        &["status", "physicalSubscription", "subscriberUri"],
+    ) else {
+        return;
+    };
+    let call = |u: &str| parse_uri(u).ok().map(|u| (u.authority, u.path));
+    if call(&physical).is_some() && call(&physical) != call(listed_uri) {
+        let message =
+            format!("differs from {listed_at}, which Knative's dispatcher uses and so does fanout");
+        report.warn(Some(channel), Problem::new(&sub.label, field, message));
     }
 }
 
@@ -461,7 +706,9 @@ struct Source<'a> {
 }
 
 type Reply = (String, String, Option<String>);
-type Delivery<'a> = Option<(&'a Value, String, String)>;
+/// A DeliverySpec, the object and field it is written at, and its dead letter as Knative
+/// resolved it (URI, field, CA certificates), if it did.
+type Delivery<'a> = Option<(&'a Value, String, String, Option<Reply>)>;
 
 fn subscriber(
     source: &Source,
@@ -474,12 +721,12 @@ fn subscriber(
     let before = report.by_channel.get(source.channel).map_or(0, Vec::len);
     let mut config = target(source, uri, field, ca, spec, report)?;
     let mut timeout = None;
-    if let Some((value, object, at)) = delivery {
+    if let Some((value, object, at, dead_letter)) = delivery {
         let here = Source {
             channel: source.channel,
             object: &object,
         };
-        let (mapped, t) = map_delivery(&here, value, &at, spec, report);
+        let (mapped, t) = map_delivery(&here, (value, &at, dead_letter), spec, report);
         timeout = t;
         if let Some(t) = t {
             config.insert("timeout_ms".into(), json!(t));
@@ -531,8 +778,23 @@ fn target(
             port: parsed.port,
             ca_certs: Vec::new(),
         });
-    if let Some(ca) = ca.map(|c| c.trim().to_owned()).filter(|c| !c.is_empty()) {
-        if parsed.tls && !cluster.ca_certs.contains(&ca) {
+    let ca = ca.map(|c| c.trim().to_owned()).filter(|c| !c.is_empty());
+    if parsed.tls {
+        let place = (
+            source.channel.to_owned(),
+            source.object.to_owned(),
+            field.to_owned(),
+        );
+        let uses = report.tls.entry(name.clone()).or_default();
+        match &ca {
+            Some(ca) => uses.with_ca.push((place, ca.clone())),
+            None => {
+                uses.without_ca.get_or_insert(place);
+            }
+        }
+    }
+    if let Some(ca) = ca.filter(|_| parsed.tls) {
+        if !cluster.ca_certs.contains(&ca) {
             cluster.ca_certs.push(ca);
         }
     }
@@ -629,8 +891,7 @@ fn url_host(url: &str) -> Option<String> {
 /// Knative's DeliverySpec -> fanout's `delivery` and the per-call timeout.
 fn map_delivery(
     source: &Source,
-    delivery: &Value,
-    at: &str,
+    (delivery, at, resolved): (&Value, &str, Option<Reply>),
     spec: &mut ChannelSpec,
     report: &mut Report,
 ) -> (Map<String, Value>, Option<u32>) {
@@ -653,11 +914,21 @@ fn map_delivery(
             checked.delay,
             checked.retry_after_max,
         );
-        retries(&mut out, checked.retry, policy, delay, cap);
+        let longest = retries(&mut out, checked.retry, policy, delay, cap);
+        let given = (policy.is_some(), delay.is_some(), cap);
+        warnings::backoff(report, source, at, given, longest);
     }
-    if let Some(uri) = text(delivery, &["deadLetterSink", "uri"]) {
-        let field = format!("{at}.deadLetterSink.uri");
+    let own = || {
+        let uri = text(delivery, &["deadLetterSink", "uri"])?;
         let ca = text(delivery, &["deadLetterSink", "CACerts"]);
+        Some((uri, format!("{at}.deadLetterSink.uri"), ca))
+    };
+    if resolved.is_none() {
+        let field = format!("{at}.deadLetterSink.audience");
+        let audience = text(delivery, &["deadLetterSink", "audience"]);
+        warnings::audience(report, source, &field, audience);
+    }
+    if let Some((uri, field, ca)) = resolved.or_else(own) {
         if let Some(mut t) = target(source, &uri, &field, ca, spec, report) {
             if let Some(ms) = checked.timeout {
                 t.insert("timeout_ms".into(), json!(ms));
@@ -743,14 +1014,15 @@ fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, Str
 }
 
 /// Knative waits delay * 2^(n-1) (exponential) or delay * (n-1) (linear) before retry n;
-/// fanout waits delay * 2^n or delay * n: exponential maps with half the delay.
+/// fanout waits delay * 2^n or delay * n: exponential maps with half the delay. Returns the
+/// longest backoff (ms).
 fn retries(
     out: &mut Map<String, Value>,
     retry: u64,
     policy: Option<&str>,
     delay: Option<u32>,
     cap: Option<u32>,
-) {
+) -> u32 {
     out.insert("retry".into(), json!(retry));
     let (delay, longest) = match (policy, delay) {
         (Some("exponential"), Some(d)) => {
@@ -769,6 +1041,7 @@ fn retries(
         "backoff_max_ms".into(),
         json!(cap.filter(|c| *c >= longest).unwrap_or(longest)),
     );
+    longest
 }
 
 /// An ISO-8601 duration (`PT0.2S`, `PT1M`, `PT1H30M`, `P1D`) in whole milliseconds.
@@ -813,6 +1086,10 @@ pub fn duration_ms(value: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn map(documents: Vec<Value>) -> Snapshot {
+        super::map(&MapOptions::default(), documents)
+    }
 
     fn channel(name: &str, subscribers: Value) -> Value {
         json!({
@@ -925,6 +1202,143 @@ mod tests {
         assert_eq!(
             snapshot.channels["default/orders"].spec.subscribers.len(),
             1
+        );
+    }
+
+    /// The import's warnings, one per kind: each names its object and field, and the
+    /// channel is served (warnings are not problems).
+    #[test]
+    fn what_is_served_unlike_knative_is_a_warning_and_the_channel_is_served() {
+        let mut orders = channel(
+            "orders",
+            json!([
+                { "subscriberUri": "http://a.example/", "subscriberAudience": "a-aud",
+                  "auth": { "serviceAccountName": "orders-oidc" },
+                  "delivery": { "retry": 2, "backoffPolicy": "exponential", "retryAfterMax": "PT0S" } },
+                { "subscriberUri": "http://b.example/",
+                  "delivery": { "retry": 3, "backoffPolicy": "linear", "backoffDelay": "PT1S",
+                                "retryAfterMax": "PT2S" } },
+                { "subscriberUri": "https://c.example/", "subscriberCACerts": "CA-1" },
+                { "subscriberUri": "https://c.example/x", "subscriberCACerts": "CA-2" },
+                { "subscriberUri": "https://c.example/y" }
+            ]),
+        );
+        orders["status"]["address"] = json!({ "url": "https://orders.example", "audience": "o" });
+        let mut bare = channel("bare", json!([{ "subscriberUri": "http://d.example/" }]));
+        bare["status"] = json!({});
+        let broker = json!({ "apiVersion": "eventing.knative.dev/v1", "kind": "Broker",
+                             "metadata": { "name": "b", "namespace": "default" } });
+        let snapshot = map(vec![orders.clone(), orders, bare, broker]);
+        let fields = |channel: &str| -> Vec<String> {
+            let mapping = &snapshot.channels[channel];
+            assert!(mapping.problems.is_empty(), "{:?}", mapping.problems);
+            mapping.warnings.iter().map(|w| w.field.clone()).collect()
+        };
+        let orders = fields("default/orders");
+        for field in [
+            "status.address.audience",
+            "status.address.url",
+            "spec.subscribers[0].subscriberAudience",
+            "spec.subscribers[0].auth",
+            "spec.subscribers[0].delivery.backoffPolicy",
+            "spec.subscribers[0].delivery.retryAfterMax",
+            "spec.subscribers[1].delivery.retryAfterMax",
+            "spec.subscribers[2].subscriberUri",
+            "spec.subscribers[4].subscriberUri",
+        ] {
+            assert!(orders.contains(&field.to_owned()), "{field}: {orders:?}");
+        }
+        assert_eq!(orders.len(), 9, "{orders:?}");
+        assert_eq!(fields("default/bare"), vec!["status.address.url"]);
+        assert_eq!(
+            snapshot.channels["default/bare"].spec.hosts,
+            vec!["bare-kn-channel.default.svc.cluster.local"]
+        );
+        let other: Vec<_> = snapshot
+            .warnings
+            .iter()
+            .map(|w| (w.object.as_str(), w.field.as_str()))
+            .collect();
+        assert_eq!(
+            other,
+            vec![
+                ("InMemoryChannel default/orders", "metadata"),
+                ("Broker default/b", "kind")
+            ]
+        );
+    }
+
+    /// Dead letters and CA certificates as Knative resolved them into the statuses, and a
+    /// Subscription the channel lists (by uid or name) joined once, warned when its resolved
+    /// URI is not the listed one.
+    #[test]
+    fn what_knative_resolved_into_statuses_is_used() {
+        let mut orders = channel(
+            "orders",
+            json!([{ "uid": "u1", "subscriberUri": "http://listed.example/" },
+                   { "name": "by-name", "subscriberUri": "http://named.example/" }]),
+        );
+        orders["spec"]["delivery"] = json!({ "retry": 1,
+            "deadLetterSink": { "ref": { "kind": "Service", "name": "dlq" } } });
+        orders["status"]["deadLetterSinkUri"] = json!("http://dlq.default.svc.cluster.local/");
+        let sub = |name: &str, uid: &str, status: Value| {
+            json!({
+                "apiVersion": "messaging.knative.dev/v1", "kind": "Subscription",
+                "metadata": { "name": name, "namespace": "default", "uid": uid },
+                "spec": { "channel": { "apiVersion": "messaging.knative.dev/v1",
+                                       "kind": "InMemoryChannel", "name": "orders" },
+                          "subscriber": { "ref": { "kind": "Service", "name": name } },
+                          "delivery": { "deadLetterSink": { "ref": { "kind": "Service", "name": "x" } } } },
+                "status": { "physicalSubscription": status }
+            })
+        };
+        let snapshot = map(vec![
+            orders,
+            sub(
+                "listed",
+                "u1",
+                json!({ "subscriberUri": "http://moved.example/" }),
+            ),
+            sub(
+                "by-name",
+                "u2",
+                json!({ "subscriberUri": "http://named.example/" }),
+            ),
+            sub(
+                "new",
+                "u3",
+                json!({ "subscriberUri": "https://new.example/", "subscriberCACerts": "CA",
+                        "deadLetterSinkUri": "http://sub-dlq.example/" }),
+            ),
+        ]);
+        let orders = &snapshot.channels["default/orders"];
+        assert!(orders.problems.is_empty(), "{:?}", orders.problems);
+        let configs: Vec<&Value> = orders.spec.subscribers.iter().map(|s| &s.config).collect();
+        assert_eq!(configs.len(), 3, "{configs:?}");
+        assert_eq!(
+            configs[0]["delivery"]["dead_letter"]["cluster"],
+            "http|dlq.default.svc.cluster.local|80"
+        );
+        assert_eq!(configs[2]["cluster"], "https|new.example|443");
+        assert_eq!(
+            configs[2]["delivery"]["dead_letter"]["cluster"],
+            "http|sub-dlq.example|80"
+        );
+        assert_eq!(
+            orders.spec.clusters["https|new.example|443"].ca_certs,
+            vec!["CA"]
+        );
+        let warned: Vec<_> = orders
+            .warnings
+            .iter()
+            .map(|w| (w.object.as_str(), w.field.as_str()))
+            .collect();
+        assert_eq!(
+            warned,
+            vec![(
+                "Subscription default/listed",
+                "status.physicalSubscription.subscriberUri"
+            )]
         );
     }
 

@@ -1,19 +1,21 @@
 //! `fanout-control`: the control plane of fanout. Every fanout Envoy connects to it over ADS
-//! (`envoy/xds/envoy.yaml`) and gets the fanout filter's configuration (ECDS) and the
-//! subscriber clusters (CDS) from its source of truth; an HTTP endpoint says what each
+//! (`envoy/xds/envoy.yaml`) and gets the fanout filter's configuration and who may send
+//! (ECDS) and the subscriber clusters (CDS) from its source of truth; an HTTP endpoint says what each
 //! Envoy has. See docs/control-plane.md.
 
 mod http;
 mod knative;
 mod model;
 mod render;
+mod senders;
 mod source;
 mod state;
 mod xds;
 
 use clap::Parser;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
-use render::{RenderOptions, Served};
+use model::{AuthorizationMode, MapOptions};
+use render::{RenderOptions, Resolve, Served};
 use source::Source;
 use state::Ledger;
 use std::net::SocketAddr;
@@ -58,12 +60,37 @@ struct Args {
     /// so that events already in flight finish their calls (and retries) to it.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     cluster_grace: u64,
+    /// Check senders' OIDC tokens from this issuer and enforce the EventPolicies (Knative's
+    /// OIDC authentication): served over ECDS as the `senders-jwt` and `senders-rbac`
+    /// filters that envoy/xds/envoy.yaml runs before fanout. Without it, those let every
+    /// request through and a channel in a namespace with an EventPolicy is reported and
+    /// kept as it was.
+    #[arg(long, value_name = "URL")]
+    oidc_issuer: Option<String>,
+    /// The issuer's JWKS as the Envoys see it (with --oidc-issuer).
+    #[arg(long, value_name = "FILE", default_value = "/etc/fanout/jwks.json")]
+    jwks: String,
+    /// Who may send to a channel no EventPolicy applies to (with --oidc-issuer): Knative's
+    /// default-authorization-mode, same words, same default.
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = AuthorizationMode::AllowSameNamespace)]
+    default_authorization_mode: AuthorizationMode,
+    /// Reach HOST (on PORT only, when given) at ADDRESS:PORT instead of its DNS name
+    /// (repeatable); calls keep the URI's authority, and https its SNI and certificate
+    /// check on HOST.
+    #[arg(long, value_name = "HOST[:PORT]=ADDRESS:PORT")]
+    resolve: Vec<Resolve>,
 }
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args = Args::parse();
-    let source = match source::from_arg(&args.source) {
+    let map_options = MapOptions {
+        senders: args
+            .oidc_issuer
+            .as_ref()
+            .map(|_| args.default_authorization_mode),
+    };
+    let source = match source::from_arg(&args.source, map_options) {
         Ok(source) => source,
         Err(e) => {
             eprintln!("fanout-control: {e}");
@@ -94,6 +121,11 @@ async fn serve(args: Args, source: Box<dyn Source>) -> Result<(), String> {
     let options = RenderOptions {
         wasm: args.wasm.clone(),
         trusted_ca: args.trusted_ca.clone(),
+        oidc: args.oidc_issuer.clone().map(|issuer| senders::Oidc {
+            issuer,
+            jwks: args.jwks.clone(),
+        }),
+        resolve: args.resolve.clone(),
     };
     let ledger = Ledger::default();
     let (snapshots_tx, snapshots) = watch::channel(None);

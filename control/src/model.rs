@@ -46,6 +46,26 @@ pub struct SubscriberSpec {
     pub config: Value,
 }
 
+/// Who may send to a channel (Knative's OIDC authentication and EventPolicies): a token for
+/// `audience` from the server's issuer, whose subject is one of `allowed`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Senders {
+    /// The audience a sender's token must carry (the channel's `status.address.audience`).
+    pub audience: String,
+    pub allowed: Allowed,
+}
+
+/// The subjects that may send.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Allowed {
+    /// Any subject with a valid token (the default mode `allow-all`).
+    Any,
+    /// These subjects: each exact or, ending in `*`, a prefix; compared without case. None:
+    /// nobody (`deny-all`).
+    Subjects(Vec<String>),
+}
+
 /// One fanout channel as the source wants it served.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ChannelSpec {
@@ -53,14 +73,18 @@ pub struct ChannelSpec {
     pub subscribers: Vec<SubscriberSpec>,
     /// Every cluster its subscribers, replies and dead letters call, by name.
     pub clusters: BTreeMap<String, ClusterSpec>,
+    /// Who may send; `None`: senders are not checked (the server runs without an OIDC issuer).
+    pub senders: Option<Senders>,
 }
 
 /// A channel of the source: what it maps to, and what of it did not map. A channel with
-/// problems is not served as it is now (the server keeps its last good version, if any).
+/// problems is not served as it is now (the server keeps its last good version, if any); a
+/// warning says what is served differently from Knative, and the channel is served.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ChannelMapping {
     pub spec: ChannelSpec,
     pub problems: Vec<Problem>,
+    pub warnings: Vec<Problem>,
 }
 
 /// Everything a source says at one moment.
@@ -70,4 +94,26 @@ pub struct Snapshot {
     pub channels: BTreeMap<String, ChannelMapping>,
     /// What belongs to no channel (an unreadable file, a Subscription of a missing channel).
     pub problems: Vec<Problem>,
+    /// Warnings that belong to no channel (an object of a kind fanout does not serve).
+    pub warnings: Vec<Problem>,
+}
+
+/// Who may send to a channel no EventPolicy applies to: Knative's
+/// `default-authorization-mode` feature flag, same words, same default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuthorizationMode {
+    /// Subjects of the channel's namespace (`system:serviceaccount:<namespace>:*`).
+    #[default]
+    AllowSameNamespace,
+    /// Any subject with a valid token for the channel.
+    AllowAll,
+    /// Nobody.
+    DenyAll,
+}
+
+/// How Knative objects are mapped: with `senders`, the senders' OIDC tokens are checked and
+/// EventPolicies enforced, under that default mode (the server's `--oidc-issuer`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapOptions {
+    pub senders: Option<AuthorizationMode>,
 }

@@ -4,6 +4,7 @@
 //! content, so two servers, or a restarted one, give the same state the same version.
 
 use crate::model::{ChannelSpec, ClusterSpec, Problem, Snapshot};
+use crate::senders::{self, Oidc};
 use envoy_types::pb::envoy::config::cluster::v3::{
     cluster::ClusterDiscoveryType, cluster::DiscoveryType, Cluster,
 };
@@ -38,6 +39,65 @@ pub struct RenderOptions {
     pub wasm: String,
     /// The CA bundle an https cluster trusts when the source names no CA certificates.
     pub trusted_ca: String,
+    /// Check senders' tokens from this issuer (`--oidc-issuer`, `--jwks`).
+    pub oidc: Option<Oidc>,
+    /// Where a cluster's endpoint is instead of its host (`--resolve`).
+    pub resolve: Vec<Resolve>,
+}
+
+/// `--resolve HOST[:PORT]=ADDRESS:PORT`: the cluster of HOST (on PORT only, when given)
+/// calls ADDRESS:PORT instead of HOST's DNS name; calls keep the URI's authority, and https
+/// its SNI and certificate check on HOST.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolve {
+    pub spec: String,
+    pub host: String,
+    pub port: Option<u16>,
+    pub address: String,
+    pub address_port: u16,
+}
+
+impl std::str::FromStr for Resolve {
+    type Err = String;
+
+    fn from_str(spec: &str) -> Result<Resolve, String> {
+        let expected = || format!("{spec:?}: expected HOST[:PORT]=ADDRESS:PORT");
+        let (target, address) = spec.split_once('=').ok_or_else(expected)?;
+        let (address, address_port) = address.rsplit_once(':').ok_or_else(expected)?;
+        let (host, port) = match target.strip_prefix('[') {
+            Some(rest) => {
+                let (host, after) = rest.split_once(']').ok_or_else(expected)?;
+                (host, after.strip_prefix(':'))
+            }
+            None => match target.split_once(':') {
+                Some((host, port)) if !port.contains(':') => (host, Some(port)),
+                _ => (target, None),
+            },
+        };
+        let port_of = |p: &str| match p.parse::<u16>() {
+            Ok(p) if p > 0 => Ok(p),
+            _ => Err(format!("{spec:?}: {p:?} is not a port")),
+        };
+        let address = address.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() || address.is_empty() {
+            return Err(expected());
+        }
+        Ok(Resolve {
+            spec: spec.to_owned(),
+            host: host.to_ascii_lowercase(),
+            port: port.map(port_of).transpose()?,
+            address: address.to_owned(),
+            address_port: port_of(address_port)?,
+        })
+    }
+}
+
+impl RenderOptions {
+    fn resolve(&self, host: &str, port: u16) -> Option<&Resolve> {
+        self.resolve
+            .iter()
+            .find(|r| r.host == host && r.port.is_none_or(|p| p == port))
+    }
 }
 
 /// Whether a channel is served as the source has it now.
@@ -62,6 +122,7 @@ pub struct ServedChannel {
     /// A digest of what is served: an Envoy whose filter has it has this channel as served.
     pub digest: String,
     pub problems: Vec<Problem>,
+    pub warnings: Vec<Problem>,
 }
 
 /// Everything the server serves at one moment.
@@ -69,7 +130,10 @@ pub struct ServedChannel {
 pub struct Served {
     pub channels: BTreeMap<String, ServedChannel>,
     pub problems: Vec<Problem>,
-    pub ecds: Any,
+    /// What is served differently from Knative (the channels' own are in `channels`).
+    pub warnings: Vec<Problem>,
+    /// The ECDS resources: the fanout filter and the two senders filters.
+    pub ecds: Vec<Any>,
     pub ecds_version: String,
     pub clusters: BTreeMap<String, Any>,
     pub cds_version: String,
@@ -78,6 +142,56 @@ pub struct Served {
 /// Decide what to serve from `snapshot`, falling back for a channel with problems to its
 /// version in `previous`.
 pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOptions) -> Served {
+    let channels = decide(snapshot, previous);
+    let served: Vec<_> = channels
+        .iter()
+        .filter(|(_, c)| c.serving != Serving::NotServed)
+        .collect();
+    let plugin = json!({ "channels": served.iter().map(|(n, c)| channel_json(n, &c.spec)).collect::<Vec<_>>() });
+    let plugin = plugin.to_string();
+    let specs: Vec<(&String, &ChannelSpec)> = served.iter().map(|(n, c)| (*n, &c.spec)).collect();
+    let (mut ecds, who) = senders::filters(&specs, options.oidc.as_ref());
+    let ecds_version = digest(&format!("{plugin}\n{}\n{who}", options.wasm));
+    ecds.insert(0, any(&filter_config(&plugin, &options.wasm)));
+    let mut clusters = BTreeMap::new();
+    for (_, channel) in served {
+        for cluster in channel.spec.clusters.values() {
+            clusters
+                .entry(cluster.name.clone())
+                .or_insert_with(|| cluster_spec_merge(cluster, &channels));
+        }
+    }
+    let clusters_named: Vec<(String, u16)> = clusters
+        .values()
+        .map(|c| (c.host.clone(), c.port))
+        .collect();
+    let clusters: BTreeMap<String, Any> = clusters
+        .into_iter()
+        .map(|(name, spec)| (name, any(&cluster(&spec, options))))
+        .collect();
+    let cds_version = cds_version(clusters.values());
+    let mut warnings = snapshot.warnings.clone();
+    for unused in options.resolve.iter().filter(|r| {
+        !clusters_named
+            .iter()
+            .any(|(host, port)| r.host == *host && r.port.is_none_or(|p| p == *port))
+    }) {
+        let message = "no URI of the served channels names this host (and port)";
+        warnings.push(Problem::new("--resolve", &unused.spec, message));
+    }
+    Served {
+        channels,
+        problems: snapshot.problems.clone(),
+        warnings,
+        ecds,
+        ecds_version,
+        clusters,
+        cds_version,
+    }
+}
+
+/// Each channel as it is now, its last good version in `previous`, or not at all.
+fn decide(snapshot: &Snapshot, previous: Option<&Served>) -> BTreeMap<String, ServedChannel> {
     let mut channels = BTreeMap::new();
     for (name, mapping) in &snapshot.channels {
         let last = previous
@@ -88,7 +202,8 @@ pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOpt
             (false, Some(last)) => (Serving::LastGood, last.spec.clone()),
             (false, None) => (Serving::NotServed, ChannelSpec::default()),
         };
-        let digest = digest(&channel_json(name, &spec).to_string());
+        let described = json!([channel_json(name, &spec), spec.senders]);
+        let digest = digest(&described.to_string());
         let problems = mapping.problems.clone();
         channels.insert(
             name.clone(),
@@ -97,38 +212,11 @@ pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOpt
                 spec,
                 digest,
                 problems,
+                warnings: mapping.warnings.clone(),
             },
         );
     }
-    let served: Vec<_> = channels
-        .iter()
-        .filter(|(_, c)| c.serving != Serving::NotServed)
-        .collect();
-    let plugin = json!({ "channels": served.iter().map(|(n, c)| channel_json(n, &c.spec)).collect::<Vec<_>>() });
-    let plugin = plugin.to_string();
-    let ecds_version = digest(&format!("{plugin}\n{}", options.wasm));
-    let ecds = any(&filter_config(&plugin, &options.wasm));
-    let mut clusters = BTreeMap::new();
-    for (_, channel) in served {
-        for cluster in channel.spec.clusters.values() {
-            clusters
-                .entry(cluster.name.clone())
-                .or_insert_with(|| cluster_spec_merge(cluster, &channels));
-        }
-    }
-    let clusters: BTreeMap<String, Any> = clusters
-        .into_iter()
-        .map(|(name, spec)| (name, any(&cluster(&spec, options))))
-        .collect();
-    let cds_version = cds_version(clusters.values());
-    Served {
-        channels,
-        problems: snapshot.problems.clone(),
-        ecds,
-        ecds_version,
-        clusters,
-        cds_version,
-    }
+    channels
 }
 
 /// A cluster named by several channels trusts the CA certificates any of them names.
@@ -218,17 +306,20 @@ fn filter_config(plugin: &str, wasm: &str) -> TypedExtensionConfig {
 /// (SNI and the certificate checked for the host) for https.
 fn cluster(spec: &ClusterSpec, options: &RenderOptions) -> Cluster {
     let is_ip = spec.host.parse::<std::net::IpAddr>().is_ok();
-    let kind = if is_ip {
+    let (host, port) = options
+        .resolve(&spec.host, spec.port)
+        .map_or((spec.host.as_str(), spec.port), |r| {
+            (r.address.as_str(), r.address_port)
+        });
+    let kind = if host.parse::<std::net::IpAddr>().is_ok() {
         DiscoveryType::Static
     } else {
         DiscoveryType::StrictDns
     };
     let address = Address {
         address: Some(address::Address::SocketAddress(SocketAddress {
-            address: spec.host.clone(),
-            port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
-                spec.port,
-            ))),
+            address: host.to_owned(),
+            port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(port))),
             ..SocketAddress::default()
         })),
     };
@@ -306,11 +397,14 @@ fn tls_socket(spec: &ClusterSpec, is_ip: bool, options: &RenderOptions) -> Trans
 mod tests {
     use super::*;
     use crate::knative;
+    use crate::model::MapOptions;
 
     fn options() -> RenderOptions {
         RenderOptions {
             wasm: "/w/fanout.wasm".into(),
             trusted_ca: "/ca.crt".into(),
+            oidc: None,
+            resolve: Vec::new(),
         }
     }
 
@@ -324,7 +418,7 @@ mod tests {
     }
 
     fn plugin(served: &Served) -> Value {
-        let filter = TypedExtensionConfig::decode(served.ecds.value.as_slice()).unwrap();
+        let filter = TypedExtensionConfig::decode(served.ecds[0].value.as_slice()).unwrap();
         let wasm = Wasm::decode(filter.typed_config.unwrap().value.as_slice()).unwrap();
         let config = wasm.config.unwrap().configuration.unwrap();
         serde_json::from_str(&StringValue::decode(config.value.as_slice()).unwrap().value).unwrap()
@@ -333,19 +427,19 @@ mod tests {
     #[test]
     fn a_bad_channel_keeps_its_last_good_version_and_the_rest_moves() {
         let first = serve(
-            &knative::map(vec![
-                imc("a", "http://x.example/"),
-                imc("b", "http://y.example/"),
-            ]),
+            &knative::map(
+                &MapOptions::default(),
+                vec![imc("a", "http://x.example/"), imc("b", "http://y.example/")],
+            ),
             None,
             &options(),
         );
         assert_eq!(first.clusters.len(), 2);
         let second = serve(
-            &knative::map(vec![
-                imc("a", "ftp://x.example/"),
-                imc("b", "http://z.example/"),
-            ]),
+            &knative::map(
+                &MapOptions::default(),
+                vec![imc("a", "ftp://x.example/"), imc("b", "http://z.example/")],
+            ),
             Some(&first),
             &options(),
         );
@@ -365,7 +459,7 @@ mod tests {
             "http|z.example|80"
         );
         let new = serve(
-            &knative::map(vec![imc("c", "ftp://x.example/")]),
+            &knative::map(&MapOptions::default(), vec![imc("c", "ftp://x.example/")]),
             None,
             &options(),
         );
@@ -374,16 +468,86 @@ mod tests {
     }
 
     #[test]
+    fn resolve_points_a_cluster_elsewhere_and_keeps_its_tls_name() {
+        let parse = |s: &str| s.parse::<Resolve>();
+        assert_eq!(
+            parse("x.example:443=127.0.0.1:8443").unwrap(),
+            Resolve {
+                spec: "x.example:443=127.0.0.1:8443".into(),
+                host: "x.example".into(),
+                port: Some(443),
+                address: "127.0.0.1".into(),
+                address_port: 8443,
+            }
+        );
+        assert_eq!(parse("[::1]=[::1]:9").unwrap().host, "::1");
+        assert_eq!(parse("X.example=h:9").unwrap().port, None);
+        assert!(parse("x.example").is_err());
+        assert!(parse("x.example=127.0.0.1").is_err());
+        assert!(parse("x.example=127.0.0.1:0").is_err());
+        assert!(parse("x.example:http=127.0.0.1:9").is_err());
+        let options = RenderOptions {
+            resolve: vec![
+                parse("x.example=127.0.0.1:8443").unwrap(),
+                parse("y.example:80=127.0.0.1:9").unwrap(),
+                parse("nobody.example=127.0.0.1:9").unwrap(),
+            ],
+            ..options()
+        };
+        let served = serve(
+            &knative::map(
+                &MapOptions::default(),
+                vec![
+                    imc("a", "https://x.example/"),
+                    imc("b", "http://y.example:81/"),
+                ],
+            ),
+            None,
+            &options,
+        );
+        let x = Cluster::decode(served.clusters["https|x.example|443"].value.as_slice()).unwrap();
+        assert_eq!(
+            x.cluster_discovery_type,
+            Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32))
+        );
+        let endpoint = format!("{:?}", x.load_assignment.unwrap().endpoints);
+        assert!(endpoint.contains("\"127.0.0.1\"") && endpoint.contains("PortValue(8443)"));
+        let Some(transport_socket::ConfigType::TypedConfig(tls)) =
+            x.transport_socket.unwrap().config_type
+        else {
+            panic!("no TLS")
+        };
+        let tls = UpstreamTlsContext::decode(tls.value.as_slice()).unwrap();
+        assert_eq!(tls.sni, "x.example", "the SNI stays the URI's host");
+        // y.example:80 does not resolve y.example:81.
+        let y = Cluster::decode(served.clusters["http|y.example|81"].value.as_slice()).unwrap();
+        assert!(format!("{:?}", y.load_assignment).contains("\"y.example\""));
+        let unused: Vec<_> = served.warnings.iter().map(|w| w.field.as_str()).collect();
+        assert_eq!(
+            unused,
+            vec!["y.example:80=127.0.0.1:9", "nobody.example=127.0.0.1:9"]
+        );
+    }
+
+    #[test]
     fn versions_are_digests_of_the_content() {
         let objects = vec![imc("a", "https://x.example/")];
-        let one = serve(&knative::map(objects.clone()), None, &options());
-        let two = serve(&knative::map(objects), None, &options());
+        let one = serve(
+            &knative::map(&MapOptions::default(), objects.clone()),
+            None,
+            &options(),
+        );
+        let two = serve(
+            &knative::map(&MapOptions::default(), objects),
+            None,
+            &options(),
+        );
         assert_eq!(
             (one.ecds_version.clone(), one.cds_version.clone()),
             (two.ecds_version, two.cds_version)
         );
         let other = serve(
-            &knative::map(vec![imc("a", "https://y.example/")]),
+            &knative::map(&MapOptions::default(), vec![imc("a", "https://y.example/")]),
             None,
             &options(),
         );

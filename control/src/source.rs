@@ -4,7 +4,7 @@
 //! live Kubernetes source is another implementation of [`Source`].
 
 use crate::knative;
-use crate::model::{Problem, Snapshot};
+use crate::model::{MapOptions, Problem, Snapshot};
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -26,10 +26,10 @@ pub trait Source: Send + 'static {
 }
 
 /// Parse `--source`: `dir:PATH`.
-pub fn from_arg(arg: &str) -> Result<Box<dyn Source>, String> {
+pub fn from_arg(arg: &str, options: MapOptions) -> Result<Box<dyn Source>, String> {
     match arg.split_once(':') {
         Some(("dir", path)) if !path.is_empty() => {
-            Ok(Box::new(DirSource::new(PathBuf::from(path))))
+            Ok(Box::new(DirSource::new(PathBuf::from(path), options)))
         }
         _ => Err(format!("--source {arg:?}: expected dir:PATH")),
     }
@@ -37,21 +37,29 @@ pub fn from_arg(arg: &str) -> Result<Box<dyn Source>, String> {
 
 /// A directory of Knative objects as `kubectl get -o yaml` (or `-o json`) writes them, one
 /// or more per file (`*.yaml`, `*.yml`, `*.json`; names starting with `.` are skipped, so a
-/// mounted ConfigMap's `..data` works). Read again whenever a file changes. A file that does
+/// mounted ConfigMap's `..data` works). Read again whenever a file changes: an inotify watch
+/// on the directory wakes the source at once, and it looks every second anyway (every 100 ms
+/// where the watch cannot be set). A file that does
 /// not parse is reported and its objects stay as they last parsed (a half-written file never
 /// deletes a channel).
 pub struct DirSource {
     dir: PathBuf,
+    /// How often to look without a watch.
     interval: Duration,
+    /// How often to look with one (a watch lost with a directory replaced).
+    fallback: Duration,
     files: BTreeMap<String, (Vec<u8>, Vec<Value>)>,
+    options: MapOptions,
 }
 
 impl DirSource {
-    pub fn new(dir: PathBuf) -> DirSource {
+    pub fn new(dir: PathBuf, options: MapOptions) -> DirSource {
         DirSource {
             dir,
             interval: Duration::from_millis(100),
+            fallback: Duration::from_secs(1),
             files: BTreeMap::new(),
+            options,
         }
     }
 
@@ -110,7 +118,7 @@ impl DirSource {
             .values()
             .flat_map(|(_, objects)| objects.iter().cloned())
             .collect();
-        let mut snapshot = knative::map(objects);
+        let mut snapshot = knative::map(&self.options, objects);
         snapshot.problems.extend(problems);
         Some(snapshot)
     }
@@ -122,6 +130,13 @@ impl Source for DirSource {
     }
 
     fn run(mut self: Box<Self>, out: Snapshots) {
+        let (tx, changes) = std::sync::mpsc::channel();
+        let watcher = watch(&self.dir, tx);
+        let wait = if watcher.is_some() {
+            self.fallback
+        } else {
+            self.interval
+        };
         let mut last: Option<Snapshot> = None;
         loop {
             if let Some(snapshot) = self.poll() {
@@ -144,7 +159,35 @@ impl Source for DirSource {
             } else if out.is_closed() {
                 return;
             }
-            std::thread::sleep(self.interval);
+            // A change wakes the source at once; the changes that came with it are read by
+            // the same look.
+            if changes.recv_timeout(wait).is_ok() {
+                while changes.try_recv().is_ok() {}
+            }
+        }
+    }
+}
+
+/// An inotify watch on `dir` that sends on `tx` at every change in it; None (logged) where
+/// it cannot be set: the source then looks every 100 ms.
+fn watch(dir: &Path, tx: std::sync::mpsc::Sender<()>) -> Option<notify::RecommendedWatcher> {
+    use notify::Watcher;
+    let on_event = move |_: notify::Result<notify::Event>| {
+        let _ = tx.send(());
+    };
+    let watched = notify::recommended_watcher(on_event).and_then(|mut watcher| {
+        watcher
+            .watch(dir, notify::RecursiveMode::NonRecursive)
+            .map(|()| watcher)
+    });
+    match watched {
+        Ok(watcher) => Some(watcher),
+        Err(e) => {
+            log::warn!(
+                "{}: no watch on the directory ({e}); looking every 100 ms",
+                dir.display()
+            );
+            None
         }
     }
 }
@@ -187,7 +230,7 @@ mod tests {
                        spec: {subscribers: [{subscriberUri: 'http://x.example/'}]}\n";
         std::fs::write(dir.join("a.yaml"), channel).unwrap();
         std::fs::write(dir.join(".hidden.yaml"), "{").unwrap();
-        let mut source = DirSource::new(dir.clone());
+        let mut source = DirSource::new(dir.clone(), crate::model::MapOptions::default());
         let first = source.poll().unwrap();
         assert_eq!(first.channels.len(), 1);
         assert!(first.problems.is_empty(), "{:?}", first.problems);

@@ -216,6 +216,7 @@ impl Ledger {
             "versions": { "filter": served.ecds_version, "clusters": served.cds_version },
             "channels": channels,
             "problems": served.problems,
+            "warnings": served.warnings,
             "envoys": inner.envoys,
         })
     }
@@ -270,6 +271,8 @@ fn channel_report(
         "hosts": channel.spec.hosts,
         "subscribers": subscribers,
         "problems": problems,
+        "warnings": channel.warnings,
+        "senders": channel.spec.senders,
         "envoys": envoys,
     })
 }

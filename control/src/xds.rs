@@ -1,5 +1,6 @@
-//! The ADS server (state of the world): every Envoy gets the fanout filter (ECDS) and the
-//! subscriber clusters (CDS) on one stream, whole on every (re)connect and on every change.
+//! The ADS server (state of the world): every Envoy gets the fanout filter and the senders
+//! filters (ECDS, one version for the three) and the subscriber clusters (CDS) on one
+//! stream, whole on every (re)connect and on every change.
 //!
 //! Order: clusters before the filter that calls them, and a cluster the Envoy's current
 //! filter still calls stays until the Envoy has ACKed the filter that no longer does, and
@@ -272,7 +273,7 @@ impl StreamState {
             && filter_behind
         {
             let calls = served.clusters.keys().cloned().collect();
-            let resources = vec![served.ecds.clone()];
+            let resources = served.ecds.clone();
             out.push(self.respond(
                 Kind::Filter,
                 FILTER_TYPE,

@@ -455,6 +455,204 @@ fn a_version_envoy_refuses_is_reported_with_its_text_and_not_resent() {
     assert_eq!(reply.status, 202);
 }
 
+/// With `--oidc-issuer`, an EventPolicy decides who may send to its channel: a token for the
+/// channel's audience whose subject the policy allows is delivered; another subject, or a
+/// token for another audience, gets 403; no token 401. Removing the policy opens the channel under Knative's default mode,
+/// allow-same-namespace: a sender of the channel's namespace is delivered, one of another
+/// namespace still gets 403.
+#[test]
+fn event_policies_decide_who_may_send_and_removing_one_opens_the_channel() {
+    use crate::knative_senders::{mint, ISSUER};
+    const SA: &str = "system:serviceaccount";
+    let audience = "messaging.knative.dev/inmemorychannel/default/orders";
+    let dir = TempDir::new("fanout-control-src", "the source directory");
+    let keys = TempDir::new("fanout-control-keys", "the JWKS and tokens");
+    let tokens = mint(
+        keys.path(),
+        &[
+            ("allowed", format!("{SA}:default:producer"), audience.into()),
+            ("neighbour", format!("{SA}:default:other"), audience.into()),
+            ("stranger", format!("{SA}:elsewhere:other"), audience.into()),
+            (
+                "wrong_audience",
+                format!("{SA}:default:producer"),
+                "messaging.knative.dev/inmemorychannel/default/audit".into(),
+            ),
+        ],
+    );
+    let a = Subscriber::ok("a");
+    write(
+        dir.path(),
+        "orders.yaml",
+        &format!(
+            "apiVersion: messaging.knative.dev/v1\nkind: InMemoryChannel\n\
+             metadata: {{name: orders, namespace: default}}\n\
+             spec:\n  subscribers:\n    - {{subscriberUri: '{}'}}\n\
+             status:\n  address: {{url: 'http://orders.example', audience: '{audience}'}}\n",
+            uri(&a, "/")
+        ),
+    );
+    write(
+        dir.path(),
+        "policy.yaml",
+        "apiVersion: eventing.knative.dev/v1alpha1\nkind: EventPolicy\n\
+         metadata: {name: orders-producer, namespace: default}\n\
+         spec:\n  to:\n    - ref: {apiVersion: messaging.knative.dev/v1, kind: InMemoryChannel, name: orders}\n\
+         \x20 from:\n    - sub: system:serviceaccount:default:producer\n",
+    );
+    let jwks = keys.path().join("jwks.json");
+    let jwks = jwks.to_str().unwrap();
+    let control = Control::start_with(
+        dir.path(),
+        free_ports(1)[0],
+        &["--oidc-issuer", ISSUER, "--jwks", jwks],
+    );
+    let envoy = xds_envoy("e1", control.xds_port).start();
+    let client = Client::http1_resolving("orders.example", envoy.addr());
+    let url = format!("http://orders.example:{}/", envoy.port());
+    let post = |token: Option<&str>| {
+        let mut request = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body("{}");
+        if let Some(name) = token {
+            request = request.header("authorization", format!("Bearer {}", tokens[name]));
+        }
+        crate::harness::send(request).status
+    };
+    assert_eq!(post(Some("allowed")), 202);
+    assert_eq!(post(Some("neighbour")), 403, "the policy does not allow it");
+    assert_eq!(
+        post(Some("wrong_audience")),
+        403,
+        "a token for another channel"
+    );
+    assert_eq!(post(None), 401, "no token");
+    assert_eq!(a.wait_for(1, WAIT), 1);
+    let state = control.state();
+    assert_eq!(
+        channel_state(&state, "default/orders")["senders"]["allowed"]["subjects"],
+        serde_json::json!(["system:serviceaccount:default:producer"]),
+        "{state:#}"
+    );
+
+    // The policy removed: the default mode, allow-same-namespace. The sender tries again
+    // the moment it has its answer, as a client with a refused event does.
+    fs::remove_file(dir.path().join("policy.yaml")).unwrap();
+    wait_until("the neighbour delivered", || post(Some("neighbour")) == 202);
+    assert_eq!(post(Some("stranger")), 403, "another namespace's sender");
+    assert_eq!(post(Some("allowed")), 202);
+    assert_eq!(a.wait_for(3, WAIT), 3);
+    a.stays_at(3, Duration::from_millis(300));
+}
+
+/// `make run-control` as a user runs it (the script it runs, `examples/control-demo.sh`, with
+/// this run's ports): the demo sends an event, adds a subscriber by rewriting the channel's
+/// file and sends another; then this test, as the user the demo invites to, edits the same
+/// file to add a third subscriber and sends events until that one gets one. SIGTERM to the
+/// demo's process group (Ctrl-C) stops everything it started.
+#[test]
+fn run_control_demo_adds_a_subscriber_when_its_file_is_edited() {
+    use crate::harness::{envoy_bin, manifest_dir, wasm_path};
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    let ports = free_ports(6);
+    let logs = TempDir::new("fanout-control-demo", "the demo's output");
+    let out = logs.path().join("demo.out");
+    let mut child = Command::new("bash")
+        .arg(manifest_dir().join("examples/control-demo.sh"))
+        .current_dir(manifest_dir())
+        .env("ENVOY_BIN", envoy_bin())
+        .env("FANOUT_WASM", wasm_path())
+        .env("FANOUT_CONTROL_BIN", crate::harness::control::control_bin())
+        .env("FANOUT_DEMO_PORT", ports[0].to_string())
+        .env("FANOUT_DEMO_ADMIN_PORT", ports[1].to_string())
+        .env("FANOUT_CONTROL_XDS_PORT", ports[2].to_string())
+        .env("FANOUT_CONTROL_HTTP_PORT", ports[3].to_string())
+        .env("FANOUT_DEMO_BILLING_PORT", ports[4].to_string())
+        .env("FANOUT_DEMO_SHIPPING_PORT", ports[5].to_string())
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(&out).unwrap())
+        .stderr(fs::File::create(logs.path().join("demo.err")).unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pgid = child.id() as libc::pid_t;
+    let stop = |child: &mut std::process::Child| {
+        // SAFETY: signalling the process group this test created.
+        unsafe {
+            libc::kill(-pgid, libc::SIGTERM);
+        }
+        child.wait().unwrap()
+    };
+    let read = || {
+        let text = fs::read_to_string(&out).unwrap_or_default();
+        let err = fs::read_to_string(logs.path().join("demo.err")).unwrap_or_default();
+        (text, err)
+    };
+    // The demo bounds its own waits; this bounds the whole start (it may build the
+    // subscriber).
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !read().0.contains("Ctrl-C stops everything") {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the demo stopped ({status}): {:?}", read());
+        }
+        if Instant::now() > deadline {
+            stop(&mut child);
+            panic!("the demo did not come up in 300 s: {:?}", read());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (text, _) = read();
+    assert!(text.contains("event 1 -> 202"), "{text}");
+    assert!(text.contains("event 2 -> 202"), "{text}");
+    let channels = text
+        .lines()
+        .find_map(|l| l.strip_prefix("fanout-control serves "))
+        .and_then(|l| l.split(';').next())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| panic!("which directory: {text}"));
+
+    // The user's edit: a third subscriber, the file written whole and renamed over.
+    let third = Subscriber::ok("third");
+    let file = fs::read_to_string(channels.join("orders.yaml")).unwrap();
+    let entry = format!("    - subscriberUri: {}\nstatus:", uri(&third, "/third"));
+    assert!(file.contains("\nstatus:"), "{file}");
+    write(
+        &channels,
+        "orders.yaml",
+        &file.replacen("status:", &entry, 1),
+    );
+    let envoy: std::net::SocketAddr = format!("127.0.0.1:{}", ports[0]).parse().unwrap();
+    let host = "orders-kn-channel.demo.svc.cluster.local";
+    let client = Client::http1_resolving(host, envoy);
+    let url = format!("http://{host}:{}/", ports[0]);
+    wait_until("an event reaches the added subscriber", || {
+        let reply = crate::harness::send(
+            client
+                .post(&url)
+                .header("content-type", "application/json")
+                .header("ce-specversion", "1.0")
+                .header("ce-id", "user-1")
+                .header("ce-source", "/e2e")
+                .header("ce-type", "e2e.order")
+                .body("{}"),
+        );
+        assert_eq!(reply.status, 202, "{}", reply.text());
+        third.count() >= 1
+    });
+    assert_eq!(third.requests()[0].path, "/third");
+
+    // Ctrl-C: everything the demo started stops.
+    let status = stop(&mut child);
+    assert!(!status.success(), "stopped by the signal: {status}");
+    for port in [ports[0], ports[3], ports[4], ports[5]] {
+        wait_until(&format!("port {port} closed"), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+        });
+    }
+}
+
 #[test]
 fn an_envoy_started_before_the_server_refuses_connections_until_it_has_everything() {
     let dir = TempDir::new("fanout-control-src", "the source directory");
@@ -678,9 +876,10 @@ fn propagation_files() -> (Duration, Duration) {
     let mut volume = ConfigMapVolume::new();
     let (filter, cds) = files(&clusters);
     volume.publish(&[("fanout.yaml", &filter), ("clusters.yaml", &cds)]);
-    let bootstrap = shipped_bootstrap(volume.path());
     let envoys: Vec<Envoy> = (0..3)
         .map(|_| {
+            // One each: the admin port is chosen per bootstrap.
+            let bootstrap = shipped_bootstrap(volume.path());
             let mut builder = Envoy::builder();
             for key in ["node", "admin", "dynamic_resources", "static_resources"] {
                 builder = builder.bootstrap_field(key, bootstrap[key].clone());

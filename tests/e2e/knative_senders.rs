@@ -24,7 +24,7 @@ use harness::{send, Client, Envoy, Subscriber, TempDir};
 use serde_json::{json, Value};
 
 const FIXTURE: &str = "tests/fixtures/knative/senders.json";
-const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+pub(crate) const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 const SA: &str = "system:serviceaccount";
 
 fn audience(channel: &str) -> String {
@@ -35,8 +35,11 @@ fn host(channel: &str) -> String {
     format!("{channel}-kn-channel.default.svc.cluster.local")
 }
 
-/// Tokens by name, from (name, subject, audience); the JWKS into `dir`.
-fn mint(dir: &std::path::Path, tokens: &[(&str, String, String)]) -> BTreeMap<String, String> {
+/// Tokens by name, from (name, subject, audience), issued by [`ISSUER`]; the JWKS into `dir`.
+pub(crate) fn mint(
+    dir: &std::path::Path,
+    tokens: &[(&str, String, String)],
+) -> BTreeMap<String, String> {
     let spec: serde_json::Map<String, Value> = tokens
         .iter()
         .map(|(name, sub, aud)| {

@@ -33,6 +33,11 @@ pub struct Control {
 impl Control {
     /// Start the server on `source_dir` with its xDS on `xds_port`, and wait for `/ready`.
     pub fn start(source_dir: &Path, xds_port: u16) -> Control {
+        Control::start_with(source_dir, xds_port, &[])
+    }
+
+    /// [`Control::start`] with more options of the server (`--oidc-issuer`, `--resolve`, ...).
+    pub fn start_with(source_dir: &Path, xds_port: u16, more: &[&str]) -> Control {
         let http_port = super::free_ports(1)[0];
         let dir = TempDir::new("fanout-control", "the control plane's log");
         let log = dir.path().join("control.log");
@@ -44,6 +49,7 @@ impl Control {
             .args(["--http-address", &format!("127.0.0.1:{http_port}")])
             .arg("--wasm")
             .arg(super::wasm_path())
+            .args(more)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).expect("create the log"))
