@@ -41,6 +41,7 @@ pub mod telemetry;
 // The orchestration, generic over the host: the plugin, one request, who gets its event,
 // the deliveries in flight, dedupe's claims settled.
 pub mod deliveries;
+pub mod pipeline;
 pub mod plugin;
 pub mod recipients;
 pub mod stream;

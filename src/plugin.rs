@@ -12,10 +12,10 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::dedupe::{claim, remote, settle};
-use crate::deliveries::{Deliveries, Finished, Owed};
+use crate::dedupe::{remote, settle};
+use crate::deliveries::{Finished, Owed};
 use crate::host::Host;
-use crate::jitter::Jitter;
+use crate::pipeline::{Actor, Pipeline};
 use crate::stream::{answer_stream, Stream};
 use crate::telemetry::{Counter, Telemetry};
 
@@ -34,7 +34,7 @@ pub struct Plugin<H> {
     config: Option<Rc<Config>>,
     /// This worker's counts, shared with its streams; flushed to Envoy on the timer.
     telemetry: Rc<RefCell<Telemetry>>,
-    deliveries: Rc<RefCell<Deliveries>>,
+    pipeline: Rc<RefCell<Pipeline>>,
     tick: Duration,
     last_flush_ms: u64,
     /// The VM's newest configured root context and whether its timer runs (see `on_tick`).
@@ -52,7 +52,7 @@ pub struct Plugin<H> {
 #[derive(Clone)]
 pub struct VmShared {
     telemetry: Rc<RefCell<Telemetry>>,
-    deliveries: Rc<RefCell<Deliveries>>,
+    pipeline: Rc<RefCell<Pipeline>>,
     newest: Rc<Cell<(u32, bool)>>,
 }
 
@@ -60,7 +60,7 @@ impl Default for VmShared {
     fn default() -> Self {
         let telemetry: Rc<RefCell<Telemetry>> = Rc::default();
         VmShared {
-            deliveries: Rc::new(RefCell::new(Deliveries::new(telemetry.clone()))),
+            pipeline: Rc::new(RefCell::new(Pipeline::new(telemetry.clone()))),
             telemetry,
             newest: Rc::default(),
         }
@@ -91,7 +91,7 @@ impl<H: Host + Clone> Plugin<H> {
             id,
             host,
             config: None,
-            deliveries: shared.deliveries,
+            pipeline: shared.pipeline,
             telemetry: shared.telemetry,
             tick: Duration::ZERO,
             last_flush_ms: 0,
@@ -146,18 +146,9 @@ impl<H: Host + Clone> Plugin<H> {
                     telemetry.define_all(&self.host);
                 }
                 settle::prepare(&self.host, &config);
-                remote::prepare(&mut self.deliveries.borrow_mut().store, &config);
-                self.deliveries.borrow_mut().set_caps(&config.call_caps);
-                if config
-                    .channels
-                    .iter()
-                    .flat_map(|c| &c.subscribers)
-                    .any(|s| s.backoff_jitter != Jitter::NONE)
-                {
-                    self.deliveries
-                        .borrow_mut()
-                        .seed_jitter(&self.host, self.id);
-                }
+                self.pipeline
+                    .borrow_mut()
+                    .configure(&self.host, &config, self.id);
                 self.config = Some(Rc::new(config));
                 self.newest.set((self.id, false));
                 self.retune_timer();
@@ -175,21 +166,12 @@ impl<H: Host + Clone> Plugin<H> {
         // timer runs (that one carries the VM's deliveries on), so that it can end.
         let (newest, newest_ticks) = self.newest.get();
         if !self.retiring || newest == self.id || !newest_ticks {
-            let finished = {
-                let mut deliveries = self.deliveries.borrow_mut();
-                deliveries.act_for(Some(self.id));
-                let mut finished = deliveries.tick(&self.host);
-                finished.extend(deliveries.tick_claims(&self.host, self.id));
-                finished.extend(deliveries.tick_settles(&self.host, self.id));
-                deliveries.act_for(None);
-                finished
-            };
+            let finished = self.pipeline.borrow_mut().tick(&self.host, self.id);
             self.deliver(finished);
         }
         let now = self.host.now_ms();
-        if let Ok(mut deliveries) = self.deliveries.try_borrow_mut() {
-            let config = self.config.as_deref();
-            remote::tick(&self.host, now, config, &mut deliveries.store);
+        if let Ok(mut pipeline) = self.pipeline.try_borrow_mut() {
+            pipeline.tick_leases(&self.host, now, self.config.as_deref());
         }
         if self.tick >= METRICS_FLUSH || now.saturating_sub(self.last_flush_ms) >= 1000 {
             self.telemetry.borrow_mut().flush(&self.host);
@@ -200,27 +182,13 @@ impl<H: Host + Clone> Plugin<H> {
 
     /// Answers to the calls the root made (retries, async deliveries).
     pub fn on_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        let finished = {
-            let mut deliveries = self.deliveries.borrow_mut();
-            deliveries.act_for(Some(self.id));
-            let host = &self.host;
-            let store = deliveries.store_answered(host, token, num_headers, body_size, self.id);
-            let reply = || claim::etcd_reply(host, num_headers, body_size);
-            let mut finished = match store {
-                Some(finished) => finished,
-                None => match deliveries.claims_answered(host, token, reply, self.id) {
-                    Some(finished) => finished,
-                    None => deliveries
-                        .on_response(host, token, num_headers, body_size, true)
-                        .into_iter()
-                        .collect(),
-                },
-            };
-            // The fan-outs that ended hold their answers for their settles: out now.
-            finished.extend(deliveries.flush_settles(host, self.id));
-            deliveries.act_for(None);
-            finished
-        };
+        let finished = self.pipeline.borrow_mut().on_response(
+            &self.host,
+            Actor::Root(self.id),
+            token,
+            num_headers,
+            body_size,
+        );
         self.deliver(finished);
     }
 
@@ -235,9 +203,9 @@ impl<H: Host + Clone> Plugin<H> {
             telemetry.flush(&self.host);
         }
         let owed = self
-            .deliveries
+            .pipeline
             .try_borrow()
-            .map(|deliveries| deliveries.owed())
+            .map(|pipeline| pipeline.owed())
             .unwrap_or_default();
         if owed.fanouts > 0 {
             if self.newest.get().0 == self.id {
@@ -272,17 +240,17 @@ impl<H: Host + Clone> Plugin<H> {
     /// This root's calls in flight, or, for the newest root (nobody carries on after it),
     /// anything still owed.
     fn owes_calls(&self) -> bool {
-        self.deliveries.try_borrow().is_ok_and(|deliveries| {
-            deliveries.open_calls_of(self.id) > 0
-                || (self.newest.get().0 == self.id && deliveries.owed().fanouts > 0)
+        self.pipeline.try_borrow().is_ok_and(|pipeline| {
+            pipeline.open_calls_of(self.id) > 0
+                || (self.newest.get().0 == self.id && pipeline.owed().fanouts > 0)
         })
     }
 
     /// What this worker still owes (the itemised `fanout.in_flight`).
     pub fn owed(&self) -> Owed {
-        self.deliveries
+        self.pipeline
             .try_borrow()
-            .map(|deliveries| deliveries.owed())
+            .map(|pipeline| pipeline.owed())
             .unwrap_or_default()
     }
 
@@ -295,7 +263,7 @@ impl<H: Host + Clone> Plugin<H> {
             self.host.clone(),
             self.config.clone(),
             Counter::new(metrics.then(|| self.telemetry.clone())),
-            self.deliveries.clone(),
+            self.pipeline.clone(),
         )
     }
 
@@ -309,8 +277,8 @@ impl<H: Host + Clone> Plugin<H> {
                 .as_ref()
                 .is_some_and(|d| matches!(d.store, crate::config::Store::Etcd(_)))
         });
-        let (busy, store_busy) = self.deliveries.try_borrow().map_or((true, true), |d| {
-            (d.has_timed_work(), etcd && d.store.wants_fast_timer())
+        let (busy, store_busy) = self.pipeline.try_borrow().map_or((true, true), |p| {
+            (p.has_timed_work(), etcd && p.store_wants_fast_timer())
         });
         let wanted = if busy || store_busy || config.is_some_and(|c| c.needs_timer) {
             DELIVERY_TICK
@@ -325,8 +293,8 @@ impl<H: Host + Clone> Plugin<H> {
             self.host.set_tick_period(wanted);
             self.tick = wanted;
         }
-        if let Ok(mut deliveries) = self.deliveries.try_borrow_mut() {
-            deliveries.store.timer_is(self.tick == DELIVERY_TICK);
+        if let Ok(mut pipeline) = self.pipeline.try_borrow_mut() {
+            pipeline.timer_is(self.tick == DELIVERY_TICK);
         }
         if self.newest.get().0 == self.id {
             self.newest.set((self.id, wanted != Duration::ZERO));

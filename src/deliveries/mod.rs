@@ -19,25 +19,19 @@ use crate::answer::Answer;
 use crate::call::Leg;
 use crate::call_slots::{CallCap, Slot};
 use crate::config::{AnswerMode, Config};
-use crate::dedupe::claim;
-use crate::dedupe::etcd::StoreError;
-use crate::dedupe::remote::Remote;
-use crate::dedupe::settle;
+use crate::dedupe::settle::Claims;
 use crate::host::Host;
 use crate::jitter::{self, JitterRng};
-use crate::telemetry::{Counter, Telemetry};
+use crate::telemetry::Telemetry;
 use call_end::Expected;
 use call_plan::CallPlan;
-pub use coalesce::{Coalescer, Continued, Parked};
 use job::leg_cluster;
 pub use job::{InLine, Job, Variant};
 use slot_gate::{Pass, SlotGate};
 
 mod call_end;
 mod call_plan;
-mod coalesce;
 mod job;
-mod settles;
 mod slot_gate;
 
 /// The host's clock, read at most once per callback and only if something needs the time:
@@ -71,6 +65,21 @@ pub struct Finished {
     pub answer: Answer,
 }
 
+/// A fan-out that ended holding `dedupe` claims: what its settle needs, and its answer (held
+/// until the claims are settled).
+pub struct Ended {
+    pub job: u64,
+    pub config: Rc<Config>,
+    pub claims: Claims,
+    /// Whether each subscriber (by index in the channel) has the event.
+    pub delivered: Vec<bool>,
+    pub log_id: u32,
+    /// When it ended, on the host's clock.
+    pub now_ms: u64,
+    /// Its sender's answer, if one waits (`None`: async, answered already, or abandoned).
+    pub answer: Option<Finished>,
+}
+
 /// A new fan-out, started ([`Deliveries::launch`]).
 pub enum Launched {
     /// Its sender is answered now: async mode, a channel of best-effort subscribers, or
@@ -99,12 +108,8 @@ pub struct Deliveries {
     /// Calls in flight made from a root context, and which one: a retired root lives until
     /// its own calls are answered (Envoy cancels a context's calls when it is deleted).
     root_of: HashMap<u32, u32>,
-    /// `dedupe`'s etcd store on this VM: leases, settles owed (sent by the root's tick).
-    pub store: Remote,
-    /// The etcd store's claims in flight and those waiting to go out together.
-    pub claims: Coalescer,
-    /// Sync fan-outs ended whose answer waits for their etcd settle: job id, answer.
-    held: Vec<(u64, Finished)>,
+    /// Fan-outs that ended with `dedupe` claims, for the settle stage (the pipeline's).
+    ended: Vec<Ended>,
 }
 
 /// What a worker still owes: every fan-out not yet ended, by what it waits for. What
@@ -145,9 +150,7 @@ impl Deliveries {
             gate: SlotGate::new(),
             acting_root: None,
             root_of: HashMap::new(),
-            store: Remote::default(),
-            claims: Coalescer::default(),
-            held: Vec::new(),
+            ended: Vec::new(),
         }
     }
 
@@ -238,15 +241,8 @@ impl Deliveries {
 
     /// Starts the fan-out `job` of the request on `stream`: answered at once (async mode, a
     /// channel of best-effort subscribers, or nothing to send) or a sync fan-out that answers
-    /// when it ends. `from_root`: the root context is the current one (its calls are the
-    /// root's), else the stream's.
-    pub fn launch<H: Host>(
-        &mut self,
-        host: &H,
-        job: Job,
-        stream: u32,
-        from_root: bool,
-    ) -> Launched {
+    /// when it ends. Its first calls are the acting context's ([`Deliveries::act_for`]).
+    pub fn launch<H: Host>(&mut self, host: &H, job: Job, stream: u32) -> Launched {
         let in_progress = job.fanout.in_progress();
         // Subscribers to call: in a channel of best-effort ones, all still pending at the 202.
         let to_call = job.fanout.open();
@@ -257,7 +253,7 @@ impl Deliveries {
         let best_effort = job.channel.all_best_effort();
         if job.config.mode == AnswerMode::Async || best_effort {
             let unrecorded = job.unrecorded;
-            let (_, finished) = self.start(host, job, nothing_to_send, from_root);
+            let (_, finished) = self.start(host, job, nothing_to_send);
             let answer = match finished {
                 Some(finished) => finished.answer,
                 // What this request claimed is delivered in the background; the
@@ -274,196 +270,13 @@ impl Deliveries {
             answer_to: Some(stream),
             ..job
         };
-        let (id, finished) = self.start(host, job, true, from_root);
+        let (id, finished) = self.start(host, job, true);
         Launched::Delivering(id, finished)
     }
 
-    /// Sends the claims parked (if no claim txn is in flight) as one txn for root context
-    /// `root`, from whichever context runs: its answer goes to the root, which continues
-    /// them ([`Deliveries::claims_answered`]).
-    pub fn send_parked<H: Host>(&mut self, host: &H, root: u32) {
-        if self.claims.waits_for_a_lease() {
-            let leases = &self.store.leases;
-            self.claims.lease(|until| leases.pick(until));
-        }
-        let Some(batch) = self.claims.next_batch() else {
-            return;
-        };
-        let Some(first) = batch.first() else {
-            return;
-        };
-        let (cluster, timeout) = (first.ask.cluster.clone(), first.ask.timeout);
-        let asks: Vec<&claim::Ask> = batch.iter().map(|p| &p.ask).collect();
-        let body = claim::batch_body(&asks);
-        let headers = claim::etcd_headers(&cluster, crate::dedupe::etcd::TXN_PATH);
-        match host.dispatch_for(root, &cluster, headers, &body, timeout) {
-            Ok(token) => {
-                self.owned_by_root(token, root);
-                self.claims.sent(token, batch, host.now_ms());
-            }
-            Err(failure) => {
-                let error = StoreError::new(format!("refused at dispatch: {failure}"));
-                self.claims.not_sent(batch, error);
-                self.store.wake(host);
-            }
-        }
-    }
-
-    /// The answer to claim batch `token` (the root context `root` is the current one):
-    /// continues every request in it, and sends the claims parked since. `None` if `token`
-    /// is no claim batch.
-    pub fn claims_answered<H: Host>(
-        &mut self,
-        host: &H,
-        token: u32,
-        reply: impl FnOnce() -> crate::dedupe::etcd::Reply,
-        root: u32,
-    ) -> Option<Vec<Finished>> {
-        if !self.claims.is_batch(token) {
-            return None;
-        }
-        self.root_call_ended(token);
-        let batch = self.claims.landed(token).unwrap_or_default();
-        let reply = reply();
-        let results = claim::read_batch(&reply, batch.len());
-        let mut finished = Vec::new();
-        match results {
-            Ok(found) => {
-                for (parked, found) in batch.into_iter().zip(found) {
-                    finished.extend(self.continue_parked(host, parked, Ok(found)));
-                }
-            }
-            Err(error) => {
-                for parked in batch {
-                    finished.extend(self.continue_parked(host, parked, Err(error.clone())));
-                }
-            }
-        }
-        self.send_parked(host, root);
-        Some(finished)
-    }
-
-    /// The root's timer: claim batches that could not be sent or whose answer is overdue go
-    /// on as store errors; then the claims parked since go out.
-    /// (The clock is read only while a claim txn is in flight: every tick runs this, with
-    /// the etcd store or not.)
-    pub fn tick_claims<H: Host>(&mut self, host: &H, root: u32) -> Vec<Finished> {
-        let mut finished = Vec::new();
-        let waits = self.claims.waits_for_a_lease();
-        let now = (self.claims.in_flight() || waits).then(|| host.now_ms());
-        let overdue = match now {
-            Some(now) if self.claims.in_flight() => self.claims.overdue(now),
-            _ => Vec::new(),
-        };
-        // Those that waited for a lease as long as a claim may take: store errors.
-        if let (Some(now), true) = (now, waits) {
-            let late = self.claims.unleased_past(now);
-            if !late.is_empty() {
-                let error = StoreError::new("no etcd lease granted within the store's timeout");
-                self.claims.not_sent(late, error);
-            }
-        }
-        for token in overdue {
-            self.root_call_ended(token);
-            if let Some(batch) = self.claims.landed(token) {
-                let error = StoreError::new("no answer to the claim txn, long past its timeout");
-                self.claims.not_sent(batch, error);
-            }
-        }
-        for (batch, error) in self.claims.take_failed() {
-            for parked in batch {
-                finished.extend(self.continue_parked(host, parked, Err(error.clone())));
-            }
-        }
-        self.send_parked(host, root);
-        finished
-    }
-
-    /// A parked request's claim came back (the root context is the current one): its fan-out
-    /// starts from the root, or it is answered now. What its stream must answer is in the
-    /// `Finished` returned (counted here); what the root made of it is kept for its stream.
-    fn continue_parked<H: Host>(
-        &mut self,
-        host: &H,
-        parked: Parked,
-        result: Result<crate::dedupe::etcd::Found, StoreError>,
-    ) -> Option<Finished> {
-        let Parked {
-            stream,
-            ask,
-            mut job,
-        } = parked;
-        let gone = self.claims.take_gone(stream);
-        let counter = Counter::new(job.config.metrics.then(|| self.telemetry.clone()));
-        match result {
-            Ok(found) => {
-                job.redelivery = claim::claimed(host, &counter, ask, &found, &mut job.fanout)
-            }
-            Err(error) => {
-                let now = job.started_ms;
-                let store = &mut self.store;
-                if error.lease_lost() {
-                    store.leases.forget();
-                }
-                let failed =
-                    claim::store_failed(host, &counter, &job.config, stream, &error, || {
-                        store.warn(now)
-                    });
-                if let Err(answer) = failed {
-                    return (!gone).then(|| self.answer_parked(host, &counter, stream, answer));
-                }
-                job.unrecorded = true;
-            }
-        }
-        match self.launch(host, job, stream, true) {
-            // Its stream ended meanwhile: an async fan-out goes on; a sync one is dropped as
-            // when its client leaves (what it claimed is released).
-            Launched::Answer(_) if gone => None,
-            Launched::Delivering(id, _) if gone => {
-                self.abandon(host, id);
-                None
-            }
-            Launched::Answer(answer) => Some(self.answer_parked(host, &counter, stream, answer)),
-            Launched::Delivering(id, finished) => {
-                self.claims.continued(stream, Continued::Delivering(id));
-                finished
-            }
-        }
-    }
-
-    /// A parked request answered at once by the root (as its stream would have: logged if
-    /// it is a refusal, and counted).
-    fn answer_parked<H: Host>(
-        &mut self,
-        host: &H,
-        counter: &Counter,
-        stream: u32,
-        answer: Answer,
-    ) -> Finished {
-        if answer.status >= 400 {
-            log::info!(
-                "[#{stream}] answered {}: {}",
-                answer.status,
-                String::from_utf8_lossy(&answer.body)
-            );
-        }
-        counter.count(host, |tally| tally.answered(answer.status));
-        self.claims.continued(stream, Continued::Answered);
-        Finished {
-            answer_to: Some(stream),
-            answer,
-        }
-    }
-
     /// Takes a new fan-out. With `send_now` its first calls go out at once, from the calling
-    /// context (`from_root`: the root's); otherwise at the root context's next tick.
-    pub fn start<H: Host>(
-        &mut self,
-        host: &H,
-        job: Job,
-        send_now: bool,
-        from_root: bool,
-    ) -> (u64, Option<Finished>) {
+    /// context ([`Deliveries::act_for`]); otherwise at the root context's next tick.
+    fn start<H: Host>(&mut self, host: &H, job: Job, send_now: bool) -> (u64, Option<Finished>) {
         let id = self.next_job;
         self.next_job = self.next_job.saturating_add(1);
         let mut job = job;
@@ -471,7 +284,7 @@ impl Deliveries {
         self.count(&job.config, |tally| tally.fanout_started());
         self.jobs.insert(id, job);
         let finished = if send_now {
-            self.pump(host, &Clock::new(host), id, from_root)
+            self.pump(host, &Clock::new(host), id)
         } else {
             None
         };
@@ -493,7 +306,9 @@ impl Deliveries {
             // so that none of them takes one.
             self.gate.cancel_job(id);
             self.forget_calls(id);
-            self.settle(&Clock::new(host), &mut job, None);
+            if let Some(claims) = job.claims.take() {
+                self.ended(&Clock::new(host), id, &job, claims, None);
+            }
             self.count(&job.config, |tally| tally.fanout_ended(None));
         }
     }
@@ -504,8 +319,6 @@ impl Deliveries {
             .values()
             .any(|job| job.fanout.has_ready() || job.fanout.waiting() > 0)
             || self.gate.has_released()
-            || self.store.owed() > 0
-            || self.claims.needs_tick()
     }
 
     /// The root context's timer: sends what is due in every fan-out, and gives up on those
@@ -541,10 +354,7 @@ impl Deliveries {
             })
             .map(|(id, _)| *id)
             .collect();
-        finished.extend(
-            due.into_iter()
-                .filter_map(|id| self.pump(host, &clock, id, true)),
-        );
+        finished.extend(due.into_iter().filter_map(|id| self.pump(host, &clock, id)));
         finished.extend(self.send_released(host, &clock));
         self.report_gauges();
         finished
@@ -552,14 +362,9 @@ impl Deliveries {
 
     /// Sends every call of job `id` that is due, until none is (a refused call may turn into
     /// a dead letter at once); returns the answer if the fan-out ended.
-    /// `from_root`: the root context is the current one (else a stream's).
-    fn pump<H: Host>(
-        &mut self,
-        host: &H,
-        clock: &Clock<'_, H>,
-        id: u64,
-        from_root: bool,
-    ) -> Option<Finished> {
+    /// Best-effort calls go out only while a root context acts ([`Deliveries::act_for`]).
+    fn pump<H: Host>(&mut self, host: &H, clock: &Clock<'_, H>, id: u64) -> Option<Finished> {
+        let from_root = self.acting_root.is_some();
         loop {
             let job = self.jobs.get_mut(&id)?;
             // The time matters only to retries waiting for it.
@@ -682,7 +487,7 @@ impl Deliveries {
                 job.line.left_at = Some(clock.now());
             }
             self.send_one(host, clock, id, index, leg, slot);
-            finished.extend(self.pump(host, clock, id, true));
+            finished.extend(self.pump(host, clock, id));
         }
         finished
     }
@@ -705,14 +510,13 @@ impl Deliveries {
     }
 
     /// The answer to call `token` is being delivered (to whichever context made the call).
-    /// `from_root`: it is delivered to the root context (else to the stream that made it).
+    /// It is delivered to the acting context ([`Deliveries::act_for`]).
     pub fn on_response<H: Host>(
         &mut self,
         host: &H,
         token: u32,
         num_headers: usize,
         body_size: usize,
-        from_root: bool,
     ) -> Option<Finished> {
         self.root_of.remove(&token);
         self.gate.call_ended(token);
@@ -756,7 +560,7 @@ impl Deliveries {
             recorded.count(tally, cluster, &sub.cluster)
         });
         // A leg that just changed (reply, dead letter) goes out at once.
-        self.pump(host, &clock, id, from_root)
+        self.pump(host, &clock, id)
     }
 
     fn finish_if_done<H: Host>(&mut self, clock: &Clock<'_, H>, id: u64) -> Option<Finished> {
@@ -765,9 +569,7 @@ impl Deliveries {
             return self.answer_if_due(id);
         }
         let mut job = self.jobs.remove(&id)?;
-        // A sync sender's answer waits for the etcd settle, if there is one.
-        let hold = job.answer_to.map(|_| id);
-        let held = self.settle(clock, &mut job, hold);
+        let claims = job.claims.take();
         let answer = labelled(job.fanout.verdict(&job.channel), job.unrecorded);
         let duration = if job.config.metrics {
             clock.now().saturating_sub(job.started_ms)
@@ -779,11 +581,14 @@ impl Deliveries {
             answer_to: job.answer_to,
             answer,
         };
-        if held {
-            self.held.push((id, finished));
-            return None;
+        match claims {
+            // The settle stage answers it once the claims are settled.
+            Some(claims) => {
+                self.ended(clock, id, &job, claims, Some(finished));
+                None
+            }
+            None => Some(finished),
         }
-        Some(finished)
     }
 
     /// What a fan-out that ended leaves in the log and the metrics (the answer not yet sent).
@@ -865,29 +670,32 @@ impl Deliveries {
         Some(Finished { answer_to, answer })
     }
 
-    /// Records `dedupe`'s outcome of a job that ended (async too: at the end of the background
-    /// delivery, not at its 202). With the etcd store the settle is queued, holding back the
-    /// answer of job `hold` if given: returns whether it does.
-    fn settle<H: Host>(&mut self, clock: &Clock<'_, H>, job: &mut Job, hold: Option<u64>) -> bool {
-        let mut held = false;
-        if let Some(claimed) = job.redelivery.take() {
-            let mut settled = settle::settle(
-                clock.host,
-                clock.now(),
-                &job.config,
-                claimed,
-                &job.fanout,
-                job.log_id,
-            );
-            if let Some(mut remote) = settled.remote.take() {
-                remote.hold = hold;
-                held = hold.is_some();
-                self.store.queue(clock.host, remote);
-                self.count(&job.config, |tally| tally.owed(1));
-            }
-            self.count(&job.config, |tally| settled.record(tally));
-        }
-        held
+    /// Job `id` ended holding `claims`: handed to the settle stage.
+    fn ended<H: Host>(
+        &mut self,
+        clock: &Clock<'_, H>,
+        id: u64,
+        job: &Job,
+        claims: Claims,
+        answer: Option<Finished>,
+    ) {
+        let delivered = (0..job.channel.subscribers.len())
+            .map(|index| job.fanout.is_delivered(index))
+            .collect();
+        self.ended.push(Ended {
+            job: id,
+            config: job.config.clone(),
+            claims,
+            delivered,
+            log_id: job.log_id,
+            now_ms: clock.now(),
+            answer,
+        });
+    }
+
+    /// The fan-outs that ended holding claims since the last call.
+    pub fn take_ended(&mut self) -> Vec<Ended> {
+        std::mem::take(&mut self.ended)
     }
 
     fn count(&self, config: &Config, record: impl FnOnce(&mut crate::metrics::Tally)) {
