@@ -263,7 +263,7 @@ fn claim_in_shard<H: Host>(
                 request.log_id,
                 contended.store_calls
             );
-            counter.count(host, |tally| tally.dedupe_store_error());
+            counter.count(host, |tally| tally.dedupe_store_errors(1));
             return None;
         }
     };
@@ -397,7 +397,7 @@ pub fn store_failed<H: Host>(
     error: &StoreError,
     warn: impl FnOnce() -> Option<u32>,
 ) -> Result<(), Answer> {
-    counter.count(host, |tally| tally.dedupe_store_error());
+    counter.count(host, |tally| tally.dedupe_store_errors(1));
     let reject = config
         .dedupe
         .as_ref()

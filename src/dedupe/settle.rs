@@ -127,7 +127,7 @@ impl Settled {
     pub fn record(&self, tally: &mut Tally) {
         tally.dedupe_entries(self.entries_delta);
         if self.store_error {
-            tally.dedupe_store_error();
+            tally.dedupe_store_errors(1);
         }
     }
 }

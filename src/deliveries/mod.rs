@@ -22,7 +22,7 @@ use crate::config::{AnswerMode, Config};
 use crate::dedupe::settle::Claims;
 use crate::host::Host;
 use crate::jitter::{self, JitterRng};
-use crate::telemetry::Telemetry;
+use crate::telemetry::{Counter, Telemetry};
 use call_end::Expected;
 use call_plan::CallPlan;
 use job::leg_cluster;
@@ -228,7 +228,7 @@ impl Deliveries {
             };
             log::warn!("request refused: {}{earlier}", refusal.message());
         }
-        self.count(config, |tally| tally.refused(&refusal.key));
+        self.count(host, config, |tally| tally.refused(&refusal.key));
         Err(refusal.answer())
     }
 
@@ -281,7 +281,7 @@ impl Deliveries {
         self.next_job = self.next_job.saturating_add(1);
         let mut job = job;
         job.fanout.seed_jitter(self.jitter_rng.next_seed());
-        self.count(&job.config, |tally| tally.fanout_started());
+        self.count(host, &job.config, |tally| tally.fanout_started());
         self.jobs.insert(id, job);
         let finished = if send_now {
             self.pump(host, &Clock::new(host), id)
@@ -309,7 +309,7 @@ impl Deliveries {
             if let Some(claims) = job.claims.take() {
                 self.ended(&Clock::new(host), id, &job, claims, None);
             }
-            self.count(&job.config, |tally| tally.fanout_ended(None));
+            self.count(host, &job.config, |tally| tally.fanout_ended(None));
         }
     }
 
@@ -356,7 +356,7 @@ impl Deliveries {
             .collect();
         finished.extend(due.into_iter().filter_map(|id| self.pump(host, &clock, id)));
         finished.extend(self.send_released(host, &clock));
-        self.report_gauges();
+        self.report_gauges(host);
         finished
     }
 
@@ -412,7 +412,6 @@ impl Deliveries {
         leg: Leg,
         slot: Slot,
     ) {
-        let telemetry = self.telemetry.clone();
         let Some(job) = self.jobs.get_mut(&id) else {
             self.gate.release(slot);
             return;
@@ -445,7 +444,7 @@ impl Deliveries {
                     .dispatch_failed(index, failure.clone(), clock.now(), &channel);
                 job.log_failure(index, leg, &failure);
                 let reply_gave_up = leg == Leg::Reply && !job.fanout.is_retrying(index);
-                count(&telemetry, &config, |tally| {
+                self.count(host, &config, |tally| {
                     if reply_gave_up {
                         tally.reply_failed(sub_cluster, &failure);
                     }
@@ -454,7 +453,7 @@ impl Deliveries {
                 self.gate.release(slot);
             }
         }
-        count(&telemetry, &config, |tally| {
+        self.count(host, &config, |tally| {
             tally.call_started(cluster);
             if retry {
                 tally.retried(sub_cluster);
@@ -493,14 +492,12 @@ impl Deliveries {
     }
 
     /// Counts how the capped clusters' calls in flight and waiting changed since the last tick.
-    fn report_gauges(&mut self) {
-        let Ok(mut telemetry) = self.telemetry.try_borrow_mut() else {
-            return;
-        };
-        self.gate.report_gauges(|change| {
-            telemetry
-                .tally
-                .call_gauges(change.cluster, change.in_flight, change.queued)
+    fn report_gauges<H: Host>(&mut self, host: &H) {
+        let gate = &mut self.gate;
+        Counter::new(Some(self.telemetry.clone())).count(host, |tally| {
+            gate.report_gauges(|change| {
+                tally.call_gauges(change.cluster, change.in_flight, change.queued)
+            });
         });
     }
 
@@ -555,8 +552,9 @@ impl Deliveries {
             } else {
                 0
             };
+        let config = job.config.clone();
         let recorded = job.record(index, token, leg, ended, now)?;
-        count(&self.telemetry, &job.config, |tally| {
+        self.count(host, &config, |tally| {
             recorded.count(tally, cluster, &sub.cluster)
         });
         // A leg that just changed (reply, dead letter) goes out at once.
@@ -566,7 +564,7 @@ impl Deliveries {
     fn finish_if_done<H: Host>(&mut self, clock: &Clock<'_, H>, id: u64) -> Option<Finished> {
         let job = self.jobs.get_mut(&id)?;
         if !job.fanout.is_done() {
-            return self.answer_if_due(id);
+            return self.answer_if_due(clock.host, id);
         }
         let mut job = self.jobs.remove(&id)?;
         let claims = job.claims.take();
@@ -576,7 +574,7 @@ impl Deliveries {
         } else {
             0
         };
-        self.log_and_count_end(&job, &answer, duration);
+        self.log_and_count_end(clock.host, &job, &answer, duration);
         let finished = Finished {
             answer_to: job.answer_to,
             answer,
@@ -592,7 +590,7 @@ impl Deliveries {
     }
 
     /// What a fan-out that ended leaves in the log and the metrics (the answer not yet sent).
-    fn log_and_count_end(&self, job: &Job, answer: &Answer, duration: u64) {
+    fn log_and_count_end<H: Host>(&self, host: &H, job: &Job, answer: &Answer, duration: u64) {
         let channel = &job.channel;
         let best_effort_failed = job.fanout.best_effort_failed(channel);
         if best_effort_failed > 0 {
@@ -605,14 +603,16 @@ impl Deliveries {
             );
             // Async mode counts every failure after the 202 below.
             if job.config.mode == AnswerMode::Sync {
-                self.count(&job.config, |tally| tally.undelivered());
+                self.count(host, &job.config, |tally| tally.undelivered());
             }
         }
         match job.config.mode {
             // Answered already (best-effort deliveries went on after it): it ends like an
             // async one.
             AnswerMode::Sync if job.answer_to.is_none() => {
-                self.count(&job.config, |tally| tally.fanout_ended(Some(duration)));
+                self.count(host, &job.config, |tally| {
+                    tally.fanout_ended(Some(duration))
+                });
             }
             AnswerMode::Sync => {
                 if answer.status != 202 {
@@ -627,7 +627,7 @@ impl Deliveries {
                     );
                 }
                 let status = answer.status;
-                self.count(&job.config, |tally| {
+                self.count(host, &job.config, |tally| {
                     tally.answered(status);
                     tally.fanout_ended(Some(duration));
                 });
@@ -644,7 +644,7 @@ impl Deliveries {
                 }
                 // A 409 (dedupe: another request delivers to some subscribers) is no loss.
                 let undelivered = job.fanout.failures().next().is_some();
-                self.count(&job.config, |tally| {
+                self.count(host, &job.config, |tally| {
                     if undelivered {
                         tally.undelivered();
                     }
@@ -657,7 +657,7 @@ impl Deliveries {
     /// A sync fan-out whose required subscribers have all ended while best-effort ones are
     /// still being delivered to: the sender is answered now (202 with `x-fanout-pending`, or
     /// the 500 of a required failure) and the rest goes on from the root context.
-    fn answer_if_due(&mut self, id: u64) -> Option<Finished> {
+    fn answer_if_due<H: Host>(&mut self, host: &H, id: u64) -> Option<Finished> {
         let job = self.jobs.get_mut(&id)?;
         if job.answer_to.is_none() || !job.fanout.required_done(&job.channel) {
             return None;
@@ -666,7 +666,7 @@ impl Deliveries {
         let answer_to = job.answer_to.take();
         let config = job.config.clone();
         let status = answer.status;
-        self.count(&config, |tally| tally.answered(status));
+        self.count(host, &config, |tally| tally.answered(status));
         Some(Finished { answer_to, answer })
     }
 
@@ -698,8 +698,14 @@ impl Deliveries {
         std::mem::take(&mut self.ended)
     }
 
-    fn count(&self, config: &Config, record: impl FnOnce(&mut crate::metrics::Tally)) {
-        count(&self.telemetry, config, record);
+    /// Counts, unless `config` turns metrics off: the one way to count ([`Counter::count`]).
+    fn count<H: Host>(
+        &self,
+        host: &H,
+        config: &Config,
+        record: impl FnOnce(&mut crate::metrics::Tally),
+    ) {
+        Counter::new(config.metrics.then(|| self.telemetry.clone())).count(host, record);
     }
 }
 
@@ -710,19 +716,5 @@ fn labelled(answer: Answer, unrecorded: bool) -> Answer {
         answer.with_header(crate::dedupe::settle::NOT_RECORDED_HEADER, "1".into())
     } else {
         answer
-    }
-}
-
-/// Counts, unless metrics are off. A busy telemetry cell (never expected: nothing re-enters
-/// while it is borrowed) loses the count rather than panicking.
-fn count(
-    telemetry: &Rc<RefCell<Telemetry>>,
-    config: &Config,
-    record: impl FnOnce(&mut crate::metrics::Tally),
-) {
-    if config.metrics {
-        if let Ok(mut telemetry) = telemetry.try_borrow_mut() {
-            record(&mut telemetry.tally);
-        }
     }
 }

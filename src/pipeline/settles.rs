@@ -143,15 +143,13 @@ impl Pipeline {
         settles: &[Sent],
         failed: bool,
     ) -> Vec<Finished> {
-        let counted = settles.iter().filter(|s| s.metrics).count();
+        let counted = settles.iter().filter(|s| s.metrics).count() as u64;
         if counted > 0 {
             let counter = Counter::new(Some(self.telemetry.clone()));
             counter.count(host, |tally| {
-                for _ in 0..counted {
-                    tally.owed(-1);
-                    if failed {
-                        tally.dedupe_store_error();
-                    }
+                tally.owed(-(counted as i64));
+                if failed {
+                    tally.dedupe_store_errors(counted);
                 }
             });
         }
