@@ -22,7 +22,7 @@ use crate::config::{AnswerMode, Config};
 use crate::dedupe::settle::Claims;
 use crate::host::Host;
 use crate::jitter::{self, JitterRng};
-use crate::telemetry::{Counter, Telemetry};
+use crate::telemetry::{count_into, Telemetry};
 use call_end::Expected;
 use call_plan::CallPlan;
 use job::leg_cluster;
@@ -494,7 +494,7 @@ impl Deliveries {
     /// Counts how the capped clusters' calls in flight and waiting changed since the last tick.
     fn report_gauges<H: Host>(&mut self, host: &H) {
         let gate = &mut self.gate;
-        Counter::new(Some(self.telemetry.clone())).count(host, |tally| {
+        count_into(&self.telemetry, host, |tally| {
             gate.report_gauges(|change| {
                 tally.call_gauges(change.cluster, change.in_flight, change.queued)
             });
@@ -698,14 +698,16 @@ impl Deliveries {
         std::mem::take(&mut self.ended)
     }
 
-    /// Counts, unless `config` turns metrics off: the one way to count ([`Counter::count`]).
+    /// Counts, unless `config` turns metrics off: the one way to count ([`count_into`]).
     fn count<H: Host>(
         &self,
         host: &H,
         config: &Config,
         record: impl FnOnce(&mut crate::metrics::Tally),
     ) {
-        Counter::new(config.metrics.then(|| self.telemetry.clone())).count(host, record);
+        if config.metrics {
+            count_into(&self.telemetry, host, record);
+        }
     }
 }
 

@@ -21,7 +21,7 @@ use crate::dedupe::remote::{Answered, Sent};
 use crate::dedupe::settle::{self, NOT_RECORDED_HEADER};
 use crate::deliveries::Finished;
 use crate::host::Host;
-use crate::telemetry::Counter;
+use crate::telemetry::{count_into, Counter};
 
 impl Pipeline {
     /// The settle stage for the fan-outs that ended holding claims since the last stage
@@ -145,8 +145,7 @@ impl Pipeline {
     ) -> Vec<Finished> {
         let counted = settles.iter().filter(|s| s.metrics).count() as u64;
         if counted > 0 {
-            let counter = Counter::new(Some(self.telemetry.clone()));
-            counter.count(host, |tally| {
+            count_into(&self.telemetry, host, |tally| {
                 tally.owed(-(counted as i64));
                 if failed {
                     tally.dedupe_store_errors(counted);
