@@ -11,6 +11,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
+use crate::cell::with_mut;
 use crate::config::Config;
 use crate::dedupe::{remote, settle};
 use crate::deliveries::{Finished, Owed};
@@ -129,26 +130,12 @@ impl<H: Host + Clone> Plugin<H> {
                     subscribers
                 );
                 if config.metrics {
-                    let mut telemetry = self.telemetry.borrow_mut();
-                    telemetry.tally.register_requests();
-                    if config.dedupe.is_some() {
-                        telemetry.tally.register_dedupe();
-                    }
-                    for (cluster, _) in &config.call_caps {
-                        telemetry.tally.register_call_cap(cluster);
-                    }
-                    for subscriber in config.channels.iter().flat_map(|c| &c.subscribers) {
-                        telemetry.tally.register_subscriber(&subscriber.cluster);
-                        if subscriber.reply.is_some() {
-                            telemetry.tally.register_replies(&subscriber.cluster);
-                        }
-                    }
-                    telemetry.define_all(&self.host);
+                    self.define_metrics(&config);
                 }
                 settle::prepare(&self.host, &config);
-                self.pipeline
-                    .borrow_mut()
-                    .configure(&self.host, &config, self.id);
+                with_mut(&self.pipeline, |p| {
+                    p.configure(&self.host, &config, self.id)
+                });
                 self.config = Some(Rc::new(config));
                 self.newest.set((self.id, false));
                 self.retune_timer();
@@ -161,20 +148,40 @@ impl<H: Host + Clone> Plugin<H> {
         }
     }
 
+    /// Makes the metrics of `config` exist (at zero) before anything happens.
+    fn define_metrics(&self, config: &Config) {
+        with_mut(&self.telemetry, |telemetry| {
+            telemetry.tally.register_requests();
+            if config.dedupe.is_some() {
+                telemetry.tally.register_dedupe();
+            }
+            for (cluster, _) in &config.call_caps {
+                telemetry.tally.register_call_cap(cluster);
+            }
+            for subscriber in config.channels.iter().flat_map(|c| &c.subscribers) {
+                telemetry.tally.register_subscriber(&subscriber.cluster);
+                if subscriber.reply.is_some() {
+                    telemetry.tally.register_replies(&subscriber.cluster);
+                }
+            }
+            telemetry.define_all(&self.host);
+        });
+    }
+
     pub fn on_tick(&mut self) {
         // A retired root waiting for its own calls sends nothing new while the newest root's
         // timer runs (that one carries the VM's deliveries on), so that it can end.
         let (newest, newest_ticks) = self.newest.get();
         if !self.retiring || newest == self.id || !newest_ticks {
-            let finished = self.pipeline.borrow_mut().tick(&self.host, self.id);
-            self.deliver(finished);
+            let finished = with_mut(&self.pipeline, |p| p.tick(&self.host, self.id));
+            self.deliver(finished.unwrap_or_default());
         }
         let now = self.host.now_ms();
-        if let Ok(mut pipeline) = self.pipeline.try_borrow_mut() {
-            pipeline.tick_leases(&self.host, now, self.config.as_deref());
-        }
+        with_mut(&self.pipeline, |p| {
+            p.tick_leases(&self.host, now, self.config.as_deref())
+        });
         if self.tick >= METRICS_FLUSH || now.saturating_sub(self.last_flush_ms) >= 1000 {
-            self.telemetry.borrow_mut().flush(&self.host);
+            with_mut(&self.telemetry, |telemetry| telemetry.flush(&self.host));
             self.last_flush_ms = now;
         }
         self.retune_timer();
@@ -182,14 +189,11 @@ impl<H: Host + Clone> Plugin<H> {
 
     /// Answers to the calls the root made (retries, async deliveries).
     pub fn on_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        let finished = self.pipeline.borrow_mut().on_response(
-            &self.host,
-            Actor::Root(self.id),
-            token,
-            num_headers,
-            body_size,
-        );
-        self.deliver(finished);
+        let actor = Actor::Root(self.id);
+        let finished = with_mut(&self.pipeline, |p| {
+            p.on_response(&self.host, actor, token, num_headers, body_size)
+        });
+        self.deliver(finished.unwrap_or_default());
     }
 
     /// The plugin is being retired (a newer configuration took over, or Envoy stops): hand
@@ -199,9 +203,7 @@ impl<H: Host + Clone> Plugin<H> {
     /// flight (or, for the newest root, while anything is owed) it answers `false` and
     /// [`Plugin::take_retired`] tells the glue when to let Envoy delete it.
     pub fn on_done(&mut self) -> bool {
-        if let Ok(mut telemetry) = self.telemetry.try_borrow_mut() {
-            telemetry.flush(&self.host);
-        }
+        with_mut(&self.telemetry, |telemetry| telemetry.flush(&self.host));
         let owed = self
             .pipeline
             .try_borrow()
@@ -293,9 +295,8 @@ impl<H: Host + Clone> Plugin<H> {
             self.host.set_tick_period(wanted);
             self.tick = wanted;
         }
-        if let Ok(mut pipeline) = self.pipeline.try_borrow_mut() {
-            pipeline.timer_is(self.tick == DELIVERY_TICK);
-        }
+        let fast = self.tick == DELIVERY_TICK;
+        with_mut(&self.pipeline, |p| p.timer_is(fast));
         if self.newest.get().0 == self.id {
             self.newest.set((self.id, wanted != Duration::ZERO));
         }

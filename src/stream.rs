@@ -19,7 +19,9 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use crate::answer::Answer;
+use crate::cell::with_mut;
 use crate::config::{BodyWait, Config};
+use crate::dedupe::claim::Claim;
 use crate::deliveries::{Finished, InLine, Job, Variant};
 use crate::host::Host;
 use crate::pipeline::{Actor, Continued, Pipeline};
@@ -149,14 +151,11 @@ impl<H: Host> Stream<H> {
 
     /// The answer to a call this stream made.
     pub fn on_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        let finished = self.pipeline.borrow_mut().on_response(
-            &self.host,
-            self.actor(),
-            token,
-            num_headers,
-            body_size,
-        );
-        self.finished(finished);
+        let actor = self.actor();
+        let finished = with_mut(&self.pipeline, |p| {
+            p.on_response(&self.host, actor, token, num_headers, body_size)
+        });
+        self.finished(finished.unwrap_or_default());
     }
 
     fn actor(&self) -> Actor {
@@ -171,7 +170,7 @@ impl<H: Host> Stream<H> {
         if !matches!(self.stage, Stage::Claiming) {
             return;
         }
-        let continued = self.pipeline.borrow_mut().adopt(self.id);
+        let continued = with_mut(&self.pipeline, |p| p.adopt(self.id)).flatten();
         match continued {
             Some(Continued::Answered) => self.stage = Stage::Answered,
             Some(Continued::Delivering(job)) => self.stage = Stage::Delivering { job },
@@ -186,11 +185,9 @@ impl<H: Host> Stream<H> {
             // Not claimed yet: nothing to undo. (In a batch in flight, the root continues it,
             // and finds nobody to answer.)
             Stage::Claiming => {
-                let unsent = self
-                    .pipeline
-                    .borrow_mut()
-                    .forget(&self.host, self.actor(), true);
-                if unsent {
+                let actor = self.actor();
+                let unsent = with_mut(&self.pipeline, |p| p.forget(&self.host, actor, true));
+                if unsent == Some(true) {
                     log::info!(
                         "[#{}] the client went away before the fan-out started; nothing was \
                          claimed or called",
@@ -204,11 +201,9 @@ impl<H: Host> Stream<H> {
                      cancelled",
                     self.id
                 );
-                let finished = self
-                    .pipeline
-                    .borrow_mut()
-                    .abandon(&self.host, self.actor(), job);
-                self.finished(finished);
+                let actor = self.actor();
+                let finished = with_mut(&self.pipeline, |p| p.abandon(&self.host, actor, job));
+                self.finished(finished.unwrap_or_default());
             }
             _ => {}
         }
@@ -251,22 +246,19 @@ impl<H: Host> Stream<H> {
                     "[#{}] Envoy answered the request before fanout did (e.g. a stream timeout)",
                     self.id
                 );
+                let (host, actor) = (&self.host, self.actor());
                 let abandoned = match self.stage {
-                    Stage::Delivering { job } => self
-                        .pipeline
-                        .try_borrow_mut()
-                        .map(|mut pipeline| pipeline.abandon(&self.host, self.actor(), job))
-                        .unwrap_or_default(),
-                    Stage::Claiming => {
-                        if let Ok(mut pipeline) = self.pipeline.try_borrow_mut() {
-                            pipeline.forget(&self.host, self.actor(), false);
-                        }
-                        Vec::new()
+                    Stage::Delivering { job } => {
+                        with_mut(&self.pipeline, |p| p.abandon(host, actor, job))
                     }
-                    _ => Vec::new(),
+                    Stage::Claiming => {
+                        with_mut(&self.pipeline, |p| p.forget(host, actor, false));
+                        None
+                    }
+                    _ => None,
                 };
                 self.stage = Stage::Answered;
-                self.finished(abandoned);
+                self.finished(abandoned.unwrap_or_default());
                 self.stage = Stage::Answered;
             }
         }
@@ -295,17 +287,13 @@ impl<H: Host> Stream<H> {
             return;
         };
         // Parses a structured body only if a filter, `require_cloudevents` or dedupe's
-        // identity needs it; attributes `None` match only subscribers without a filter.
-        let event = match admitted.event.complete(&body) {
-            Ok(event) => event,
-            Err(answer) => {
-                self.reject(answer);
-                return;
-            }
-        };
+        // identity needs it; attributes `None` match only subscribers without a filter. Then
         // `delivery.format`: the event converted once, or the 400, before anything is claimed.
-        let converted = match Variant::prepare(channel, &admitted.forwarded, &body) {
-            Ok(converted) => converted,
+        let prepared = admitted.event.complete(&body).and_then(|event| {
+            Variant::prepare(channel, &admitted.forwarded, &body).map(|c| (event, c))
+        });
+        let (event, converted) = match prepared {
+            Ok(prepared) => prepared,
             Err(answer) => {
                 self.reject(answer);
                 return;
@@ -325,7 +313,7 @@ impl<H: Host> Stream<H> {
             config,
             &request,
             || pipeline.borrow().async_in_flight(),
-            |clusters| pipeline.borrow_mut().admit(host, config, clusters),
+            |clusters| with_mut(pipeline, |p| p.admit(host, config, clusters)).unwrap_or(Ok(())),
             |until| pipeline.borrow().lease(until),
         );
         let recipients = match chosen {
@@ -349,12 +337,16 @@ impl<H: Host> Stream<H> {
             unrecorded: false,
             line: InLine::default(),
         };
+        self.begin(job, recipients.claim);
+    }
+
+    /// Hands the request to the pipeline (claim, deliver, settle, answer): the stream waits
+    /// for its claim, or learns at once what became of it.
+    fn begin(&mut self, job: Job, claim: Claim) {
         self.stage = Stage::Claiming;
-        let finished =
-            self.pipeline
-                .borrow_mut()
-                .begin(&self.host, self.actor(), job, recipients.claim);
-        self.finished(finished);
+        let actor = self.actor();
+        let finished = with_mut(&self.pipeline, |p| p.begin(&self.host, actor, job, claim));
+        self.finished(finished.unwrap_or_default());
     }
 
     /// Answers sent from this stream's callback: its own (counted by the pipeline), and
@@ -363,7 +355,7 @@ impl<H: Host> Stream<H> {
         if finished.iter().any(|done| done.answer_to == Some(self.id)) {
             // Its own answer is here: what the pipeline kept for it is stale.
             if matches!(self.stage, Stage::Claiming) {
-                self.pipeline.borrow_mut().adopt(self.id);
+                with_mut(&self.pipeline, |p| p.adopt(self.id));
             }
         } else {
             self.adopt();

@@ -5,6 +5,7 @@ use hashbrown::HashMap;
 use std::cell::RefCell;
 use std::rc::Rc;
 
+use crate::cell::with_mut;
 use crate::host::Host;
 use crate::metrics::{self, Kind, Tally};
 
@@ -101,8 +102,8 @@ impl Counter {
     }
 }
 
-/// The one way to count: `record` into `telemetry`'s tally (lost rather than a panic if the
-/// cell is busy, which nothing that re-enters should make it), flushed at once if a
+/// The one way to count: `record` into `telemetry`'s tally (lost, and logged, rather than a
+/// panic if the cell is busy: see [`with_mut`]), flushed at once if a
 /// histogram buffer is full. [`Counter::count`] for a stream; the deliveries call it with
 /// their worker's telemetry when the configuration counts.
 pub fn count_into<H: Host>(
@@ -110,13 +111,12 @@ pub fn count_into<H: Host>(
     host: &H,
     record: impl FnOnce(&mut Tally),
 ) {
-    let Ok(mut telemetry) = telemetry.try_borrow_mut() else {
-        return;
-    };
-    record(&mut telemetry.tally);
-    if telemetry.tally.wants_flush() {
-        flush_now(&mut telemetry, host);
-    }
+    with_mut(telemetry, |telemetry| {
+        record(&mut telemetry.tally);
+        if telemetry.tally.wants_flush() {
+            flush_now(telemetry, host);
+        }
+    });
 }
 
 /// Out of line: the rare path of every count site.

@@ -592,20 +592,7 @@ impl Deliveries {
     /// What a fan-out that ended leaves in the log and the metrics (the answer not yet sent).
     fn log_and_count_end<H: Host>(&self, host: &H, job: &Job, answer: &Answer, duration: u64) {
         let channel = &job.channel;
-        let best_effort_failed = job.fanout.best_effort_failed(channel);
-        if best_effort_failed > 0 {
-            // Never in the answer's status: logged and counted here, dead-lettered if
-            // configured (a dead-lettered one is not failed).
-            log::warn!(
-                "[#{}] channel {}: {best_effort_failed} best-effort subscriber(s) failed for good",
-                job.log_id,
-                channel.name
-            );
-            // Async mode counts every failure after the 202 below.
-            if job.config.mode == AnswerMode::Sync {
-                self.count(host, &job.config, |tally| tally.undelivered());
-            }
-        }
+        self.log_best_effort_failed(host, job);
         match job.config.mode {
             // Answered already (best-effort deliveries went on after it): it ends like an
             // async one.
@@ -651,6 +638,24 @@ impl Deliveries {
                     tally.fanout_ended(Some(duration));
                 });
             }
+        }
+    }
+
+    /// Best-effort subscribers that failed for good: never in the answer's status, so logged
+    /// and counted here (dead-lettered if configured: a dead-lettered one is not failed).
+    fn log_best_effort_failed<H: Host>(&self, host: &H, job: &Job) {
+        let failed = job.fanout.best_effort_failed(&job.channel);
+        if failed == 0 {
+            return;
+        }
+        log::warn!(
+            "[#{}] channel {}: {failed} best-effort subscriber(s) failed for good",
+            job.log_id,
+            job.channel.name
+        );
+        // Async mode counts every failure after the 202 (`log_and_count_end`).
+        if job.config.mode == AnswerMode::Sync {
+            self.count(host, &job.config, |tally| tally.undelivered());
         }
     }
 
