@@ -3,9 +3,9 @@
 //! (`on_tick`), takes the answers to the calls made from the root context (retries, async
 //! deliveries) and creates a [`Stream`] for every request.
 //!
-//! The glue (`filter/`) forwards each root-context callback here and nothing else. Calls,
-//! their answers and retries belong to [`Deliveries`], shared by the plugin and its streams;
-//! see there for who sends what.
+//! The glue (`filter/`) forwards each root-context callback here and nothing else. Claims,
+//! calls, their answers, retries and settles belong to the [`Pipeline`], shared by the plugin
+//! and its streams; see [`crate::deliveries`] for who sends what.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;

@@ -25,7 +25,7 @@ use crate::dedupe::claim::Claim;
 use crate::deliveries::{Finished, InLine, Job, Variant};
 use crate::host::Host;
 use crate::pipeline::{Actor, Continued, Pipeline};
-use crate::recipients::{self, Request};
+use crate::recipients::{self, Incoming};
 use crate::request::{admit, Admitted};
 use crate::telemetry::Counter;
 
@@ -299,7 +299,7 @@ impl<H: Host> Stream<H> {
                 return;
             }
         };
-        let request = Request {
+        let request = Incoming {
             log_id: self.id,
             started_ms: self.started_ms,
             channel,

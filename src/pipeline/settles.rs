@@ -121,7 +121,7 @@ impl Pipeline {
         num_headers: usize,
         body_size: usize,
     ) -> Option<Vec<Finished>> {
-        let answered = self.etcd.on_response(
+        let answered = self.etcd.answered(
             token,
             || etcd_reply(host, num_headers, body_size),
             || host.now_ms(),
