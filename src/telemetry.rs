@@ -102,7 +102,7 @@ impl Counter {
     }
 }
 
-/// The one way to count: `record` into `telemetry`'s tally (lost, and logged, rather than a
+/// The one way to count: `record` into `telemetry`'s tally (lost rather than a
 /// panic if the cell is busy: see [`with_mut`]), flushed at once if a
 /// histogram buffer is full. [`Counter::count`] for a stream; the deliveries call it with
 /// their worker's telemetry when the configuration counts.
