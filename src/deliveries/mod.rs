@@ -25,13 +25,17 @@ use crate::jitter::{self, JitterRng};
 use crate::telemetry::{count_into, Telemetry};
 use call_end::Expected;
 use call_plan::CallPlan;
+use end::labelled;
 use job::leg_cluster;
 pub use job::{InLine, Job, Variant};
+pub use owed::Owed;
 use slot_gate::{Pass, SlotGate};
 
 mod call_end;
 mod call_plan;
+mod end;
 mod job;
+mod owed;
 mod slot_gate;
 
 /// The host's clock, read at most once per callback and only if something needs the time:
@@ -112,33 +116,6 @@ pub struct Deliveries {
     ended: Vec<Ended>,
 }
 
-/// What a worker still owes: every fan-out not yet ended, by what it waits for. What
-/// `fanout.in_flight` counts, itemised for the log line of a plugin retired with work owed.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Owed {
-    /// Fan-outs not ended (the gauge `fanout.in_flight`).
-    pub fanouts: usize,
-    /// Of those, their sender already answered: async, or best-effort deliveries after it.
-    pub answered: usize,
-    /// Of those, with a retry waiting for its backoff.
-    pub retrying: usize,
-    /// Calls in flight (events, dead letters, replies).
-    pub calls: usize,
-    /// Calls waiting for a slot (`max_concurrent_calls`).
-    pub queued: usize,
-}
-
-impl std::fmt::Display for Owed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} fan-out(s) ({} already answered, {} with a retry waiting), {} call(s) in \
-             flight, {} waiting for a slot",
-            self.fanouts, self.answered, self.retrying, self.calls, self.queued
-        )
-    }
-}
-
 impl Deliveries {
     pub fn new(telemetry: Rc<RefCell<Telemetry>>) -> Self {
         Deliveries {
@@ -154,41 +131,10 @@ impl Deliveries {
         }
     }
 
-    /// Call `token` was made for root context `root` outside its own callbacks (a claim
-    /// batch, sent from a stream's): the root lives until it is answered.
-    pub fn owned_by_root(&mut self, token: u32, root: u32) {
-        self.root_of.insert(token, root);
-    }
-
-    /// Call `token` of a root context was answered or given up on.
-    pub fn root_call_ended(&mut self, token: u32) {
-        self.root_of.remove(&token);
-    }
-
     /// The root context `root` is running (or, `None`, none is): the calls sent from now on
     /// are its own.
     pub fn act_for(&mut self, root: Option<u32>) {
         self.acting_root = root;
-    }
-
-    /// Calls root context `root` made that are still in flight.
-    pub fn open_calls_of(&self, root: u32) -> usize {
-        self.root_of.values().filter(|r| **r == root).count()
-    }
-
-    /// Everything this worker still owes.
-    pub fn owed(&self) -> Owed {
-        Owed {
-            fanouts: self.jobs.len(),
-            answered: self.async_in_flight(),
-            retrying: self
-                .jobs
-                .values()
-                .filter(|job| job.fanout.waiting() > 0)
-                .count(),
-            calls: self.tokens.len(),
-            queued: self.jobs.values().map(|job| job.line.calls).sum(),
-        }
     }
 
     /// Seeds the retry jitter from the host's clock and the root context's id (proxy-wasm
@@ -196,16 +142,6 @@ impl Deliveries {
     pub fn seed_jitter<H: Host>(&mut self, host: &H, root_id: u32) {
         let seed = jitter::seed(&[host.now_nanos(), u64::from(root_id), self.next_job]);
         self.jitter_rng = JitterRng::with_seed(seed);
-    }
-
-    /// Fan-outs delivering in the background, their sender answered (async mode, channels
-    /// of best-effort subscribers, best-effort deliveries after the answer): what
-    /// `max_in_flight` bounds.
-    pub fn async_in_flight(&self) -> usize {
-        self.jobs
-            .values()
-            .filter(|job| job.answer_to.is_none())
-            .count()
     }
 
     /// Whether a new event whose first calls go to `clusters` fits every capped cluster's
@@ -230,13 +166,6 @@ impl Deliveries {
         }
         self.count(host, config, |tally| tally.refused(&refusal.key));
         Err(refusal.answer())
-    }
-
-    /// Whether job `id`'s sender still waits for its answer.
-    pub fn awaits_answer(&self, id: u64) -> bool {
-        self.jobs
-            .get(&id)
-            .is_some_and(|job| job.answer_to.is_some())
     }
 
     /// Starts the fan-out `job` of the request on `stream`: answered at once (async mode, a
@@ -311,14 +240,6 @@ impl Deliveries {
             }
             self.count(host, &job.config, |tally| tally.fanout_ended(None));
         }
-    }
-
-    /// Whether the root context's timer has work: calls to send or retries waiting.
-    pub fn has_timed_work(&self) -> bool {
-        self.jobs
-            .values()
-            .any(|job| job.fanout.has_ready() || job.fanout.waiting() > 0)
-            || self.gate.has_released()
     }
 
     /// The root context's timer: sends what is due in every fan-out, and gives up on those
@@ -561,148 +482,6 @@ impl Deliveries {
         self.pump(host, &clock, id)
     }
 
-    fn finish_if_done<H: Host>(&mut self, clock: &Clock<'_, H>, id: u64) -> Option<Finished> {
-        let job = self.jobs.get_mut(&id)?;
-        if !job.fanout.is_done() {
-            return self.answer_if_due(clock.host, id);
-        }
-        let mut job = self.jobs.remove(&id)?;
-        let claims = job.claims.take();
-        let answer = labelled(job.fanout.verdict(&job.channel), job.unrecorded);
-        let duration = if job.config.metrics {
-            clock.now().saturating_sub(job.started_ms)
-        } else {
-            0
-        };
-        self.log_and_count_end(clock.host, &job, &answer, duration);
-        let finished = Finished {
-            answer_to: job.answer_to,
-            answer,
-        };
-        match claims {
-            // The settle stage answers it once the claims are settled.
-            Some(claims) => {
-                self.ended(clock, id, &job, claims, Some(finished));
-                None
-            }
-            None => Some(finished),
-        }
-    }
-
-    /// What a fan-out that ended leaves in the log and the metrics (the answer not yet sent).
-    fn log_and_count_end<H: Host>(&self, host: &H, job: &Job, answer: &Answer, duration: u64) {
-        let channel = &job.channel;
-        self.log_best_effort_failed(host, job);
-        match job.config.mode {
-            // Answered already (best-effort deliveries went on after it): it ends like an
-            // async one.
-            AnswerMode::Sync if job.answer_to.is_none() => {
-                self.count(host, &job.config, |tally| {
-                    tally.fanout_ended(Some(duration))
-                });
-            }
-            AnswerMode::Sync => {
-                if answer.status != 202 {
-                    log::info!(
-                        "[#{}] channel {}: answered {}: {} of {} subscriber(s) failed, {} skipped",
-                        job.log_id,
-                        channel.name,
-                        answer.status,
-                        job.fanout.failures().count(),
-                        channel.subscribers.len(),
-                        job.fanout.skipped()
-                    );
-                }
-                let status = answer.status;
-                self.count(host, &job.config, |tally| {
-                    tally.answered(status);
-                    tally.fanout_ended(Some(duration));
-                });
-            }
-            AnswerMode::Async => {
-                if answer.status == 500 {
-                    // The sender already has its 202: this is the only trace of the loss.
-                    log::warn!(
-                        "[#{}] channel {}: async delivery failed for good after the 202: {}",
-                        job.log_id,
-                        channel.name,
-                        String::from_utf8_lossy(&answer.body)
-                    );
-                }
-                // A 409 (dedupe: another request delivers to some subscribers) is no loss.
-                let undelivered = job.fanout.failures().next().is_some();
-                self.count(host, &job.config, |tally| {
-                    if undelivered {
-                        tally.undelivered();
-                    }
-                    tally.fanout_ended(Some(duration));
-                });
-            }
-        }
-    }
-
-    /// Best-effort subscribers that failed for good: never in the answer's status, so logged
-    /// and counted here (dead-lettered if configured: a dead-lettered one is not failed).
-    fn log_best_effort_failed<H: Host>(&self, host: &H, job: &Job) {
-        let failed = job.fanout.best_effort_failed(&job.channel);
-        if failed == 0 {
-            return;
-        }
-        log::warn!(
-            "[#{}] channel {}: {failed} best-effort subscriber(s) failed for good",
-            job.log_id,
-            job.channel.name
-        );
-        // Async mode counts every failure after the 202 (`log_and_count_end`).
-        if job.config.mode == AnswerMode::Sync {
-            self.count(host, &job.config, |tally| tally.undelivered());
-        }
-    }
-
-    /// A sync fan-out whose required subscribers have all ended while best-effort ones are
-    /// still being delivered to: the sender is answered now (202 with `x-fanout-pending`, or
-    /// the 500 of a required failure) and the rest goes on from the root context.
-    fn answer_if_due<H: Host>(&mut self, host: &H, id: u64) -> Option<Finished> {
-        let job = self.jobs.get_mut(&id)?;
-        if job.answer_to.is_none() || !job.fanout.required_done(&job.channel) {
-            return None;
-        }
-        let answer = labelled(job.fanout.verdict(&job.channel), job.unrecorded);
-        let answer_to = job.answer_to.take();
-        let config = job.config.clone();
-        let status = answer.status;
-        self.count(host, &config, |tally| tally.answered(status));
-        Some(Finished { answer_to, answer })
-    }
-
-    /// Job `id` ended holding `claims`: handed to the settle stage.
-    fn ended<H: Host>(
-        &mut self,
-        clock: &Clock<'_, H>,
-        id: u64,
-        job: &Job,
-        claims: Claims,
-        answer: Option<Finished>,
-    ) {
-        let delivered = (0..job.channel.subscribers.len())
-            .map(|index| job.fanout.is_delivered(index))
-            .collect();
-        self.ended.push(Ended {
-            job: id,
-            config: job.config.clone(),
-            claims,
-            delivered,
-            log_id: job.log_id,
-            now_ms: clock.now(),
-            answer,
-        });
-    }
-
-    /// The fan-outs that ended holding claims since the last call.
-    pub fn take_ended(&mut self) -> Vec<Ended> {
-        std::mem::take(&mut self.ended)
-    }
-
     /// Counts, unless `config` turns metrics off: the one way to count ([`count_into`]).
     fn count<H: Host>(
         &self,
@@ -713,15 +492,5 @@ impl Deliveries {
         if config.metrics {
             count_into(&self.telemetry, host, record);
         }
-    }
-}
-
-/// The answer of a fan-out whose outcome the etcd store will not record (`unrecorded`) says
-/// so.
-fn labelled(answer: Answer, unrecorded: bool) -> Answer {
-    if unrecorded {
-        answer.with_header(crate::dedupe::settle::NOT_RECORDED_HEADER, "1".into())
-    } else {
-        answer
     }
 }
