@@ -17,7 +17,8 @@ use hashbrown::HashMap;
 use crate::call::Failure;
 
 /// Samples per histogram at which the root context flushes at once instead of at its next
-/// tick (see [`Tally::wants_flush`]).
+/// tick (see [`Tally::wants_flush`]). A histogram keeps at most four times this many between
+/// flushes; a sample past that is counted in `fanout.metrics.samples_dropped`, not kept.
 pub const HISTOGRAM_BUFFER: usize = 4096;
 
 /// The kinds of metric Envoy offers a filter.
@@ -153,6 +154,7 @@ const DEDUPE_MISSING_KEY: &str = "fanout.dedupe.missing_key";
 const DEDUPE_SKIPPED: &str = "fanout.dedupe.skipped";
 const DEDUPE_IN_PROGRESS: &str = "fanout.dedupe.in_progress";
 const DEDUPE_STORE_ERRORS: &str = "fanout.dedupe.store_errors";
+const SAMPLES_DROPPED: &str = "fanout.metrics.samples_dropped";
 
 impl Tally {
     fn counter(&mut self, name: &str) -> usize {
@@ -219,6 +221,7 @@ impl Tally {
             REACHED_ROUTER,
             UNDELIVERED,
             OPTIONS,
+            SAMPLES_DROPPED,
         ] {
             self.counter(name);
         }
@@ -261,7 +264,7 @@ impl Tally {
     pub fn fanout_ended(&mut self, duration_ms: Option<u64>) {
         self.in_flight_delta = self.in_flight_delta.saturating_sub(1);
         if let Some(ms) = duration_ms {
-            push_bounded(&mut self.fanout_ms, ms);
+            self.sample(false, ms);
         }
     }
 
@@ -299,9 +302,10 @@ impl Tally {
         }
     }
 
-    pub fn dedupe_store_error(&mut self) {
+    /// `n` requests met a store error (a claim or a settle given up).
+    pub fn dedupe_store_errors(&mut self, n: u64) {
         let id = self.counter(DEDUPE_STORE_ERRORS);
-        self.bump(id);
+        self.add(id, n);
     }
 
     /// Events added to (or, negative, removed from) the store by one write.
@@ -430,7 +434,24 @@ impl Tally {
             self.bump(id);
         }
         if let Some(ms) = duration_ms {
-            push_bounded(&mut self.call_ms, ms);
+            self.sample(true, ms);
+        }
+    }
+
+    /// A duration sample (`call`: a call's, else a fan-out's), kept while its buffer has
+    /// room: bounded even if flushes stop (they should not: the root context flushes on every
+    /// tick and whenever [`Tally::wants_flush`]); a sample past it is counted as dropped.
+    fn sample(&mut self, call: bool, ms: u64) {
+        let buffer = if call {
+            &mut self.call_ms
+        } else {
+            &mut self.fanout_ms
+        };
+        if buffer.len() < 4 * HISTOGRAM_BUFFER {
+            buffer.push(ms);
+        } else {
+            let id = self.counter(SAMPLES_DROPPED);
+            self.bump(id);
         }
     }
 
@@ -464,14 +485,6 @@ impl Tally {
                 .map(|(name, delta)| (name.clone(), std::mem::take(delta)))
                 .collect(),
         }
-    }
-}
-
-/// Keeps a histogram buffer bounded even if flushes stop (they should not: the root context
-/// flushes on every tick and whenever [`Tally::wants_flush`]).
-fn push_bounded(buffer: &mut Vec<u64>, value: u64) {
-    if buffer.len() < 4 * HISTOGRAM_BUFFER {
-        buffer.push(value);
     }
 }
 
@@ -615,6 +628,12 @@ mod tests {
         for _ in 0..10 * HISTOGRAM_BUFFER {
             tally.fanout_ended(Some(1));
         }
-        assert_eq!(tally.flush().fanout_ms.len(), 4 * HISTOGRAM_BUFFER);
+        let flush = tally.flush();
+        assert_eq!(flush.fanout_ms.len(), 4 * HISTOGRAM_BUFFER);
+        let dropped = 11 * HISTOGRAM_BUFFER as u64 - 4 * HISTOGRAM_BUFFER as u64;
+        assert_eq!(
+            flush.counters,
+            vec![("fanout.metrics.samples_dropped".to_string(), dropped)]
+        );
     }
 }

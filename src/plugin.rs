@@ -3,19 +3,20 @@
 //! (`on_tick`), takes the answers to the calls made from the root context (retries, async
 //! deliveries) and creates a [`Stream`] for every request.
 //!
-//! The glue (`filter/`) forwards each root-context callback here and nothing else. Calls,
-//! their answers and retries belong to [`Deliveries`], shared by the plugin and its streams;
-//! see there for who sends what.
+//! The glue (`filter/`) forwards each root-context callback here and nothing else. Claims,
+//! calls, their answers, retries and settles belong to the [`Pipeline`], shared by the plugin
+//! and its streams; see [`crate::deliveries`] for who sends what.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
+use crate::cell::with_mut;
 use crate::config::Config;
-use crate::dedupe::{claim, remote, settle};
-use crate::deliveries::{Deliveries, Finished, Owed};
+use crate::dedupe::{remote, settle};
+use crate::deliveries::{Finished, Owed};
 use crate::host::Host;
-use crate::jitter::Jitter;
+use crate::pipeline::{Actor, Pipeline};
 use crate::stream::{answer_stream, Stream};
 use crate::telemetry::{Counter, Telemetry};
 
@@ -34,7 +35,7 @@ pub struct Plugin<H> {
     config: Option<Rc<Config>>,
     /// This worker's counts, shared with its streams; flushed to Envoy on the timer.
     telemetry: Rc<RefCell<Telemetry>>,
-    deliveries: Rc<RefCell<Deliveries>>,
+    pipeline: Rc<RefCell<Pipeline>>,
     tick: Duration,
     last_flush_ms: u64,
     /// The VM's newest configured root context and whether its timer runs (see `on_tick`).
@@ -52,7 +53,7 @@ pub struct Plugin<H> {
 #[derive(Clone)]
 pub struct VmShared {
     telemetry: Rc<RefCell<Telemetry>>,
-    deliveries: Rc<RefCell<Deliveries>>,
+    pipeline: Rc<RefCell<Pipeline>>,
     newest: Rc<Cell<(u32, bool)>>,
 }
 
@@ -60,7 +61,7 @@ impl Default for VmShared {
     fn default() -> Self {
         let telemetry: Rc<RefCell<Telemetry>> = Rc::default();
         VmShared {
-            deliveries: Rc::new(RefCell::new(Deliveries::new(telemetry.clone()))),
+            pipeline: Rc::new(RefCell::new(Pipeline::new(telemetry.clone()))),
             telemetry,
             newest: Rc::default(),
         }
@@ -91,7 +92,7 @@ impl<H: Host + Clone> Plugin<H> {
             id,
             host,
             config: None,
-            deliveries: shared.deliveries,
+            pipeline: shared.pipeline,
             telemetry: shared.telemetry,
             tick: Duration::ZERO,
             last_flush_ms: 0,
@@ -129,35 +130,12 @@ impl<H: Host + Clone> Plugin<H> {
                     subscribers
                 );
                 if config.metrics {
-                    let mut telemetry = self.telemetry.borrow_mut();
-                    telemetry.tally.register_requests();
-                    if config.dedupe.is_some() {
-                        telemetry.tally.register_dedupe();
-                    }
-                    for (cluster, _) in &config.call_caps {
-                        telemetry.tally.register_call_cap(cluster);
-                    }
-                    for subscriber in config.channels.iter().flat_map(|c| &c.subscribers) {
-                        telemetry.tally.register_subscriber(&subscriber.cluster);
-                        if subscriber.reply.is_some() {
-                            telemetry.tally.register_replies(&subscriber.cluster);
-                        }
-                    }
-                    telemetry.define_all(&self.host);
+                    self.define_metrics(&config);
                 }
                 settle::prepare(&self.host, &config);
-                remote::prepare(&mut self.deliveries.borrow_mut().store, &config);
-                self.deliveries.borrow_mut().set_caps(&config.call_caps);
-                if config
-                    .channels
-                    .iter()
-                    .flat_map(|c| &c.subscribers)
-                    .any(|s| s.backoff_jitter != Jitter::NONE)
-                {
-                    self.deliveries
-                        .borrow_mut()
-                        .seed_jitter(&self.host, self.id);
-                }
+                with_mut(&self.pipeline, |p| {
+                    p.configure(&self.host, &config, self.id)
+                });
                 self.config = Some(Rc::new(config));
                 self.newest.set((self.id, false));
                 self.retune_timer();
@@ -170,29 +148,40 @@ impl<H: Host + Clone> Plugin<H> {
         }
     }
 
+    /// Makes the metrics of `config` exist (at zero) before anything happens.
+    fn define_metrics(&self, config: &Config) {
+        with_mut(&self.telemetry, |telemetry| {
+            telemetry.tally.register_requests();
+            if config.dedupe.is_some() {
+                telemetry.tally.register_dedupe();
+            }
+            for (cluster, _) in &config.call_caps {
+                telemetry.tally.register_call_cap(cluster);
+            }
+            for subscriber in config.channels.iter().flat_map(|c| &c.subscribers) {
+                telemetry.tally.register_subscriber(&subscriber.cluster);
+                if subscriber.reply.is_some() {
+                    telemetry.tally.register_replies(&subscriber.cluster);
+                }
+            }
+            telemetry.define_all(&self.host);
+        });
+    }
+
     pub fn on_tick(&mut self) {
         // A retired root waiting for its own calls sends nothing new while the newest root's
         // timer runs (that one carries the VM's deliveries on), so that it can end.
         let (newest, newest_ticks) = self.newest.get();
         if !self.retiring || newest == self.id || !newest_ticks {
-            let finished = {
-                let mut deliveries = self.deliveries.borrow_mut();
-                deliveries.act_for(Some(self.id));
-                let mut finished = deliveries.tick(&self.host);
-                finished.extend(deliveries.tick_claims(&self.host, self.id));
-                finished.extend(deliveries.tick_settles(&self.host, self.id));
-                deliveries.act_for(None);
-                finished
-            };
-            self.deliver(finished);
+            let finished = with_mut(&self.pipeline, |p| p.tick(&self.host, self.id));
+            self.deliver(finished.unwrap_or_default());
         }
         let now = self.host.now_ms();
-        if let Ok(mut deliveries) = self.deliveries.try_borrow_mut() {
-            let config = self.config.as_deref();
-            remote::tick(&self.host, now, config, &mut deliveries.store);
-        }
+        with_mut(&self.pipeline, |p| {
+            p.tick_leases(&self.host, now, self.config.as_deref())
+        });
         if self.tick >= METRICS_FLUSH || now.saturating_sub(self.last_flush_ms) >= 1000 {
-            self.telemetry.borrow_mut().flush(&self.host);
+            with_mut(&self.telemetry, |telemetry| telemetry.flush(&self.host));
             self.last_flush_ms = now;
         }
         self.retune_timer();
@@ -200,28 +189,11 @@ impl<H: Host + Clone> Plugin<H> {
 
     /// Answers to the calls the root made (retries, async deliveries).
     pub fn on_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        let finished = {
-            let mut deliveries = self.deliveries.borrow_mut();
-            deliveries.act_for(Some(self.id));
-            let host = &self.host;
-            let store = deliveries.store_answered(host, token, num_headers, body_size, self.id);
-            let reply = || claim::etcd_reply(host, num_headers, body_size);
-            let mut finished = match store {
-                Some(finished) => finished,
-                None => match deliveries.claims_answered(host, token, reply, self.id) {
-                    Some(finished) => finished,
-                    None => deliveries
-                        .on_response(host, token, num_headers, body_size, true)
-                        .into_iter()
-                        .collect(),
-                },
-            };
-            // The fan-outs that ended hold their answers for their settles: out now.
-            finished.extend(deliveries.flush_settles(host, self.id));
-            deliveries.act_for(None);
-            finished
-        };
-        self.deliver(finished);
+        let actor = Actor::Root(self.id);
+        let finished = with_mut(&self.pipeline, |p| {
+            p.on_response(&self.host, actor, token, num_headers, body_size)
+        });
+        self.deliver(finished.unwrap_or_default());
     }
 
     /// The plugin is being retired (a newer configuration took over, or Envoy stops): hand
@@ -231,13 +203,11 @@ impl<H: Host + Clone> Plugin<H> {
     /// flight (or, for the newest root, while anything is owed) it answers `false` and
     /// [`Plugin::take_retired`] tells the glue when to let Envoy delete it.
     pub fn on_done(&mut self) -> bool {
-        if let Ok(mut telemetry) = self.telemetry.try_borrow_mut() {
-            telemetry.flush(&self.host);
-        }
+        with_mut(&self.telemetry, |telemetry| telemetry.flush(&self.host));
         let owed = self
-            .deliveries
+            .pipeline
             .try_borrow()
-            .map(|deliveries| deliveries.owed())
+            .map(|pipeline| pipeline.owed())
             .unwrap_or_default();
         if owed.fanouts > 0 {
             if self.newest.get().0 == self.id {
@@ -272,17 +242,17 @@ impl<H: Host + Clone> Plugin<H> {
     /// This root's calls in flight, or, for the newest root (nobody carries on after it),
     /// anything still owed.
     fn owes_calls(&self) -> bool {
-        self.deliveries.try_borrow().is_ok_and(|deliveries| {
-            deliveries.open_calls_of(self.id) > 0
-                || (self.newest.get().0 == self.id && deliveries.owed().fanouts > 0)
+        self.pipeline.try_borrow().is_ok_and(|pipeline| {
+            pipeline.open_calls_of(self.id) > 0
+                || (self.newest.get().0 == self.id && pipeline.owed().fanouts > 0)
         })
     }
 
     /// What this worker still owes (the itemised `fanout.in_flight`).
     pub fn owed(&self) -> Owed {
-        self.deliveries
+        self.pipeline
             .try_borrow()
-            .map(|deliveries| deliveries.owed())
+            .map(|pipeline| pipeline.owed())
             .unwrap_or_default()
     }
 
@@ -295,7 +265,7 @@ impl<H: Host + Clone> Plugin<H> {
             self.host.clone(),
             self.config.clone(),
             Counter::new(metrics.then(|| self.telemetry.clone())),
-            self.deliveries.clone(),
+            self.pipeline.clone(),
         )
     }
 
@@ -309,8 +279,8 @@ impl<H: Host + Clone> Plugin<H> {
                 .as_ref()
                 .is_some_and(|d| matches!(d.store, crate::config::Store::Etcd(_)))
         });
-        let (busy, store_busy) = self.deliveries.try_borrow().map_or((true, true), |d| {
-            (d.has_timed_work(), etcd && d.store.wants_fast_timer())
+        let (busy, store_busy) = self.pipeline.try_borrow().map_or((true, true), |p| {
+            (p.has_timed_work(), etcd && p.store_wants_fast_timer())
         });
         let wanted = if busy || store_busy || config.is_some_and(|c| c.needs_timer) {
             DELIVERY_TICK
@@ -325,9 +295,8 @@ impl<H: Host + Clone> Plugin<H> {
             self.host.set_tick_period(wanted);
             self.tick = wanted;
         }
-        if let Ok(mut deliveries) = self.deliveries.try_borrow_mut() {
-            deliveries.store.timer_is(self.tick == DELIVERY_TICK);
-        }
+        let fast = self.tick == DELIVERY_TICK;
+        with_mut(&self.pipeline, |p| p.timer_is(fast));
         if self.newest.get().0 == self.id {
             self.newest.set((self.id, wanted != Duration::ZERO));
         }

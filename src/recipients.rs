@@ -18,8 +18,8 @@ use crate::host::Host;
 use crate::request::Event;
 use crate::telemetry::Counter;
 
-/// The request, as far as choosing its recipients needs it.
-pub struct Request<'a> {
+/// The event to deliver, as far as choosing its recipients needs it.
+pub struct Incoming<'a> {
     /// Its context id, for log lines.
     pub log_id: u32,
     /// When its headers came, on the host's clock.
@@ -41,7 +41,7 @@ pub fn choose<H: Host>(
     host: &H,
     counter: &Counter,
     config: &Config,
-    request: &Request<'_>,
+    request: &Incoming<'_>,
     async_in_flight: impl FnOnce() -> usize,
     admit_calls: impl FnOnce(&[&str]) -> Result<(), Answer>,
     lease: impl FnOnce(u64) -> Option<i64>,

@@ -5,10 +5,10 @@
 //!
 //! Read top to bottom, a request goes: [`admit`] on the headers (an [`Admitted`] or
 //! the answer), the body held until end of stream, then `Stream::fan_out`: the event,
-//! [`recipients::choose`] (who gets it), and [`Deliveries::start`] (the calls). The answer
-//! comes back from [`Deliveries`] as a [`Finished`], and `Stream::answer` sends it, once.
-//! With `dedupe`'s etcd store, the claims are one etcd call made from this stream: the
-//! stream waits for its answer (`Stage::Claiming`) before the subscribers are called.
+//! [`recipients::choose`] (who gets it), and [`Pipeline::begin`] (claim, deliver, settle).
+//! The answer comes back from the [`Pipeline`] as a [`Finished`], and `Stream::answer` sends
+//! it, once. With `dedupe`'s etcd store the stream waits for its claim (`Stage::Claiming`)
+//! before the subscribers are called.
 //!
 //! How Envoy behaves here: the body reaches a filter that paused in the headers callback only
 //! with `allow_on_headers_stop_iteration: true`; a call to a cluster Envoy does not know fails
@@ -19,14 +19,13 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use crate::answer::Answer;
-use crate::config::{BodyWait, Channel, Config};
-use crate::dedupe::claim::{self, Ask, Claim, Claims};
-use crate::dedupe::etcd::StoreError;
-use crate::deliveries::{Continued, Deliveries, Finished, InLine, Job, Launched, Parked, Variant};
-use crate::fan_out_state::FanOut;
-use crate::headers::Forwarded;
+use crate::cell::with_mut;
+use crate::config::{BodyWait, Config};
+use crate::dedupe::claim::Claim;
+use crate::deliveries::{Finished, InLine, Job, Variant};
 use crate::host::Host;
-use crate::recipients::{self, Request};
+use crate::pipeline::{Actor, Continued, Pipeline};
+use crate::recipients::{self, Incoming};
 use crate::request::{admit, Admitted};
 use crate::telemetry::Counter;
 
@@ -45,30 +44,15 @@ enum Stage {
     Headers,
     /// Admitted; buffering the body until end of stream.
     Body { admitted: Admitted, received: usize },
-    /// Waiting for the etcd store's answer to `dedupe`'s claims (its call `token`).
-    Claiming { token: u32, claiming: Box<Claiming> },
-    /// Its claims wait to go out with others' (the deliveries hold the request); the root
-    /// context continues it, and the stream learns what became of it at its next callback
+    /// Waiting for its `dedupe` claim in the etcd store (its own claim txn, or parked to go
+    /// out with others'); what became of it is learnt at its next callback
     /// ([`Stream::adopt`]).
-    Parked,
+    Claiming,
     /// A sync fan-out in the deliveries, answered when it ends.
     Delivering { job: u64 },
     /// The answer is sent; whatever comes now is ignored.
     Answered,
 }
-
-/// A request whose recipients are chosen but not yet claimed in the etcd store.
-struct Claiming {
-    ask: Ask,
-    channel: Rc<Channel>,
-    fanout: FanOut,
-    body: Vec<u8>,
-    forwarded: Forwarded,
-    converted: Option<Box<Variant>>,
-}
-
-/// The event as it came (body, forwarded headers) and as `delivery.format` converted it.
-type Message = (Vec<u8>, Forwarded, Option<Box<Variant>>);
 
 /// One request.
 pub struct Stream<H> {
@@ -78,7 +62,7 @@ pub struct Stream<H> {
     host: H,
     config: Option<Rc<Config>>,
     counter: Counter,
-    deliveries: Rc<RefCell<Deliveries>>,
+    pipeline: Rc<RefCell<Pipeline>>,
     stage: Stage,
     /// When the request's headers arrived, on the host's clock.
     started_ms: u64,
@@ -93,7 +77,7 @@ impl<H: Host> Stream<H> {
         host: H,
         config: Option<Rc<Config>>,
         counter: Counter,
-        deliveries: Rc<RefCell<Deliveries>>,
+        pipeline: Rc<RefCell<Pipeline>>,
     ) -> Self {
         Stream {
             id,
@@ -101,7 +85,7 @@ impl<H: Host> Stream<H> {
             host,
             config,
             counter,
-            deliveries,
+            pipeline,
             stage: Stage::Headers,
             started_ms: 0,
         }
@@ -167,42 +151,26 @@ impl<H: Host> Stream<H> {
 
     /// The answer to a call this stream made.
     pub fn on_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
-        if matches!(self.stage, Stage::Claiming { token: t, .. } if t == token) {
-            self.claim_answered(num_headers, body_size);
-            return;
-        }
-        let finished = self.deliveries.borrow_mut().on_response(
-            &self.host,
-            token,
-            num_headers,
-            body_size,
-            false,
-        );
-        if let Some(finished) = finished {
-            self.finished(finished);
-        }
-        self.flush_settles();
+        let actor = self.actor();
+        let finished = with_mut(&self.pipeline, |p| {
+            p.on_response(&self.host, actor, token, num_headers, body_size)
+        });
+        self.finished(finished.unwrap_or_default());
     }
 
-    /// The etcd settles of the fan-outs that ended in this callback go out now (as calls of
-    /// the root context), if no settle txn is in flight; an answer held for a settle that
-    /// failed at once goes out.
-    fn flush_settles(&mut self) {
-        let failed = self
-            .deliveries
-            .borrow_mut()
-            .flush_settles(&self.host, self.root);
-        for finished in failed {
-            self.finished(finished);
+    fn actor(&self) -> Actor {
+        Actor::Stream {
+            id: self.id,
+            root: self.root,
         }
     }
 
-    /// What the root context made of this request while it was parked, if it did.
+    /// What became of this request while it waited for its claim, if it is known now.
     fn adopt(&mut self) {
-        if !matches!(self.stage, Stage::Parked) {
+        if !matches!(self.stage, Stage::Claiming) {
             return;
         }
-        let continued = self.deliveries.borrow_mut().claims.adopt(self.id);
+        let continued = with_mut(&self.pipeline, |p| p.adopt(self.id)).flatten();
         match continued {
             Some(Continued::Answered) => self.stage = Stage::Answered,
             Some(Continued::Delivering(job)) => self.stage = Stage::Delivering { job },
@@ -213,36 +181,32 @@ impl<H: Host> Stream<H> {
     /// The stream ended (its client may have left before the answer).
     pub fn on_done(&mut self) -> bool {
         self.adopt();
-        match &self.stage {
-            // Its claim txn will not be answered here now (Envoy cancels it): the claims
-            // parked meanwhile go out.
-            Stage::Claiming { token, .. } => {
-                let token = *token;
-                self.claim_landed(token);
-            }
+        match self.stage {
             // Not claimed yet: nothing to undo. (In a batch in flight, the root continues it,
             // and finds nobody to answer.)
-            Stage::Parked if self.deliveries.borrow_mut().claims.forget(self.id) => {
-                log::info!(
-                    "[#{}] the client went away before the fan-out started; nothing was \
-                     claimed or called",
-                    self.id
-                );
+            Stage::Claiming => {
+                let actor = self.actor();
+                let unsent = with_mut(&self.pipeline, |p| p.forget(&self.host, actor, true));
+                if unsent == Some(true) {
+                    log::info!(
+                        "[#{}] the client went away before the fan-out started; nothing was \
+                         claimed or called",
+                        self.id
+                    );
+                }
             }
-            _ => {}
-        }
-        if let Stage::Delivering { job } = self.stage {
-            let mut deliveries = self.deliveries.borrow_mut();
-            if deliveries.awaits_answer(job) {
+            Stage::Delivering { job } if self.pipeline.borrow().awaits_answer(job) => {
                 log::info!(
                     "[#{}] the client went away before the fan-out ended; its calls are \
                      cancelled",
                     self.id
                 );
-                deliveries.abandon(&self.host, job);
+                let actor = self.actor();
+                let finished = with_mut(&self.pipeline, |p| p.abandon(&self.host, actor, job));
+                self.finished(finished.unwrap_or_default());
             }
+            _ => {}
         }
-        self.flush_settles();
         true
     }
 
@@ -259,9 +223,9 @@ impl<H: Host> Stream<H> {
             // with best-effort deliveries only.
             Stage::Delivering { job }
                 if self
-                    .deliveries
+                    .pipeline
                     .try_borrow()
-                    .is_ok_and(|deliveries| !deliveries.awaits_answer(job)) =>
+                    .is_ok_and(|pipeline| !pipeline.awaits_answer(job)) =>
             {
                 self.stage = Stage::Answered;
             }
@@ -282,16 +246,19 @@ impl<H: Host> Stream<H> {
                     "[#{}] Envoy answered the request before fanout did (e.g. a stream timeout)",
                     self.id
                 );
-                if let Stage::Delivering { job } = self.stage {
-                    if let Ok(mut deliveries) = self.deliveries.try_borrow_mut() {
-                        deliveries.abandon(&self.host, job);
+                let (host, actor) = (&self.host, self.actor());
+                let abandoned = match self.stage {
+                    Stage::Delivering { job } => {
+                        with_mut(&self.pipeline, |p| p.abandon(host, actor, job))
                     }
-                }
-                if matches!(self.stage, Stage::Parked) {
-                    if let Ok(mut deliveries) = self.deliveries.try_borrow_mut() {
-                        deliveries.claims.forget(self.id);
+                    Stage::Claiming => {
+                        with_mut(&self.pipeline, |p| p.forget(host, actor, false));
+                        None
                     }
-                }
+                    _ => None,
+                };
+                self.stage = Stage::Answered;
+                self.finished(abandoned.unwrap_or_default());
                 self.stage = Stage::Answered;
             }
         }
@@ -320,38 +287,34 @@ impl<H: Host> Stream<H> {
             return;
         };
         // Parses a structured body only if a filter, `require_cloudevents` or dedupe's
-        // identity needs it; attributes `None` match only subscribers without a filter.
-        let event = match admitted.event.complete(&body) {
-            Ok(event) => event,
-            Err(answer) => {
-                self.reject(answer);
-                return;
-            }
-        };
+        // identity needs it; attributes `None` match only subscribers without a filter. Then
         // `delivery.format`: the event converted once, or the 400, before anything is claimed.
-        let converted = match Variant::prepare(channel, &admitted.forwarded, &body) {
-            Ok(converted) => converted,
+        let prepared = admitted.event.complete(&body).and_then(|event| {
+            Variant::prepare(channel, &admitted.forwarded, &body).map(|c| (event, c))
+        });
+        let (event, converted) = match prepared {
+            Ok(prepared) => prepared,
             Err(answer) => {
                 self.reject(answer);
                 return;
             }
         };
-        let request = Request {
+        let request = Incoming {
             log_id: self.id,
             started_ms: self.started_ms,
             channel,
             event: &event,
         };
-        let deliveries = &self.deliveries;
+        let pipeline = &self.pipeline;
         let host = &self.host;
         let chosen = recipients::choose(
             &self.host,
             &self.counter,
             config,
             &request,
-            || deliveries.borrow().async_in_flight(),
-            |clusters| deliveries.borrow_mut().admit(host, config, clusters),
-            |until| deliveries.borrow().store.leases.pick(until),
+            || pipeline.borrow().async_in_flight(),
+            |clusters| with_mut(pipeline, |p| p.admit(host, config, clusters)).unwrap_or(Ok(())),
+            |until| pipeline.borrow().lease(until),
         );
         let recipients = match chosen {
             Ok(recipients) => recipients,
@@ -360,204 +323,49 @@ impl<H: Host> Stream<H> {
                 return;
             }
         };
-        let forwarded = admitted.forwarded;
-        match recipients.claim {
-            Claim::Done(claims) => {
-                let message = (body, forwarded, converted);
-                self.deliver(config, channel, recipients.fanout, claims, message)
-            }
-            Claim::Ask(ask) => {
-                let message = (body, forwarded, converted);
-                self.ask(config, channel, recipients.fanout, ask, message);
-            }
-        }
-    }
-
-    /// The etcd store must be asked first. With no claim txn of this worker in flight and a
-    /// lease held, from this stream: its answer comes back here, and the stream waits. Else
-    /// the request is parked, and goes out with the others parked meanwhile in one txn when
-    /// the one in flight is answered (or, without a lease, once one is granted: up to the
-    /// store's timeout, then it is a store error); the root context continues it then.
-    fn ask(
-        &mut self,
-        config: &Rc<Config>,
-        channel: &Rc<Channel>,
-        fanout: FanOut,
-        mut ask: Ask,
-        message: Message,
-    ) {
-        let unleased = !ask.lease_from(|until| self.deliveries.borrow().store.leases.pick(until));
-        if unleased || self.deliveries.borrow().claims.must_park() {
-            let job = self.job(config, channel, fanout, message);
-            self.deliveries.borrow_mut().claims.park(Parked {
-                stream: self.id,
-                ask,
-                job,
-            });
-            self.stage = Stage::Parked;
-            return;
-        }
-        match self
-            .host
-            .dispatch(&ask.cluster, ask.headers(), &ask.body(), ask.timeout)
-        {
-            Ok(token) => {
-                let timeout = u64::try_from(ask.timeout.as_millis()).unwrap_or(u64::MAX);
-                self.deliveries
-                    .borrow_mut()
-                    .claims
-                    .flying(token, self.started_ms, timeout);
-                let (body, forwarded, converted) = message;
-                self.stage = Stage::Claiming {
-                    token,
-                    claiming: Box::new(Claiming {
-                        ask,
-                        channel: channel.clone(),
-                        fanout,
-                        body,
-                        forwarded,
-                        converted,
-                    }),
-                };
-            }
-            Err(failure) => {
-                let error = StoreError::new(format!("refused at dispatch: {failure}"));
-                self.store_failed(config, channel, fanout, &error, message);
-            }
-        }
-    }
-
-    /// The claim txn in flight (`token`) was answered or cancelled: the claims parked
-    /// meanwhile go out together, for the root context.
-    fn claim_landed(&mut self, token: u32) {
-        let mut deliveries = self.deliveries.borrow_mut();
-        deliveries.claims.landed(token);
-        deliveries.send_parked(&self.host, self.root);
-    }
-
-    /// The etcd store answered this request's claims.
-    fn claim_answered(&mut self, num_headers: usize, body_size: usize) {
-        let Some(config) = self.config.clone() else {
-            return;
-        };
-        let Stage::Claiming { token, claiming } =
-            std::mem::replace(&mut self.stage, Stage::Headers)
-        else {
-            return;
-        };
-        // The answer is read before anything else is sent from this callback.
-        let reply = claim::etcd_reply(&self.host, num_headers, body_size);
-        self.claim_landed(token);
-        let Claiming {
-            ask,
-            channel,
-            mut fanout,
-            body,
-            forwarded,
-            converted,
-        } = *claiming;
-        let message = (body, forwarded, converted);
-        match claim::answered(&self.host, &self.counter, ask, &reply, &mut fanout) {
-            Ok(claims) => self.deliver(&config, &channel, fanout, claims, message),
-            Err(error) => self.store_failed(&config, &channel, fanout, &error, message),
-        }
-    }
-
-    /// The dedupe store failed: everyone is called (`on_store_error: deliver`), or 503.
-    fn store_failed(
-        &mut self,
-        config: &Rc<Config>,
-        channel: &Rc<Channel>,
-        fanout: FanOut,
-        error: &StoreError,
-        message: Message,
-    ) {
-        let now = self.started_ms;
-        let deliveries = &self.deliveries;
-        if error.lease_lost() {
-            deliveries.borrow_mut().store.leases.forget();
-        }
-        let failed = claim::store_failed(&self.host, &self.counter, config, self.id, error, || {
-            deliveries.borrow_mut().store.warn(now)
-        });
-        match failed {
-            Ok(()) => {
-                let job = Job {
-                    unrecorded: true,
-                    ..self.job(config, channel, fanout, message)
-                };
-                self.launch(job);
-            }
-            Err(answer) => self.reject(answer),
-        }
-    }
-
-    /// The fan-out of this request: who gets the event is decided (`fanout`) but not yet
-    /// claimed.
-    fn job(
-        &self,
-        config: &Rc<Config>,
-        channel: &Rc<Channel>,
-        fanout: FanOut,
-        (body, forwarded, converted): Message,
-    ) -> Job {
-        Job {
+        let job = Job {
             config: config.clone(),
             channel: channel.clone(),
-            fanout,
+            fanout: recipients.fanout,
             body,
-            forwarded,
+            forwarded: admitted.forwarded,
             converted,
             answer_to: None,
             log_id: self.id,
             started_ms: self.started_ms,
-            redelivery: None,
+            claims: None,
             unrecorded: false,
             line: InLine::default(),
-        }
-    }
-
-    /// Who gets the event is decided (and claimed): hand it to the deliveries.
-    fn deliver(
-        &mut self,
-        config: &Rc<Config>,
-        channel: &Rc<Channel>,
-        fanout: FanOut,
-        claims: Option<Claims>,
-        message: Message,
-    ) {
-        let job = Job {
-            redelivery: claims,
-            ..self.job(config, channel, fanout, message)
         };
-        self.launch(job);
+        self.begin(job, recipients.claim);
     }
 
-    /// Hands the fan-out `job` to the deliveries: answered now, or delivering.
-    fn launch(&mut self, job: Job) {
-        let launched = self
-            .deliveries
-            .borrow_mut()
-            .launch(&self.host, job, self.id, false);
-        match launched {
-            Launched::Answer(answer) if answer.status == 202 => self.answer(answer, false),
-            Launched::Answer(answer) => self.reject(answer),
-            Launched::Delivering(id, finished) => {
-                self.stage = Stage::Delivering { job: id };
-                if let Some(finished) = finished {
-                    self.finished(finished);
-                }
+    /// Hands the request to the pipeline (claim, deliver, settle, answer): the stream waits
+    /// for its claim, or learns at once what became of it.
+    fn begin(&mut self, job: Job, claim: Claim) {
+        self.stage = Stage::Claiming;
+        let actor = self.actor();
+        let finished = with_mut(&self.pipeline, |p| p.begin(&self.host, actor, job, claim));
+        self.finished(finished.unwrap_or_default());
+    }
+
+    /// Answers sent from this stream's callback: its own (counted by the pipeline), and
+    /// those of other streams whose fan-outs ended here.
+    fn finished(&mut self, finished: Vec<Finished>) {
+        if finished.iter().any(|done| done.answer_to == Some(self.id)) {
+            // Its own answer is here: what the pipeline kept for it is stale.
+            if matches!(self.stage, Stage::Claiming) {
+                with_mut(&self.pipeline, |p| p.adopt(self.id));
             }
+        } else {
+            self.adopt();
         }
-        self.flush_settles();
-    }
-
-    /// A fan-out ended while this stream's callback runs.
-    fn finished(&mut self, finished: Finished) {
-        match finished.answer_to {
-            Some(stream) if stream == self.id => self.answer(finished.answer, true),
-            Some(stream) => answer_stream(&self.host, stream, self.id, &finished.answer),
-            None => {}
+        for done in finished {
+            match done.answer_to {
+                Some(stream) if stream == self.id => self.answer(done.answer, true),
+                Some(stream) => answer_stream(&self.host, stream, self.id, &done.answer),
+                None => {}
+            }
         }
     }
 

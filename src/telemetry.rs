@@ -5,6 +5,7 @@ use hashbrown::HashMap;
 use std::cell::RefCell;
 use std::rc::Rc;
 
+use crate::cell::with_mut;
 use crate::host::Host;
 use crate::metrics::{self, Kind, Tally};
 
@@ -96,12 +97,30 @@ impl Counter {
     /// Counts something, and flushes at once if a histogram buffer is full.
     pub fn count<H: Host>(&self, host: &H, record: impl FnOnce(&mut Tally)) {
         if let Some(telemetry) = &self.0 {
-            if let Ok(mut telemetry) = telemetry.try_borrow_mut() {
-                record(&mut telemetry.tally);
-                if telemetry.tally.wants_flush() {
-                    telemetry.flush(host);
-                }
-            }
+            count_into(telemetry, host, record);
         }
     }
+}
+
+/// The one way to count: `record` into `telemetry`'s tally (lost rather than a
+/// panic if the cell is busy: see [`with_mut`]), flushed at once if a
+/// histogram buffer is full. [`Counter::count`] for a stream; the deliveries call it with
+/// their worker's telemetry when the configuration counts.
+pub fn count_into<H: Host>(
+    telemetry: &RefCell<Telemetry>,
+    host: &H,
+    record: impl FnOnce(&mut Tally),
+) {
+    with_mut(telemetry, |telemetry| {
+        record(&mut telemetry.tally);
+        if telemetry.tally.wants_flush() {
+            flush_now(telemetry, host);
+        }
+    });
+}
+
+/// Out of line: the rare path of every count site.
+#[inline(never)]
+fn flush_now<H: Host>(telemetry: &mut Telemetry, host: &H) {
+    telemetry.flush(host);
 }

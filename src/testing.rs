@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use crate::answer::Answer;
 use crate::call::Failure;
-use crate::dedupe::CasMismatch;
 use crate::headers::HeaderMap;
+use crate::host::CasMismatch;
 use crate::host::Host;
 use crate::metrics::Kind;
 

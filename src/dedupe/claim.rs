@@ -12,13 +12,13 @@
 use std::time::Duration;
 
 use crate::answer::Answer;
-use crate::config::{Channel, Config, EtcdStore, OnStoreError, Store};
+use crate::config::{Channel, Config, DedupeConfig, EtcdStore, OnStoreError, Store};
 use crate::fan_out_state::FanOut;
 use crate::host::{Host, HostStore};
 use crate::telemetry::Counter;
 
 use super::etcd::{self, ClaimOp, Found, StoreError};
-pub use super::settle::{owner_id, Claims, EtcdClaim};
+pub use super::settle::{owner_id, Claims, EtcdClaims, ShardClaims};
 use super::{shard_key, update, Event as StoredEvent, Limits, Seen, CLAIM_MARGIN_MS};
 
 /// The request, as far as its claims need it.
@@ -48,9 +48,6 @@ pub enum Claim {
 pub struct Ask {
     pub cluster: String,
     pub timeout: Duration,
-    channel: String,
-    key: Vec<u8>,
-    owner: u64,
     /// The lease its claim is written with (`None`: none held yet; it waits for one), the
     /// time the lease must cover, and the request's time.
     pub lease: Option<i64>,
@@ -152,6 +149,41 @@ pub fn etcd_reply<H: Host>(host: &H, num_headers: usize, body_size: usize) -> et
     }
 }
 
+/// The subscribers a request would call, as its claims need them: index in the channel and
+/// identity of each, the time each claim must last, the owner and the request's time.
+struct Wanted {
+    subscribers: Vec<(usize, u64)>,
+    until: Vec<u64>,
+    owner: u64,
+    now: u64,
+}
+
+impl Wanted {
+    /// `None` if an index is not the channel's.
+    fn of(request: &Asking<'_>, wanted: &[usize]) -> Option<Wanted> {
+        // The request's start, read when its headers came: no clock read of its own.
+        let now = request.started_ms;
+        let mut subscribers = Vec::with_capacity(wanted.len());
+        let mut until = Vec::with_capacity(wanted.len());
+        for &index in wanted {
+            let sub = request.channel.subscribers.get(index)?;
+            subscribers.push((index, sub.dedupe_id));
+            // Retries, a dead letter and a reply all happen under the claim.
+            until.push(
+                now.saturating_add(sub.worst_case_ms())
+                    .saturating_add(CLAIM_MARGIN_MS),
+            );
+        }
+        let owner = owner_id(request.log_id, now);
+        Some(Wanted {
+            subscribers,
+            until,
+            owner,
+            now,
+        })
+    }
+}
+
 /// `dedupe`, before the calls: for each subscriber in `wanted` (those its filter did not
 /// skip), marks it in `fanout` as already delivered, or as being delivered by another
 /// request, or claims it for this request (left ready to call). Returns the claims to settle
@@ -171,7 +203,6 @@ pub fn claim<H: Host>(
     let Some(dedupe) = config.dedupe.as_ref() else {
         return Claim::Done(None);
     };
-    let channel = request.channel;
     let Some(key) = request.key else {
         counter.count(host, |tally| tally.dedupe_missing_key());
         return Claim::Done(None);
@@ -179,36 +210,30 @@ pub fn claim<H: Host>(
     if wanted.is_empty() {
         return Claim::Done(None);
     }
-    // The request's start, read when its headers came: no clock read of its own.
-    let now = request.started_ms;
-    let mut ids = Vec::with_capacity(wanted.len());
-    let mut until = Vec::with_capacity(wanted.len());
-    for &index in wanted {
-        let Some(sub) = channel.subscribers.get(index) else {
-            return Claim::Done(None);
-        };
-        ids.push(sub.dedupe_id);
-        // Retries, a dead letter and a reply all happen under the claim.
-        until.push(
-            now.saturating_add(sub.worst_case_ms())
-                .saturating_add(CLAIM_MARGIN_MS),
-        );
+    let Some(wanted) = Wanted::of(request, wanted) else {
+        return Claim::Done(None);
+    };
+    match &dedupe.store {
+        Store::Etcd(store) => Claim::Ask(ask(store, request.channel, key, wanted, lease)),
+        Store::Envoy => {
+            let claims = claim_in_shard(host, counter, dedupe, request, key, wanted, fanout);
+            Claim::Done(claims.map(Claims::Shard))
+        }
     }
-    let owner = owner_id(request.log_id, now);
-    if let Store::Etcd(store) = &dedupe.store {
-        let longest = until.iter().copied().max().unwrap_or(now);
-        let lease = lease(longest);
-        return Claim::Ask(ask(
-            store,
-            channel,
-            key,
-            owner,
-            wanted.iter().copied().zip(ids).collect(),
-            longest,
-            lease,
-            now,
-        ));
-    }
+}
+
+/// The claims of `wanted` in the event's shard of Envoy's shared data (get, change, set under
+/// CAS): `fanout` marked, and the claims made, if any.
+fn claim_in_shard<H: Host>(
+    host: &H,
+    counter: &Counter,
+    dedupe: &DedupeConfig,
+    request: &Asking<'_>,
+    key: &[u8],
+    wanted: Wanted,
+    fanout: &mut FanOut,
+) -> Option<ShardClaims> {
+    let channel = request.channel;
     let event = StoredEvent {
         channel: &channel.name,
         key,
@@ -218,8 +243,16 @@ pub fn claim<H: Host>(
         capacity: dedupe.capacity(shard),
         ttl_ms: dedupe.ttl_ms,
     };
+    let ids: Vec<u64> = wanted.subscribers.iter().map(|(_, id)| *id).collect();
     let claimed = update(&HostStore(host), &shard_key(shard), |s| {
-        s.claim(&event, &ids, &until, owner, now, limits)
+        s.claim(
+            &event,
+            &ids,
+            &wanted.until,
+            wanted.owner,
+            wanted.now,
+            limits,
+        )
     });
     let done = match claimed {
         Ok(done) => done,
@@ -230,8 +263,8 @@ pub fn claim<H: Host>(
                 request.log_id,
                 contended.store_calls
             );
-            counter.count(host, |tally| tally.dedupe_store_error());
-            return Claim::Done(None);
+            counter.count(host, |tally| tally.dedupe_store_errors(1));
+            return None;
         }
     };
     if done.replaced_corrupt {
@@ -242,12 +275,14 @@ pub fn claim<H: Host>(
     }
     let delta = done.entries_delta;
     counter.count(host, |tally| tally.dedupe_entries(delta));
-    let subscribers: Vec<(usize, u64)> = wanted.iter().copied().zip(ids).collect();
-    let claimed = mark(host, counter, fanout, &subscribers, &done.value);
-    Claim::Done(
-        (!claimed.is_empty())
-            .then(|| Claims::new(shard, channel.name.clone(), key.to_vec(), owner, claimed)),
-    )
+    let claimed = mark(host, counter, fanout, &wanted.subscribers, &done.value);
+    (!claimed.is_empty()).then(|| ShardClaims {
+        shard,
+        channel: channel.name.clone(),
+        key: key.to_vec(),
+        owner: wanted.owner,
+        subscribers: claimed,
+    })
 }
 
 /// Marks each subscriber in `fanout` as `seen` says, counts the skipped ones, and returns
@@ -276,31 +311,26 @@ fn mark<H: Host>(
     claimed
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The etcd claim of `wanted`: one claim for the event, until its longest delivery ends,
+/// written with the lease `lease` gives for that time (`None`: none held yet).
 fn ask(
     store: &EtcdStore,
     channel: &Channel,
     key: &[u8],
-    owner: u64,
-    subscribers: Vec<(usize, u64)>,
-    until: u64,
-    lease: Option<i64>,
-    now: u64,
+    wanted: Wanted,
+    lease: impl FnOnce(u64) -> Option<i64>,
 ) -> Ask {
+    let until = wanted.until.iter().copied().max().unwrap_or(wanted.now);
     let (claim_key, records_key) = etcd::keys(&store.prefix, &channel.name, key);
-    // One claim for the event, `until` its longest delivery ends.
     Ask {
         cluster: store.cluster.clone(),
         timeout: Duration::from_millis(u64::from(store.timeout_ms)),
-        channel: channel.name.clone(),
-        key: key.to_vec(),
-        owner,
-        lease,
+        lease: lease(until),
         until_ms: until,
-        now_ms: now,
-        subscribers,
+        now_ms: wanted.now,
+        subscribers: wanted.subscribers,
         claim_key,
-        claim: etcd::claim_value(until, owner),
+        claim: etcd::claim_value(until, wanted.owner),
         records_key,
     }
 }
@@ -345,7 +375,8 @@ pub fn claimed<H: Host>(
             .filter(|r| r.until_ms > ask.now_ms)
             .copied()
             .collect();
-        Claims::new(0, ask.channel, ask.key, ask.owner, claimed).in_etcd(EtcdClaim {
+        Claims::Etcd(EtcdClaims {
+            subscribers: claimed,
             claim_key: ask.claim_key,
             claim: ask.claim,
             records_key: ask.records_key,
@@ -366,7 +397,7 @@ pub fn store_failed<H: Host>(
     error: &StoreError,
     warn: impl FnOnce() -> Option<u32>,
 ) -> Result<(), Answer> {
-    counter.count(host, |tally| tally.dedupe_store_error());
+    counter.count(host, |tally| tally.dedupe_store_errors(1));
     let reject = config
         .dedupe
         .as_ref()

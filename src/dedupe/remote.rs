@@ -280,7 +280,7 @@ impl Remote {
     }
 
     /// The answer to call `token`, if it is one of the root's etcd calls (`reply` reads it).
-    pub fn on_response(
+    pub fn answered(
         &mut self,
         token: u32,
         reply: impl FnOnce() -> etcd::Reply,

@@ -10,28 +10,35 @@ use std::hash::BuildHasher;
 
 use super::etcd;
 use super::{create_shards, shard_key, update, Event, Limits};
-use crate::config::{Config, Store};
-use crate::fan_out_state::FanOut;
+use crate::config::{Config, DedupeConfig, EtcdStore, Store};
 use crate::host::{Host, HostStore};
 use crate::metrics::Tally;
 
 /// What a request claimed, to settle when its fan-out ends: carried in the delivery's job, so
 /// that whichever context ends the fan-out (the stream, or the root context for retries and
-/// async deliveries) records it.
-pub struct Claims {
-    shard: u32,
-    channel: String,
-    key: Vec<u8>,
-    owner: u64,
+/// async deliveries) records it. One variant per store.
+pub enum Claims {
+    /// In Envoy's shared data.
+    Shard(ShardClaims),
+    /// In the etcd store.
+    Etcd(EtcdClaims),
+}
+
+/// An event's claims in one shard of Envoy's shared data.
+pub struct ShardClaims {
+    pub shard: u32,
+    pub channel: String,
+    pub key: Vec<u8>,
+    pub owner: u64,
     /// Index in the channel and identity of each subscriber this request calls.
-    subscribers: Vec<(usize, u64)>,
-    /// In the etcd store: the event's claim and records (else in Envoy's, `shard`).
-    etcd: Option<EtcdClaim>,
+    pub subscribers: Vec<(usize, u64)>,
 }
 
 /// An event's claim in the etcd store: its key and our value, and its records' key and the
 /// live records read with the claim (kept when the new ones are put).
-pub struct EtcdClaim {
+pub struct EtcdClaims {
+    /// Index in the channel and identity of each subscriber this request calls.
+    pub subscribers: Vec<(usize, u64)>,
     pub claim_key: Vec<u8>,
     pub claim: String,
     pub records_key: Vec<u8>,
@@ -107,36 +114,8 @@ pub fn owner_id(context_id: u32, now_ms: u64) -> u64 {
     std::collections::hash_map::RandomState::new().hash_one((context_id, now_ms))
 }
 
-impl Claims {
-    /// The claims a request made on `subscribers` (index in the channel, identity) of the
-    /// event `key` of `channel`, in `shard`, as `owner`.
-    pub fn new(
-        shard: u32,
-        channel: String,
-        key: Vec<u8>,
-        owner: u64,
-        subscribers: Vec<(usize, u64)>,
-    ) -> Self {
-        Claims {
-            shard,
-            channel,
-            key,
-            owner,
-            subscribers,
-            etcd: None,
-        }
-    }
-
-    /// The same claims, made in the etcd store.
-    pub fn in_etcd(self, claim: EtcdClaim) -> Self {
-        Claims {
-            etcd: Some(claim),
-            ..self
-        }
-    }
-}
-
 /// What settling did to the store, for the metrics.
+#[derive(Default)]
 pub struct Settled {
     entries_delta: i64,
     store_error: bool,
@@ -148,95 +127,119 @@ impl Settled {
     pub fn record(&self, tally: &mut Tally) {
         tally.dedupe_entries(self.entries_delta);
         if self.store_error {
-            tally.dedupe_store_error();
+            tally.dedupe_store_errors(1);
         }
     }
 }
 
 /// The fan-out ended (all calls ended, given up, or the sender went away): records the
-/// subscribers this request delivered to (2xx, or taken by their dead-letter target) and
-/// releases its claims on the others, so that a retry calls them again.
+/// subscribers this request delivered to (`delivered`, by index in the channel: 2xx, or taken
+/// by their dead-letter target) and releases its claims on the others, so that a retry calls
+/// them again. In Envoy's store now; in etcd, the txn to send (see [`Settled::remote`]).
 pub fn settle<H: Host>(
     host: &H,
     now: u64,
     config: &Config,
     claimed: Claims,
-    fanout: &FanOut,
+    delivered: &[bool],
     log_id: u32,
 ) -> Settled {
     let Some(dedupe) = &config.dedupe else {
-        return Settled {
-            entries_delta: 0,
-            store_error: false,
-            remote: None,
-        };
+        return Settled::default();
     };
-    let outcomes: Vec<(u64, bool)> = claimed
+    let took = |index: usize| delivered.get(index).copied().unwrap_or(false);
+    match (claimed, &dedupe.store) {
+        (Claims::Etcd(held), Store::Etcd(store)) => Settled {
+            remote: Some(settle_in_etcd(now, config, store, held, took, log_id)),
+            ..Settled::default()
+        },
+        (Claims::Shard(held), _) => settle_in_shard(host, now, dedupe, held, took, log_id),
+        // Claimed in a store the configuration no longer names: they lapse on their own.
+        (Claims::Etcd(_), _) => Settled::default(),
+    }
+}
+
+/// The etcd settle of `held`: the records still live and the new ones put, the claim
+/// deleted, if the claim is still ours.
+fn settle_in_etcd(
+    now: u64,
+    config: &Config,
+    store: &EtcdStore,
+    held: EtcdClaims,
+    took: impl Fn(usize) -> bool,
+    log_id: u32,
+) -> RemoteSettle {
+    let ttl_ms = config.dedupe.as_ref().map_or(0, |d| d.ttl_ms);
+    let until_ms = now.saturating_add(ttl_ms);
+    let took: Vec<u64> = held
         .subscribers
         .iter()
-        .map(|(index, id)| (*id, fanout.is_delivered(*index)))
+        .filter(|(index, _)| took(*index))
+        .map(|(_, id)| *id)
         .collect();
-    if let (Some(held), Store::Etcd(store)) = (claimed.etcd, &dedupe.store) {
-        let until_ms = now.saturating_add(dedupe.ttl_ms);
-        let took: Vec<u64> = outcomes
-            .iter()
-            .filter(|(_, took)| *took)
-            .map(|(id, _)| *id)
-            .collect();
-        // The records still live, and the new ones: a subscriber claimed had no live record,
-        // so no subscriber is in both.
-        let put = (!took.is_empty()).then(|| {
-            let records: Vec<etcd::Record> = held
-                .records
-                .into_iter()
-                .filter(|r| r.until_ms > now)
-                .chain(took.iter().map(|&subscriber| etcd::Record {
-                    subscriber,
-                    until_ms,
-                }))
-                .collect();
-            (held.records_key, etcd::records_value(&records))
-        });
-        return Settled {
-            entries_delta: 0,
-            store_error: false,
-            remote: Some(RemoteSettle {
-                cluster: store.cluster.clone(),
-                timeout_ms: store.timeout_ms,
-                claim: (held.claim_key, held.claim),
-                records: put,
+    // The records still live, and the new ones: a subscriber claimed had no live record, so
+    // no subscriber is in both.
+    let put = (!took.is_empty()).then(|| {
+        let records: Vec<etcd::Record> = held
+            .records
+            .into_iter()
+            .filter(|r| r.until_ms > now)
+            .chain(took.iter().map(|&subscriber| etcd::Record {
+                subscriber,
                 until_ms,
-                log_id,
-                metrics: config.metrics,
-                hold: None,
-            }),
-        };
+            }))
+            .collect();
+        (held.records_key, etcd::records_value(&records))
+    });
+    RemoteSettle {
+        cluster: store.cluster.clone(),
+        timeout_ms: store.timeout_ms,
+        claim: (held.claim_key, held.claim),
+        records: put,
+        until_ms,
+        log_id,
+        metrics: config.metrics,
+        hold: None,
     }
+}
+
+/// The settle of `held` in its shard of Envoy's shared data (get, change, set under CAS).
+fn settle_in_shard<H: Host>(
+    host: &H,
+    now: u64,
+    dedupe: &DedupeConfig,
+    held: ShardClaims,
+    took: impl Fn(usize) -> bool,
+    log_id: u32,
+) -> Settled {
+    let outcomes: Vec<(u64, bool)> = held
+        .subscribers
+        .iter()
+        .map(|(index, id)| (*id, took(*index)))
+        .collect();
     let event = Event {
-        channel: &claimed.channel,
-        key: &claimed.key,
+        channel: &held.channel,
+        key: &held.key,
     };
     let limits = Limits {
-        capacity: dedupe.capacity(claimed.shard),
+        capacity: dedupe.capacity(held.shard),
         ttl_ms: dedupe.ttl_ms,
     };
     let store = HostStore(host);
-    let settled = update(&store, &shard_key(claimed.shard), |s| {
-        ((), s.settle(&event, &outcomes, claimed.owner, now, limits))
+    let settled = update(&store, &shard_key(held.shard), |s| {
+        ((), s.settle(&event, &outcomes, held.owner, now, limits))
     });
     match settled {
         Ok(done) => Settled {
             entries_delta: done.entries_delta,
-            store_error: false,
-            remote: None,
+            ..Settled::default()
         },
         Err(_) => {
             // The claims lapse on their own; deliveries not recorded may be repeated.
             log::warn!("[#{log_id}] dedupe: could not record the outcome (store contended)");
             Settled {
-                entries_delta: 0,
                 store_error: true,
-                remote: None,
+                ..Settled::default()
             }
         }
     }

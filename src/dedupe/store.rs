@@ -3,23 +3,7 @@
 
 use super::settings::DedupeConfig;
 use super::{shard_key, Corrupt, Shard, MAX_ATTEMPTS};
-
-/// A `set` whose CAS no longer matched: someone wrote the key since our `get`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CasMismatch;
-
-/// A process-wide key-value store with compare-and-swap: Envoy's proxy-wasm shared data.
-pub trait SharedStore {
-    /// The value and its CAS; `(None, None)` when the key does not exist.
-    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
-    /// Writes `value` if the key's CAS is still `cas` (`None`: unconditionally). As in Envoy,
-    /// a key that does not exist is written whatever `cas` says.
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), CasMismatch>;
-    /// Empties a key. (proxy-wasm has no delete: the key stays, with an empty value.)
-    fn remove(&self, key: &str) {
-        let _ = self.set(key, &[], None);
-    }
-}
+pub use crate::host::{CasMismatch, SharedStore};
 
 /// The result of an [`update`].
 #[derive(Debug, Clone, PartialEq, Eq)]

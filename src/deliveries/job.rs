@@ -32,7 +32,7 @@ pub struct Job {
     pub log_id: u32,
     pub started_ms: u64,
     /// `dedupe`'s claims of this event, settled when the fan-out ends.
-    pub redelivery: Option<Claims>,
+    pub claims: Option<Claims>,
     /// The etcd store failed for it (`on_store_error: deliver`): its outcome will not be
     /// recorded, and its answer says so.
     pub unrecorded: bool,
@@ -289,7 +289,7 @@ mod tests {
             answer_to: None,
             log_id: 1,
             started_ms,
-            redelivery: None,
+            claims: None,
             unrecorded: false,
             line: InLine::default(),
         }

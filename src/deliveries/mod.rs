@@ -19,25 +19,23 @@ use crate::answer::Answer;
 use crate::call::Leg;
 use crate::call_slots::{CallCap, Slot};
 use crate::config::{AnswerMode, Config};
-use crate::dedupe::claim;
-use crate::dedupe::etcd::StoreError;
-use crate::dedupe::remote::Remote;
-use crate::dedupe::settle;
+use crate::dedupe::settle::Claims;
 use crate::host::Host;
 use crate::jitter::{self, JitterRng};
-use crate::telemetry::{Counter, Telemetry};
+use crate::telemetry::{count_into, Telemetry};
 use call_end::Expected;
 use call_plan::CallPlan;
-pub use coalesce::{Coalescer, Continued, Parked};
+use end::labelled;
 use job::leg_cluster;
 pub use job::{InLine, Job, Variant};
+pub use owed::Owed;
 use slot_gate::{Pass, SlotGate};
 
 mod call_end;
 mod call_plan;
-mod coalesce;
+mod end;
 mod job;
-mod settles;
+mod owed;
 mod slot_gate;
 
 /// The host's clock, read at most once per callback and only if something needs the time:
@@ -71,6 +69,21 @@ pub struct Finished {
     pub answer: Answer,
 }
 
+/// A fan-out that ended holding `dedupe` claims: what its settle needs, and its answer (held
+/// until the claims are settled).
+pub struct Ended {
+    pub job: u64,
+    pub config: Rc<Config>,
+    pub claims: Claims,
+    /// Whether each subscriber (by index in the channel) has the event.
+    pub delivered: Vec<bool>,
+    pub log_id: u32,
+    /// When it ended, on the host's clock.
+    pub now_ms: u64,
+    /// Its sender's answer, if one waits (`None`: async, answered already, or abandoned).
+    pub answer: Option<Finished>,
+}
+
 /// A new fan-out, started ([`Deliveries::launch`]).
 pub enum Launched {
     /// Its sender is answered now: async mode, a channel of best-effort subscribers, or
@@ -99,39 +112,8 @@ pub struct Deliveries {
     /// Calls in flight made from a root context, and which one: a retired root lives until
     /// its own calls are answered (Envoy cancels a context's calls when it is deleted).
     root_of: HashMap<u32, u32>,
-    /// `dedupe`'s etcd store on this VM: leases, settles owed (sent by the root's tick).
-    pub store: Remote,
-    /// The etcd store's claims in flight and those waiting to go out together.
-    pub claims: Coalescer,
-    /// Sync fan-outs ended whose answer waits for their etcd settle: job id, answer.
-    held: Vec<(u64, Finished)>,
-}
-
-/// What a worker still owes: every fan-out not yet ended, by what it waits for. What
-/// `fanout.in_flight` counts, itemised for the log line of a plugin retired with work owed.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Owed {
-    /// Fan-outs not ended (the gauge `fanout.in_flight`).
-    pub fanouts: usize,
-    /// Of those, their sender already answered: async, or best-effort deliveries after it.
-    pub answered: usize,
-    /// Of those, with a retry waiting for its backoff.
-    pub retrying: usize,
-    /// Calls in flight (events, dead letters, replies).
-    pub calls: usize,
-    /// Calls waiting for a slot (`max_concurrent_calls`).
-    pub queued: usize,
-}
-
-impl std::fmt::Display for Owed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} fan-out(s) ({} already answered, {} with a retry waiting), {} call(s) in \
-             flight, {} waiting for a slot",
-            self.fanouts, self.answered, self.retrying, self.calls, self.queued
-        )
-    }
+    /// Fan-outs that ended with `dedupe` claims, for the settle stage (the pipeline's).
+    ended: Vec<Ended>,
 }
 
 impl Deliveries {
@@ -145,21 +127,8 @@ impl Deliveries {
             gate: SlotGate::new(),
             acting_root: None,
             root_of: HashMap::new(),
-            store: Remote::default(),
-            claims: Coalescer::default(),
-            held: Vec::new(),
+            ended: Vec::new(),
         }
-    }
-
-    /// Call `token` was made for root context `root` outside its own callbacks (a claim
-    /// batch, sent from a stream's): the root lives until it is answered.
-    pub fn owned_by_root(&mut self, token: u32, root: u32) {
-        self.root_of.insert(token, root);
-    }
-
-    /// Call `token` of a root context was answered or given up on.
-    pub fn root_call_ended(&mut self, token: u32) {
-        self.root_of.remove(&token);
     }
 
     /// The root context `root` is running (or, `None`, none is): the calls sent from now on
@@ -168,41 +137,11 @@ impl Deliveries {
         self.acting_root = root;
     }
 
-    /// Calls root context `root` made that are still in flight.
-    pub fn open_calls_of(&self, root: u32) -> usize {
-        self.root_of.values().filter(|r| **r == root).count()
-    }
-
-    /// Everything this worker still owes.
-    pub fn owed(&self) -> Owed {
-        Owed {
-            fanouts: self.jobs.len(),
-            answered: self.async_in_flight(),
-            retrying: self
-                .jobs
-                .values()
-                .filter(|job| job.fanout.waiting() > 0)
-                .count(),
-            calls: self.tokens.len(),
-            queued: self.jobs.values().map(|job| job.line.calls).sum(),
-        }
-    }
-
     /// Seeds the retry jitter from the host's clock and the root context's id (proxy-wasm
     /// has no random source; the VMs of several workers differ by the clock's nanoseconds).
     pub fn seed_jitter<H: Host>(&mut self, host: &H, root_id: u32) {
         let seed = jitter::seed(&[host.now_nanos(), u64::from(root_id), self.next_job]);
         self.jitter_rng = JitterRng::with_seed(seed);
-    }
-
-    /// Fan-outs delivering in the background, their sender answered (async mode, channels
-    /// of best-effort subscribers, best-effort deliveries after the answer): what
-    /// `max_in_flight` bounds.
-    pub fn async_in_flight(&self) -> usize {
-        self.jobs
-            .values()
-            .filter(|job| job.answer_to.is_none())
-            .count()
     }
 
     /// Whether a new event whose first calls go to `clusters` fits every capped cluster's
@@ -225,28 +164,14 @@ impl Deliveries {
             };
             log::warn!("request refused: {}{earlier}", refusal.message());
         }
-        self.count(config, |tally| tally.refused(&refusal.key));
+        self.count(host, config, |tally| tally.refused(&refusal.key));
         Err(refusal.answer())
-    }
-
-    /// Whether job `id`'s sender still waits for its answer.
-    pub fn awaits_answer(&self, id: u64) -> bool {
-        self.jobs
-            .get(&id)
-            .is_some_and(|job| job.answer_to.is_some())
     }
 
     /// Starts the fan-out `job` of the request on `stream`: answered at once (async mode, a
     /// channel of best-effort subscribers, or nothing to send) or a sync fan-out that answers
-    /// when it ends. `from_root`: the root context is the current one (its calls are the
-    /// root's), else the stream's.
-    pub fn launch<H: Host>(
-        &mut self,
-        host: &H,
-        job: Job,
-        stream: u32,
-        from_root: bool,
-    ) -> Launched {
+    /// when it ends. Its first calls are the acting context's ([`Deliveries::act_for`]).
+    pub fn launch<H: Host>(&mut self, host: &H, job: Job, stream: u32) -> Launched {
         let in_progress = job.fanout.in_progress();
         // Subscribers to call: in a channel of best-effort ones, all still pending at the 202.
         let to_call = job.fanout.open();
@@ -257,7 +182,7 @@ impl Deliveries {
         let best_effort = job.channel.all_best_effort();
         if job.config.mode == AnswerMode::Async || best_effort {
             let unrecorded = job.unrecorded;
-            let (_, finished) = self.start(host, job, nothing_to_send, from_root);
+            let (_, finished) = self.start(host, job, nothing_to_send);
             let answer = match finished {
                 Some(finished) => finished.answer,
                 // What this request claimed is delivered in the background; the
@@ -274,204 +199,21 @@ impl Deliveries {
             answer_to: Some(stream),
             ..job
         };
-        let (id, finished) = self.start(host, job, true, from_root);
+        let (id, finished) = self.start(host, job, true);
         Launched::Delivering(id, finished)
     }
 
-    /// Sends the claims parked (if no claim txn is in flight) as one txn for root context
-    /// `root`, from whichever context runs: its answer goes to the root, which continues
-    /// them ([`Deliveries::claims_answered`]).
-    pub fn send_parked<H: Host>(&mut self, host: &H, root: u32) {
-        if self.claims.waits_for_a_lease() {
-            let leases = &self.store.leases;
-            self.claims.lease(|until| leases.pick(until));
-        }
-        let Some(batch) = self.claims.next_batch() else {
-            return;
-        };
-        let Some(first) = batch.first() else {
-            return;
-        };
-        let (cluster, timeout) = (first.ask.cluster.clone(), first.ask.timeout);
-        let asks: Vec<&claim::Ask> = batch.iter().map(|p| &p.ask).collect();
-        let body = claim::batch_body(&asks);
-        let headers = claim::etcd_headers(&cluster, crate::dedupe::etcd::TXN_PATH);
-        match host.dispatch_for(root, &cluster, headers, &body, timeout) {
-            Ok(token) => {
-                self.owned_by_root(token, root);
-                self.claims.sent(token, batch, host.now_ms());
-            }
-            Err(failure) => {
-                let error = StoreError::new(format!("refused at dispatch: {failure}"));
-                self.claims.not_sent(batch, error);
-                self.store.wake(host);
-            }
-        }
-    }
-
-    /// The answer to claim batch `token` (the root context `root` is the current one):
-    /// continues every request in it, and sends the claims parked since. `None` if `token`
-    /// is no claim batch.
-    pub fn claims_answered<H: Host>(
-        &mut self,
-        host: &H,
-        token: u32,
-        reply: impl FnOnce() -> crate::dedupe::etcd::Reply,
-        root: u32,
-    ) -> Option<Vec<Finished>> {
-        if !self.claims.is_batch(token) {
-            return None;
-        }
-        self.root_call_ended(token);
-        let batch = self.claims.landed(token).unwrap_or_default();
-        let reply = reply();
-        let results = claim::read_batch(&reply, batch.len());
-        let mut finished = Vec::new();
-        match results {
-            Ok(found) => {
-                for (parked, found) in batch.into_iter().zip(found) {
-                    finished.extend(self.continue_parked(host, parked, Ok(found)));
-                }
-            }
-            Err(error) => {
-                for parked in batch {
-                    finished.extend(self.continue_parked(host, parked, Err(error.clone())));
-                }
-            }
-        }
-        self.send_parked(host, root);
-        Some(finished)
-    }
-
-    /// The root's timer: claim batches that could not be sent or whose answer is overdue go
-    /// on as store errors; then the claims parked since go out.
-    /// (The clock is read only while a claim txn is in flight: every tick runs this, with
-    /// the etcd store or not.)
-    pub fn tick_claims<H: Host>(&mut self, host: &H, root: u32) -> Vec<Finished> {
-        let mut finished = Vec::new();
-        let waits = self.claims.waits_for_a_lease();
-        let now = (self.claims.in_flight() || waits).then(|| host.now_ms());
-        let overdue = match now {
-            Some(now) if self.claims.in_flight() => self.claims.overdue(now),
-            _ => Vec::new(),
-        };
-        // Those that waited for a lease as long as a claim may take: store errors.
-        if let (Some(now), true) = (now, waits) {
-            let late = self.claims.unleased_past(now);
-            if !late.is_empty() {
-                let error = StoreError::new("no etcd lease granted within the store's timeout");
-                self.claims.not_sent(late, error);
-            }
-        }
-        for token in overdue {
-            self.root_call_ended(token);
-            if let Some(batch) = self.claims.landed(token) {
-                let error = StoreError::new("no answer to the claim txn, long past its timeout");
-                self.claims.not_sent(batch, error);
-            }
-        }
-        for (batch, error) in self.claims.take_failed() {
-            for parked in batch {
-                finished.extend(self.continue_parked(host, parked, Err(error.clone())));
-            }
-        }
-        self.send_parked(host, root);
-        finished
-    }
-
-    /// A parked request's claim came back (the root context is the current one): its fan-out
-    /// starts from the root, or it is answered now. What its stream must answer is in the
-    /// `Finished` returned (counted here); what the root made of it is kept for its stream.
-    fn continue_parked<H: Host>(
-        &mut self,
-        host: &H,
-        parked: Parked,
-        result: Result<crate::dedupe::etcd::Found, StoreError>,
-    ) -> Option<Finished> {
-        let Parked {
-            stream,
-            ask,
-            mut job,
-        } = parked;
-        let gone = self.claims.take_gone(stream);
-        let counter = Counter::new(job.config.metrics.then(|| self.telemetry.clone()));
-        match result {
-            Ok(found) => {
-                job.redelivery = claim::claimed(host, &counter, ask, &found, &mut job.fanout)
-            }
-            Err(error) => {
-                let now = job.started_ms;
-                let store = &mut self.store;
-                if error.lease_lost() {
-                    store.leases.forget();
-                }
-                let failed =
-                    claim::store_failed(host, &counter, &job.config, stream, &error, || {
-                        store.warn(now)
-                    });
-                if let Err(answer) = failed {
-                    return (!gone).then(|| self.answer_parked(host, &counter, stream, answer));
-                }
-                job.unrecorded = true;
-            }
-        }
-        match self.launch(host, job, stream, true) {
-            // Its stream ended meanwhile: an async fan-out goes on; a sync one is dropped as
-            // when its client leaves (what it claimed is released).
-            Launched::Answer(_) if gone => None,
-            Launched::Delivering(id, _) if gone => {
-                self.abandon(host, id);
-                None
-            }
-            Launched::Answer(answer) => Some(self.answer_parked(host, &counter, stream, answer)),
-            Launched::Delivering(id, finished) => {
-                self.claims.continued(stream, Continued::Delivering(id));
-                finished
-            }
-        }
-    }
-
-    /// A parked request answered at once by the root (as its stream would have: logged if
-    /// it is a refusal, and counted).
-    fn answer_parked<H: Host>(
-        &mut self,
-        host: &H,
-        counter: &Counter,
-        stream: u32,
-        answer: Answer,
-    ) -> Finished {
-        if answer.status >= 400 {
-            log::info!(
-                "[#{stream}] answered {}: {}",
-                answer.status,
-                String::from_utf8_lossy(&answer.body)
-            );
-        }
-        counter.count(host, |tally| tally.answered(answer.status));
-        self.claims.continued(stream, Continued::Answered);
-        Finished {
-            answer_to: Some(stream),
-            answer,
-        }
-    }
-
     /// Takes a new fan-out. With `send_now` its first calls go out at once, from the calling
-    /// context (`from_root`: the root's); otherwise at the root context's next tick.
-    pub fn start<H: Host>(
-        &mut self,
-        host: &H,
-        job: Job,
-        send_now: bool,
-        from_root: bool,
-    ) -> (u64, Option<Finished>) {
+    /// context ([`Deliveries::act_for`]); otherwise at the root context's next tick.
+    fn start<H: Host>(&mut self, host: &H, job: Job, send_now: bool) -> (u64, Option<Finished>) {
         let id = self.next_job;
         self.next_job = self.next_job.saturating_add(1);
         let mut job = job;
         job.fanout.seed_jitter(self.jitter_rng.next_seed());
-        self.count(&job.config, |tally| tally.fanout_started());
+        self.count(host, &job.config, |tally| tally.fanout_started());
         self.jobs.insert(id, job);
         let finished = if send_now {
-            self.pump(host, &Clock::new(host), id, from_root)
+            self.pump(host, &Clock::new(host), id)
         } else {
             None
         };
@@ -493,19 +235,11 @@ impl Deliveries {
             // so that none of them takes one.
             self.gate.cancel_job(id);
             self.forget_calls(id);
-            self.settle(&Clock::new(host), &mut job, None);
-            self.count(&job.config, |tally| tally.fanout_ended(None));
+            if let Some(claims) = job.claims.take() {
+                self.ended(&Clock::new(host), id, &job, claims, None);
+            }
+            self.count(host, &job.config, |tally| tally.fanout_ended(None));
         }
-    }
-
-    /// Whether the root context's timer has work: calls to send or retries waiting.
-    pub fn has_timed_work(&self) -> bool {
-        self.jobs
-            .values()
-            .any(|job| job.fanout.has_ready() || job.fanout.waiting() > 0)
-            || self.gate.has_released()
-            || self.store.owed() > 0
-            || self.claims.needs_tick()
     }
 
     /// The root context's timer: sends what is due in every fan-out, and gives up on those
@@ -541,25 +275,17 @@ impl Deliveries {
             })
             .map(|(id, _)| *id)
             .collect();
-        finished.extend(
-            due.into_iter()
-                .filter_map(|id| self.pump(host, &clock, id, true)),
-        );
+        finished.extend(due.into_iter().filter_map(|id| self.pump(host, &clock, id)));
         finished.extend(self.send_released(host, &clock));
-        self.report_gauges();
+        self.report_gauges(host);
         finished
     }
 
     /// Sends every call of job `id` that is due, until none is (a refused call may turn into
     /// a dead letter at once); returns the answer if the fan-out ended.
-    /// `from_root`: the root context is the current one (else a stream's).
-    fn pump<H: Host>(
-        &mut self,
-        host: &H,
-        clock: &Clock<'_, H>,
-        id: u64,
-        from_root: bool,
-    ) -> Option<Finished> {
+    /// Best-effort calls go out only while a root context acts ([`Deliveries::act_for`]).
+    fn pump<H: Host>(&mut self, host: &H, clock: &Clock<'_, H>, id: u64) -> Option<Finished> {
+        let from_root = self.acting_root.is_some();
         loop {
             let job = self.jobs.get_mut(&id)?;
             // The time matters only to retries waiting for it.
@@ -607,7 +333,6 @@ impl Deliveries {
         leg: Leg,
         slot: Slot,
     ) {
-        let telemetry = self.telemetry.clone();
         let Some(job) = self.jobs.get_mut(&id) else {
             self.gate.release(slot);
             return;
@@ -640,7 +365,7 @@ impl Deliveries {
                     .dispatch_failed(index, failure.clone(), clock.now(), &channel);
                 job.log_failure(index, leg, &failure);
                 let reply_gave_up = leg == Leg::Reply && !job.fanout.is_retrying(index);
-                count(&telemetry, &config, |tally| {
+                self.count(host, &config, |tally| {
                     if reply_gave_up {
                         tally.reply_failed(sub_cluster, &failure);
                     }
@@ -649,7 +374,7 @@ impl Deliveries {
                 self.gate.release(slot);
             }
         }
-        count(&telemetry, &config, |tally| {
+        self.count(host, &config, |tally| {
             tally.call_started(cluster);
             if retry {
                 tally.retried(sub_cluster);
@@ -682,20 +407,18 @@ impl Deliveries {
                 job.line.left_at = Some(clock.now());
             }
             self.send_one(host, clock, id, index, leg, slot);
-            finished.extend(self.pump(host, clock, id, true));
+            finished.extend(self.pump(host, clock, id));
         }
         finished
     }
 
     /// Counts how the capped clusters' calls in flight and waiting changed since the last tick.
-    fn report_gauges(&mut self) {
-        let Ok(mut telemetry) = self.telemetry.try_borrow_mut() else {
-            return;
-        };
-        self.gate.report_gauges(|change| {
-            telemetry
-                .tally
-                .call_gauges(change.cluster, change.in_flight, change.queued)
+    fn report_gauges<H: Host>(&mut self, host: &H) {
+        let gate = &mut self.gate;
+        count_into(&self.telemetry, host, |tally| {
+            gate.report_gauges(|change| {
+                tally.call_gauges(change.cluster, change.in_flight, change.queued)
+            });
         });
     }
 
@@ -705,14 +428,13 @@ impl Deliveries {
     }
 
     /// The answer to call `token` is being delivered (to whichever context made the call).
-    /// `from_root`: it is delivered to the root context (else to the stream that made it).
+    /// It is delivered to the acting context ([`Deliveries::act_for`]).
     pub fn on_response<H: Host>(
         &mut self,
         host: &H,
         token: u32,
         num_headers: usize,
         body_size: usize,
-        from_root: bool,
     ) -> Option<Finished> {
         self.root_of.remove(&token);
         self.gate.call_ended(token);
@@ -751,170 +473,24 @@ impl Deliveries {
             } else {
                 0
             };
+        let config = job.config.clone();
         let recorded = job.record(index, token, leg, ended, now)?;
-        count(&self.telemetry, &job.config, |tally| {
+        self.count(host, &config, |tally| {
             recorded.count(tally, cluster, &sub.cluster)
         });
         // A leg that just changed (reply, dead letter) goes out at once.
-        self.pump(host, &clock, id, from_root)
+        self.pump(host, &clock, id)
     }
 
-    fn finish_if_done<H: Host>(&mut self, clock: &Clock<'_, H>, id: u64) -> Option<Finished> {
-        let job = self.jobs.get_mut(&id)?;
-        if !job.fanout.is_done() {
-            return self.answer_if_due(id);
-        }
-        let mut job = self.jobs.remove(&id)?;
-        // A sync sender's answer waits for the etcd settle, if there is one.
-        let hold = job.answer_to.map(|_| id);
-        let held = self.settle(clock, &mut job, hold);
-        let answer = labelled(job.fanout.verdict(&job.channel), job.unrecorded);
-        let duration = if job.config.metrics {
-            clock.now().saturating_sub(job.started_ms)
-        } else {
-            0
-        };
-        self.log_and_count_end(&job, &answer, duration);
-        let finished = Finished {
-            answer_to: job.answer_to,
-            answer,
-        };
-        if held {
-            self.held.push((id, finished));
-            return None;
-        }
-        Some(finished)
-    }
-
-    /// What a fan-out that ended leaves in the log and the metrics (the answer not yet sent).
-    fn log_and_count_end(&self, job: &Job, answer: &Answer, duration: u64) {
-        let channel = &job.channel;
-        let best_effort_failed = job.fanout.best_effort_failed(channel);
-        if best_effort_failed > 0 {
-            // Never in the answer's status: logged and counted here, dead-lettered if
-            // configured (a dead-lettered one is not failed).
-            log::warn!(
-                "[#{}] channel {}: {best_effort_failed} best-effort subscriber(s) failed for good",
-                job.log_id,
-                channel.name
-            );
-            // Async mode counts every failure after the 202 below.
-            if job.config.mode == AnswerMode::Sync {
-                self.count(&job.config, |tally| tally.undelivered());
-            }
-        }
-        match job.config.mode {
-            // Answered already (best-effort deliveries went on after it): it ends like an
-            // async one.
-            AnswerMode::Sync if job.answer_to.is_none() => {
-                self.count(&job.config, |tally| tally.fanout_ended(Some(duration)));
-            }
-            AnswerMode::Sync => {
-                if answer.status != 202 {
-                    log::info!(
-                        "[#{}] channel {}: answered {}: {} of {} subscriber(s) failed, {} skipped",
-                        job.log_id,
-                        channel.name,
-                        answer.status,
-                        job.fanout.failures().count(),
-                        channel.subscribers.len(),
-                        job.fanout.skipped()
-                    );
-                }
-                let status = answer.status;
-                self.count(&job.config, |tally| {
-                    tally.answered(status);
-                    tally.fanout_ended(Some(duration));
-                });
-            }
-            AnswerMode::Async => {
-                if answer.status == 500 {
-                    // The sender already has its 202: this is the only trace of the loss.
-                    log::warn!(
-                        "[#{}] channel {}: async delivery failed for good after the 202: {}",
-                        job.log_id,
-                        channel.name,
-                        String::from_utf8_lossy(&answer.body)
-                    );
-                }
-                // A 409 (dedupe: another request delivers to some subscribers) is no loss.
-                let undelivered = job.fanout.failures().next().is_some();
-                self.count(&job.config, |tally| {
-                    if undelivered {
-                        tally.undelivered();
-                    }
-                    tally.fanout_ended(Some(duration));
-                });
-            }
-        }
-    }
-
-    /// A sync fan-out whose required subscribers have all ended while best-effort ones are
-    /// still being delivered to: the sender is answered now (202 with `x-fanout-pending`, or
-    /// the 500 of a required failure) and the rest goes on from the root context.
-    fn answer_if_due(&mut self, id: u64) -> Option<Finished> {
-        let job = self.jobs.get_mut(&id)?;
-        if job.answer_to.is_none() || !job.fanout.required_done(&job.channel) {
-            return None;
-        }
-        let answer = labelled(job.fanout.verdict(&job.channel), job.unrecorded);
-        let answer_to = job.answer_to.take();
-        let config = job.config.clone();
-        let status = answer.status;
-        self.count(&config, |tally| tally.answered(status));
-        Some(Finished { answer_to, answer })
-    }
-
-    /// Records `dedupe`'s outcome of a job that ended (async too: at the end of the background
-    /// delivery, not at its 202). With the etcd store the settle is queued, holding back the
-    /// answer of job `hold` if given: returns whether it does.
-    fn settle<H: Host>(&mut self, clock: &Clock<'_, H>, job: &mut Job, hold: Option<u64>) -> bool {
-        let mut held = false;
-        if let Some(claimed) = job.redelivery.take() {
-            let mut settled = settle::settle(
-                clock.host,
-                clock.now(),
-                &job.config,
-                claimed,
-                &job.fanout,
-                job.log_id,
-            );
-            if let Some(mut remote) = settled.remote.take() {
-                remote.hold = hold;
-                held = hold.is_some();
-                self.store.queue(clock.host, remote);
-                self.count(&job.config, |tally| tally.owed(1));
-            }
-            self.count(&job.config, |tally| settled.record(tally));
-        }
-        held
-    }
-
-    fn count(&self, config: &Config, record: impl FnOnce(&mut crate::metrics::Tally)) {
-        count(&self.telemetry, config, record);
-    }
-}
-
-/// The answer of a fan-out whose outcome the etcd store will not record (`unrecorded`) says
-/// so.
-fn labelled(answer: Answer, unrecorded: bool) -> Answer {
-    if unrecorded {
-        answer.with_header(crate::dedupe::settle::NOT_RECORDED_HEADER, "1".into())
-    } else {
-        answer
-    }
-}
-
-/// Counts, unless metrics are off. A busy telemetry cell (never expected: nothing re-enters
-/// while it is borrowed) loses the count rather than panicking.
-fn count(
-    telemetry: &Rc<RefCell<Telemetry>>,
-    config: &Config,
-    record: impl FnOnce(&mut crate::metrics::Tally),
-) {
-    if config.metrics {
-        if let Ok(mut telemetry) = telemetry.try_borrow_mut() {
-            record(&mut telemetry.tally);
+    /// Counts, unless `config` turns metrics off: the one way to count ([`count_into`]).
+    fn count<H: Host>(
+        &self,
+        host: &H,
+        config: &Config,
+        record: impl FnOnce(&mut crate::metrics::Tally),
+    ) {
+        if config.metrics {
+            count_into(&self.telemetry, host, record);
         }
     }
 }

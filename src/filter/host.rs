@@ -11,8 +11,8 @@ use proxy_wasm::types::{BufferType, MapType, MetricType};
 
 use crate::answer::Answer;
 use crate::call::{self, Failure};
-use crate::dedupe::CasMismatch;
 use crate::headers::HeaderMap;
+use crate::host::CasMismatch;
 use crate::host::Host;
 use crate::metrics::Kind;
 

@@ -1,0 +1,304 @@
+//! One request's way through a worker once its recipients are chosen, as named stages, each
+//! coded in one place:
+//!
+//! 1. **claim** (`claims.rs`): with `dedupe`'s etcd store, the event's claim is asked of etcd
+//!    first (alone from the request's stream, or coalesced with others' as a call of the root
+//!    context), and its answer (or the store's failure) decides who is called;
+//! 2. **deliver** ([`Deliveries`]): the calls, their retries, the verdict;
+//! 3. **settle** (`settles.rs`): when the fan-out ends, its claims are settled (in Envoy's
+//!    shared data at once; in etcd as a txn of the root context);
+//! 4. **answer**: the sender's answer goes out, a sync one with the etcd store only once etcd
+//!    has its settle. The pipeline never answers a sender itself: it returns each answer
+//!    ([`Finished`]) to the context that runs, which sends it (no `RefCell` borrowed while
+//!    Envoy runs the local reply).
+//!
+//! Every entry point says which context runs ([`Actor`]): the calls made from a root
+//! context's callbacks are the root's, those from a stream's the stream's (Envoy cancels them
+//! when it ends).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use crate::answer::Answer;
+use crate::config::Config;
+use crate::dedupe::claim::Claim;
+use crate::dedupe::remote::{self, Remote};
+use crate::deliveries::{Deliveries, Finished, Job, Owed};
+use crate::host::Host;
+use crate::jitter::Jitter;
+use crate::telemetry::{Counter, Telemetry};
+pub use claims::Continued;
+use claims::{Coalescer, Pending};
+
+mod claims;
+mod settles;
+
+/// The context whose callback is running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Actor {
+    /// A root context (its id).
+    Root(u32),
+    /// A stream (its id), made by root context `root`.
+    Stream { id: u32, root: u32 },
+}
+
+impl Actor {
+    /// The root context whose calls the etcd store's batches are.
+    fn root(self) -> u32 {
+        match self {
+            Actor::Root(root) | Actor::Stream { root, .. } => root,
+        }
+    }
+
+    fn acting_root(self) -> Option<u32> {
+        match self {
+            Actor::Root(root) => Some(root),
+            Actor::Stream { .. } => None,
+        }
+    }
+}
+
+/// Every request of one worker past its recipients: the claims, the deliveries, the
+/// settles, the answers held for them. Shared by the VM's root contexts and their streams.
+pub struct Pipeline {
+    deliveries: Deliveries,
+    /// The claim stage: claim txns in flight, requests parked, what the root made of them.
+    claims: Coalescer,
+    /// The etcd store's agent on this VM: leases, settles queued and in flight, warnings.
+    etcd: Remote,
+    /// The answer stage: sync fan-outs ended whose answer waits for their etcd settle (job
+    /// id, answer).
+    held: Vec<(u64, Finished)>,
+    telemetry: Rc<RefCell<Telemetry>>,
+}
+
+impl Pipeline {
+    pub fn new(telemetry: Rc<RefCell<Telemetry>>) -> Self {
+        Pipeline {
+            deliveries: Deliveries::new(telemetry.clone()),
+            claims: Coalescer::default(),
+            etcd: Remote::default(),
+            held: Vec::new(),
+            telemetry,
+        }
+    }
+
+    /// A (new) configuration of root context `root`: the etcd store's lease kinds, the call
+    /// caps, the retry jitter's seed.
+    pub fn configure<H: Host>(&mut self, host: &H, config: &Config, root: u32) {
+        remote::prepare(&mut self.etcd, config);
+        self.deliveries.set_caps(&config.call_caps);
+        if config
+            .channels
+            .iter()
+            .flat_map(|c| &c.subscribers)
+            .any(|s| s.backoff_jitter != Jitter::NONE)
+        {
+            self.deliveries.seed_jitter(host, root);
+        }
+    }
+
+    /// The request of stream `actor`, its recipients chosen (`job`) and its claims made or to
+    /// ask (`claim`): into the claim stage, or straight to the deliveries. The stream learns
+    /// what became of it from the answers returned and [`Pipeline::adopt`].
+    pub fn begin<H: Host>(
+        &mut self,
+        host: &H,
+        actor: Actor,
+        mut job: Job,
+        claim: Claim,
+    ) -> Vec<Finished> {
+        self.deliveries.act_for(actor.acting_root());
+        let stream = job.log_id;
+        let mut finished = match claim {
+            Claim::Done(claims) => {
+                job.claims = claims;
+                let counter = self.counter(&job.config);
+                self.launch(host, &counter, stream, job)
+                    .into_iter()
+                    .collect()
+            }
+            Claim::Ask(ask) => self.claim(host, Pending { stream, ask, job }),
+        };
+        finished.extend(self.settle_ended(host, actor));
+        finished
+    }
+
+    /// The answer to call `token`, delivered to `actor`: a lease grant or settle txn of the
+    /// etcd store, a claim txn, or a delivery's call.
+    pub fn on_response<H: Host>(
+        &mut self,
+        host: &H,
+        actor: Actor,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+    ) -> Vec<Finished> {
+        self.deliveries.act_for(actor.acting_root());
+        let mut finished = match self.store_answered(host, actor, token, num_headers, body_size) {
+            Some(finished) => finished,
+            None => match self.claim_answered(host, actor, token, num_headers, body_size) {
+                Some(finished) => finished,
+                None => self
+                    .deliveries
+                    .on_response(host, token, num_headers, body_size)
+                    .into_iter()
+                    .collect(),
+            },
+        };
+        finished.extend(self.settle_ended(host, actor));
+        finished
+    }
+
+    /// Root context `root`'s timer: what is due in every fan-out, claim and settle.
+    pub fn tick<H: Host>(&mut self, host: &H, root: u32) -> Vec<Finished> {
+        let actor = Actor::Root(root);
+        self.deliveries.act_for(actor.acting_root());
+        let mut finished = self.deliveries.tick(host);
+        finished.extend(self.tick_claims(host, actor));
+        self.queue_ended(host);
+        finished.extend(self.tick_settles(host, actor));
+        finished
+    }
+
+    /// Root context `root`'s timer, every tick: the etcd store's leases due.
+    pub fn tick_leases<H: Host>(&mut self, host: &H, now_ms: u64, config: Option<&Config>) {
+        remote::tick(host, now_ms, config, &mut self.etcd);
+    }
+
+    /// What the root made of `stream`'s request while the stream waited for its claim, if it
+    /// did (once).
+    pub fn adopt(&mut self, stream: u32) -> Option<Continued> {
+        self.claims.adopt(stream)
+    }
+
+    /// The stream of a request waiting for its claim ended (`ended`) or was answered by
+    /// Envoy: nothing is claimed or called for it now. Whether it was not yet sent.
+    pub fn forget<H: Host>(&mut self, host: &H, actor: Actor, ended: bool) -> bool {
+        let Actor::Stream { id, .. } = actor else {
+            return false;
+        };
+        self.deliveries.act_for(None);
+        let forgotten = self.claims.forget(id, ended);
+        if let Some(token) = forgotten.cancelled {
+            // Its own claim txn: Envoy cancels it with the stream; the claims parked
+            // meanwhile go out.
+            self.claims.landed(token);
+            self.send_parked(host, actor);
+        }
+        forgotten.unsent
+    }
+
+    /// The sender of sync fan-out `job` went away (its stream is `actor`): its calls are
+    /// cancelled and its claims settled. Returns whether it still waited for its answer.
+    pub fn abandon<H: Host>(&mut self, host: &H, actor: Actor, job: u64) -> Vec<Finished> {
+        self.deliveries.act_for(actor.acting_root());
+        self.deliveries.abandon(host, job);
+        self.settle_ended(host, actor)
+    }
+
+    /// Whether job `id`'s sender still waits for its answer.
+    pub fn awaits_answer(&self, id: u64) -> bool {
+        self.deliveries.awaits_answer(id)
+    }
+
+    /// Fan-outs delivering with their sender answered (what `max_in_flight` bounds).
+    pub fn async_in_flight(&self) -> usize {
+        self.deliveries.async_in_flight()
+    }
+
+    /// Whether a new event whose first calls go to `clusters` fits the capped clusters'
+    /// lines; else the 503.
+    pub fn admit<H: Host>(
+        &mut self,
+        host: &H,
+        config: &Config,
+        clusters: &[&str],
+    ) -> Result<(), Answer> {
+        self.deliveries.admit(host, config, clusters)
+    }
+
+    /// The etcd lease held that lives at least until `until_ms`, if any.
+    pub fn lease(&self, until_ms: u64) -> Option<i64> {
+        self.etcd.leases.pick(until_ms)
+    }
+
+    /// Everything this worker still owes.
+    pub fn owed(&self) -> Owed {
+        self.deliveries.owed()
+    }
+
+    /// Calls root context `root` made that are still in flight.
+    pub fn open_calls_of(&self, root: u32) -> usize {
+        self.deliveries.open_calls_of(root)
+    }
+
+    /// Whether the root's timer has work soon: calls to send, retries, settles owed, claims
+    /// to continue.
+    pub fn has_timed_work(&self) -> bool {
+        self.deliveries.has_timed_work() || self.etcd.owed() > 0 || self.claims.needs_tick()
+    }
+
+    /// Whether the etcd store wants the fast timer (settles owed, leases not held yet).
+    pub fn store_wants_fast_timer(&self) -> bool {
+        self.etcd.wants_fast_timer()
+    }
+
+    /// The timer the plugin set: fast or not.
+    pub fn timer_is(&mut self, fast: bool) {
+        self.etcd.timer_is(fast);
+    }
+
+    /// Hands the fan-out `job` of `stream` to the deliveries: its answer now (logged if it is
+    /// a refusal, and counted), or, for a sync fan-out, what the stream adopts. A stream gone
+    /// meanwhile: an async fan-out goes on; a sync one is dropped as when its client leaves.
+    fn launch<H: Host>(
+        &mut self,
+        host: &H,
+        counter: &Counter,
+        stream: u32,
+        job: Job,
+    ) -> Option<Finished> {
+        use crate::deliveries::Launched;
+        let gone = self.claims.take_gone(stream);
+        match self.deliveries.launch(host, job, stream) {
+            Launched::Answer(_) if gone => None,
+            Launched::Delivering(id, _) if gone => {
+                self.deliveries.abandon(host, id);
+                None
+            }
+            Launched::Answer(answer) => Some(self.answer_now(host, counter, stream, answer)),
+            Launched::Delivering(id, finished) => {
+                self.claims.continued(stream, Continued::Delivering(id));
+                finished
+            }
+        }
+    }
+
+    /// `stream` is answered at once (logged if it is a refusal, and counted).
+    fn answer_now<H: Host>(
+        &mut self,
+        host: &H,
+        counter: &Counter,
+        stream: u32,
+        answer: Answer,
+    ) -> Finished {
+        if answer.status >= 400 {
+            log::info!(
+                "[#{stream}] answered {}: {}",
+                answer.status,
+                String::from_utf8_lossy(&answer.body)
+            );
+        }
+        counter.count(host, |tally| tally.answered(answer.status));
+        self.claims.continued(stream, Continued::Answered);
+        Finished {
+            answer_to: Some(stream),
+            answer,
+        }
+    }
+
+    fn counter(&self, config: &Config) -> Counter {
+        Counter::new(config.metrics.then(|| self.telemetry.clone()))
+    }
+}

@@ -1,0 +1,168 @@
+//! The settle and answer stages: when a fan-out holding `dedupe` claims ends, its claims are
+//! settled (in Envoy's shared data at once; in etcd as a txn queued for the root context),
+//! and the answers that wait for the etcd settles are held.
+//!
+//! With the etcd store: a sync fan-out that claimed
+//! in etcd is answered only once its settle is answered, so that when its sender hears the
+//! answer what it delivered is in etcd (a redelivery through any replica, this one dead or
+//! alive, calls only the subscribers without a record). The settles are calls of a root
+//! context (Envoy cancels a stream's calls when the stream ends); the answer goes to the
+//! stream from there, as a parked request's does.
+//!
+//! A settle that fails (etcd unreachable, no lease for the records, no answer) is a store
+//! error: counted, logged (at most once per 10 s), and the answer held for it goes out as the
+//! fan-out decided it, with [`NOT_RECORDED_HEADER`]: a `202` stays a `202` (every subscriber
+//! has the event; an error would make the sender redeliver it to all of them), a `500` stays a
+//! `500` (the sender must redeliver; the subscribers that took it may be called again).
+
+use super::{Actor, Pipeline};
+use crate::dedupe::claim::etcd_reply;
+use crate::dedupe::remote::{Answered, Sent};
+use crate::dedupe::settle::{self, NOT_RECORDED_HEADER};
+use crate::deliveries::Finished;
+use crate::host::Host;
+use crate::telemetry::{count_into, Counter};
+
+impl Pipeline {
+    /// The settle stage for the fan-outs that ended holding claims since the last stage
+    /// ran; then the etcd settles queued go out (if none is in flight). Returns the answers
+    /// that go out now: those whose claims are settled already (Envoy's store, async, no
+    /// etcd settle), and those whose etcd settle failed at once.
+    pub(super) fn settle_ended<H: Host>(&mut self, host: &H, actor: Actor) -> Vec<Finished> {
+        let mut finished = self.queue_ended(host);
+        finished.extend(self.flush_settles(host, actor));
+        finished
+    }
+
+    /// Settles the claims of the fan-outs that ended (an etcd settle is queued, holding back
+    /// a sync sender's answer); returns the answers not held.
+    pub(super) fn queue_ended<H: Host>(&mut self, host: &H) -> Vec<Finished> {
+        let mut finished = Vec::new();
+        for ended in self.deliveries.take_ended() {
+            let counter = self.counter(&ended.config);
+            let mut settled = settle::settle(
+                host,
+                ended.now_ms,
+                &ended.config,
+                ended.claims,
+                &ended.delivered,
+                ended.log_id,
+            );
+            counter.count(host, |tally| settled.record(tally));
+            let Some(answer) = ended.answer else {
+                if let Some(remote) = settled.remote.take() {
+                    self.queue(host, &counter, remote);
+                }
+                continue;
+            };
+            match settled.remote.take() {
+                Some(mut remote) if answer.answer_to.is_some() => {
+                    remote.hold = Some(ended.job);
+                    self.queue(host, &counter, remote);
+                    self.held.push((ended.job, answer));
+                }
+                Some(remote) => {
+                    self.queue(host, &counter, remote);
+                    finished.push(answer);
+                }
+                None => finished.push(answer),
+            }
+        }
+        finished
+    }
+
+    fn queue<H: Host>(&mut self, host: &H, counter: &Counter, remote: settle::RemoteSettle) {
+        self.etcd.queue(host, remote);
+        counter.count(host, |tally| tally.owed(1));
+    }
+
+    /// Sends the settles queued if no settle txn is in flight (from any context, as calls of
+    /// the acting root); those queued while one is in flight go out when it is answered.
+    /// Returns the answers of fan-outs whose settle failed at once.
+    fn flush_settles<H: Host>(&mut self, host: &H, actor: Actor) -> Vec<Finished> {
+        if !self.etcd.ready_to_send() {
+            return Vec::new();
+        }
+        self.send_settles(host, actor)
+    }
+
+    /// The root's timer: settle txns whose answer never came are store errors; then every
+    /// settle queued goes out.
+    pub(super) fn tick_settles<H: Host>(&mut self, host: &H, actor: Actor) -> Vec<Finished> {
+        if self.etcd.owed() == 0 {
+            return Vec::new();
+        }
+        let mut finished = Vec::new();
+        for (token, settles) in self.etcd.overdue(host.now_ms()) {
+            self.deliveries.root_call_ended(token);
+            finished.extend(self.settles_ended(host, &settles, true));
+        }
+        finished.extend(self.send_settles(host, actor));
+        finished
+    }
+
+    fn send_settles<H: Host>(&mut self, host: &H, actor: Actor) -> Vec<Finished> {
+        let root = actor.root();
+        let outcome = self.etcd.send_settles(host, host.now_ms(), root);
+        for token in outcome.sent {
+            self.deliveries.owned_by_root(token, root);
+        }
+        self.settles_ended(host, &outcome.failed, true)
+    }
+
+    /// The answer to call `token`, if it is one of the etcd store's root calls: a lease
+    /// grant (the claims waiting for one go out), or a settle txn (the answers it held go
+    /// out, and the settles queued since). `None` if it is not.
+    pub(super) fn store_answered<H: Host>(
+        &mut self,
+        host: &H,
+        actor: Actor,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+    ) -> Option<Vec<Finished>> {
+        let answered = self.etcd.answered(
+            token,
+            || etcd_reply(host, num_headers, body_size),
+            || host.now_ms(),
+        )?;
+        self.deliveries.root_call_ended(token);
+        let mut finished = match answered {
+            Answered::Grant => Vec::new(),
+            Answered::Settles { settles, failed } => self.settles_ended(host, &settles, failed),
+        };
+        finished.extend(self.flush_settles(host, actor));
+        self.send_parked(host, actor);
+        Some(finished)
+    }
+
+    /// `settles` ended, applied or (`failed`) not: counted, and the answers they held let go.
+    fn settles_ended<H: Host>(
+        &mut self,
+        host: &H,
+        settles: &[Sent],
+        failed: bool,
+    ) -> Vec<Finished> {
+        let counted = settles.iter().filter(|s| s.metrics).count() as u64;
+        if counted > 0 {
+            count_into(&self.telemetry, host, |tally| {
+                tally.owed(-(counted as i64));
+                if failed {
+                    tally.dedupe_store_errors(counted);
+                }
+            });
+        }
+        let mut finished = Vec::new();
+        for job in settles.iter().filter_map(|s| s.hold) {
+            let Some(at) = self.held.iter().position(|(id, _)| *id == job) else {
+                continue;
+            };
+            let (_, mut done) = self.held.swap_remove(at);
+            if failed {
+                done.answer = done.answer.with_header(NOT_RECORDED_HEADER, "1".into());
+            }
+            finished.push(done);
+        }
+        finished
+    }
+}
