@@ -150,6 +150,11 @@ impl Deliveries {
         });
     }
 
+    /// Whether fan-outs ended holding claims since [`Deliveries::take_ended`] last ran.
+    pub fn has_ended(&self) -> bool {
+        !self.ended.is_empty()
+    }
+
     /// The fan-outs that ended holding claims since the last call.
     pub fn take_ended(&mut self) -> Vec<Ended> {
         std::mem::take(&mut self.ended)

@@ -114,13 +114,11 @@ impl Pipeline {
             Claim::Done(claims) => {
                 job.claims = claims;
                 let counter = self.counter(&job.config);
-                self.launch(host, &counter, stream, job)
-                    .into_iter()
-                    .collect()
+                one(self.launch(host, &counter, stream, job))
             }
             Claim::Ask(ask) => self.claim(host, Pending { stream, ask, job }),
         };
-        finished.extend(self.settle_ended(host, actor));
+        self.settle_ended(host, actor, &mut finished);
         finished
     }
 
@@ -139,14 +137,12 @@ impl Pipeline {
             Some(finished) => finished,
             None => match self.claim_answered(host, actor, token, num_headers, body_size) {
                 Some(finished) => finished,
-                None => self
+                None => one(self
                     .deliveries
-                    .on_response(host, token, num_headers, body_size)
-                    .into_iter()
-                    .collect(),
+                    .on_response(host, token, num_headers, body_size)),
             },
         };
-        finished.extend(self.settle_ended(host, actor));
+        self.settle_ended(host, actor, &mut finished);
         finished
     }
 
@@ -156,7 +152,7 @@ impl Pipeline {
         self.deliveries.act_for(actor.acting_root());
         let mut finished = self.deliveries.tick(host);
         finished.extend(self.tick_claims(host, actor));
-        self.queue_ended(host);
+        self.queue_ended(host, &mut finished);
         finished.extend(self.tick_settles(host, actor));
         finished
     }
@@ -194,7 +190,9 @@ impl Pipeline {
     pub fn abandon<H: Host>(&mut self, host: &H, actor: Actor, job: u64) -> Vec<Finished> {
         self.deliveries.act_for(actor.acting_root());
         self.deliveries.abandon(host, job);
-        self.settle_ended(host, actor)
+        let mut finished = Vec::new();
+        self.settle_ended(host, actor, &mut finished);
+        finished
     }
 
     /// Whether job `id`'s sender still waits for its answer.
@@ -300,5 +298,14 @@ impl Pipeline {
 
     fn counter(&self, config: &Config) -> Counter {
         Counter::new(config.metrics.then(|| self.telemetry.clone()))
+    }
+}
+
+/// The answer list of an entry point that has at most one answer of its own (no allocation
+/// when it has none, as for most calls' answers).
+fn one(finished: Option<Finished>) -> Vec<Finished> {
+    match finished {
+        Some(finished) => vec![finished],
+        None => Vec::new(),
     }
 }

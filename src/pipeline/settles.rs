@@ -25,19 +25,26 @@ use crate::telemetry::{count_into, Counter};
 
 impl Pipeline {
     /// The settle stage for the fan-outs that ended holding claims since the last stage
-    /// ran; then the etcd settles queued go out (if none is in flight). Returns the answers
-    /// that go out now: those whose claims are settled already (Envoy's store, async, no
-    /// etcd settle), and those whose etcd settle failed at once.
-    pub(super) fn settle_ended<H: Host>(&mut self, host: &H, actor: Actor) -> Vec<Finished> {
-        let mut finished = self.queue_ended(host);
-        finished.extend(self.flush_settles(host, actor));
-        finished
+    /// ran; then the etcd settles queued go out (if none is in flight). Adds to `finished`
+    /// the answers that go out now: those whose claims are settled already (Envoy's store,
+    /// async, no etcd settle), and those whose etcd settle failed at once. (Into the caller's
+    /// list: every call's answer passes here, and mostly nothing ended.)
+    pub(super) fn settle_ended<H: Host>(
+        &mut self,
+        host: &H,
+        actor: Actor,
+        finished: &mut Vec<Finished>,
+    ) {
+        self.queue_ended(host, finished);
+        self.flush_settles(host, actor, finished);
     }
 
     /// Settles the claims of the fan-outs that ended (an etcd settle is queued, holding back
-    /// a sync sender's answer); returns the answers not held.
-    pub(super) fn queue_ended<H: Host>(&mut self, host: &H) -> Vec<Finished> {
-        let mut finished = Vec::new();
+    /// a sync sender's answer); adds the answers not held to `finished`.
+    pub(super) fn queue_ended<H: Host>(&mut self, host: &H, finished: &mut Vec<Finished>) {
+        if !self.deliveries.has_ended() {
+            return;
+        }
         for ended in self.deliveries.take_ended() {
             let counter = self.counter(&ended.config);
             let mut settled = settle::settle(
@@ -68,7 +75,6 @@ impl Pipeline {
                 None => finished.push(answer),
             }
         }
-        finished
     }
 
     fn queue<H: Host>(&mut self, host: &H, counter: &Counter, remote: settle::RemoteSettle) {
@@ -78,12 +84,11 @@ impl Pipeline {
 
     /// Sends the settles queued if no settle txn is in flight (from any context, as calls of
     /// the acting root); those queued while one is in flight go out when it is answered.
-    /// Returns the answers of fan-outs whose settle failed at once.
-    fn flush_settles<H: Host>(&mut self, host: &H, actor: Actor) -> Vec<Finished> {
-        if !self.etcd.ready_to_send() {
-            return Vec::new();
+    /// Adds the answers of fan-outs whose settle failed at once to `finished`.
+    fn flush_settles<H: Host>(&mut self, host: &H, actor: Actor, finished: &mut Vec<Finished>) {
+        if self.etcd.ready_to_send() {
+            finished.extend(self.send_settles(host, actor));
         }
-        self.send_settles(host, actor)
     }
 
     /// The root's timer: settle txns whose answer never came are store errors; then every
@@ -131,7 +136,7 @@ impl Pipeline {
             Answered::Grant => Vec::new(),
             Answered::Settles { settles, failed } => self.settles_ended(host, &settles, failed),
         };
-        finished.extend(self.flush_settles(host, actor));
+        self.flush_settles(host, actor, &mut finished);
         self.send_parked(host, actor);
         Some(finished)
     }

@@ -340,6 +340,27 @@ fn a_retry_from_the_root_is_recorded_when_the_root_ends_the_fan_out() {
 }
 
 #[test]
+fn a_fan_out_the_root_ends_on_its_tick_is_answered_and_recorded() {
+    // b's retry (sent by the root) never comes back: the root's tick gives it up and ends the
+    // fan-out there. The sender still gets its answer, and a is recorded.
+    let config = RETRY_TWICE.replacen('{', r#"{"dedupe": {"ttl_ms": 86400000}, "#, 1);
+    let mut plugin = FakeEnvoy::configured(&config);
+    let mut headers = post("x");
+    headers.push(("ce-source", "/s"));
+    headers.push(("ce-id", "lost"));
+    let mut ctx = send(&plugin, &headers, b"event");
+    plugin.answer_call(&mut ctx, 1, Some(200), "");
+    plugin.answer_call(&mut ctx, 2, Some(503), "busy");
+    plugin.tick_at(200);
+    assert_eq!(plugin.last_call().context, ROOT, "b's retry, from the root");
+    plugin.tick_at(10_000_000);
+    assert_eq!(plugin.only_answer().status, 500);
+    // The sender's retry: a was recorded by the settle the tick made, so only b is called.
+    let _again = send(&plugin, &headers, b"event");
+    assert_eq!(plugin.dispatched_since(3), [(4, "b".to_string())]);
+}
+
+#[test]
 fn a_sync_sender_that_leaves_during_a_retry_wait_releases_the_claim() {
     let config = RETRY_TWICE.replacen('{', r#"{"dedupe": {}, "#, 1);
     let mut plugin = FakeEnvoy::configured(&config);
