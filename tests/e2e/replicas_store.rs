@@ -255,10 +255,20 @@ fn etcd_down_and_back() {
 
     etcd.kill(0);
     // If member 0 led, the others elect a leader first (a second or two: until then every
-    // write times out, a store error); then Envoy's health check has taken member 0 out
-    // (every 100 ms) and sees the others healthy again.
+    // write times out, a store error); then each Envoy's health check takes member 0 out
+    // (what an operator watches: `membership_healthy`). Until it has, a call may still go to
+    // member 0 and fail, which the answer says (`x-fanout-not-recorded`).
     etcd.wait_healthy(1);
     etcd.wait_healthy(2);
+    for envoy in [&one, &two, &strict] {
+        let healthy = envoy.wait_for_stat(
+            "cluster.etcd.membership_healthy",
+            |n| n == 2,
+            Duration::from_secs(20),
+        );
+        assert_eq!(healthy, Some(2));
+    }
+    // The workers get the new host set from Envoy's main thread a moment after the stat.
     std::thread::sleep(Duration::from_secs(1));
     b.set_behavior(Behavior::Status(503));
     assert_eq!(post(&client, &one, "evt-1").status, 500);
