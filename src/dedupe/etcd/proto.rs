@@ -6,6 +6,37 @@
 pub use crate::protowire::Message;
 use crate::protowire::{merge_member, DecodeError, Field, Writer};
 
+/// `Message` for a message that is one oneof of messages (etcd's `RequestOp` and
+/// `ResponseOp`): `$field` holds the member, `[number Variant, ...]` its field numbers.
+macro_rules! oneof_message {
+    ($message:ident, $field:ident, $oneof:ident, [$($number:literal $member:ident),*]) => {
+        impl Message for $message {
+            fn encode_fields(&self, out: &mut Writer) {
+                match &self.$field {
+                    $(Some($oneof::$member(m)) => out.message($number, m),)*
+                    None => {}
+                }
+            }
+
+            fn merge_field(&mut self, field: Field<'_>) -> Result<(), DecodeError> {
+                let slot = &mut self.$field;
+                match field.number {
+                    $($number => merge_member(
+                        slot,
+                        &field,
+                        |r| match r {
+                            $oneof::$member(m) => Some(m),
+                            _ => None,
+                        },
+                        $oneof::$member,
+                    ),)*
+                    _ => Ok(()),
+                }
+            }
+        }
+    };
+}
+
 /// The calls, as gRPC paths (`/<package>.<service>/<method>`).
 pub const TXN_PATH: &str = "/etcdserverpb.KV/Txn";
 pub const GRANT_PATH: &str = "/etcdserverpb.Lease/LeaseGrant";
@@ -99,55 +130,7 @@ pub enum Request {
     Txn(TxnRequest),
 }
 
-impl Message for RequestOp {
-    fn encode_fields(&self, out: &mut Writer) {
-        match &self.request {
-            Some(Request::Range(m)) => out.message(1, m),
-            Some(Request::Put(m)) => out.message(2, m),
-            Some(Request::DeleteRange(m)) => out.message(3, m),
-            Some(Request::Txn(m)) => out.message(4, m),
-            None => {}
-        }
-    }
-
-    fn merge_field(&mut self, field: Field<'_>) -> Result<(), DecodeError> {
-        use Request::*;
-        let slot = &mut self.request;
-        match field.number {
-            1 => merge_member(
-                slot,
-                &field,
-                |r| if let Range(m) = r { Some(m) } else { None },
-                Range,
-            ),
-            2 => merge_member(
-                slot,
-                &field,
-                |r| if let Put(m) = r { Some(m) } else { None },
-                Put,
-            ),
-            3 => merge_member(
-                slot,
-                &field,
-                |r| {
-                    if let DeleteRange(m) = r {
-                        Some(m)
-                    } else {
-                        None
-                    }
-                },
-                DeleteRange,
-            ),
-            4 => merge_member(
-                slot,
-                &field,
-                |r| if let Txn(m) = r { Some(m) } else { None },
-                Txn,
-            ),
-            _ => Ok(()),
-        }
-    }
-}
+oneof_message!(RequestOp, request, Request, [1 Range, 2 Put, 3 DeleteRange, 4 Txn]);
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RangeRequest {
@@ -270,55 +253,7 @@ pub enum Response {
     Txn(TxnResponse),
 }
 
-impl Message for ResponseOp {
-    fn encode_fields(&self, out: &mut Writer) {
-        match &self.response {
-            Some(Response::Range(m)) => out.message(1, m),
-            Some(Response::Put(m)) => out.message(2, m),
-            Some(Response::DeleteRange(m)) => out.message(3, m),
-            Some(Response::Txn(m)) => out.message(4, m),
-            None => {}
-        }
-    }
-
-    fn merge_field(&mut self, field: Field<'_>) -> Result<(), DecodeError> {
-        use Response::*;
-        let slot = &mut self.response;
-        match field.number {
-            1 => merge_member(
-                slot,
-                &field,
-                |r| if let Range(m) = r { Some(m) } else { None },
-                Range,
-            ),
-            2 => merge_member(
-                slot,
-                &field,
-                |r| if let Put(m) = r { Some(m) } else { None },
-                Put,
-            ),
-            3 => merge_member(
-                slot,
-                &field,
-                |r| {
-                    if let DeleteRange(m) = r {
-                        Some(m)
-                    } else {
-                        None
-                    }
-                },
-                DeleteRange,
-            ),
-            4 => merge_member(
-                slot,
-                &field,
-                |r| if let Txn(m) = r { Some(m) } else { None },
-                Txn,
-            ),
-            _ => Ok(()),
-        }
-    }
-}
+oneof_message!(ResponseOp, response, Response, [1 Range, 2 Put, 3 DeleteRange, 4 Txn]);
 
 /// A response whose fields fanout does not read (`PutResponse`, `DeleteRangeResponse`).
 #[derive(Debug, Clone, Default, PartialEq)]
