@@ -31,6 +31,8 @@ pub mod event_filter;
 pub mod jitter;
 pub mod reply;
 pub mod retry;
+// Traces: W3C trace context, the spans of an event, OTLP and its batching exporter.
+pub mod trace;
 // The configuration, validated into what a request needs.
 pub mod config;
 // Per-request state, pure: admission, the fan-out state and its verdict, dedupe's records,

@@ -1,0 +1,330 @@
+//! The batching exporter of one VM: ended spans wait in a bounded buffer and leave in
+//! batches, by size or by age, from the root context's timer, never from a request's path.
+//! A collector that is down or slow costs the spans and nothing else: one export in flight
+//! at a time, a full buffer drops what comes (counted, for the glue's metric), and one
+//! warning per interval says how many were lost.
+//!
+//! Pure: the glue calls [`Exporter::record`] as spans end, [`Exporter::tick`] on its timer
+//! and [`Exporter::answered`] with the collector's status, and performs the [`Action`]s.
+
+use super::otlp::{self, KeyValue};
+
+/// What the configuration decides about exporting (validated by `config`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportSettings {
+    /// The collector's Envoy cluster, and the request line its OTLP/HTTP receiver expects.
+    pub cluster: String,
+    pub authority: String,
+    pub path: String,
+    pub timeout_ms: u32,
+    /// Extra headers of every export (a collector's API key).
+    pub headers: Vec<(String, String)>,
+    /// The resource every span is exported under (`service.name`, ...).
+    pub resource: Vec<KeyValue>,
+    /// Spans held at most; past it new spans are dropped.
+    pub max_queue_spans: usize,
+    /// Spans per export at most; a full batch leaves at the next tick.
+    pub max_batch_spans: usize,
+    /// A span waits at most this long before its batch leaves.
+    pub max_delay_ms: u64,
+}
+
+/// One warning about dropped spans per this many ms at most.
+pub const WARNING_INTERVAL_MS: u64 = 60_000;
+
+/// What the glue does for the exporter.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Dispatch this call (from the root context); its answer goes to [`Exporter::answered`].
+    Send(Export),
+    /// Log this at warning level.
+    Warn(String),
+}
+
+/// One OTLP/HTTP export call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Export {
+    pub cluster: String,
+    /// `:method`, `:path`, `:authority`, `content-type` and the configured headers.
+    pub headers: Vec<(String, String)>,
+    /// An `ExportTraceServiceRequest`, protobuf-encoded.
+    pub body: Vec<u8>,
+    pub timeout_ms: u32,
+    pub spans: usize,
+}
+
+#[derive(Debug)]
+pub struct Exporter {
+    settings: ExportSettings,
+    queue: Vec<otlp::Span>,
+    /// When the oldest span in the queue was recorded.
+    oldest_ms: Option<u64>,
+    /// Spans of the export in flight (0: none).
+    in_flight: usize,
+    /// Dropped since the last [`Exporter::take_dropped`], and since the last warning.
+    dropped: u64,
+    unwarned: u64,
+    last_warning_ms: Option<u64>,
+}
+
+impl Exporter {
+    pub fn new(settings: ExportSettings) -> Exporter {
+        Exporter {
+            settings,
+            queue: Vec::new(),
+            oldest_ms: None,
+            in_flight: 0,
+            dropped: 0,
+            unwarned: 0,
+            last_warning_ms: None,
+        }
+    }
+
+    /// A span that ended, at `now_ms`; dropped (and counted) when the buffer is full.
+    pub fn record(&mut self, span: otlp::Span, now_ms: u64) {
+        if self.queue.len() + self.in_flight >= self.settings.max_queue_spans {
+            self.drop_spans(1);
+            return;
+        }
+        self.oldest_ms.get_or_insert(now_ms);
+        self.queue.push(span);
+    }
+
+    /// What is due at `now_ms`: an export when a batch is full or its oldest span waited
+    /// `max_delay_ms` (or, with `flush`, whatever is held: the VM is going away), if none is
+    /// in flight; a warning when spans were dropped and none was given for an interval.
+    pub fn tick(&mut self, now_ms: u64, flush: bool) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let aged = self
+            .oldest_ms
+            .is_some_and(|t| now_ms.saturating_sub(t) >= self.settings.max_delay_ms);
+        let full = self.queue.len() >= self.settings.max_batch_spans;
+        if self.in_flight == 0 && !self.queue.is_empty() && (full || aged || flush) {
+            actions.push(Action::Send(self.export(now_ms)));
+        }
+        let quiet = self
+            .last_warning_ms
+            .is_none_or(|t| now_ms.saturating_sub(t) >= WARNING_INTERVAL_MS);
+        if self.unwarned > 0 && quiet {
+            actions.push(Action::Warn(format!(
+                "tracing: {} spans dropped (the buffer of {} was full or the collector at \
+                 cluster {} failed)",
+                self.unwarned, self.settings.max_queue_spans, self.settings.cluster
+            )));
+            self.unwarned = 0;
+            self.last_warning_ms = Some(now_ms);
+        }
+        actions
+    }
+
+    /// The collector's answer to the export in flight: its `:status` (`None`: no answer, or
+    /// the dispatch failed). Anything but 2xx loses the batch's spans.
+    pub fn answered(&mut self, status: Option<u16>) {
+        let spans = std::mem::take(&mut self.in_flight);
+        if !status.is_some_and(|s| (200..300).contains(&s)) {
+            self.drop_spans(spans);
+        }
+    }
+
+    /// Spans dropped since the last call, for the glue's counter.
+    pub fn take_dropped(&mut self) -> u64 {
+        std::mem::take(&mut self.dropped)
+    }
+
+    /// Spans held and not yet sent.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    fn export(&mut self, now_ms: u64) -> Export {
+        let n = self.queue.len().min(self.settings.max_batch_spans);
+        let batch: Vec<otlp::Span> = self.queue.drain(..n).collect();
+        // What stays waited less than what left; its age counts from now, a batch's delay at
+        // most later than promised.
+        self.oldest_ms = (!self.queue.is_empty()).then_some(now_ms);
+        self.in_flight = batch.len();
+        let s = &self.settings;
+        let mut headers = vec![
+            (":method".to_string(), "POST".to_string()),
+            (":path".to_string(), s.path.clone()),
+            (":authority".to_string(), s.authority.clone()),
+            (
+                "content-type".to_string(),
+                "application/x-protobuf".to_string(),
+            ),
+        ];
+        headers.extend(s.headers.iter().cloned());
+        Export {
+            cluster: s.cluster.clone(),
+            headers,
+            body: otlp::encode(&s.resource, batch),
+            timeout_ms: s.timeout_ms,
+            spans: n,
+        }
+    }
+
+    fn drop_spans(&mut self, n: usize) {
+        let n = n as u64;
+        self.dropped += n;
+        self.unwarned += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::otlp::{ExportTraceServiceRequest, Value};
+    use super::*;
+    use crate::protowire::Message;
+
+    fn settings() -> ExportSettings {
+        ExportSettings {
+            cluster: "otel".into(),
+            authority: "otel:4318".into(),
+            path: "/v1/traces".into(),
+            timeout_ms: 1000,
+            headers: vec![("x-api-key".into(), "k".into())],
+            resource: vec![KeyValue::new(
+                "service.name",
+                Value::String("fanout".into()),
+            )],
+            max_queue_spans: 10,
+            max_batch_spans: 4,
+            max_delay_ms: 1000,
+        }
+    }
+
+    fn span(n: u8) -> otlp::Span {
+        otlp::Span {
+            trace_id: vec![1; 16],
+            span_id: vec![n; 8],
+            name: format!("s{n}"),
+            ..otlp::Span::default()
+        }
+    }
+
+    fn sends(actions: &[Action]) -> Vec<&Export> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Send(e) => Some(e),
+                Action::Warn(_) => None,
+            })
+            .collect()
+    }
+
+    fn decoded(export: &Export) -> Vec<String> {
+        let request = ExportTraceServiceRequest::decode(export.body.as_slice()).unwrap();
+        request.resource_spans[0].scope_spans[0]
+            .spans
+            .iter()
+            .map(|s| s.name.clone())
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_leaves_when_full_or_old_never_sooner() {
+        let mut exporter = Exporter::new(settings());
+        exporter.record(span(1), 0);
+        assert_eq!(exporter.tick(999, false), vec![], "neither full nor old");
+        let actions = exporter.tick(1000, false);
+        let export = sends(&actions)[0];
+        assert_eq!(decoded(export), ["s1"]);
+        assert_eq!(export.cluster, "otel");
+        assert_eq!(export.timeout_ms, 1000);
+        assert_eq!(
+            export.headers,
+            [
+                (":method", "POST"),
+                (":path", "/v1/traces"),
+                (":authority", "otel:4318"),
+                ("content-type", "application/x-protobuf"),
+                ("x-api-key", "k"),
+            ]
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+        );
+        exporter.answered(Some(200));
+
+        for n in 0..6 {
+            exporter.record(span(n), 2000);
+        }
+        let actions = exporter.tick(2000, false);
+        assert_eq!(
+            decoded(sends(&actions)[0]),
+            ["s0", "s1", "s2", "s3"],
+            "a full batch at once"
+        );
+        assert_eq!(exporter.queued(), 2);
+        assert_eq!(
+            exporter.tick(2500, false),
+            vec![],
+            "one export in flight at a time"
+        );
+        exporter.answered(Some(204));
+        assert_eq!(
+            exporter.tick(2999, false),
+            vec![],
+            "what stayed waits from the export"
+        );
+        assert_eq!(decoded(sends(&exporter.tick(3000, false))[0]), ["s4", "s5"]);
+        exporter.answered(Some(200));
+        assert_eq!(exporter.take_dropped(), 0);
+        assert_eq!(
+            exporter.tick(100_000, false),
+            vec![],
+            "nothing held, nothing sent"
+        );
+    }
+
+    #[test]
+    fn flush_sends_what_is_held() {
+        let mut exporter = Exporter::new(settings());
+        exporter.record(span(1), 0);
+        assert_eq!(decoded(sends(&exporter.tick(1, true))[0]), ["s1"]);
+    }
+
+    #[test]
+    fn a_collector_that_fails_costs_the_spans_counted_and_warned_once_per_interval() {
+        let mut exporter = Exporter::new(settings());
+        for n in 0..4 {
+            exporter.record(span(n), 0);
+        }
+        assert_eq!(sends(&exporter.tick(0, false)).len(), 1);
+        // While the export is in flight the buffer holds 10 in all: 6 more fit.
+        for n in 0..8 {
+            exporter.record(span(n), 1);
+        }
+        assert_eq!(exporter.queued(), 6);
+        exporter.answered(None);
+        assert_eq!(exporter.take_dropped(), 2 + 4);
+        assert_eq!(exporter.take_dropped(), 0);
+        let actions = exporter.tick(10, false);
+        assert_eq!(sends(&actions).len(), 1);
+        let warnings: Vec<_> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Warn(w) => Some(w.as_str()),
+                Action::Send(_) => None,
+            })
+            .collect();
+        assert_eq!(
+            warnings,
+            ["tracing: 6 spans dropped (the buffer of 10 was full or the collector at cluster otel failed)"]
+        );
+        exporter.answered(Some(503));
+        assert_eq!(exporter.take_dropped(), 4);
+        let before = exporter.tick(10 + WARNING_INTERVAL_MS - 1, false);
+        assert_eq!(
+            decoded(sends(&before)[0]),
+            ["s4", "s5"],
+            "the rest leaves when old"
+        );
+        assert_eq!(before.len(), 1, "one warning per interval: {before:?}");
+        exporter.answered(Some(200));
+        let later = exporter.tick(10 + WARNING_INTERVAL_MS, false);
+        assert!(
+            matches!(later.as_slice(), [Action::Warn(w)] if w.starts_with("tracing: 4 spans dropped")),
+            "{later:?}"
+        );
+        assert_eq!(exporter.take_dropped(), 0, "a 2xx loses nothing");
+    }
+}
