@@ -396,7 +396,9 @@ mod tests {
             "timeout_ms": 1000, "max_body_bytes": 2048, "methods": ["POST"],
             "forward_headers": ["ce-*"], "metrics": true, "body_wait": "pause",
             "delivery": delivery(), "reply": target(), "mode": "sync", "max_in_flight": 10,
-            "report": "full", "dedupe": {"key": "ce-id", "ttl_ms": 1000, "max_entries": 10}
+            "report": "full", "dedupe": {"key": "ce-id", "ttl_ms": 1000, "max_entries": 10},
+            "tracing": {"collector": target(), "sampling_ratio": 0.5, "resource": {"k": "v"},
+                        "max_queue_spans": 10, "max_batch_spans": 5, "max_batch_delay_ms": 100}
         });
         let mut channels = top.clone();
         channels["channels"] = json!([{"name": "c", "hosts": ["a.example"],

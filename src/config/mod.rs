@@ -31,11 +31,14 @@ mod json_path;
 /// The raw types read from it.
 mod read;
 pub use json_path::Node;
+/// `tracing`: its raw and validated settings.
+mod tracing;
 mod validate;
 pub use crate::dedupe::settings::{
     DedupeConfig, EtcdStore, Identity, OnStoreError, Store, DEFAULT_DEDUPE_MAX_ENTRIES,
     DEFAULT_DEDUPE_TTL_MS, MAX_ENTRIES_LIMIT, MAX_KEY_BYTES, MAX_TTL_MS, SHARD_CAPACITY,
 };
+pub use tracing::TracingConfig;
 
 /// Per-call timeout when neither the subscriber nor the top level sets one.
 pub const DEFAULT_TIMEOUT_MS: u32 = 60_000;
@@ -112,6 +115,7 @@ struct RawConfig {
     report: ReportDetail,
     dedupe: Option<RawDedupe>,
     require_cloudevents: Option<bool>,
+    tracing: Option<tracing::RawTracing>,
 }
 
 /// How much the 500 report says.
@@ -279,6 +283,8 @@ pub struct Config {
     /// A request that is not a valid CloudEvent gets 400 (default false: anything is fanned
     /// out).
     pub require_cloudevents: bool,
+    /// Spans exported over OTLP (`None`: off).
+    pub tracing: Option<TracingConfig>,
 }
 
 /// A set of subscribers reached through the hosts that name the channel.

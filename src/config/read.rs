@@ -39,6 +39,7 @@ const CONFIG_FIELDS: &[&str] = &[
     "report",
     "dedupe",
     "require_cloudevents",
+    "tracing",
 ];
 
 impl RawConfig {
@@ -67,6 +68,7 @@ impl RawConfig {
                     "report" => raw.report = report(at)?,
                     "dedupe" => raw.dedupe = at.option(RawDedupe::read)?,
                     "require_cloudevents" => raw.require_cloudevents = at.option(At::bool)?,
+                    "tracing" => raw.tracing = at.option(super::tracing::RawTracing::read)?,
                     _ => {}
                 }
                 Ok(())
@@ -211,7 +213,7 @@ impl RawSubscriber {
 }
 
 impl RawTarget {
-    fn read(at: At) -> Result<RawTarget, PathError> {
+    pub(super) fn read(at: At) -> Result<RawTarget, PathError> {
         let mut cluster = None;
         let mut raw = at.fields(
             "struct RawTarget",
@@ -235,7 +237,7 @@ impl RawTarget {
 
 impl RawHeaders {
     /// A name given twice keeps its last value, as a map would.
-    fn read(at: At) -> Result<RawHeaders, PathError> {
+    pub(super) fn read(at: At) -> Result<RawHeaders, PathError> {
         let mut headers: Vec<(String, String)> = Vec::new();
         at.map("a map", &mut |name, at| {
             let value = at.string()?;

@@ -135,6 +135,10 @@ impl RawConfig {
             warnings,
             dedupe,
             require_cloudevents: self.require_cloudevents.unwrap_or(false),
+            tracing: self
+                .tracing
+                .map(super::tracing::RawTracing::validate)
+                .transpose()?,
         })
     }
 }
@@ -352,7 +356,11 @@ fn sync_warnings(mode: AnswerMode, channels: &[Rc<Channel>]) -> Vec<String> {
 }
 
 impl RawTarget {
-    fn validate(self, at: &str, default_timeout: Duration) -> Result<Target, ConfigError> {
+    pub(super) fn validate(
+        self,
+        at: &str,
+        default_timeout: Duration,
+    ) -> Result<Target, ConfigError> {
         let field = |name: &str| format!("{at}.{name}");
         if self.cluster.trim().is_empty() {
             return Err(ConfigError::new(field("cluster"), "must not be empty"));

@@ -12,13 +12,12 @@ use super::otlp::{self, KeyValue};
 /// What the configuration decides about exporting (validated by `config`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExportSettings {
-    /// The collector's Envoy cluster, and the request line its OTLP/HTTP receiver expects.
+    /// The collector's Envoy cluster.
     pub cluster: String,
-    pub authority: String,
-    pub path: String,
+    /// `:method`, `:path` and `:authority` of its OTLP/HTTP receiver, and the configured
+    /// headers (a collector's API key).
+    pub call_headers: Vec<(String, String)>,
     pub timeout_ms: u32,
-    /// Extra headers of every export (a collector's API key).
-    pub headers: Vec<(String, String)>,
     /// The resource every span is exported under (`service.name`, ...).
     pub resource: Vec<KeyValue>,
     /// Spans held at most; past it new spans are dropped.
@@ -45,7 +44,7 @@ pub enum Action {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Export {
     pub cluster: String,
-    /// `:method`, `:path`, `:authority`, `content-type` and the configured headers.
+    /// The settings' call headers and `content-type`.
     pub headers: Vec<(String, String)>,
     /// An `ExportTraceServiceRequest`, protobuf-encoded.
     pub body: Vec<u8>,
@@ -139,21 +138,13 @@ impl Exporter {
     fn export(&mut self, now_ms: u64) -> Export {
         let n = self.queue.len().min(self.settings.max_batch_spans);
         let batch: Vec<otlp::Span> = self.queue.drain(..n).collect();
-        // What stays waited less than what left; its age counts from now, a batch's delay at
-        // most later than promised.
+        // What stays (a full batch left) counts its age from this export: it leaves within
+        // one more delay, or sooner once a batch is full again.
         self.oldest_ms = (!self.queue.is_empty()).then_some(now_ms);
         self.in_flight = batch.len();
         let s = &self.settings;
-        let mut headers = vec![
-            (":method".to_string(), "POST".to_string()),
-            (":path".to_string(), s.path.clone()),
-            (":authority".to_string(), s.authority.clone()),
-            (
-                "content-type".to_string(),
-                "application/x-protobuf".to_string(),
-            ),
-        ];
-        headers.extend(s.headers.iter().cloned());
+        let mut headers = s.call_headers.clone();
+        headers.push(("content-type".into(), "application/x-protobuf".into()));
         Export {
             cluster: s.cluster.clone(),
             headers,
@@ -179,10 +170,15 @@ mod tests {
     fn settings() -> ExportSettings {
         ExportSettings {
             cluster: "otel".into(),
-            authority: "otel:4318".into(),
-            path: "/v1/traces".into(),
+            call_headers: [
+                (":method", "POST"),
+                (":path", "/v1/traces"),
+                (":authority", "otel:4318"),
+                ("x-api-key", "k"),
+            ]
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .to_vec(),
             timeout_ms: 1000,
-            headers: vec![("x-api-key".into(), "k".into())],
             resource: vec![KeyValue::new(
                 "service.name",
                 Value::String("fanout".into()),
@@ -237,8 +233,8 @@ mod tests {
                 (":method", "POST"),
                 (":path", "/v1/traces"),
                 (":authority", "otel:4318"),
-                ("content-type", "application/x-protobuf"),
                 ("x-api-key", "k"),
+                ("content-type", "application/x-protobuf"),
             ]
             .map(|(n, v)| (n.to_string(), v.to_string()))
         );
