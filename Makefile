@@ -24,6 +24,11 @@ JSONSCHEMA_VERSION ?= 4.26.0
 # kubernetes-validate (Kubernetes' API schemas, pinned with the package), in the same venv:
 # tests/e2e/deploy.rs checks deploy/'s manifests with it, strictly.
 KUBERNETES_VALIDATE_VERSION ?= 1.37.0
+# The official OpenTelemetry protos for Python, in the same venv: tools/otlp-receiver.py, the
+# OTLP receiver of tests/e2e/tracing.rs, decodes fanout's exports with them. matplotlib draws
+# the trace picture of docs/tracing.md (`make trace-picture`), not needed by the tests.
+OTEL_PROTO_VERSION ?= 1.45.2
+MATPLOTLIB_VERSION ?= 3.11.2
 
 WASM := target/wasm32-wasip1/release/fanout.wasm
 VENV := .venv/$(ENVOY_VERSION)
@@ -152,6 +157,19 @@ kubernetes-validate: $(KUBERNETES_VALIDATE_STAMP)
 $(KUBERNETES_VALIDATE_STAMP): $(ENVOY_BIN)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check "kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION)"
 	@touch $@
+OTLP_STAMP := $(VENV)/.opentelemetry-proto-$(OTEL_PROTO_VERSION)
+.PHONY: otlp trace-picture
+otlp: $(OTLP_STAMP)
+$(OTLP_STAMP): $(ENVOY_BIN)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check "opentelemetry-proto==$(OTEL_PROTO_VERSION)"
+	@touch $@
+# docs/images/trace.png: one event's spans, through the exporter to the real receiver
+# (tests/e2e/tracing.rs), drawn by tools/trace-waterfall.py.
+trace-picture: otlp
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check "matplotlib==$(MATPLOTLIB_VERSION)"
+	FANOUT_TRACE_SPANS_OUT=$(abspath target/trace-spans.jsonl) \
+	  $(CARGO) test --test e2e tracing::one_events_trace_arrives_as_a_tree_the_official_protos_decode
+	$(VENV)/bin/python tools/trace-waterfall.py target/trace-spans.jsonl -o docs/images/trace.png
 
 # The OCI image of the shipped module (README: "Deploying: the image"), in the "compat" Wasm
 # image form Istio's WasmPlugin and Envoy Gateway's EnvoyExtensionPolicy load: one
@@ -216,7 +234,7 @@ test:
 
 # What the tests install (tools/test.sh runs it in the background while lint compiles).
 .PHONY: test-tools
-test-tools: envoy sdk js etcd jsonschema kubernetes-validate skopeo registry prometheus wasm-opt
+test-tools: envoy sdk js etcd jsonschema kubernetes-validate otlp skopeo registry prometheus wasm-opt
 
 # CI's fast lane, all of it (.ci/run runs this target; nothing runs, everything is checked):
 # formatting of every crate; clippy with warnings denied on both feature sets and every
@@ -265,7 +283,7 @@ test-wasm: targets
 	  $(CARGO) test --lib --no-default-features --target wasm32-wasip1
 
 # The real Envoy with the built filter and real subscribers on loopback.
-test-e2e: build envoy sdk etcd jsonschema kubernetes-validate skopeo registry prometheus control
+test-e2e: build envoy sdk etcd jsonschema kubernetes-validate otlp skopeo registry prometheus control
 	$(CARGO) test --test e2e
 
 # The docker-compose demo for real (tools/test-compose.sh): needs Docker and compose v2, so not
@@ -279,13 +297,13 @@ test-compose:
 # pinned version (shipped_configs, image, the docs' examples, the module map, the importers,
 # the shipped sender-authorization bootstraps, which set their own body_wait), the hostile
 # conditions, live reload, the soak, the harness's self-checks, and the multi-replica suites
-# (replicas_store, rollout, affinity: minutes each, and not about body_wait), and the shipped
-# Prometheus rules and dashboard (alerts), and the control plane (its shipped bootstrap sets its
-# own body_wait).
+# (replicas_store, rollout, affinity: minutes each, and not about body_wait), the shipped
+# Prometheus rules and dashboard (alerts), the control plane (its shipped bootstrap sets its
+# own body_wait), and tracing (no Envoy yet).
 COMPAT_TESTS := --test e2e -- --skip shipped_configs:: --skip image:: --skip faults:: --skip reload:: --skip soak:: \
   --skip knative_import:: --skip knative_senders:: --skip harness_selftest:: --skip docs:: --skip design_map:: \
   --skip authz:: --skip replicas_store:: --skip rollout:: --skip affinity:: --skip alerts:: \
-  --skip deploy:: --skip control::
+  --skip deploy:: --skip control:: --skip tracing::
 test-compat: build sdk js
 	$(MAKE) --no-print-directory envoy ENVOY_VERSION=$(ENVOY_OLDEST)
 	@set -e; for version in $(ENVOY_VERSION) $(ENVOY_OLDEST); do \

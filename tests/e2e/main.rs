@@ -29,6 +29,8 @@ mod control;
 mod replicas_redelivery;
 mod replicas_store;
 mod rollout;
+// Traces: the exporter's spans at a real OTLP receiver.
+mod tracing;
 // Knative's contract, with the CloudEvents SDK; the importer of Knative objects.
 mod knative_delivery;
 mod knative_dispatcher;

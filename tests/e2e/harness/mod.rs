@@ -30,6 +30,7 @@
 //! | run Envoy on ConfigMap files written elsewhere (e.g. by `envoy/knative-import.py`) | [`reload::ReloadEnvoy::start_on_files`] |
 //! | run a shipped Python script | [`reload::run_script`], [`reload::run_render`] |
 //! | send or read events with the CloudEvents SDK | [`sdk::run_sdk`] |
+//! | receive OTLP/HTTP traces, decoded with the official protos; one trace as a tree | [`otlp::OtlpReceiver::start`], [`otlp::SpanTree`] |
 //! | read a shipped file | [`manifest_dir`], [`read_shipped`], [`read_shipped_yaml`], [`yaml_to_json`] |
 //! | a scratch directory, fixed ports | [`TempDir`], [`unique_temp_dir`]; [`free_ports`] (only for shipped configs and scripts that take port numbers) |
 //! | close a connection with an RST | [`set_linger_zero`] |
@@ -41,6 +42,7 @@ mod envoy;
 pub mod etcd;
 pub mod faults;
 pub mod front;
+pub mod otlp;
 pub mod prometheus;
 pub mod reload;
 pub mod sdk;
