@@ -406,6 +406,11 @@ mod tests {
             failed: 1,
             dead_lettered: 0,
         };
+        let mut request = request;
+        request.event(&EventAttributes {
+            event_type: Some("late"),
+            ..EventAttributes::default()
+        });
         let request = request.end_request(&verdict, 4);
         assert_eq!(
             request.status.as_ref().map(|s| s.message.as_str()),
@@ -424,6 +429,11 @@ mod tests {
             string(&request, "kn.channel.name"),
             None,
             "a channel name without a namespace"
+        );
+        assert_eq!(
+            string(&request, "cloudevents.type").as_deref(),
+            Some("late"),
+            "the event's attributes, known once the body is in"
         );
     }
 }

@@ -182,7 +182,10 @@ impl OpenSpan {
         self.event(event);
     }
 
-    fn event(&mut self, event: &EventAttributes) {
+    /// The event's CloudEvents attributes: at the start for a delivery (the event is known),
+    /// later for the request, whose span starts with the headers and whose event (a
+    /// structured one's attributes) is known once the body is in.
+    pub fn event(&mut self, event: &EventAttributes) {
         let attributes = [
             ("cloudevents.event_id", event.id),
             ("cloudevents.source", event.source),
