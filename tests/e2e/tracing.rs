@@ -16,6 +16,7 @@ use fanout::trace::{
 use serde_json::json;
 
 use crate::harness::otlp::{OtlpReceiver, SpanTree};
+use crate::harness::{assert_202_empty, send, Client, Envoy};
 
 const SENDER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const SENDER_SPAN: &str = "00f067aa0ba902b7";
@@ -177,13 +178,12 @@ fn one_event(t0: u64) -> Event {
     event
 }
 
-/// What the exporter sends for `spans` with the `tracing` of `config`, POSTed to the
-/// receiver as the filter's call will be (its request line, headers and body).
-fn export_to(
-    receiver: &OtlpReceiver,
-    config: serde_json::Value,
+/// The one export the exporter makes of `spans` with the `tracing` of `config`: nothing
+/// dropped, one batch.
+fn export_of(
+    config: &serde_json::Value,
     spans: Vec<fanout::trace::otlp::Span>,
-) {
+) -> fanout::trace::export::Export {
     let config = Config::from_json(config.to_string().as_bytes()).expect("a valid config");
     let mut exporter = Exporter::new(config.tracing.expect("tracing on").export);
     for span in spans {
@@ -193,6 +193,18 @@ fn export_to(
     let [Action::Send(export)] = actions.as_slice() else {
         panic!("one export: {actions:?}")
     };
+    assert_eq!(exporter.take_dropped(), 0);
+    export.clone()
+}
+
+/// What the exporter sends for `spans` with the `tracing` of `config`, POSTed to the
+/// receiver as the filter's call will be (its request line, headers and body).
+fn export_to(
+    receiver: &OtlpReceiver,
+    config: serde_json::Value,
+    spans: Vec<fanout::trace::otlp::Span>,
+) {
+    let export = export_of(&config, spans);
     assert_eq!(export.cluster, "otel");
     let header = |name: &str| {
         export
@@ -217,8 +229,6 @@ fn export_to(
         .send()
         .expect("the receiver answers");
     assert_eq!(answer.status(), 200, "{:?}", answer.text());
-    exporter.answered(Some(200));
-    assert_eq!(exporter.take_dropped(), 0);
 }
 
 fn tracing_config() -> serde_json::Value {
@@ -391,4 +401,42 @@ fn the_receiver_refuses_what_is_not_otlp_protobuf() {
         .unwrap();
     assert_eq!(garbage.status(), 400);
     assert!(receiver.spans().is_empty());
+}
+
+/// The collector needs nothing of Envoy but a plain HTTP/1.1 cluster: an export's body,
+/// carried by the filter's own `dispatch_http_call` (as a subscriber call: the pipeline does
+/// not export yet) through the real Envoy to the receiver, decodes whole there.
+#[test]
+fn an_export_crosses_a_plain_http1_cluster_from_the_filter() {
+    let receiver = OtlpReceiver::start();
+    let config = json!({
+        "subscribers": [{"cluster": "otel", "path": "/v1/traces"}],
+        "tracing": {"collector": {"cluster": "otel"}}
+    });
+    let t0 = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let export = export_of(&config, one_event(t0).spans);
+    let envoy = Envoy::with_clusters(&config, &[("otel", receiver.port())]);
+    let content_type = export
+        .headers
+        .iter()
+        .find(|(n, _)| n == "content-type")
+        .unwrap();
+    assert_eq!(content_type.1, "application/x-protobuf");
+    let request = Client::http1()
+        .post(&envoy.url("/"))
+        .header("content-type", &content_type.1)
+        .body(export.body.clone());
+    assert_202_empty(&send(request));
+    let spans = receiver.wait_for_spans(12, Duration::from_secs(10));
+    assert_eq!(spans.len(), 12);
+    let exports = receiver.exports();
+    assert_eq!(exports[0]["path"], "/v1/traces");
+    assert_eq!(exports[0]["authority"], "otel");
+    assert_eq!(
+        SpanTree::of(&spans, SENDER_TRACE).root().name,
+        "fanout default/orders"
+    );
 }
