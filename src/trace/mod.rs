@@ -52,7 +52,7 @@ impl Tracer {
         start_ns: u64,
     ) -> Option<OpenSpan> {
         let parent = traceparent.and_then(TraceParent::parse);
-        let name = format!("fanout {channel}");
+        let name = ["fanout ", channel].concat();
         let mut span = match parent {
             Some(parent) if !parent.sampled => return None,
             Some(parent) => {

@@ -215,7 +215,7 @@ impl OpenSpan {
             Leg::Reply => "reply",
             Leg::DeadLetter => "dead letter",
         };
-        let name = format!("{operation} {}", to.cluster);
+        let name = [operation, " ", to.cluster].concat();
         let mut span = self.child(span_id, name, otlp::PRODUCER, start_ns);
         span.str("messaging.system", SYSTEM);
         span.str("messaging.operation.name", operation);
