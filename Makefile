@@ -299,8 +299,7 @@ test-compose:
 # conditions, live reload, the soak, the harness's self-checks, and the multi-replica suites
 # (replicas_store, rollout, affinity: minutes each, and not about body_wait), the shipped
 # Prometheus rules and dashboard (alerts), the control plane (its shipped bootstrap sets its
-# own body_wait), and tracing (an OTLP export's
-# shape, not about body_wait).
+# own body_wait), and tracing (an OTLP export's shape, not about body_wait).
 COMPAT_TESTS := --test e2e -- --skip shipped_configs:: --skip image:: --skip faults:: --skip reload:: --skip soak:: \
   --skip knative_import:: --skip knative_senders:: --skip harness_selftest:: --skip docs:: --skip design_map:: \
   --skip authz:: --skip replicas_store:: --skip rollout:: --skip affinity:: --skip alerts:: \
