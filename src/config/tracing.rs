@@ -147,7 +147,7 @@ fn resource(raw: RawHeaders) -> Result<Vec<KeyValue>, ConfigError> {
         }
         match key.as_str() {
             "service.name" => service = value,
-            _ => others.push(KeyValue::new(&key, Value::String(value))),
+            _ => others.push(KeyValue::new(key, Value::String(value))),
         }
     }
     others.insert(0, KeyValue::new("service.name", Value::String(service)));
@@ -239,7 +239,7 @@ mod tests {
             .call_headers
             .contains(&("x-api-key".into(), "k".into())));
         assert_eq!(export.timeout_ms, 250);
-        let keys: Vec<&str> = export.resource.iter().map(|kv| kv.key.as_str()).collect();
+        let keys: Vec<&str> = export.resource.iter().map(|kv| kv.key.as_ref()).collect();
         assert_eq!(keys, ["service.name", "deployment.environment"]);
         assert_eq!(
             export.resource[0]

@@ -5,6 +5,8 @@
 //! URLs) are left out, which encodes exactly as if they were empty. The spans a request makes
 //! are these messages from the start, so an export is one encode of what was buffered.
 
+use std::borrow::Cow;
+
 pub use crate::protowire::Message;
 use crate::protowire::{DecodeError, Field, Writer};
 
@@ -76,7 +78,9 @@ pub const ERROR: i32 = 2;
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct KeyValue {
-    pub key: String,
+    /// A span's attribute names are the conventions' own, static; a resource's are the
+    /// configuration's.
+    pub key: Cow<'static, str>,
     pub value: Option<AnyValue>,
 }
 
@@ -94,9 +98,9 @@ pub enum Value {
 }
 
 impl KeyValue {
-    pub fn new(key: &str, value: Value) -> KeyValue {
+    pub fn new(key: impl Into<Cow<'static, str>>, value: Value) -> KeyValue {
         KeyValue {
-            key: key.to_string(),
+            key: key.into(),
             value: Some(AnyValue { value: Some(value) }),
         }
     }
@@ -261,7 +265,7 @@ impl Message for KeyValue {
 
     fn merge_field(&mut self, field: Field<'_>) -> Result<(), DecodeError> {
         match field.number {
-            1 => self.key = field.string()?,
+            1 => self.key = field.string()?.into(),
             2 => field.merge_into(self.value.get_or_insert_with(AnyValue::default))?,
             _ => {}
         }

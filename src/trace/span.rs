@@ -130,19 +130,19 @@ impl OpenSpan {
         self.span_id
     }
 
-    fn str(&mut self, key: &str, value: &str) {
+    fn str(&mut self, key: &'static str, value: &str) {
         self.span
             .attributes
             .push(KeyValue::new(key, Value::String(value.to_string())));
     }
 
-    fn int(&mut self, key: &str, value: i64) {
+    fn int(&mut self, key: &'static str, value: i64) {
         self.span
             .attributes
             .push(KeyValue::new(key, Value::Int(value)));
     }
 
-    fn bool(&mut self, key: &str, value: bool) {
+    fn bool(&mut self, key: &'static str, value: bool) {
         self.span
             .attributes
             .push(KeyValue::new(key, Value::Bool(value)));
