@@ -4,8 +4,9 @@
 //! at a time, a full buffer drops what comes (counted, for the glue's metric), and one
 //! warning per interval says how many were lost.
 //!
-//! Pure: the glue calls [`Exporter::record`] as spans end, [`Exporter::tick`] on its timer
-//! and [`Exporter::answered`] with the collector's status, and performs the [`Action`]s.
+//! Pure: the glue calls [`Exporter::record`] as spans end; on its timer, [`Exporter::tick`]
+//! (an [`Export`] to dispatch, if one is due) and [`Exporter::warning`] (a line to log, if
+//! one is due); and [`Exporter::answered`] with the collector's status.
 
 use super::otlp::{self, KeyValue};
 
@@ -31,16 +32,8 @@ pub struct ExportSettings {
 /// One warning about dropped spans per this many ms at most.
 pub const WARNING_INTERVAL_MS: u64 = 60_000;
 
-/// What the glue does for the exporter.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Action {
-    /// Dispatch this call (from the root context); its answer goes to [`Exporter::answered`].
-    Send(Export),
-    /// Log this at warning level.
-    Warn(String),
-}
-
-/// One OTLP/HTTP export call.
+/// One OTLP/HTTP export call, to dispatch from the root context; its answer goes to
+/// [`Exporter::answered`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Export {
     pub cluster: String,
@@ -89,31 +82,35 @@ impl Exporter {
         self.queue.push(span);
     }
 
-    /// What is due at `now_ms`: an export when a batch is full or its oldest span waited
+    /// The export due at `now_ms`: when a batch is full or its oldest span waited
     /// `max_delay_ms` (or, with `flush`, whatever is held: the VM is going away), if none is
-    /// in flight; a warning when spans were dropped and none was given for an interval.
-    pub fn tick(&mut self, now_ms: u64, flush: bool) -> Vec<Action> {
-        let mut actions = Vec::new();
+    /// in flight.
+    pub fn tick(&mut self, now_ms: u64, flush: bool) -> Option<Export> {
         let aged = self
             .oldest_ms
             .is_some_and(|t| now_ms.saturating_sub(t) >= self.settings.max_delay_ms);
         let full = self.queue.len() >= self.settings.max_batch_spans;
-        if self.in_flight == 0 && !self.queue.is_empty() && (full || aged || flush) {
-            actions.push(Action::Send(self.export(now_ms)));
-        }
+        let due = self.in_flight == 0 && !self.queue.is_empty() && (full || aged || flush);
+        due.then(|| self.export(now_ms))
+    }
+
+    /// The warning due at `now_ms` (log it at warning level): when spans were dropped and
+    /// none was given for an interval.
+    pub fn warning(&mut self, now_ms: u64) -> Option<String> {
         let quiet = self
             .last_warning_ms
             .is_none_or(|t| now_ms.saturating_sub(t) >= WARNING_INTERVAL_MS);
-        if self.unwarned > 0 && quiet {
-            actions.push(Action::Warn(format!(
-                "tracing: {} spans dropped (the buffer of {} was full or the collector at \
-                 cluster {} failed)",
-                self.unwarned, self.settings.max_queue_spans, self.settings.cluster
-            )));
-            self.unwarned = 0;
-            self.last_warning_ms = Some(now_ms);
+        if self.unwarned == 0 || !quiet {
+            return None;
         }
-        actions
+        let warning = format!(
+            "tracing: {} spans dropped (the buffer of {} was full or the collector at \
+             cluster {} failed)",
+            self.unwarned, self.settings.max_queue_spans, self.settings.cluster
+        );
+        self.unwarned = 0;
+        self.last_warning_ms = Some(now_ms);
+        Some(warning)
     }
 
     /// The collector's answer to the export in flight: its `:status` (`None`: no answer, or
@@ -198,16 +195,6 @@ mod tests {
         }
     }
 
-    fn sends(actions: &[Action]) -> Vec<&Export> {
-        actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Send(e) => Some(e),
-                Action::Warn(_) => None,
-            })
-            .collect()
-    }
-
     fn decoded(export: &Export) -> Vec<String> {
         let request = ExportTraceServiceRequest::decode(export.body.as_slice()).unwrap();
         request.resource_spans[0].scope_spans[0]
@@ -221,10 +208,9 @@ mod tests {
     fn a_batch_leaves_when_full_or_old_never_sooner() {
         let mut exporter = Exporter::new(settings());
         exporter.record(span(1), 0);
-        assert_eq!(exporter.tick(999, false), vec![], "neither full nor old");
-        let actions = exporter.tick(1000, false);
-        let export = sends(&actions)[0];
-        assert_eq!(decoded(export), ["s1"]);
+        assert_eq!(exporter.tick(999, false), None, "neither full nor old");
+        let export = exporter.tick(1000, false).unwrap();
+        assert_eq!(decoded(&export), ["s1"]);
         assert_eq!(export.cluster, "otel");
         assert_eq!(export.timeout_ms, 1000);
         assert_eq!(
@@ -243,31 +229,35 @@ mod tests {
         for n in 0..6 {
             exporter.record(span(n), 2000);
         }
-        let actions = exporter.tick(2000, false);
         assert_eq!(
-            decoded(sends(&actions)[0]),
+            decoded(&exporter.tick(2000, false).unwrap()),
             ["s0", "s1", "s2", "s3"],
             "a full batch at once"
         );
         assert_eq!(exporter.queued(), 2);
         assert_eq!(
             exporter.tick(2500, false),
-            vec![],
+            None,
             "one export in flight at a time"
         );
         exporter.answered(Some(204));
         assert_eq!(
             exporter.tick(2999, false),
-            vec![],
+            None,
             "what stayed waits from the export"
         );
-        assert_eq!(decoded(sends(&exporter.tick(3000, false))[0]), ["s4", "s5"]);
+        assert_eq!(decoded(&exporter.tick(3000, false).unwrap()), ["s4", "s5"]);
         exporter.answered(Some(200));
         assert_eq!(exporter.take_dropped(), 0);
         assert_eq!(
             exporter.tick(100_000, false),
-            vec![],
+            None,
             "nothing held, nothing sent"
+        );
+        assert_eq!(
+            exporter.warning(100_000),
+            None,
+            "nothing dropped, nothing said"
         );
     }
 
@@ -275,7 +265,7 @@ mod tests {
     fn flush_sends_what_is_held() {
         let mut exporter = Exporter::new(settings());
         exporter.record(span(1), 0);
-        assert_eq!(decoded(sends(&exporter.tick(1, true))[0]), ["s1"]);
+        assert_eq!(decoded(&exporter.tick(1, true).unwrap()), ["s1"]);
     }
 
     #[test]
@@ -284,7 +274,7 @@ mod tests {
         for n in 0..4 {
             exporter.record(span(n), 0);
         }
-        assert_eq!(sends(&exporter.tick(0, false)).len(), 1);
+        assert!(exporter.tick(0, false).is_some());
         // While the export is in flight the buffer holds 10 in all: 6 more fit.
         for n in 0..8 {
             exporter.record(span(n), 1);
@@ -293,34 +283,26 @@ mod tests {
         exporter.answered(None);
         assert_eq!(exporter.take_dropped(), 2 + 4);
         assert_eq!(exporter.take_dropped(), 0);
-        let actions = exporter.tick(10, false);
-        assert_eq!(sends(&actions).len(), 1);
-        let warnings: Vec<_> = actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Warn(w) => Some(w.as_str()),
-                Action::Send(_) => None,
-            })
-            .collect();
+        assert!(exporter.tick(10, false).is_some());
         assert_eq!(
-            warnings,
-            ["tracing: 6 spans dropped (the buffer of 10 was full or the collector at cluster otel failed)"]
+            exporter.warning(10).as_deref(),
+            Some("tracing: 6 spans dropped (the buffer of 10 was full or the collector at cluster otel failed)")
         );
         exporter.answered(Some(503));
         assert_eq!(exporter.take_dropped(), 4);
-        let before = exporter.tick(10 + WARNING_INTERVAL_MS - 1, false);
+        let before = 10 + WARNING_INTERVAL_MS - 1;
         assert_eq!(
-            decoded(sends(&before)[0]),
+            decoded(&exporter.tick(before, false).unwrap()),
             ["s4", "s5"],
             "the rest leaves when old"
         );
-        assert_eq!(before.len(), 1, "one warning per interval: {before:?}");
+        assert_eq!(exporter.warning(before), None, "one warning per interval");
         exporter.answered(Some(200));
-        let later = exporter.tick(10 + WARNING_INTERVAL_MS, false);
-        assert!(
-            matches!(later.as_slice(), [Action::Warn(w)] if w.starts_with("tracing: 4 spans dropped")),
-            "{later:?}"
-        );
+        let later = 10 + WARNING_INTERVAL_MS;
+        assert_eq!(exporter.tick(later, false), None);
+        assert!(exporter
+            .warning(later)
+            .is_some_and(|w| w.starts_with("tracing: 4 spans dropped")));
         assert_eq!(exporter.take_dropped(), 0, "a 2xx loses nothing");
     }
 }

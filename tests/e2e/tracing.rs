@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fanout::config::Config;
-use fanout::trace::export::{Action, Exporter};
+use fanout::trace::export::Exporter;
 use fanout::trace::{
     DeliveryOutcome, Destination, EventAttributes, Leg, OpenSpan, Tracer, Verdict,
 };
@@ -189,12 +189,10 @@ fn export_of(
     for span in spans {
         exporter.record(span, 0);
     }
-    let actions = exporter.tick(0, true);
-    let [Action::Send(export)] = actions.as_slice() else {
-        panic!("one export: {actions:?}")
-    };
+    let export = exporter.tick(0, true).expect("one export");
+    assert_eq!(exporter.queued(), 0, "one batch");
     assert_eq!(exporter.take_dropped(), 0);
-    export.clone()
+    export
 }
 
 /// What the exporter sends for `spans` with the `tracing` of `config`, POSTed to the
