@@ -155,6 +155,7 @@ const DEDUPE_SKIPPED: &str = "fanout.dedupe.skipped";
 const DEDUPE_IN_PROGRESS: &str = "fanout.dedupe.in_progress";
 const DEDUPE_STORE_ERRORS: &str = "fanout.dedupe.store_errors";
 const SAMPLES_DROPPED: &str = "fanout.metrics.samples_dropped";
+const SPANS_DROPPED: &str = "fanout.tracing.spans_dropped";
 
 impl Tally {
     fn counter(&mut self, name: &str) -> usize {
@@ -242,6 +243,17 @@ impl Tally {
             other => self.counter(&format!("fanout.requests.rejected.{other}")),
         };
         self.bump(id);
+    }
+
+    /// Makes the tracing counter exist (at zero).
+    pub fn register_tracing(&mut self) {
+        self.counter(SPANS_DROPPED);
+    }
+
+    /// Spans the exporter could not keep or send (`tracing`).
+    pub fn spans_dropped(&mut self, n: u64) {
+        let id = self.counter(SPANS_DROPPED);
+        self.add(id, n);
     }
 
     /// A request reached the router behind the filter (see `body_wait`).

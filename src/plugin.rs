@@ -26,6 +26,9 @@ const METRICS_FLUSH: Duration = Duration::from_secs(1);
 /// settles): the resolution of backoff delays, and the most an async event waits before its
 /// calls go out.
 const DELIVERY_TICK: Duration = remote::SETTLE_TICK;
+/// The root context's timer while `tracing` is on: a span waits at most its batch's delay
+/// (`max_batch_delay_ms`) and this.
+const TRACE_TICK: Duration = Duration::from_millis(100);
 
 /// The plugin: holds the configuration, parsed once per `on_configure`, shared (`Rc`) with
 /// every stream created after it. A stream keeps the configuration it started with.
@@ -155,6 +158,9 @@ impl<H: Host + Clone> Plugin<H> {
             if config.dedupe.is_some() {
                 telemetry.tally.register_dedupe();
             }
+            if config.tracing.is_some() {
+                telemetry.tally.register_tracing();
+            }
             for (cluster, _) in &config.call_caps {
                 telemetry.tally.register_call_cap(cluster);
             }
@@ -203,6 +209,10 @@ impl<H: Host + Clone> Plugin<H> {
     /// flight (or, for the newest root, while anything is owed) it answers `false` and
     /// [`Plugin::take_retired`] tells the glue when to let Envoy delete it.
     pub fn on_done(&mut self) -> bool {
+        if self.newest.get().0 == self.id {
+            // Nobody exports after this one: what is held leaves now, if it can.
+            with_mut(&self.pipeline, |p| p.flush_spans(&self.host, self.id));
+        }
         with_mut(&self.telemetry, |telemetry| telemetry.flush(&self.host));
         let owed = self
             .pipeline
@@ -282,15 +292,18 @@ impl<H: Host + Clone> Plugin<H> {
         let (busy, store_busy) = self.pipeline.try_borrow().map_or((true, true), |p| {
             (p.has_timed_work(), etcd && p.store_wants_fast_timer())
         });
-        let wanted = if busy || store_busy || config.is_some_and(|c| c.needs_timer) {
-            DELIVERY_TICK
-        } else if etcd {
-            remote::LEASE_TICK
-        } else if config.is_some_and(|c| c.metrics) {
-            METRICS_FLUSH
-        } else {
-            Duration::ZERO
-        };
+        let needs = |wants: fn(&Config) -> bool| config.is_some_and(wants);
+        // The fastest period anything needs (none: no timer).
+        let wanted = [
+            (busy || store_busy || needs(|c| c.needs_timer)).then_some(DELIVERY_TICK),
+            needs(|c| c.tracing.is_some()).then_some(TRACE_TICK),
+            etcd.then_some(remote::LEASE_TICK),
+            needs(|c| c.metrics).then_some(METRICS_FLUSH),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(Duration::ZERO);
         if wanted != self.tick {
             self.host.set_tick_period(wanted);
             self.tick = wanted;

@@ -22,7 +22,7 @@ use crate::answer::Answer;
 use crate::cell::with_mut;
 use crate::config::{BodyWait, Config};
 use crate::dedupe::claim::Claim;
-use crate::deliveries::{Finished, InLine, Job, Variant};
+use crate::deliveries::{Finished, InLine, Job, JobSpans, Variant};
 use crate::host::Host;
 use crate::pipeline::{Actor, Continued, Pipeline};
 use crate::recipients::{self, Incoming};
@@ -66,6 +66,8 @@ pub struct Stream<H> {
     stage: Stage,
     /// When the request's headers arrived, on the host's clock.
     started_ms: u64,
+    /// Its spans, when `tracing` is on and the request is traced.
+    spans: Option<Box<JobSpans>>,
 }
 
 impl<H: Host> Stream<H> {
@@ -88,6 +90,7 @@ impl<H: Host> Stream<H> {
             pipeline,
             stage: Stage::Headers,
             started_ms: 0,
+            spans: None,
         }
     }
 
@@ -98,7 +101,20 @@ impl<H: Host> Stream<H> {
             self.reject(Answer::no_configuration());
             return Flow::Pause;
         };
-        match admit(&config, &self.host.request_headers()) {
+        let headers = self.host.request_headers();
+        let admitted = admit(&config, &headers);
+        if let (Ok(admitted), Some(_)) = (&admitted, &config.tracing) {
+            let channel = config.channel(admitted.channel);
+            self.spans = channel.and_then(|channel| {
+                let subscribers = channel.subscribers.len();
+                let (host, name) = (&self.host, channel.name.as_str());
+                with_mut(&self.pipeline, |p| {
+                    p.traced(host, &headers, name, subscribers)
+                })
+                .flatten()
+            });
+        }
+        match admitted {
             Err(answer) => self.reject(answer),
             // A request without a body: its headers are all there is.
             Ok(admitted) if end_of_stream => self.fan_out(&config, admitted, Vec::new()),
@@ -299,6 +315,9 @@ impl<H: Host> Stream<H> {
                 return;
             }
         };
+        if let Some(spans) = &mut self.spans {
+            spans.structured_event(event.attributes.as_ref(), &body);
+        }
         let request = Incoming {
             log_id: self.id,
             started_ms: self.started_ms,
@@ -336,6 +355,7 @@ impl<H: Host> Stream<H> {
             claims: None,
             unrecorded: false,
             line: InLine::default(),
+            spans: self.spans.take(),
         };
         self.begin(job, recipients.claim);
     }

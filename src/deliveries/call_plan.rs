@@ -1,10 +1,13 @@
 //! One call as it is handed to Envoy: the cluster, the timeout, the header list and the body,
 //! for each leg of a subscriber's delivery (the event, its dead letter, its reply). The
 //! headers that do not depend on the request were made at configure time; a call adds the
-//! forwarded ones, `Prefer: reply` and a dead letter's own.
+//! forwarded ones, `Prefer: reply`, a dead letter's own, and the trace context: a traced
+//! call's own `traceparent` (its attempt's span) in place of the sender's, and on a reply
+//! (whose headers are the subscriber's answer's) the sender's when the call is not traced.
 
 use std::borrow::Cow;
 
+use super::spans::CallContext;
 use super::Job;
 use crate::call::Leg;
 use crate::config::Channel;
@@ -24,6 +27,10 @@ pub(super) struct CallPlan<'a, 'c> {
     forwarded: &'a Forwarded,
     /// Forwarded headers the `extra` ones replace (a dead letter's error attributes).
     replaced: Option<fn(&str) -> bool>,
+    /// The call's own trace context (traced), replacing the forwarded one.
+    trace: Option<&'a CallContext>,
+    /// The request's forwarded headers, whose trace context a reply carries when untraced.
+    sender: Option<&'a Forwarded>,
     pub(super) body: Cow<'a, [u8]>,
 }
 
@@ -33,6 +40,7 @@ impl<'a, 'c> CallPlan<'a, 'c> {
         channel: &'c Channel,
         index: usize,
         leg: Leg,
+        trace: Option<&'a CallContext>,
     ) -> Option<CallPlan<'a, 'c>> {
         let sub = channel.subscribers.get(index)?;
         // The event as this subscriber takes it (`delivery.format`); its dead letter carries
@@ -47,6 +55,8 @@ impl<'a, 'c> CallPlan<'a, 'c> {
                 extra: Vec::new(),
                 forwarded,
                 replaced: None,
+                trace,
+                sender: None,
                 body: Cow::Borrowed(body),
             },
             Leg::DeadLetter => {
@@ -60,6 +70,8 @@ impl<'a, 'c> CallPlan<'a, 'c> {
                     extra: letter.headers,
                     forwarded,
                     replaced: Some(crate::dead_letter::replaces),
+                    trace,
+                    sender: None,
                     body: letter.body.map_or(Cow::Borrowed(body), Cow::Owned),
                 }
             }
@@ -74,6 +86,8 @@ impl<'a, 'c> CallPlan<'a, 'c> {
                     extra: Vec::new(),
                     forwarded: &reply.headers,
                     replaced: None,
+                    trace,
+                    sender: Some(forwarded),
                     body: Cow::Borrowed(&reply.body),
                 }
             }
@@ -87,16 +101,28 @@ impl<'a, 'c> CallPlan<'a, 'c> {
             self.base.len()
                 + usize::from(prefer.is_some())
                 + self.extra.len()
-                + self.forwarded.len(),
+                + self.forwarded.len()
+                + 2,
         );
         headers.extend(pairs(self.base));
         headers.extend(prefer.map(|(name, value)| (name, value.as_bytes())));
         headers.extend(pairs(&self.extra));
-        match self.replaced {
-            None => headers.extend(self.forwarded.iter()),
-            Some(replaced) => {
-                headers.extend(self.forwarded.iter().filter(|(name, _)| !replaced(name)))
+        match (self.trace, self.sender) {
+            (Some(trace), _) => {
+                headers.push(("traceparent", trace.traceparent.as_bytes()));
+                if let Some(state) = &trace.tracestate {
+                    headers.push(("tracestate", state.as_bytes()));
+                }
             }
+            (None, Some(sender)) => headers.extend(sender.iter().filter(|(n, _)| is_trace(n))),
+            (None, None) => {}
+        }
+        let traced = self.trace.is_some();
+        match self.replaced {
+            None if !traced => headers.extend(self.forwarded.iter()),
+            replaced => headers.extend(self.forwarded.iter().filter(|(name, _)| {
+                !(replaced.is_some_and(|replaced| replaced(name)) || traced && is_trace(name))
+            })),
         }
         headers
     }
@@ -106,4 +132,9 @@ fn pairs(headers: &[(String, String)]) -> impl Iterator<Item = (&str, &[u8])> {
     headers
         .iter()
         .map(|(name, value)| (name.as_str(), value.as_bytes()))
+}
+
+/// The W3C trace context's headers.
+fn is_trace(name: &str) -> bool {
+    name == "traceparent" || name == "tracestate"
 }

@@ -14,6 +14,7 @@ use crate::headers::Forwarded;
 use crate::metrics::Tally;
 
 use super::call_end::Ended;
+use super::spans::JobSpans;
 
 /// One event being delivered.
 pub struct Job {
@@ -39,6 +40,8 @@ pub struct Job {
     /// Its calls in `max_concurrent_calls`' line (the deliveries' to keep; start with the
     /// default).
     pub line: InLine,
+    /// Its spans, when the request is traced.
+    pub spans: Option<Box<JobSpans>>,
 }
 
 /// The event converted once, for every subscriber whose `delivery.format` is `format`.
@@ -292,6 +295,7 @@ mod tests {
             claims: None,
             unrecorded: false,
             line: InLine::default(),
+            spans: None,
         }
     }
 

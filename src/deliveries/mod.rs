@@ -17,7 +17,7 @@ use hashbrown::HashMap;
 
 use crate::answer::Answer;
 use crate::call::Leg;
-use crate::call_slots::{CallCap, Slot};
+use crate::call_slots::Slot;
 use crate::config::{AnswerMode, Config};
 use crate::dedupe::settle::Claims;
 use crate::host::Host;
@@ -30,19 +30,26 @@ use job::leg_cluster;
 pub use job::{InLine, Job, Variant};
 pub use owed::Owed;
 use slot_gate::{Pass, SlotGate};
+pub use spans::JobSpans;
+use spans::Tracing;
 
 mod call_end;
 mod call_plan;
+mod caps;
 mod end;
 mod job;
 mod owed;
 mod slot_gate;
+mod spans;
+mod traced;
 
 /// The host's clock, read at most once per callback and only if something needs the time:
-/// a plain success with metrics off costs no clock read (each read is a host call).
+/// a plain success with metrics off costs no clock read (each read is a host call). Spans
+/// read it in nanoseconds (once per callback too).
 struct Clock<'h, H> {
     host: &'h H,
     now: Cell<Option<u64>>,
+    now_ns: Cell<Option<u64>>,
 }
 
 impl<'h, H: Host> Clock<'h, H> {
@@ -50,7 +57,14 @@ impl<'h, H: Host> Clock<'h, H> {
         Clock {
             host,
             now: Cell::new(None),
+            now_ns: Cell::new(None),
         }
+    }
+
+    fn now_ns(&self) -> u64 {
+        let now = self.now_ns.get().unwrap_or_else(|| self.host.now_nanos());
+        self.now_ns.set(Some(now));
+        now
     }
 
     fn now(&self) -> u64 {
@@ -114,6 +128,10 @@ pub struct Deliveries {
     root_of: HashMap<u32, u32>,
     /// Fan-outs that ended with `dedupe` claims, for the settle stage (the pipeline's).
     ended: Vec<Ended>,
+    /// `tracing`: the VM's ids, sampling and exporter (`None`: off).
+    tracing: Option<Tracing>,
+    /// Whether spans dropped are counted (metrics on).
+    count_span_drops: bool,
 }
 
 impl Deliveries {
@@ -128,6 +146,8 @@ impl Deliveries {
             acting_root: None,
             root_of: HashMap::new(),
             ended: Vec::new(),
+            tracing: None,
+            count_span_drops: false,
         }
     }
 
@@ -142,30 +162,6 @@ impl Deliveries {
     pub fn seed_jitter<H: Host>(&mut self, host: &H, root_id: u32) {
         let seed = jitter::seed(&[host.now_nanos(), u64::from(root_id), self.next_job]);
         self.jitter_rng = JitterRng::with_seed(seed);
-    }
-
-    /// Whether a new event whose first calls go to `clusters` fits every capped cluster's
-    /// line (`max_queued_calls`); else the 503 naming the subscriber, counted and warned of
-    /// (at most once per cluster per 10 s).
-    pub fn admit<H: Host>(
-        &mut self,
-        host: &H,
-        config: &Config,
-        clusters: &[&str],
-    ) -> Result<(), Answer> {
-        let Err((refusal, warn)) = self.gate.admit(clusters, || host.now_ms()) else {
-            return Ok(());
-        };
-        if let Some(unlogged) = warn {
-            let earlier = if unlogged > 0 {
-                format!(" ({unlogged} more since the last warning)")
-            } else {
-                String::new()
-            };
-            log::warn!("request refused: {}{earlier}", refusal.message());
-        }
-        self.count(host, config, |tally| tally.refused(&refusal.key));
-        Err(refusal.answer())
     }
 
     /// Starts the fan-out `job` of the request on `stream`: answered at once (async mode, a
@@ -235,8 +231,10 @@ impl Deliveries {
             // so that none of them takes one.
             self.gate.cancel_job(id);
             self.forget_calls(id);
+            let clock = Clock::new(host);
+            self.trace_end(&clock, &mut job, None);
             if let Some(claims) = job.claims.take() {
-                self.ended(&Clock::new(host), id, &job, claims, None);
+                self.ended(&clock, id, &job, claims, None);
             }
             self.count(host, &job.config, |tally| tally.fanout_ended(None));
         }
@@ -278,6 +276,7 @@ impl Deliveries {
         finished.extend(due.into_iter().filter_map(|id| self.pump(host, &clock, id)));
         finished.extend(self.send_released(host, &clock));
         self.report_gauges(host);
+        self.export(host, false);
         finished
     }
 
@@ -333,6 +332,7 @@ impl Deliveries {
         leg: Leg,
         slot: Slot,
     ) {
+        let context = self.trace_call(clock, id, index, leg);
         let Some(job) = self.jobs.get_mut(&id) else {
             self.gate.release(slot);
             return;
@@ -343,7 +343,7 @@ impl Deliveries {
             self.gate.release(slot);
             return;
         };
-        let Some(call) = CallPlan::new(job, &channel, index, leg) else {
+        let Some(call) = CallPlan::new(job, &channel, index, leg, context.as_ref()) else {
             self.gate.release(slot);
             return;
         };
@@ -372,6 +372,7 @@ impl Deliveries {
                     tally.call_ended(cluster, &Err(failure.clone()), None)
                 });
                 self.gate.release(slot);
+                self.trace_ended(clock, id, index, (None, Some(&failure), None));
             }
         }
         self.count(host, &config, |tally| {
@@ -397,36 +398,6 @@ impl Deliveries {
         }
     }
 
-    /// Sends the calls that got a slot since the last tick, in the order they got it; each
-    /// leaves its job's line as it goes.
-    fn send_released<H: Host>(&mut self, host: &H, clock: &Clock<'_, H>) -> Vec<Finished> {
-        let mut finished = Vec::new();
-        while let Some(((id, index, leg), slot)) = self.gate.next_released() {
-            if let Some(job) = self.jobs.get_mut(&id) {
-                job.line.calls = job.line.calls.saturating_sub(1);
-                job.line.left_at = Some(clock.now());
-            }
-            self.send_one(host, clock, id, index, leg, slot);
-            finished.extend(self.pump(host, clock, id));
-        }
-        finished
-    }
-
-    /// Counts how the capped clusters' calls in flight and waiting changed since the last tick.
-    fn report_gauges<H: Host>(&mut self, host: &H) {
-        let gate = &mut self.gate;
-        count_into(&self.telemetry, host, |tally| {
-            gate.report_gauges(|change| {
-                tally.call_gauges(change.cluster, change.in_flight, change.queued)
-            });
-        });
-    }
-
-    /// The caps of a (new) configuration; calls that now have room go out at the next tick.
-    pub fn set_caps(&mut self, caps: &[(String, CallCap)]) {
-        self.gate.set_caps(caps);
-    }
-
     /// The answer to call `token` is being delivered (to whichever context made the call).
     /// It is delivered to the acting context ([`Deliveries::act_for`]).
     pub fn on_response<H: Host>(
@@ -438,6 +409,9 @@ impl Deliveries {
     ) -> Option<Finished> {
         self.root_of.remove(&token);
         self.gate.call_ended(token);
+        if self.export_answered(host, token) {
+            return None;
+        }
         let (id, index) = self.tokens.remove(&token)?;
         let job = self.jobs.get_mut(&id)?;
         let leg = job.fanout.leg_at(index, token)?;
@@ -474,10 +448,17 @@ impl Deliveries {
                 0
             };
         let config = job.config.clone();
+        let traced = job.spans.is_some().then(|| {
+            let failure = ended.end.result.clone().err();
+            (ended.status, failure, ended.end.retry_after_ms)
+        });
         let recorded = job.record(index, token, leg, ended, now)?;
         self.count(host, &config, |tally| {
             recorded.count(tally, cluster, &sub.cluster)
         });
+        if let Some((status, failure, retry_after)) = traced {
+            self.trace_ended(&clock, id, index, (status, failure.as_ref(), retry_after));
+        }
         // A leg that just changed (reply, dead letter) goes out at once.
         self.pump(host, &clock, id)
     }

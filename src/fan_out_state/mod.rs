@@ -165,6 +165,21 @@ impl Call {
     }
 }
 
+/// Where one subscriber's delivery is ([`FanOut::progress`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress<'a> {
+    /// The leg under way, or the last one.
+    pub leg: Leg,
+    pub ended: bool,
+    /// It took the event (and its reply, if any, was passed on).
+    pub delivered: bool,
+    /// Its dead-letter target took the event.
+    pub dead_lettered: bool,
+    pub event_attempts: u32,
+    /// The last failure of the leg (or of the event).
+    pub failure: Option<&'a Failure>,
+}
+
 /// One event's delivery to every subscriber of its channel.
 #[derive(Debug)]
 pub struct FanOut {
@@ -595,6 +610,25 @@ impl FanOut {
             return 0;
         }
         self.count(|state| matches!(state, CallState::Waiting { .. }))
+    }
+
+    /// Where subscriber `index`'s delivery is, for its spans: the leg under way (or the
+    /// last), and, once it ended, how.
+    pub fn progress(&self, index: usize) -> Option<Progress<'_>> {
+        let call = self.calls.get(index)?;
+        Some(Progress {
+            leg: call.leg,
+            ended: call.ended(),
+            delivered: call.state == CallState::Delivered,
+            dead_lettered: call.state == CallState::DeadLettered,
+            event_attempts: call.event_attempts,
+            failure: call.failure(call.leg).or(call.failure(Leg::Event)),
+        })
+    }
+
+    /// Subscribers whose dead-letter target took the event.
+    pub fn dead_lettered(&self) -> usize {
+        self.count(|state| matches!(state, CallState::DeadLettered))
     }
 
     /// The subscribers that failed for good, with their last failure.

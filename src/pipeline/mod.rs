@@ -23,7 +23,8 @@ use crate::answer::Answer;
 use crate::config::Config;
 use crate::dedupe::claim::Claim;
 use crate::dedupe::remote::{self, Remote};
-use crate::deliveries::{Deliveries, Finished, Job, Owed};
+use crate::deliveries::{Deliveries, Finished, Job, JobSpans, Owed};
+use crate::headers::HeaderMap;
 use crate::host::Host;
 use crate::jitter::Jitter;
 use crate::telemetry::{Counter, Telemetry};
@@ -88,6 +89,9 @@ impl Pipeline {
     pub fn configure<H: Host>(&mut self, host: &H, config: &Config, root: u32) {
         remote::prepare(&mut self.etcd, config);
         self.deliveries.set_caps(&config.call_caps);
+        let tracing = config.tracing.as_ref();
+        self.deliveries
+            .configure_tracing(host, tracing, config.metrics, root);
         if config
             .channels
             .iter()
@@ -160,6 +164,23 @@ impl Pipeline {
     /// Root context `root`'s timer, every tick: the etcd store's leases due.
     pub fn tick_leases<H: Host>(&mut self, host: &H, now_ms: u64, config: Option<&Config>) {
         remote::tick(host, now_ms, config, &mut self.etcd);
+    }
+
+    /// The spans of a new request on `channel`, if it is traced (`tracing`).
+    pub fn traced<H: Host>(
+        &mut self,
+        host: &H,
+        headers: &HeaderMap,
+        channel: &str,
+        subscribers: usize,
+    ) -> Option<Box<JobSpans>> {
+        self.deliveries.traced(host, headers, channel, subscribers)
+    }
+
+    /// Root context `root` goes away: the spans held leave now.
+    pub fn flush_spans<H: Host>(&mut self, host: &H, root: u32) {
+        self.deliveries.act_for(Some(root));
+        self.deliveries.export(host, true);
     }
 
     /// What the root made of `stream`'s request while the stream waited for its claim, if it

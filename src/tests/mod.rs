@@ -17,6 +17,7 @@ mod metrics;
 mod replies;
 mod retries;
 mod shutdown;
+mod tracing;
 
 use std::cell::RefCell;
 use std::rc::Rc;

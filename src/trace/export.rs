@@ -72,6 +72,18 @@ impl Exporter {
         }
     }
 
+    /// New settings (a configuration update): the spans held and the export in flight stay;
+    /// past a smaller buffer, the newest are dropped.
+    pub fn reconfigure(&mut self, settings: ExportSettings) {
+        let room = settings.max_queue_spans.saturating_sub(self.in_flight);
+        if self.queue.len() > room {
+            let over = self.queue.len() - room;
+            self.queue.truncate(room);
+            self.drop_spans(over);
+        }
+        self.settings = settings;
+    }
+
     /// A span that ended, at `now_ms`; dropped (and counted) when the buffer is full.
     pub fn record(&mut self, span: otlp::Span, now_ms: u64) {
         if self.queue.len() + self.in_flight >= self.settings.max_queue_spans {

@@ -1,0 +1,173 @@
+//! Where the deliveries meet their spans ([`spans`](super::spans)): the VM's tracing set by
+//! the configuration, a traced request's spans made, each call's attempt opened and ended,
+//! a fan-out's spans ended with it, and the exporter's batches sent from the root context's
+//! timer. With `tracing` off every entry here returns at its first line.
+
+use std::time::Duration;
+
+use super::spans::{CallContext, JobSpans, Tracing};
+use super::{Clock, Deliveries, Job};
+use crate::answer::Answer;
+use crate::call::{Failure, Leg};
+use crate::config::TracingConfig;
+use crate::headers::HeaderMap;
+use crate::host::Host;
+use crate::jitter;
+use crate::telemetry::count_into;
+use crate::trace::Verdict;
+
+/// The status a fan-out's span ends with when its sender went away before the answer
+/// (nginx's "client closed request": no answer was sent).
+const CLIENT_GONE: u16 = 499;
+
+impl Deliveries {
+    /// The tracing of a (new) configuration (`None`: off; spans of fan-outs under way are
+    /// then dropped as they end).
+    pub fn configure_tracing<H: Host>(
+        &mut self,
+        host: &H,
+        config: Option<&TracingConfig>,
+        metrics: bool,
+        root: u32,
+    ) {
+        let Some(config) = config else {
+            self.tracing = None;
+            return;
+        };
+        let seed = jitter::seed(&[host.now_nanos(), u64::from(root), 0x0074_7261_6365]);
+        match &mut self.tracing {
+            Some(tracing) => tracing.reconfigure(config, seed),
+            None => self.tracing = Some(Tracing::new(config, seed)),
+        }
+        self.count_span_drops = metrics;
+    }
+
+    /// The spans of a new request on `channel` (`headers` its headers), if tracing is on and
+    /// the request is traced.
+    pub fn traced<H: Host>(
+        &mut self,
+        host: &H,
+        headers: &HeaderMap,
+        channel: &str,
+        subscribers: usize,
+    ) -> Option<Box<JobSpans>> {
+        let tracing = self.tracing.as_mut()?;
+        tracing.request(headers, channel, subscribers, host.now_nanos())
+    }
+
+    /// Job `id`'s call to subscriber `index` (`leg`) goes out: its attempt's span, and the
+    /// context the call carries.
+    pub(super) fn trace_call<H: Host>(
+        &mut self,
+        clock: &Clock<'_, H>,
+        id: u64,
+        index: usize,
+        leg: Leg,
+    ) -> Option<CallContext> {
+        let tracing = self.tracing.as_mut()?;
+        let job = self.jobs.get_mut(&id)?;
+        let spans = job.spans.as_mut()?;
+        let sub = job.channel.subscribers.get(index)?;
+        spans.call(tracing, sub, index, leg, clock.now_ns())
+    }
+
+    /// Job `id`'s call to subscriber `index` ended (recorded in its fan-out already).
+    pub(super) fn trace_ended<H: Host>(
+        &mut self,
+        clock: &Clock<'_, H>,
+        id: u64,
+        index: usize,
+        ended: (Option<u16>, Option<&Failure>, Option<u64>),
+    ) {
+        let (Some(tracing), Some(job)) = (self.tracing.as_mut(), self.jobs.get_mut(&id)) else {
+            return;
+        };
+        let (Some(spans), Some(progress)) = (job.spans.as_mut(), job.fanout.progress(index)) else {
+            return;
+        };
+        let (status, failure, retry_after_ms) = ended;
+        spans.call_ended(
+            tracing,
+            index,
+            status,
+            failure,
+            retry_after_ms,
+            progress,
+            clock.now_ns(),
+        );
+    }
+
+    /// `job` ended (removed from the deliveries) with `answer` (`None`: its sender went
+    /// away): its spans end.
+    pub(super) fn trace_end<H: Host>(
+        &mut self,
+        clock: &Clock<'_, H>,
+        job: &mut Job,
+        answer: Option<&Answer>,
+    ) {
+        let (Some(tracing), Some(spans)) = (self.tracing.as_mut(), job.spans.take()) else {
+            return;
+        };
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let verdict = Verdict {
+            status: answer.map_or(CLIENT_GONE, |a| u16::try_from(a.status).unwrap_or(u16::MAX)),
+            subscribers: count(job.channel.subscribers.len()),
+            failed: count(job.fanout.failures().count()),
+            dead_lettered: count(job.fanout.dead_lettered()),
+        };
+        let fanout = &job.fanout;
+        spans.end(tracing, &verdict, |i| fanout.progress(i), clock.now_ns());
+    }
+
+    /// The answer to call `token`, if it is the exporter's: taken, and `true`.
+    pub(super) fn export_answered<H: Host>(&mut self, host: &H, token: u32) -> bool {
+        self.tracing
+            .as_mut()
+            .is_some_and(|tracing| tracing.export_answered(token, || host.call_status()))
+    }
+
+    /// The root context's timer: the batch of spans due goes to the collector (`flush`:
+    /// whatever is held, the VM is going away), a warning for spans lost is logged when due,
+    /// and the losses are counted (`fanout.tracing.spans_dropped`).
+    pub fn export<H: Host>(&mut self, host: &H, flush: bool) {
+        let Some(tracing) = self.tracing.as_mut() else {
+            return;
+        };
+        let now = host.now_ms();
+        if let Some(export) = tracing.export_due(now, flush) {
+            let headers = export
+                .headers
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_bytes()))
+                .collect();
+            let timeout = Duration::from_millis(u64::from(export.timeout_ms));
+            let token = match host.dispatch(&export.cluster, headers, &export.body, timeout) {
+                Ok(token) => Some(token),
+                Err(failure) => {
+                    log::debug!(
+                        "tracing: the export of {} spans to cluster {} was refused: {failure}",
+                        export.spans,
+                        export.cluster
+                    );
+                    None
+                }
+            };
+            if let (Some(token), Some(root)) = (token, self.acting_root) {
+                self.root_of.insert(token, root);
+            }
+            tracing.exported(token);
+        }
+        let (warning, dropped) = tracing.losses(now);
+        if let Some(warning) = warning {
+            log::warn!("{warning}");
+        }
+        if dropped > 0 && self.count_span_drops {
+            count_into(&self.telemetry, host, |tally| tally.spans_dropped(dropped));
+        }
+    }
+
+    /// Whether the exporter holds spans or waits for the collector.
+    pub fn tracing_busy(&self) -> bool {
+        self.tracing.as_ref().is_some_and(Tracing::busy)
+    }
+}
