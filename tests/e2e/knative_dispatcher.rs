@@ -574,8 +574,9 @@ fn compared(name: &str) -> bool {
 
 /// Suite-wide: Knative expects a `traceparent` on every request its dispatcher sends.
 const TRACEPARENT_WHY: &str = "Knative's dispatcher starts a span per call and sends its \
-     traceparent; fanout starts none and passes the sender's trace context on (docs/knative.md, \
-     W3C trace context row); these senders send none";
+     traceparent; fanout without `tracing` starts none and passes the sender's trace context \
+     on (docs/knative.md, W3C trace context row), and these senders send none. With \
+     `tracing` every call carries its own (event_dispatcher_send_event_traced)";
 
 const PREFER_WHY: &str = "Prefer: reply goes only to a subscriber with a reply target, where \
      a reply is passed on (docs/knative.md, Prefer row); Knative sends it to every destination";
@@ -1046,12 +1047,18 @@ fn dispatch_request(case: &DispatchCase, index: usize) -> (Vec<(String, String)>
     (headers, body)
 }
 
-/// Asserts that `got` is what `want` says, with `deviations` (and the suite-wide
-/// `traceparent`) applied.
-fn assert_request(what: &str, got: &Recorded, want: &Expected, deviations: &[&Deviation]) {
+/// Asserts that `got` is what `want` says, with `deviations` (and, untraced, the
+/// suite-wide `traceparent`) applied.
+fn assert_request(
+    what: &str,
+    got: &Recorded,
+    want: &Expected,
+    deviations: &[&Deviation],
+    traced: bool,
+) {
     let mut expected: BTreeMap<&str, V> = want.headers.iter().cloned().collect();
     let mut why: BTreeMap<&str, &str> = BTreeMap::new();
-    if expected.contains_key("traceparent") {
+    if expected.contains_key("traceparent") && !traced {
         expected.insert("traceparent", V::Absent);
         why.insert("traceparent", TRACEPARENT_WHY);
     }
@@ -1098,6 +1105,19 @@ fn assert_request(what: &str, got: &Recorded, want: &Expected, deviations: &[&De
 
 #[test]
 fn event_dispatcher_send_event() {
+    replay_send_event(false);
+}
+
+/// The same table with `tracing` on (every request sampled, as Knative's dispatcher starts a
+/// span for each): every request fanout sends carries a `traceparent`, as Knative's test
+/// expects of each, the reply of "destination and reply" included. The collector is a
+/// closed port: its spans are lost, which changes nothing else.
+#[test]
+fn event_dispatcher_send_event_traced() {
+    replay_send_event(true);
+}
+
+fn replay_send_event(traced: bool) {
     struct Running {
         servers: BTreeMap<Leg, Subscriber>,
         host: String,
@@ -1154,7 +1174,13 @@ fn event_dispatcher_send_event() {
     }
     // Knative's dispatcher is given no retry config in these cases: no retries. Every
     // forwarded header as fanout's default selects them (knative-*, x-request-id, ce-*).
-    let envoy = as_shipped(builder.fanout(&json!({ "channels": channels }))).start();
+    let mut config = json!({ "channels": channels });
+    if traced {
+        let closed = harness::free_ports(1)[0];
+        builder = builder.cluster("otel", closed);
+        config["tracing"] = json!({ "collector": { "cluster": "otel" }, "sampling_ratio": 1.0 });
+    }
+    let envoy = as_shipped(builder.fanout(&config)).start();
     for (i, (case, run)) in cases.iter().zip(&running).enumerate() {
         let what = case.knative.as_str();
         let (headers, body) = dispatch_request(case, i);
@@ -1218,6 +1244,7 @@ fn event_dispatcher_send_event() {
                 &server.requests()[0],
                 &want,
                 &deviations,
+                traced,
             );
         }
     }
