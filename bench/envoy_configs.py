@@ -214,7 +214,7 @@ def sub_clusters(n, sub_port):
 
 
 def fanout_json(n, metrics=True, timeout_ms=30000, dedupe=False, call_cap=None, format=None,
-                etcd_port=None):
+                etcd_port=None, tracing=False):
     conf = {
         "timeout_ms": timeout_ms,
         "metrics": metrics,
@@ -238,6 +238,10 @@ def fanout_json(n, metrics=True, timeout_ms=30000, dedupe=False, call_cap=None, 
         # One subscriber (the last) takes the event in the other content mode: the
         # conversion, once per request (the bench sends binary mode).
         conf["subscribers"][-1]["delivery"] = {"format": format}
+    if tracing:
+        # Every request traced (the bench sends no traceparent): the spans of each request,
+        # delivery and attempt, exported to the subscriber Envoy, which answers 202.
+        conf["tracing"] = {"collector": {"cluster": "otel"}, "sampling_ratio": 1.0}
     return json.dumps(conf)
 
 
@@ -265,14 +269,17 @@ def floor_conf(n, extras=()):
 
 
 def system(kind, n, port, admin_port, sub_port, wasm, metrics=True, timeout_ms=30000,
-           dedupe=False, build=None, extras=(), call_cap=None, format=None, etcd_port=None):
+           dedupe=False, build=None, extras=(), call_cap=None, format=None, etcd_port=None,
+           tracing=False):
     """The Envoy configuration of one system under test. `wasm`: the modules by name
     ("fanout", "noop", "floor", and "fanout-<build>" for each other build of fanout)."""
     name = "bench"
     clusters = sub_clusters(n, sub_port)
     names = [c["name"] for c in clusters]
     if kind == "fanout":
-        conf = fanout_json(n, metrics, timeout_ms, dedupe, call_cap, format, etcd_port)
+        conf = fanout_json(n, metrics, timeout_ms, dedupe, call_cap, format, etcd_port, tracing)
+        if tracing:
+            clusters.append(cluster("otel", sub_port))
         path = wasm[f"fanout-{build}"] if build else wasm["fanout"]
         filters, routes = [wasm_filter("fanout", path, conf)], TRIPWIRE
     elif kind == "floor":

@@ -306,6 +306,24 @@ def _hostcall_fit(hc, metrics):
 
 # ---------------------------------------------------------------------------------------------
 
+def _traced_per_subscriber(w, tp):
+    """Tracing's price per extra subscriber (CPU at N=4 - CPU at N=1) / 3, traced against
+    untraced, and the target: at most 1.10x."""
+    cpu = {k: _get(tp, k, "cpu_us_per_req") for k in
+           ("fanout/1", "fanout/4", "fanout-traced/1", "fanout-traced/4")}
+    if any(v is None for v in cpu.values()):
+        return
+    off = (cpu["fanout/4"] - cpu["fanout/1"]) / 3
+    on = (cpu["fanout-traced/4"] - cpu["fanout-traced/1"]) / 3
+    if off <= 0:
+        return
+    ratio = on / off
+    verdict = "within" if ratio <= 1.10 else "OVER"
+    w(f"Tracing at 100 % sampling: {on:.1f} us of CPU per extra subscriber against {off:.1f} "
+      f"untraced, {ratio:.2f}x ({verdict} the 1.10x target); per request at N=1 "
+      f"{cpu['fanout-traced/1'] / cpu['fanout/1']:.2f}x.\n")
+
+
 def _f(v, fmt="{:.0f}"):
     return "–" if v is None else fmt.format(v)
 
@@ -591,6 +609,8 @@ def markdown(results, chart="chart.svg"):
         ("fanout-dedupe/4", "fanout N=4, dedupe on (a new `ce-id` per request)"),
         ("fanout-cap/4", "fanout N=4, `max_concurrent_calls` that never binds (vs `fanout/4`: the cap's bookkeeping)"),
         ("fanout-format/4", "fanout N=4, one subscriber `delivery.format: structured` (vs `fanout/4`: one conversion per request)"),
+        ("fanout-traced/1", "fanout N=1, `tracing` at 100 % sampling (vs `fanout/1`)"),
+        ("fanout-traced/4", "fanout N=4, `tracing` at 100 % sampling (vs `fanout/4`)"),
         ("fanout-64k/4", "fanout N=4, 64 KiB body"),
         ("mirror-64k/4", "mirror N=4, 64 KiB body"),
         ("proxy-64k/1", "plain proxy, 64 KiB body"),
@@ -601,6 +621,7 @@ def markdown(results, chart="chart.svg"):
               f"{_f(_get(tp, key, 'p99_ms'), '{:.2f}')} | {_f(_get(tp, key, 'cpu_us_per_req'))} | "
               f"{_f(_get(tp, key, 'peak_rss_mb'))} |")
     w("")
+    _traced_per_subscriber(w, tp)
 
     if lat:
         ex = d.get("latency_excess_ms") or {"fanout": {}, "mirror": {}}

@@ -677,6 +677,10 @@ def throughput_specs(builds):
               ("fanout-dedupe-etcd-disk/4", "fanout", 4, {"etcd": "disk"}),
               ("fanout-cap/4", "fanout", 4, {"call_cap": 100000}),
               ("fanout-format/4", "fanout", 4, {"format": "structured"}),
+              # `tracing` at 100 % sampling against fanout/1 and fanout/4 (issue 37's
+              # target: at most 1.10x the CPU per subscriber).
+              ("fanout-traced/1", "fanout", 1, {"tracing": True}),
+              ("fanout-traced/4", "fanout", 4, {"tracing": True}),
               ("fanout-64k/4", "fanout", 4, {}), ("mirror-64k/4", "mirror", 4, {}),
               ("proxy-64k/1", "proxy", 1, {})]
     return specs

@@ -1,5 +1,6 @@
 //! Prints, as JSON, the host calls `fanout` makes for one request answered 202, for
-//! N = 0, 1, 4, 16, 64 subscribers, with metrics on and off.
+//! N = 0, 1, 4, 16, 64 subscribers, with metrics on and off, and with `tracing` at 100 %
+//! sampling (metrics off; its rows say `"tracing": true`).
 //!
 //! Each request: headers (not end of stream), one body callback with end of stream and a
 //! 1 KiB body, then one 200 answer per subscriber. Metrics are flushed on the root's tick;
@@ -41,12 +42,17 @@ fn request_headers() -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-fn measure(n: usize, metrics: bool) -> String {
+fn measure(n: usize, metrics: bool, tracing: bool) -> String {
     let subscribers: Vec<String> = (0..n)
         .map(|i| format!(r#"{{"cluster": "sub_{i}"}}"#))
         .collect();
+    let traced = if tracing {
+        r#""tracing": {"collector": {"cluster": "otel"}, "sampling_ratio": 1.0}, "#
+    } else {
+        ""
+    };
     let config = format!(
-        r#"{{"metrics": {metrics}, "timeout_ms": 5000, "subscribers": [{}]}}"#,
+        r#"{{{traced}"metrics": {metrics}, "timeout_ms": 5000, "subscribers": [{}]}}"#,
         subscribers.join(",")
     );
     let host = FakeHost::default();
@@ -91,22 +97,28 @@ fn measure(n: usize, metrics: bool) -> String {
         r#""set_effective_context (SDK)": {}"#,
         sdk_calls as f64 / REQUESTS as f64
     ));
+    let tracing = if tracing { r#""tracing": true, "# } else { "" };
     format!(
-        r#"{{"subscribers": {n}, "metrics": {metrics}, "per_request": {}, "by_call": {{{}}}}}"#,
+        r#"{{"subscribers": {n}, "metrics": {metrics}, {tracing}"per_request": {}, "by_call": {{{}}}}}"#,
         total as f64 / REQUESTS as f64,
         by_call.join(", ")
     )
 }
 
-/// `FANOUT_HOSTCALLS_ONLY=N,METRICS` (e.g. `0,true`): that configuration alone, for a native
+/// `FANOUT_HOSTCALLS_ONLY=N,METRICS` (e.g. `0,true`; `4,tracing` for a traced one): that configuration alone, for a native
 /// instruction profile of fanout's own code per request (bench/README.md).
 fn main() {
     let only = std::env::var("FANOUT_HOSTCALLS_ONLY").ok();
     let mut rows = Vec::new();
-    for metrics in [true, false] {
+    for (metrics, tracing) in [(true, false), (false, false), (false, true)] {
         for n in [0, 1, 4, 16, 64] {
-            if only.as_ref().is_none_or(|o| *o == format!("{n},{metrics}")) {
-                rows.push(measure(n, metrics));
+            let key = if tracing {
+                format!("{n},tracing")
+            } else {
+                format!("{n},{metrics}")
+            };
+            if only.as_ref().is_none_or(|o| *o == key) {
+                rows.push(measure(n, metrics, tracing));
             }
         }
     }
