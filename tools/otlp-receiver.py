@@ -4,8 +4,8 @@
 
 Each span it decodes is written as one JSON line to --out (ids in lowercase hex, attributes
 as a flat object, the resource's attributes too), and each export as a line of kind
-"export" (path, content-type, span count), so a test or a person can read what a filter
-sent. It answers 200 with an empty ExportTraceServiceResponse; 415 to another content type,
+"export" (path, content-type, authority, the request's headers, span count), so a test or a
+person can read what a filter sent. It answers 200 with an empty ExportTraceServiceResponse; 415 to another content type,
 400 to a body that does not decode. Listens on 127.0.0.1; --port 0 picks a free port, which
 it prints as "listening on PORT" once it accepts connections.
 
@@ -84,7 +84,8 @@ class Handler(BaseHTTPRequestHandler):
                 for span in scope_spans.spans:
                     lines.append(span_line(resource, scope_spans.scope, span))
         export = {"kind": "export", "path": self.path, "content_type": content_type,
-                  "authority": self.headers.get("host", ""), "spans": len(lines)}
+                  "authority": self.headers.get("host", ""), "spans": len(lines),
+                  "headers": {name.lower(): value for name, value in self.headers.items()}}
         with LOCK, open(self.server.out, "a", encoding="utf-8") as out:
             for line in [export] + lines:
                 out.write(json.dumps(line, sort_keys=True) + "\n")

@@ -15,12 +15,19 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+ERROR = "#d9534f"
+# Bars by span kind: the request and the deliveries (server, producer), the HTTP attempts.
+COLOURS = {"SPAN_KIND_CLIENT": "#7fbf7f"}
+DELIVERY = "#5b8def"
 
 # What a row says after its duration, in this order, when the span has it.
 NOTES = [
     ("http.response.status_code", "{}"),
     ("http.request.resend_count", "retry {}"),
     ("fanout.backoff_ms", "after {} ms backoff"),
+    ("fanout.retry_after_ms", "Retry-After asked {} ms"),
     ("fanout.attempts", "attempts: {}"),
     ("fanout.dead_lettered", None),
 ]
@@ -33,7 +40,7 @@ def rows(spans):
     for s in spans:
         children.setdefault(s["parent_span_id"], []).append(s)
     for kids in children.values():
-        kids.sort(key=lambda s: s["start_ns"])
+        kids.sort(key=lambda s: (s["start_ns"], s["name"]))
     out = []
 
     def walk(span, depth):
@@ -41,7 +48,8 @@ def rows(spans):
         for child in children.get(span["span_id"], []):
             walk(child, depth + 1)
 
-    for root in sorted((s for s in spans if s["parent_span_id"] not in ids), key=lambda s: s["start_ns"]):
+    roots = [s for s in spans if s["parent_span_id"] not in ids]
+    for root in sorted(roots, key=lambda s: (s["start_ns"], s["name"])):
         walk(root, 0)
     return out
 
@@ -50,6 +58,8 @@ def note(span):
     attrs = span["attributes"]
     words = []
     for key, fmt in NOTES:
+        if key == "http.response.status_code" and span["span_kind"] == "SPAN_KIND_SERVER":
+            fmt = "answered {}"
         if key in attrs:
             if key == "fanout.dead_lettered":
                 if attrs[key]:
@@ -81,9 +91,9 @@ def main():
     fig, ax = plt.subplots(figsize=(12, 0.42 * len(table) + 1.2))
     for i, (depth, span) in enumerate(table):
         start = (span["start_ns"] - t0) / 1e6
-        width = max((span["end_ns"] - span["start_ns"]) / 1e6, total_ms / 400)
+        width = max((span["end_ns"] - span["start_ns"]) / 1e6, total_ms / 250)
         error = span["status"]["code"] == "STATUS_CODE_ERROR"
-        colour = "#d9534f" if error else ("#5b8def" if span["span_kind"] != "SPAN_KIND_CLIENT" else "#7fbf7f")
+        colour = ERROR if error else COLOURS.get(span["span_kind"], DELIVERY)
         ax.barh(i, width, left=start, height=0.6, color=colour)
         label = f"{(span['end_ns'] - span['start_ns']) / 1e6:.1f} ms"
         extra = note(span)
@@ -91,11 +101,15 @@ def main():
         ax.text(-0.3 + 0.025 * depth, i, span["name"], va="center", ha="left", fontsize=9,
                 family="monospace", transform=ax.get_yaxis_transform())
     ax.set_ylim(len(table) - 0.4, -0.6)
-    ax.set_xlim(0, total_ms * 1.35)
+    ax.set_xlim(0, total_ms * 1.45)
     ax.set_yticks([])
     ax.set_xlabel("ms since the request arrived")
     resource = spans[0].get("resource", {}).get("service.name", "")
     ax.set_title(f"trace {trace}  ({resource}, {len(spans)} spans)", fontsize=10)
+    legend = [Patch(color=DELIVERY, label="request, delivery, reply, dead letter"),
+              Patch(color=COLOURS["SPAN_KIND_CLIENT"], label="HTTP attempt"),
+              Patch(color=ERROR, label="error")]
+    ax.legend(handles=legend, loc="lower right", fontsize=8, frameon=False)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     fig.subplots_adjust(left=0.3, right=0.98)

@@ -3,8 +3,9 @@
 //! in the same venv as the CloudEvents SDK) and writes each span as a JSON line. Started in
 //! its own process group on loopback, stopped (SIGKILL) when the guard drops.
 //!
-//! [`OtlpReceiver::spans`] reads what arrived; [`SpanTree`] answers the questions a test asks
-//! of one trace: the root, a span's children, a span by name.
+//! [`OtlpReceiver::spans`] reads what arrived, [`OtlpReceiver::wait_for_trace`] waits for one
+//! trace's spans to arrive; [`SpanTree`] answers the questions a test asks of one trace: the
+//! root, a span's children, a span by name or id, whether children lie within their parents.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
@@ -145,6 +146,21 @@ impl OtlpReceiver {
         .unwrap_or_else(|| panic!("{} spans after {timeout:?}, wanted {n}", self.spans().len()))
     }
 
+    /// Waits (bounded) until `n` spans of `trace_id` arrived; returns that trace. Batches
+    /// leave a worker about a second after their spans end, on Envoy's coarse timer: give it
+    /// seconds, not milliseconds.
+    pub fn wait_for_trace(&self, trace_id: &str, n: usize, timeout: Duration) -> SpanTree {
+        poll_until(timeout, Duration::from_millis(20), || {
+            Some(SpanTree::of(&self.spans(), trace_id)).filter(|t| t.spans.len() >= n)
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "{n} spans of trace {trace_id} not received within {timeout:?}; received: {:#?}",
+                self.spans()
+            )
+        })
+    }
+
     /// The file the spans are written to (JSON lines), e.g. for `tools/trace-waterfall.py`.
     pub fn spans_file(&self) -> std::path::PathBuf {
         self.dir.path().join("spans.jsonl")
@@ -199,6 +215,42 @@ impl SpanTree {
             .collect();
         children.sort_by_key(|s| s.start_ns);
         children
+    }
+
+    /// The names of `span`'s children, by start time.
+    pub fn names_under(&self, span: &ReceivedSpan) -> Vec<&str> {
+        self.children(span)
+            .into_iter()
+            .map(|s| s.name.as_str())
+            .collect()
+    }
+
+    /// The span with this id, if it is in the trace.
+    pub fn by_id(&self, span_id: &str) -> Option<&ReceivedSpan> {
+        self.spans.iter().find(|s| s.span_id == span_id)
+    }
+
+    /// Every span ends at or after its start, and lies within its parent's time when the
+    /// parent is in the trace.
+    pub fn assert_nested(&self) {
+        for span in &self.spans {
+            assert!(
+                span.start_ns > 0 && span.end_ns >= span.start_ns,
+                "{span:#?}"
+            );
+            if let Some(parent) = self.by_id(&span.parent_span_id) {
+                assert!(
+                    parent.start_ns <= span.start_ns && span.end_ns <= parent.end_ns,
+                    "{:?} ({}..{}) is not within its parent {:?} ({}..{})",
+                    span.name,
+                    span.start_ns,
+                    span.end_ns,
+                    parent.name,
+                    parent.start_ns,
+                    parent.end_ns
+                );
+            }
+        }
     }
 
     /// The one span named `name`.
