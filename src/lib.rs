@@ -45,6 +45,7 @@ pub mod request;
 pub mod cell;
 pub mod host;
 pub mod telemetry;
+pub mod timer;
 // The orchestration, generic over the host: the plugin, one request, who gets its event,
 // the deliveries in flight, dedupe's claims settled.
 pub mod deliveries;

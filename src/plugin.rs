@@ -39,7 +39,6 @@ pub struct Plugin<H> {
     /// This worker's counts, shared with its streams; flushed to Envoy on the timer.
     telemetry: Rc<RefCell<Telemetry>>,
     pipeline: Rc<RefCell<Pipeline>>,
-    tick: Duration,
     last_flush_ms: u64,
     /// The VM's newest configured root context and whether its timer runs (see `on_tick`).
     newest: Rc<Cell<(u32, bool)>>,
@@ -97,7 +96,6 @@ impl<H: Host + Clone> Plugin<H> {
             config: None,
             pipeline: shared.pipeline,
             telemetry: shared.telemetry,
-            tick: Duration::ZERO,
             last_flush_ms: 0,
             newest: shared.newest,
             retiring: false,
@@ -186,7 +184,10 @@ impl<H: Host + Clone> Plugin<H> {
         with_mut(&self.pipeline, |p| {
             p.tick_leases(&self.host, now, self.config.as_deref())
         });
-        if self.tick >= METRICS_FLUSH || now.saturating_sub(self.last_flush_ms) >= 1000 {
+        let period = self.pipeline.try_borrow().map(|p| p.timer(self.id));
+        if period.is_ok_and(|p| p >= METRICS_FLUSH)
+            || now.saturating_sub(self.last_flush_ms) >= 1000
+        {
             with_mut(&self.telemetry, |telemetry| telemetry.flush(&self.host));
             self.last_flush_ms = now;
         }
@@ -235,6 +236,9 @@ impl<H: Host + Clone> Plugin<H> {
             }
         }
         self.retiring = self.owes_calls();
+        if !self.retiring {
+            with_mut(&self.pipeline, |p| p.forget_root(self.id));
+        }
         !self.retiring
     }
 
@@ -245,6 +249,7 @@ impl<H: Host + Clone> Plugin<H> {
             return false;
         }
         self.retired = true;
+        with_mut(&self.pipeline, |p| p.forget_root(self.id));
         log::info!("retired plugin: its last call was answered");
         true
     }
@@ -304,12 +309,7 @@ impl<H: Host + Clone> Plugin<H> {
         .flatten()
         .min()
         .unwrap_or(Duration::ZERO);
-        if wanted != self.tick {
-            self.host.set_tick_period(wanted);
-            self.tick = wanted;
-        }
-        let fast = self.tick == DELIVERY_TICK;
-        with_mut(&self.pipeline, |p| p.timer_is(fast));
+        with_mut(&self.pipeline, |p| p.set_timer(&self.host, self.id, wanted));
         if self.newest.get().0 == self.id {
             self.newest.set((self.id, wanted != Duration::ZERO));
         }

@@ -45,9 +45,6 @@ pub struct Remote {
     in_flight: Vec<(u32, u64, Vec<Sent>)>,
     last_warning_ms: Option<u64>,
     unlogged: u32,
-    /// Whether the root's timer runs at [`SETTLE_TICK`] (kept by the plugin; set when a
-    /// queued settle asks for it).
-    fast_timer: bool,
 }
 
 /// A settle sent: its context id (for log lines), whether counted in the metrics, and the
@@ -89,19 +86,10 @@ impl Remote {
         }
     }
 
-    /// A settle owed, sent at the next tick. If the root's timer is slow, asks for the fast
-    /// one (`host` in whichever context queues it: a stream's timer calls set its root's).
-    pub fn queue<H: Host>(&mut self, host: &H, settle: RemoteSettle) {
+    /// A settle owed, sent at the next tick (the caller quickens the timer to
+    /// [`SETTLE_TICK`]).
+    pub fn queue(&mut self, settle: RemoteSettle) {
         self.queued.push(settle);
-        self.wake(host);
-    }
-
-    /// Asks for the fast timer (from any context), if it is not running.
-    pub fn wake<H: Host>(&mut self, host: &H) {
-        if !self.fast_timer {
-            host.set_tick_period(SETTLE_TICK);
-            self.fast_timer = true;
-        }
     }
 
     /// Settles queued or in flight: work the process still owes.
@@ -144,11 +132,6 @@ impl Remote {
     /// (a grant pending, or none granted).
     pub fn wants_fast_timer(&self) -> bool {
         self.owed() > 0 || !self.families.is_empty() && !self.leases.all_granted()
-    }
-
-    /// The timer the plugin set: fast or not.
-    pub fn timer_is(&mut self, fast: bool) {
-        self.fast_timer = fast;
     }
 
     /// Whether to log a store-error warning now; if so, how many were not logged since.

@@ -14,6 +14,7 @@
 use super::{Actor, Pipeline};
 use crate::dedupe::claim::{self, Ask};
 use crate::dedupe::etcd::{Found, StoreError, MAX_CLAIMS_PER_TXN, TXN_PATH};
+use crate::dedupe::remote;
 use crate::deliveries::{Finished, Job};
 use crate::host::Host;
 
@@ -265,7 +266,7 @@ impl Pipeline {
             Err(failure) => {
                 let error = StoreError::new(format!("refused at dispatch: {failure}"));
                 self.claims.failed.push((batch, error));
-                self.etcd.wake(host);
+                self.timers.hurry(host, root, remote::SETTLE_TICK);
             }
         }
     }

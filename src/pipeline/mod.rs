@@ -18,6 +18,7 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::Duration;
 
 use crate::answer::Answer;
 use crate::config::Config;
@@ -28,6 +29,7 @@ use crate::headers::HeaderMap;
 use crate::host::Host;
 use crate::jitter::Jitter;
 use crate::telemetry::{Counter, Telemetry};
+use crate::timer::Timers;
 pub use claims::Continued;
 use claims::{Coalescer, Pending};
 
@@ -70,6 +72,8 @@ pub struct Pipeline {
     /// The answer stage: sync fan-outs ended whose answer waits for their etcd settle (job
     /// id, answer).
     held: Vec<(u64, Finished)>,
+    /// The root contexts' timers.
+    timers: Timers,
     telemetry: Rc<RefCell<Telemetry>>,
 }
 
@@ -80,6 +84,7 @@ impl Pipeline {
             claims: Coalescer::default(),
             etcd: Remote::default(),
             held: Vec::new(),
+            timers: Timers::default(),
             telemetry,
         }
     }
@@ -156,7 +161,7 @@ impl Pipeline {
         self.deliveries.act_for(actor.acting_root());
         let mut finished = self.deliveries.tick(host);
         finished.extend(self.tick_claims(host, actor));
-        self.queue_ended(host, &mut finished);
+        self.queue_ended(host, actor, &mut finished);
         finished.extend(self.tick_settles(host, actor));
         finished
     }
@@ -263,9 +268,20 @@ impl Pipeline {
         self.etcd.wants_fast_timer()
     }
 
-    /// The timer the plugin set: fast or not.
-    pub fn timer_is(&mut self, fast: bool) {
-        self.etcd.timer_is(fast);
+    /// Sets root context `root`'s timer to `period` (the one place its period is decided;
+    /// work queued meanwhile may quicken it).
+    pub fn set_timer<H: Host>(&mut self, host: &H, root: u32, period: Duration) {
+        self.timers.set(host, root, period);
+    }
+
+    /// Root context `root`'s timer period.
+    pub fn timer(&self, root: u32) -> Duration {
+        self.timers.period(root)
+    }
+
+    /// Root context `root` is gone.
+    pub fn forget_root(&mut self, root: u32) {
+        self.timers.forget(root);
     }
 
     /// Hands the fan-out `job` of `stream` to the deliveries: its answer now (logged if it is

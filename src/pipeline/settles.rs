@@ -17,7 +17,7 @@
 
 use super::{Actor, Pipeline};
 use crate::dedupe::claim::etcd_reply;
-use crate::dedupe::remote::{Answered, Sent};
+use crate::dedupe::remote::{self, Answered, Sent};
 use crate::dedupe::settle::{self, NOT_RECORDED_HEADER};
 use crate::deliveries::Finished;
 use crate::host::Host;
@@ -35,13 +35,18 @@ impl Pipeline {
         actor: Actor,
         finished: &mut Vec<Finished>,
     ) {
-        self.queue_ended(host, finished);
+        self.queue_ended(host, actor, finished);
         self.flush_settles(host, actor, finished);
     }
 
     /// Settles the claims of the fan-outs that ended (an etcd settle is queued, holding back
     /// a sync sender's answer); adds the answers not held to `finished`.
-    pub(super) fn queue_ended<H: Host>(&mut self, host: &H, finished: &mut Vec<Finished>) {
+    pub(super) fn queue_ended<H: Host>(
+        &mut self,
+        host: &H,
+        actor: Actor,
+        finished: &mut Vec<Finished>,
+    ) {
         if !self.deliveries.has_ended() {
             return;
         }
@@ -58,18 +63,18 @@ impl Pipeline {
             counter.count(host, |tally| settled.record(tally));
             let Some(answer) = ended.answer else {
                 if let Some(remote) = settled.remote.take() {
-                    self.queue(host, &counter, remote);
+                    self.queue(host, actor, &counter, remote);
                 }
                 continue;
             };
             match settled.remote.take() {
                 Some(mut remote) if answer.answer_to.is_some() => {
                     remote.hold = Some(ended.job);
-                    self.queue(host, &counter, remote);
+                    self.queue(host, actor, &counter, remote);
                     self.held.push((ended.job, answer));
                 }
                 Some(remote) => {
-                    self.queue(host, &counter, remote);
+                    self.queue(host, actor, &counter, remote);
                     finished.push(answer);
                 }
                 None => finished.push(answer),
@@ -77,8 +82,16 @@ impl Pipeline {
         }
     }
 
-    fn queue<H: Host>(&mut self, host: &H, counter: &Counter, remote: settle::RemoteSettle) {
-        self.etcd.queue(host, remote);
+    /// An etcd settle owed: sent at the next tick of `actor`'s root, quickened for it.
+    fn queue<H: Host>(
+        &mut self,
+        host: &H,
+        actor: Actor,
+        counter: &Counter,
+        remote: settle::RemoteSettle,
+    ) {
+        self.etcd.queue(remote);
+        self.timers.hurry(host, actor.root(), remote::SETTLE_TICK);
         counter.count(host, |tally| tally.owed(1));
     }
 
