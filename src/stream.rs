@@ -26,7 +26,7 @@ use crate::deliveries::{Finished, InLine, Job, JobSpans, Variant};
 use crate::host::Host;
 use crate::pipeline::{Actor, Continued, Pipeline};
 use crate::recipients::{self, Incoming};
-use crate::request::{admit, Admitted};
+use crate::request::{admit, Admitted, Event};
 use crate::telemetry::Counter;
 
 /// What Envoy should do with the request after a callback: what proxy-wasm calls `Action`.
@@ -315,9 +315,6 @@ impl<H: Host> Stream<H> {
                 return;
             }
         };
-        if let Some(spans) = &mut self.spans {
-            spans.structured_event(event.attributes.as_ref(), &body);
-        }
         let request = Incoming {
             log_id: self.id,
             started_ms: self.started_ms,
@@ -342,6 +339,7 @@ impl<H: Host> Stream<H> {
                 return;
             }
         };
+        let spans = self.spans_for(&event, &body);
         let job = Job {
             config: config.clone(),
             channel: channel.clone(),
@@ -355,9 +353,17 @@ impl<H: Host> Stream<H> {
             claims: None,
             unrecorded: false,
             line: InLine::default(),
-            spans: self.spans.take(),
+            spans,
         };
         self.begin(job, recipients.claim);
+    }
+
+    /// Its spans, if it is traced, with a structured event's attributes now that the body
+    /// is in.
+    fn spans_for(&mut self, event: &Event, body: &[u8]) -> Option<Box<JobSpans>> {
+        let mut spans = self.spans.take()?;
+        spans.structured_event(event.attributes.as_ref(), body);
+        Some(spans)
     }
 
     /// Hands the request to the pipeline (claim, deliver, settle, answer): the stream waits

@@ -32,6 +32,7 @@ pub use owed::Owed;
 use slot_gate::{Pass, SlotGate};
 pub use spans::JobSpans;
 use spans::Tracing;
+use traced::CallOutcome;
 
 mod call_end;
 mod call_plan;
@@ -372,7 +373,7 @@ impl Deliveries {
                     tally.call_ended(cluster, &Err(failure.clone()), None)
                 });
                 self.gate.release(slot);
-                self.trace_ended(clock, id, index, (None, Some(&failure), None));
+                self.trace_ended(clock, id, index, &CallOutcome::failed(failure));
             }
         }
         self.count(host, &config, |tally| {
@@ -448,16 +449,13 @@ impl Deliveries {
                 0
             };
         let config = job.config.clone();
-        let traced = job.spans.is_some().then(|| {
-            let failure = ended.end.result.clone().err();
-            (ended.status, failure, ended.end.retry_after_ms)
-        });
+        let traced = job.spans.is_some().then(|| CallOutcome::of(&ended));
         let recorded = job.record(index, token, leg, ended, now)?;
         self.count(host, &config, |tally| {
             recorded.count(tally, cluster, &sub.cluster)
         });
-        if let Some((status, failure, retry_after)) = traced {
-            self.trace_ended(&clock, id, index, (status, failure.as_ref(), retry_after));
+        if let Some(outcome) = traced {
+            self.trace_ended(&clock, id, index, &outcome);
         }
         // A leg that just changed (reply, dead letter) goes out at once.
         self.pump(host, &clock, id)

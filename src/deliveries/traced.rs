@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use super::call_end::Ended;
 use super::spans::{CallContext, JobSpans, Tracing};
 use super::{Clock, Deliveries, Job};
 use crate::answer::Answer;
@@ -19,6 +20,32 @@ use crate::trace::Verdict;
 /// The status a fan-out's span ends with when its sender went away before the answer
 /// (nginx's "client closed request": no answer was sent).
 const CLIENT_GONE: u16 = 499;
+
+/// How a traced call ended, as its attempt's span tells it.
+pub(super) struct CallOutcome {
+    status: Option<u16>,
+    failure: Option<Failure>,
+    retry_after_ms: Option<u64>,
+}
+
+impl CallOutcome {
+    pub(super) fn of(ended: &Ended) -> CallOutcome {
+        CallOutcome {
+            status: ended.status,
+            failure: ended.end.result.clone().err(),
+            retry_after_ms: ended.end.retry_after_ms,
+        }
+    }
+
+    /// Refused by Envoy at dispatch.
+    pub(super) fn failed(failure: Failure) -> CallOutcome {
+        CallOutcome {
+            status: None,
+            failure: Some(failure),
+            retry_after_ms: None,
+        }
+    }
+}
 
 impl Deliveries {
     /// The tracing of a (new) configuration (`None`: off; spans of fan-outs under way are
@@ -77,7 +104,7 @@ impl Deliveries {
         clock: &Clock<'_, H>,
         id: u64,
         index: usize,
-        ended: (Option<u16>, Option<&Failure>, Option<u64>),
+        ended: &CallOutcome,
     ) {
         let (Some(tracing), Some(job)) = (self.tracing.as_mut(), self.jobs.get_mut(&id)) else {
             return;
@@ -85,13 +112,12 @@ impl Deliveries {
         let (Some(spans), Some(progress)) = (job.spans.as_mut(), job.fanout.progress(index)) else {
             return;
         };
-        let (status, failure, retry_after_ms) = ended;
         spans.call_ended(
             tracing,
             index,
-            status,
-            failure,
-            retry_after_ms,
+            ended.status,
+            ended.failure.as_ref(),
+            ended.retry_after_ms,
             progress,
             clock.now_ns(),
         );
