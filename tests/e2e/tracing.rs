@@ -525,3 +525,89 @@ fn the_receiver_refuses_what_is_not_otlp_protobuf() {
     assert_eq!(garbage.status(), 400);
     assert!(receiver.spans().is_empty());
 }
+
+/// A sender that gives up before the answer: the request's span ends with 499 (no answer was
+/// sent), and is no error of fanout's.
+#[test]
+fn a_sender_that_went_away_ends_its_span_with_499() {
+    let receiver = OtlpReceiver::start();
+    let slow = Subscriber::start("slow", Behavior::Delay(Duration::from_secs(5), 200));
+    let config = json!({
+        "subscribers": [{"cluster": "slow"}],
+        "tracing": {"collector": {"cluster": "otel"}}
+    });
+    let envoy = Envoy::builder()
+        .fanout(&config)
+        .subscribers(&[&slow])
+        .cluster("otel", receiver.port())
+        .start();
+    let gave_up = Client::http1()
+        .post(&envoy.url("/"))
+        .header("traceparent", sampled())
+        .header("tracestate", SENDER_STATE)
+        .timeout(Duration::from_secs(1))
+        .body("{\"order\":1}")
+        .send();
+    assert!(gave_up.is_err(), "{gave_up:?}");
+    let tree = receiver.wait_for_trace(SENDER_TRACE, 3, ARRIVAL);
+    assert_eq!(tree.spans.len(), 3, "{:#?}", tree.spans);
+    tree.assert_nested();
+    let request = tree.root();
+    assert_eq!(request.parent_span_id, SENDER_SPAN);
+    assert_eq!(int(request, "http.response.status_code"), Some(499));
+    assert_eq!(request.status, "STATUS_CODE_UNSET");
+    let send = tree.named("send slow");
+    assert_eq!(
+        send.status, "STATUS_CODE_ERROR",
+        "the event was not delivered"
+    );
+    // The call went with its request: it ends without an answer, as an error.
+    let attempt = attempt_of(
+        &tree,
+        &slow.only_request(),
+        SENDER_TRACE,
+        Some(SENDER_STATE),
+    );
+    assert_eq!(attempt.parent_span_id, send.span_id);
+    assert_eq!(attempt.attr("http.response.status_code"), None);
+    assert_eq!(attempt.status, "STATUS_CODE_ERROR");
+}
+
+/// A structured event's attributes are read from its body, for the request's span and the
+/// deliveries'.
+#[test]
+fn a_structured_events_attributes_come_from_its_body() {
+    let receiver = OtlpReceiver::start();
+    let billing = Subscriber::ok("billing");
+    let config = json!({
+        "subscribers": [{"cluster": "billing"}],
+        "tracing": {"collector": {"cluster": "otel"}}
+    });
+    let envoy = Envoy::builder()
+        .fanout(&config)
+        .subscribers(&[&billing])
+        .cluster("otel", receiver.port())
+        .start();
+    let event = json!({"specversion": "1.0", "id": "order-2", "source": "/shop",
+                       "type": "order.paid", "subject": "43", "data": {"order": 2}});
+    let answer = send(
+        Client::http1()
+            .post(&envoy.url("/"))
+            .header("content-type", "application/cloudevents+json")
+            .header("traceparent", sampled())
+            .body(event.to_string()),
+    );
+    assert_eq!(answer.status, 202, "{}", answer.text());
+    let tree = receiver.wait_for_trace(SENDER_TRACE, 3, ARRIVAL);
+    for span in [tree.root(), tree.named("send billing")] {
+        for (key, value) in [
+            ("cloudevents.event_id", "order-2"),
+            ("cloudevents.source", "/shop"),
+            ("cloudevents.type", "order.paid"),
+            ("cloudevents.subject", "43"),
+            ("cloudevents.specversion", "1.0"),
+        ] {
+            assert_eq!(span.attr(key), Some(&json!(value)), "{}: {key}", span.name);
+        }
+    }
+}
