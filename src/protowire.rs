@@ -58,6 +58,30 @@ impl Writer {
         Writer { buf: prefix }
     }
 
+    /// A writer with room for `capacity` bytes.
+    pub fn with_capacity(capacity: usize) -> Writer {
+        Writer {
+            buf: Vec::with_capacity(capacity),
+        }
+    }
+
+    /// A length-delimited field whose `len` bytes the caller writes next ([`Writer::raw`]),
+    /// for a nested message whose size is known before it is written.
+    pub fn header(&mut self, field: u32, len: usize) {
+        self.key(field, LEN);
+        push_varint(&mut self.buf, len as u64);
+    }
+
+    /// Room for `additional` more bytes.
+    pub fn reserve(&mut self, additional: usize) {
+        self.buf.reserve(additional);
+    }
+
+    /// Bytes already encoded (what a [`Writer::header`] announced).
+    pub fn raw(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
     pub fn into_bytes(self) -> Vec<u8> {
         self.buf
     }
@@ -124,17 +148,48 @@ impl Writer {
         push_varint(&mut self.buf, u64::from(field) << 3 | u64::from(wire_type));
     }
 
-    /// A nested message's key; its length goes before its bytes once they are written.
+    /// A nested message's key and a one-byte room for its length, which goes there once its
+    /// bytes are written.
     fn begin(&mut self, field: u32) -> usize {
         self.key(field, LEN);
+        self.buf.push(0);
         self.buf.len()
     }
 
+    /// The length of the message begun at `start`: in its one byte when under 128, else the
+    /// room grows to the varint's size (the message's bytes move, once).
     fn end(&mut self, start: usize) {
-        let mut len = Vec::with_capacity(10);
-        push_varint(&mut len, self.buf.len().saturating_sub(start) as u64);
-        self.buf.splice(start..start, len);
+        let len = self.buf.len().saturating_sub(start) as u64;
+        let mut varint = [0u8; 10];
+        let mut n = 0;
+        let mut value = len;
+        while let Some(byte) = varint.get_mut(n) {
+            n += 1;
+            if value < 0x80 {
+                *byte = value as u8;
+                break;
+            }
+            *byte = (value as u8) | 0x80;
+            value >>= 7;
+        }
+        let Some(room) = start.checked_sub(1) else {
+            return;
+        };
+        let (first, rest) = varint.split_at(1);
+        if let (Some(slot), Some(first)) = (self.buf.get_mut(room), first.first()) {
+            *slot = *first;
+        }
+        if n > 1 {
+            let rest = rest.get(..n - 1).unwrap_or_default();
+            self.buf.splice(start..start, rest.iter().copied());
+        }
     }
+}
+
+/// How many bytes `value` takes as a varint.
+pub fn varint_len(value: u64) -> usize {
+    let bits = 64 - (value | 1).leading_zeros() as usize;
+    bits.div_ceil(7)
 }
 
 /// `value` as a base-128 varint, low group first.
@@ -442,6 +497,17 @@ mod tests {
     fn prost_reads(bytes: &[u8]) -> Option<Vec<u8>> {
         use prost::Message as _;
         Reference::decode(bytes).ok().map(|r| r.encode_to_vec())
+    }
+
+    #[test]
+    fn varint_len_is_the_length_push_varint_writes() {
+        let mut values: Vec<u64> = (0..64).flat_map(|b| [1u64 << b, (1u64 << b) - 1]).collect();
+        values.extend([0, u64::MAX, 127, 128, 16_383, 16_384]);
+        for value in values {
+            let mut out = Vec::new();
+            push_varint(&mut out, value);
+            assert_eq!(varint_len(value), out.len(), "{value}");
+        }
     }
 
     #[test]

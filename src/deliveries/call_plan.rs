@@ -109,7 +109,7 @@ impl<'a, 'c> CallPlan<'a, 'c> {
         headers.extend(pairs(&self.extra));
         match (self.trace, self.sender) {
             (Some(trace), _) => {
-                headers.push(("traceparent", trace.traceparent.as_bytes()));
+                headers.push(("traceparent", &trace.traceparent[..]));
                 if let Some(state) = &trace.tracestate {
                     headers.push(("tracestate", state.as_bytes()));
                 }

@@ -14,7 +14,12 @@ use crate::config::{Subscriber, TracingConfig};
 use crate::fan_out_state::Progress;
 use crate::headers::HeaderMap;
 use crate::trace::export::{Export, Exporter};
-use crate::trace::{self, otlp, DeliveryOutcome, Destination, EventAttributes, OpenSpan, Tracer};
+use std::rc::Rc;
+
+use crate::trace::context::LEN_00;
+use crate::trace::{
+    self, DeliveryOutcome, Destination, EndedSpan, EventAttributes, EventFields, OpenSpan, Tracer,
+};
 
 /// The event's CloudEvents attributes, as the spans carry them.
 #[derive(Debug, Default, Clone)]
@@ -56,10 +61,6 @@ impl SpanEvent {
             subject: read("subject"),
             spec_version: read("specversion"),
         }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.spec_version.is_none() && self.id.is_none() && self.event_type.is_none()
     }
 
     fn attributes(&self) -> EventAttributes<'_> {
@@ -121,12 +122,12 @@ impl Tracing {
         Some(Box::new(JobSpans {
             request,
             structured: cloudevents::is_structured_json(headers),
-            event,
+            event: EventFields::new(&event.attributes()),
             subs,
         }))
     }
 
-    fn record(&mut self, span: otlp::Span, now_ns: u64) {
+    fn record(&mut self, span: EndedSpan, now_ns: u64) {
         self.exporter.record(span, now_ns / 1_000_000);
     }
 
@@ -169,7 +170,8 @@ pub struct JobSpans {
     request: OpenSpan,
     /// A structured event, whose attributes come with its body.
     structured: bool,
-    event: SpanEvent,
+    /// Its CloudEvents attributes, as every delivery's span carries them.
+    event: EventFields,
     /// By subscriber index.
     subs: Vec<SubSpans>,
 }
@@ -193,8 +195,8 @@ struct SubSpans {
 
 /// The `traceparent` and `tracestate` a call carries.
 pub struct CallContext {
-    pub traceparent: String,
-    pub tracestate: Option<String>,
+    pub traceparent: [u8; LEN_00],
+    pub tracestate: Option<Rc<str>>,
 }
 
 impl JobSpans {
@@ -215,8 +217,8 @@ impl JobSpans {
                 Err(_) => return,
             },
         };
-        self.event = SpanEvent::from_attributes(attributes);
-        self.request.event(&self.event.attributes());
+        self.event = EventFields::new(&SpanEvent::from_attributes(attributes).attributes());
+        self.request.event(&self.event);
     }
 
     /// Subscriber `index`'s `leg` call goes out at `now_ns`: its attempt's span (and the
@@ -233,9 +235,8 @@ impl JobSpans {
         let send = s.send.get_or_insert_with(|| {
             let to = destination(sub, Leg::Event);
             let id = tracing.tracer.span_id();
-            let attributes = self.event.attributes();
             self.request
-                .leg(id, trace::Leg::Delivery, &to, &attributes, now_ns)
+                .leg(id, trace::Leg::Delivery, &to, &self.event, now_ns)
         });
         if leg != Leg::Event && s.leg.as_ref().is_none_or(|(l, _, _)| *l != leg) {
             let which = match leg {
@@ -246,7 +247,7 @@ impl JobSpans {
                 tracing.tracer.span_id(),
                 which,
                 &destination(sub, leg),
-                &self.event.attributes(),
+                &self.event,
                 now_ns,
             );
             if let Some((_, old, attempts)) = s.leg.replace((leg, span, 0)) {
@@ -275,7 +276,7 @@ impl JobSpans {
         *resend = resend.saturating_add(1);
         let context = CallContext {
             traceparent: attempt.traceparent(),
-            tracestate: attempt.tracestate().map(str::to_string),
+            tracestate: attempt.tracestate().cloned(),
         };
         s.attempt = Some(attempt);
         Some(context)

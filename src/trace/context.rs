@@ -17,7 +17,7 @@ pub struct TraceParent {
 /// version 00, whose other flags it does not set).
 const SAMPLED: u8 = 0x01;
 /// `00-<32 hex>-<16 hex>-<2 hex>`.
-const LEN_00: usize = 55;
+pub const LEN_00: usize = 55;
 
 impl TraceParent {
     /// The header's value, or `None` when it is not a valid `traceparent` of any version.
@@ -48,26 +48,45 @@ impl TraceParent {
     }
 }
 
-/// The `traceparent` of a call made from the span `span_id` of trace `trace_id`: version 00.
-pub fn traceparent(trace_id: &[u8; 16], span_id: &[u8; 8], sampled: bool) -> String {
-    let mut out = String::with_capacity(LEN_00);
-    out.push_str("00-");
-    push_hex(&mut out, trace_id);
-    out.push('-');
-    push_hex(&mut out, span_id);
-    out.push_str(if sampled { "-01" } else { "-00" });
+/// The `traceparent` of a call made from the span `span_id` of trace `trace_id`: version 00,
+/// as the header's bytes.
+pub fn traceparent(trace_id: &[u8; 16], span_id: &[u8; 8], sampled: bool) -> [u8; LEN_00] {
+    let mut out = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    // The ids' digits go at 3..35 and 36..52.
+    write_hex(out.get_mut(3..35), trace_id);
+    write_hex(out.get_mut(36..52), span_id);
+    if sampled {
+        if let Some(flag) = out.last_mut() {
+            *flag = b'1';
+        }
+    }
     out
+}
+
+/// Lowercase hex digits.
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// The hex digit of a nibble.
+fn digit_of(nibble: u8) -> u8 {
+    HEX_DIGITS.get(usize::from(nibble)).copied().unwrap_or(b'0')
+}
+
+/// Lowercase hex of `bytes` into `to` (two digits a byte).
+fn write_hex(to: Option<&mut [u8]>, bytes: &[u8]) {
+    let digit = digit_of;
+    for (pair, b) in to.unwrap_or_default().chunks_exact_mut(2).zip(bytes) {
+        if let [high, low] = pair {
+            *high = digit(b >> 4);
+            *low = digit(b & 0x0f);
+        }
+    }
 }
 
 /// Lowercase hex of `bytes` (trace and span ids as the recommendation and OTLP/JSON write them).
 pub fn push_hex(out: &mut String, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for b in bytes {
-        for nibble in [b >> 4, b & 0x0f] {
-            out.push(char::from(
-                DIGITS.get(usize::from(nibble)).copied().unwrap_or(b'0'),
-            ));
-        }
+        out.push(char::from(digit_of(b >> 4)));
+        out.push(char::from(digit_of(b & 0x0f)));
     }
 }
 
@@ -222,7 +241,7 @@ mod tests {
             assert!(parent.sampled);
             assert_eq!(
                 traceparent(&parent.trace_id, &parent.parent_id, true),
-                format!("00{}", &value[2..55]),
+                format!("00{}", &value[2..55]).as_bytes(),
             );
         }
     }
@@ -232,12 +251,12 @@ mod tests {
         let parent = TraceParent::parse(VALID.as_bytes()).unwrap();
         assert_eq!(
             traceparent(&parent.trace_id, &parent.parent_id, true),
-            VALID
+            VALID.as_bytes()
         );
         let span = [1, 2, 3, 4, 5, 6, 7, 0xff];
         assert_eq!(
-            traceparent(&parent.trace_id, &span, false),
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-01020304050607ff-00"
+            &traceparent(&parent.trace_id, &span, false),
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-01020304050607ff-00"
         );
     }
 

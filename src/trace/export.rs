@@ -9,6 +9,7 @@
 //! one is due); and [`Exporter::answered`] with the collector's status.
 
 use super::otlp::{self, KeyValue};
+use super::span::EndedSpan;
 
 /// What the configuration decides about exporting (validated by `config`).
 #[derive(Debug, Clone, PartialEq)]
@@ -48,7 +49,7 @@ pub struct Export {
 #[derive(Debug)]
 pub struct Exporter {
     settings: ExportSettings,
-    queue: Vec<otlp::Span>,
+    queue: Vec<EndedSpan>,
     /// When the oldest span in the queue was recorded.
     oldest_ms: Option<u64>,
     /// Spans of the export in flight (0: none).
@@ -85,7 +86,7 @@ impl Exporter {
     }
 
     /// A span that ended, at `now_ms`; dropped (and counted) when the buffer is full.
-    pub fn record(&mut self, span: otlp::Span, now_ms: u64) {
+    pub fn record(&mut self, span: EndedSpan, now_ms: u64) {
         if self.queue.len() + self.in_flight >= self.settings.max_queue_spans {
             self.drop_spans(1);
             return;
@@ -146,7 +147,7 @@ impl Exporter {
 
     fn export(&mut self, now_ms: u64) -> Export {
         let n = self.queue.len().min(self.settings.max_batch_spans);
-        let batch: Vec<otlp::Span> = self.queue.drain(..n).collect();
+        let batch: Vec<EndedSpan> = self.queue.drain(..n).collect();
         // What stays (a full batch left) counts its age from this export: it leaves within
         // one more delay, or sooner once a batch is full again.
         self.oldest_ms = (!self.queue.is_empty()).then_some(now_ms);
@@ -157,7 +158,7 @@ impl Exporter {
         Export {
             cluster: s.cluster.clone(),
             headers,
-            body: otlp::encode(&s.resource, batch),
+            body: otlp::encode(&s.resource, &batch),
             timeout_ms: s.timeout_ms,
             spans: n,
         }
@@ -198,13 +199,13 @@ mod tests {
         }
     }
 
-    fn span(n: u8) -> otlp::Span {
-        otlp::Span {
+    fn span(n: u8) -> EndedSpan {
+        EndedSpan::of(&otlp::Span {
             trace_id: vec![1; 16],
             span_id: vec![n; 8],
             name: format!("s{n}"),
             ..otlp::Span::default()
-        }
+        })
     }
 
     fn decoded(export: &Export) -> Vec<String> {

@@ -15,7 +15,9 @@ pub mod export;
 pub mod otlp;
 pub mod span;
 
-pub use span::{DeliveryOutcome, Destination, EventAttributes, Leg, OpenSpan, Verdict};
+pub use span::{
+    DeliveryOutcome, Destination, EndedSpan, EventAttributes, EventFields, Leg, OpenSpan, Verdict,
+};
 
 use context::TraceParent;
 
@@ -52,7 +54,6 @@ impl Tracer {
         start_ns: u64,
     ) -> Option<OpenSpan> {
         let parent = traceparent.and_then(TraceParent::parse);
-        let name = ["fanout ", channel].concat();
         let mut span = match parent {
             Some(parent) if !parent.sampled => return None,
             Some(parent) => {
@@ -60,7 +61,7 @@ impl Tracer {
                     parent.trace_id,
                     self.span_id(),
                     &parent.parent_id,
-                    name,
+                    &["fanout ", channel],
                     otlp::SERVER,
                     start_ns,
                 );
@@ -72,7 +73,14 @@ impl Tracer {
                 if !self.samples(&trace_id) {
                     return None;
                 }
-                OpenSpan::start(trace_id, self.span_id(), &[], name, otlp::SERVER, start_ns)
+                OpenSpan::start(
+                    trace_id,
+                    self.span_id(),
+                    &[],
+                    &["fanout ", channel],
+                    otlp::SERVER,
+                    start_ns,
+                )
             }
         };
         span.describe_request(channel, method, event);
@@ -218,33 +226,51 @@ mod tests {
             authority: "billing.svc",
             path: "/in",
         };
-        let send = request.leg(tracer.span_id(), Leg::Delivery, &billing, &event(), 1_010);
+        let send = request.leg(
+            tracer.span_id(),
+            Leg::Delivery,
+            &billing,
+            &EventFields::new(&event()),
+            1_010,
+        );
         let first = send.attempt(tracer.span_id(), 0, 0, None, 1_020);
         let header = first.traceparent();
+        let header = std::str::from_utf8(&header).unwrap();
         assert_eq!(&header[..36], "00-4bf92f3577b34da6a3ce929d0e0e4736-");
         assert!(header.ends_with("-01"));
-        assert_eq!(first.tracestate(), Some("congo=t61rcWkgMzE"));
-        let first = first.end_attempt(Some(503), Some("status 503"), 1_030);
+        assert_eq!(first.tracestate().map(|s| &**s), Some("congo=t61rcWkgMzE"));
+        let first = first
+            .end_attempt(Some(503), Some("status 503"), 1_030)
+            .decode();
         let second = send.attempt(tracer.span_id(), 1, 1000, Some(1000), 2_030);
-        let second = second.end_attempt(Some(200), None, 2_040);
+        let second = second.end_attempt(Some(200), None, 2_040).decode();
         let reply_to = Destination {
             cluster: "replies",
             authority: "replies",
             path: "/",
         };
-        let reply = send.leg(tracer.span_id(), Leg::Reply, &reply_to, &event(), 2_041);
+        let reply = send.leg(
+            tracer.span_id(),
+            Leg::Reply,
+            &reply_to,
+            &EventFields::new(&event()),
+            2_041,
+        );
         let reply_attempt = reply
             .attempt(tracer.span_id(), 0, 0, None, 2_042)
-            .end_attempt(Some(202), None, 2_043);
-        let reply = reply.end_leg(
-            &DeliveryOutcome {
-                attempts: 1,
-                delivered: true,
-                dead_lettered: false,
-                error: None,
-            },
-            2_044,
-        );
+            .end_attempt(Some(202), None, 2_043)
+            .decode();
+        let reply = reply
+            .end_leg(
+                &DeliveryOutcome {
+                    attempts: 1,
+                    delivered: true,
+                    dead_lettered: false,
+                    error: None,
+                },
+                2_044,
+            )
+            .decode();
         let outcome = DeliveryOutcome {
             attempts: 2,
             delivered: true,
@@ -252,22 +278,30 @@ mod tests {
             error: None,
         };
         let send_id = send.span_id().to_vec();
-        let send = send.end_leg(&outcome, 2_045);
+        let send = send.end_leg(&outcome, 2_045).decode();
         let dl_to = Destination {
             cluster: "dlq",
             authority: "dlq",
             path: "/",
         };
-        let dead = request.leg(tracer.span_id(), Leg::DeadLetter, &dl_to, &event(), 2_046);
-        let dead = dead.end_leg(
-            &DeliveryOutcome {
-                attempts: 1,
-                delivered: true,
-                dead_lettered: false,
-                error: None,
-            },
-            2_047,
+        let dead = request.leg(
+            tracer.span_id(),
+            Leg::DeadLetter,
+            &dl_to,
+            &EventFields::new(&event()),
+            2_046,
         );
+        let dead = dead
+            .end_leg(
+                &DeliveryOutcome {
+                    attempts: 1,
+                    delivered: true,
+                    dead_lettered: false,
+                    error: None,
+                },
+                2_047,
+            )
+            .decode();
         let verdict = Verdict {
             status: 202,
             subscribers: 2,
@@ -275,7 +309,7 @@ mod tests {
             dead_lettered: 1,
         };
         let request_id = request.span_id().to_vec();
-        let request = request.end_request(&verdict, 3_000);
+        let request = request.end_request(&verdict, 3_000).decode();
 
         assert_eq!(request.name, "fanout default/orders");
         assert_eq!(
@@ -380,12 +414,13 @@ mod tests {
             tracer.span_id(),
             Leg::Delivery,
             &to,
-            &EventAttributes::default(),
+            &EventFields::default(),
             6,
         );
-        let timeout =
-            send.attempt(tracer.span_id(), 0, 0, None, 7)
-                .end_attempt(None, Some("timeout"), 8);
+        let timeout = send
+            .attempt(tracer.span_id(), 0, 0, None, 7)
+            .end_attempt(None, Some("timeout"), 8)
+            .decode();
         assert_eq!(string(&timeout, "error.type").as_deref(), Some("timeout"));
         assert_eq!(int(&timeout, "http.response.status_code"), None);
         let outcome = DeliveryOutcome {
@@ -394,7 +429,7 @@ mod tests {
             dead_lettered: true,
             error: Some("timeout"),
         };
-        let send = send.end_leg(&outcome, 9);
+        let send = send.end_leg(&outcome, 9).decode();
         assert_eq!(send.status.as_ref().map(|s| s.code), Some(ERROR));
         assert_eq!(
             attr(&send, "fanout.dead_lettered"),
@@ -407,11 +442,11 @@ mod tests {
             dead_lettered: 0,
         };
         let mut request = request;
-        request.event(&EventAttributes {
+        request.event(&EventFields::new(&EventAttributes {
             event_type: Some("late"),
             ..EventAttributes::default()
-        });
-        let request = request.end_request(&verdict, 4);
+        }));
+        let request = request.end_request(&verdict, 4).decode();
         assert_eq!(
             request.status.as_ref().map(|s| s.message.as_str()),
             Some("1 of 1 subscribers failed")

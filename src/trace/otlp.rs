@@ -3,12 +3,14 @@
 //! open-telemetry/opentelemetry-proto), as messages of the wire codec ([`crate::protowire`])
 //! with OTLP's field numbers; fields fanout never sets (events, links, dropped counts, schema
 //! URLs) are left out, which encodes exactly as if they were empty. The spans a request makes
-//! are these messages from the start, so an export is one encode of what was buffered.
+//! are written field by field as they become known ([`attribute`], [`status`]) into one
+//! buffer each, with no message built: an ended span is its encoded fields, and an export
+//! wraps them ([`encode`]). The messages are what the tests decode.
 
 use std::borrow::Cow;
 
 pub use crate::protowire::Message;
-use crate::protowire::{DecodeError, Field, Writer};
+use crate::protowire::{varint_len, DecodeError, Field, Writer};
 
 /// What the collector's `/v1/traces` takes (OTLP/HTTP, `application/x-protobuf`).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -106,23 +108,143 @@ impl KeyValue {
     }
 }
 
-/// The body of one export: `spans` under one resource and fanout's instrumentation scope.
-pub fn encode(resource: &[KeyValue], spans: Vec<Span>) -> Vec<u8> {
-    ExportTraceServiceRequest {
-        resource_spans: vec![ResourceSpans {
-            resource: Some(Resource {
-                attributes: resource.to_vec(),
-            }),
-            scope_spans: vec![ScopeSpans {
-                scope: Some(InstrumentationScope {
-                    name: "fanout".into(),
-                    version: env!("CARGO_PKG_VERSION").into(),
-                }),
-                spans,
-            }],
-        }],
+/// The body of one export: `spans` (each a `Span`'s encoded fields) under one resource and
+/// fanout's instrumentation scope.
+pub fn encode(resource: &[KeyValue], spans: &[impl AsRef<[u8]>]) -> Vec<u8> {
+    let scope = InstrumentationScope {
+        name: "fanout".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+    };
+    let resource = Resource {
+        attributes: resource.to_vec(),
+    };
+    let spans_len: usize = spans
+        .iter()
+        .map(|span| 1 + varint_len(span.as_ref().len() as u64) + span.as_ref().len())
+        .sum();
+    let mut out = Writer::with_capacity(spans_len + 256);
+    // ExportTraceServiceRequest.resource_spans, then ResourceSpans.scope_spans: the spans'
+    // bytes are written once, inside their known lengths.
+    let scope_bytes = scope.encode_to_vec();
+    let scope_spans_len = 1 + varint_len(scope_bytes.len() as u64) + scope_bytes.len() + spans_len;
+    let resource_bytes = resource.encode_to_vec();
+    let resource_spans_len = 1
+        + varint_len(resource_bytes.len() as u64)
+        + resource_bytes.len()
+        + 1
+        + varint_len(scope_spans_len as u64)
+        + scope_spans_len;
+    out.header(1, resource_spans_len);
+    out.len_delimited(1, &resource_bytes);
+    out.header(2, scope_spans_len);
+    out.len_delimited(1, &scope_bytes);
+    for span in spans {
+        out.len_delimited(2, span.as_ref());
     }
-    .encode_to_vec()
+    out.into_bytes()
+}
+
+/// A span attribute's value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AttributeValue<'a> {
+    Str(&'a str),
+    Int(i64),
+    Bool(bool),
+}
+
+/// `Span.attributes` (field 9): one `KeyValue`, written as `KeyValue::encode_fields` would
+/// write it, with no message built.
+pub fn attribute(out: &mut Writer, key: &str, value: AttributeValue<'_>) {
+    // AnyValue: its one member (written even at its default): its tag, and its length or
+    // value.
+    let (member, value_bytes): (u8, &[u8]) = match value {
+        AttributeValue::Str(s) => (0x0a, s.as_bytes()),
+        AttributeValue::Bool(b) => (0x10, if b { &[1] } else { &[0] }),
+        AttributeValue::Int(_) => (0x18, &[]),
+    };
+    let int = match value {
+        AttributeValue::Int(i) => Some(i as u64),
+        _ => None,
+    };
+    let any_len = match (value, int) {
+        (_, Some(i)) => 1 + varint_len(i),
+        (AttributeValue::Str(s), _) => 1 + varint_len(s.len() as u64) + s.len(),
+        _ => 2,
+    };
+    let key_len = if key.is_empty() {
+        0
+    } else {
+        1 + varint_len(key.len() as u64) + key.len()
+    };
+    let kv_len = key_len + 1 + varint_len(any_len as u64) + any_len;
+    out.reserve(1 + varint_len(kv_len as u64) + kv_len);
+    // Field 9 (KeyValue), its key (field 1), its AnyValue (field 2) and the member's tag.
+    let mut head = Head::default();
+    head.byte(0x4a).varint(kv_len as u64);
+    if !key.is_empty() {
+        head.byte(0x0a).varint(key.len() as u64);
+    }
+    out.raw(head.bytes());
+    out.raw(key.as_bytes());
+    let mut head = Head::default();
+    head.byte(0x12).varint(any_len as u64).byte(member);
+    match (value, int) {
+        (_, Some(i)) => {
+            head.varint(i);
+        }
+        (AttributeValue::Str(s), _) => {
+            head.varint(s.len() as u64);
+        }
+        _ => {}
+    }
+    out.raw(head.bytes());
+    out.raw(value_bytes);
+}
+
+/// A few bytes of keys and lengths, gathered on the stack before they are written.
+#[derive(Default)]
+struct Head {
+    bytes: [u8; 32],
+    len: usize,
+}
+
+impl Head {
+    fn byte(&mut self, byte: u8) -> &mut Head {
+        if let Some(slot) = self.bytes.get_mut(self.len) {
+            *slot = byte;
+            self.len += 1;
+        }
+        self
+    }
+
+    fn varint(&mut self, mut value: u64) -> &mut Head {
+        while value >= 0x80 {
+            self.byte((value as u8) | 0x80);
+            value >>= 7;
+        }
+        self.byte(value as u8)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.bytes.get(..self.len).unwrap_or_default()
+    }
+}
+
+/// `Span.status` (field 15), written as `Status::encode_fields` would write it.
+pub fn status(out: &mut Writer, message: &str, code: i32) {
+    let message_len = if message.is_empty() {
+        0
+    } else {
+        1 + varint_len(message.len() as u64) + message.len()
+    };
+    let code_len = if code == 0 {
+        0
+    } else {
+        1 + varint_len(i64::from(code) as u64)
+    };
+    out.header(15, message_len + code_len);
+    out.bytes(2, message.as_bytes());
+    out.int32(3, code);
 }
 
 impl Message for ExportTraceServiceRequest {
@@ -420,6 +542,59 @@ mod tests {
         assert_eq!(bytes, want);
     }
 
+    /// What a span's fields written one by one ([`attribute`], [`status`]) are: the bytes of
+    /// the messages they stand for.
+    #[test]
+    fn attributes_and_status_are_written_as_their_messages() {
+        let long = "x".repeat(200);
+        let values = [
+            AttributeValue::Str(""),
+            AttributeValue::Str("v"),
+            AttributeValue::Str(&long),
+            AttributeValue::Int(0),
+            AttributeValue::Int(-1),
+            AttributeValue::Int(i64::MAX),
+            AttributeValue::Bool(false),
+            AttributeValue::Bool(true),
+        ];
+        for key in ["", "k", long.as_str()] {
+            for value in values {
+                let mut direct = Writer::default();
+                attribute(&mut direct, key, value);
+                let message = KeyValue {
+                    key: key.to_string().into(),
+                    value: Some(AnyValue {
+                        value: Some(match value {
+                            AttributeValue::Str(s) => Value::String(s.to_string()),
+                            AttributeValue::Int(i) => Value::Int(i),
+                            AttributeValue::Bool(b) => Value::Bool(b),
+                        }),
+                    }),
+                };
+                let mut built = Writer::default();
+                built.message(9, &message);
+                assert_eq!(direct.into_bytes(), built.into_bytes(), "{key:?} {value:?}");
+            }
+        }
+        for (message, code) in [("", 0), ("failed", ERROR), (long.as_str(), ERROR), ("m", 0)] {
+            let mut direct = Writer::default();
+            status(&mut direct, message, code);
+            let mut built = Writer::default();
+            built.message(
+                15,
+                &Status {
+                    message: message.into(),
+                    code,
+                },
+            );
+            assert_eq!(
+                direct.into_bytes(),
+                built.into_bytes(),
+                "{message:?} {code}"
+            );
+        }
+    }
+
     #[test]
     fn an_export_round_trips() {
         let resource = [KeyValue::new(
@@ -439,7 +614,7 @@ mod tests {
             }),
             ..Span::default()
         };
-        let bytes = encode(&resource, vec![span.clone()]);
+        let bytes = encode(&resource, &[span.encode_to_vec()]);
         let back = ExportTraceServiceRequest::decode(bytes.as_slice()).unwrap();
         assert_eq!(
             prost::Message::encode_to_vec(

@@ -16,15 +16,121 @@
 //! exporter's buffer. Times are the host clock's nanoseconds since the epoch; this module
 //! reads no clock.
 
-use super::context::traceparent;
-use super::otlp::{self, KeyValue, Value};
+use std::rc::Rc;
+use std::sync::OnceLock;
 
-/// A span started and not yet ended.
-#[derive(Debug, Clone, PartialEq)]
+use super::context::{traceparent, LEN_00};
+use super::otlp::{self, AttributeValue};
+use crate::protowire::Writer;
+
+/// A span started and not yet ended: its fields encoded so far (OTLP's `Span`, written as
+/// they become known: field order does not matter on the wire), and what its children and
+/// its end need.
+#[derive(Debug)]
 pub struct OpenSpan {
-    span: otlp::Span,
+    out: Writer,
     trace_id: [u8; 16],
     span_id: [u8; 8],
+    /// The sender's `tracestate`, shared by the request's spans.
+    trace_state: Option<Rc<str>>,
+    flags: u32,
+    start_ns: u64,
+}
+
+/// A span that ended: an OTLP `Span`'s encoded fields, what the exporter buffers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndedSpan(Vec<u8>);
+
+impl AsRef<[u8]> for EndedSpan {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+impl EndedSpan {
+    /// The span as a message (tests).
+    pub fn decode(&self) -> otlp::Span {
+        use crate::protowire::Message;
+        otlp::Span::decode(&self.0).unwrap_or_default()
+    }
+
+    /// A message as an ended span (tests).
+    pub fn of(span: &otlp::Span) -> EndedSpan {
+        use crate::protowire::Message;
+        EndedSpan(span.encode_to_vec())
+    }
+}
+
+/// A span's room, by kind: what most of fanout's spans take.
+const LEG_CAPACITY: usize = 640;
+const ATTEMPT_CAPACITY: usize = 256;
+
+/// The CloudEvents attributes of an event as span attribute fields, encoded once per event
+/// and copied into each of its spans.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EventFields(Vec<u8>);
+
+impl EventFields {
+    pub fn new(event: &EventAttributes) -> EventFields {
+        let attributes = [
+            ("cloudevents.event_id", event.id),
+            ("cloudevents.source", event.source),
+            ("cloudevents.type", event.event_type),
+            ("cloudevents.subject", event.subject),
+            ("cloudevents.specversion", event.spec_version),
+        ];
+        let mut out = Writer::default();
+        for (key, value) in attributes {
+            if let Some(value) = value {
+                otlp::attribute(&mut out, key, AttributeValue::Str(value));
+            }
+        }
+        EventFields(out.into_bytes())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Attribute fields with constant values, encoded once per VM: what every span of one kind
+/// carries.
+fn constant_fields(cell: &'static OnceLock<Vec<u8>>, attributes: &[(&str, &str)]) -> &'static [u8] {
+    cell.get_or_init(|| {
+        let mut out = Writer::default();
+        for (key, value) in attributes {
+            otlp::attribute(&mut out, key, AttributeValue::Str(value));
+        }
+        out.into_bytes()
+    })
+}
+
+/// A delivery-level span's constant fields, by [`Leg`].
+fn leg_fields(leg: Leg) -> (&'static str, &'static [u8]) {
+    static SEND: OnceLock<Vec<u8>> = OnceLock::new();
+    static REPLY: OnceLock<Vec<u8>> = OnceLock::new();
+    static DEAD_LETTER: OnceLock<Vec<u8>> = OnceLock::new();
+    let (operation, cell) = match leg {
+        Leg::Delivery => ("send", &SEND),
+        Leg::Reply => ("reply", &REPLY),
+        Leg::DeadLetter => ("dead letter", &DEAD_LETTER),
+    };
+    let fields = constant_fields(
+        cell,
+        &[
+            ("messaging.system", SYSTEM),
+            ("messaging.operation.name", operation),
+            ("messaging.operation.type", "send"),
+        ],
+    );
+    (operation, fields)
+}
+
+/// An attempt span's constant fields.
+fn attempt_fields() -> &'static [u8] {
+    static ATTEMPT: OnceLock<Vec<u8>> = OnceLock::new();
+    constant_fields(&ATTEMPT, &[("http.request.method", "POST")])
 }
 
 /// Which call a delivery-level span stands for.
@@ -77,89 +183,93 @@ pub struct Verdict {
 const SYSTEM: &str = "fanout";
 
 impl OpenSpan {
-    /// A span with its ids, parent (empty for a root) and start.
+    /// A span with its ids, parent (empty for a root), name (its parts joined) and start.
     pub(super) fn start(
         trace_id: [u8; 16],
         span_id: [u8; 8],
         parent: &[u8],
-        name: String,
+        name: &[&str],
         kind: i32,
         start_ns: u64,
     ) -> OpenSpan {
+        let capacity = if kind == otlp::CLIENT {
+            ATTEMPT_CAPACITY
+        } else {
+            LEG_CAPACITY
+        };
+        let mut out = Writer::with_capacity(capacity);
+        out.bytes(1, &trace_id);
+        out.bytes(2, &span_id);
+        out.bytes(4, parent);
+        out.header(5, name.iter().map(|part| part.len()).sum());
+        for part in name {
+            out.raw(part.as_bytes());
+        }
+        out.int32(6, kind);
+        out.fixed64(7, start_ns);
         OpenSpan {
-            span: otlp::Span {
-                trace_id: trace_id.to_vec(),
-                span_id: span_id.to_vec(),
-                parent_span_id: parent.to_vec(),
-                name,
-                kind,
-                start_time_unix_nano: start_ns,
-                flags: otlp::PARENT_KNOWN_LOCAL,
-                ..otlp::Span::default()
-            },
+            out,
             trace_id,
             span_id,
+            trace_state: None,
+            flags: otlp::PARENT_KNOWN_LOCAL,
+            start_ns,
         }
     }
 
     /// A child of this span, in its trace, with its `tracestate`.
-    fn child(&self, span_id: [u8; 8], name: String, kind: i32, start_ns: u64) -> OpenSpan {
+    fn child(&self, span_id: [u8; 8], name: &[&str], kind: i32, start_ns: u64) -> OpenSpan {
         let mut child =
             OpenSpan::start(self.trace_id, span_id, &self.span_id, name, kind, start_ns);
-        child.span.trace_state.clone_from(&self.span.trace_state);
+        child.trace_state.clone_from(&self.trace_state);
         child
     }
 
     pub(super) fn remote_parent(&mut self, trace_state: Option<String>) {
-        self.span.flags = otlp::PARENT_REMOTE;
-        self.span.trace_state = trace_state.unwrap_or_default();
+        self.flags = otlp::PARENT_REMOTE;
+        self.trace_state = trace_state.map(Rc::from);
     }
 
     /// The `traceparent` of a call made from this span (sampled: only sampled requests have
     /// spans).
-    pub fn traceparent(&self) -> String {
+    pub fn traceparent(&self) -> [u8; LEN_00] {
         traceparent(&self.trace_id, &self.span_id, true)
     }
 
     /// The `tracestate` a call made from this span carries: the sender's, if it was valid.
-    pub fn tracestate(&self) -> Option<&str> {
-        Some(self.span.trace_state.as_str()).filter(|s| !s.is_empty())
+    pub fn tracestate(&self) -> Option<&Rc<str>> {
+        self.trace_state.as_ref()
     }
 
     pub fn span_id(&self) -> [u8; 8] {
         self.span_id
     }
 
-    fn str(&mut self, key: &'static str, value: &str) {
-        self.span
-            .attributes
-            .push(KeyValue::new(key, Value::String(value.to_string())));
+    fn str(&mut self, key: &str, value: &str) {
+        otlp::attribute(&mut self.out, key, AttributeValue::Str(value));
     }
 
-    fn int(&mut self, key: &'static str, value: i64) {
-        self.span
-            .attributes
-            .push(KeyValue::new(key, Value::Int(value)));
+    fn int(&mut self, key: &str, value: i64) {
+        otlp::attribute(&mut self.out, key, AttributeValue::Int(value));
     }
 
-    fn bool(&mut self, key: &'static str, value: bool) {
-        self.span
-            .attributes
-            .push(KeyValue::new(key, Value::Bool(value)));
+    fn bool(&mut self, key: &str, value: bool) {
+        otlp::attribute(&mut self.out, key, AttributeValue::Bool(value));
     }
 
     /// Status ERROR with `message`, and `error.type`.
     fn fail(&mut self, error_type: &str, message: &str) {
         self.str("error.type", error_type);
-        self.span.status = Some(otlp::Status {
-            message: message.to_string(),
-            code: otlp::ERROR,
-        });
+        otlp::status(&mut self.out, message, otlp::ERROR);
     }
 
-    fn end(mut self, end_ns: u64) -> otlp::Span {
-        self.span.end_time_unix_nano = end_ns.max(self.span.start_time_unix_nano);
-        self.span
+    fn end(mut self, end_ns: u64) -> EndedSpan {
+        if let Some(state) = &self.trace_state {
+            self.out.bytes(3, state.as_bytes());
+        }
+        self.out.fixed64(8, end_ns.max(self.start_ns));
+        self.out.fixed32(16, self.flags);
+        EndedSpan(self.out.into_bytes())
     }
 
     /// The request's span, as [`super::Tracer::request`] started it: the channel and the
@@ -179,25 +289,14 @@ impl OpenSpan {
             self.str("kn.channel.name", name);
         }
         self.str("http.request.method", method);
-        self.event(event);
+        self.event(&EventFields::new(event));
     }
 
     /// The event's CloudEvents attributes: at the start for a delivery (the event is known),
     /// later for the request, whose span starts with the headers and whose event (a
     /// structured one's attributes) is known once the body is in.
-    pub fn event(&mut self, event: &EventAttributes) {
-        let attributes = [
-            ("cloudevents.event_id", event.id),
-            ("cloudevents.source", event.source),
-            ("cloudevents.type", event.event_type),
-            ("cloudevents.subject", event.subject),
-            ("cloudevents.specversion", event.spec_version),
-        ];
-        for (key, value) in attributes {
-            if let Some(value) = value {
-                self.str(key, value);
-            }
-        }
+    pub fn event(&mut self, event: &EventFields) {
+        self.out.raw(&event.0);
     }
 
     /// A delivery-level span under the request's span: `send <cluster>` for a subscriber,
@@ -207,19 +306,13 @@ impl OpenSpan {
         span_id: [u8; 8],
         leg: Leg,
         to: &Destination,
-        event: &EventAttributes,
+        event: &EventFields,
         start_ns: u64,
     ) -> OpenSpan {
-        let operation = match leg {
-            Leg::Delivery => "send",
-            Leg::Reply => "reply",
-            Leg::DeadLetter => "dead letter",
-        };
-        let name = [operation, " ", to.cluster].concat();
-        let mut span = self.child(span_id, name, otlp::PRODUCER, start_ns);
-        span.str("messaging.system", SYSTEM);
-        span.str("messaging.operation.name", operation);
-        span.str("messaging.operation.type", "send");
+        let (operation, constants) = leg_fields(leg);
+        let name = [operation, " ", to.cluster];
+        let mut span = self.child(span_id, &name, otlp::PRODUCER, start_ns);
+        span.out.raw(constants);
         span.str("messaging.destination.name", to.cluster);
         span.str("server.address", to.authority);
         span.str("url.path", to.path);
@@ -237,8 +330,8 @@ impl OpenSpan {
         retry_after_ms: Option<u64>,
         start_ns: u64,
     ) -> OpenSpan {
-        let mut span = self.child(span_id, "POST".into(), otlp::CLIENT, start_ns);
-        span.str("http.request.method", "POST");
+        let mut span = self.child(span_id, &["POST"], otlp::CLIENT, start_ns);
+        span.out.raw(attempt_fields());
         if resend > 0 {
             span.int("http.request.resend_count", i64::from(resend));
             span.int("fanout.backoff_ms", clamp(backoff_ms));
@@ -256,19 +349,20 @@ impl OpenSpan {
         status: Option<u16>,
         error: Option<&str>,
         end_ns: u64,
-    ) -> otlp::Span {
+    ) -> EndedSpan {
         if let Some(status) = status {
             self.int("http.response.status_code", i64::from(status));
         }
         if let Some(error) = error {
-            let error_type = status.map_or(error.to_string(), |s| s.to_string());
-            self.fail(&error_type, error);
+            let mut digits = [0u8; 5];
+            let error_type = status.map_or(error, |s| decimal(s, &mut digits));
+            self.fail(error_type, error);
         }
         self.end(end_ns)
     }
 
     /// A delivery-level span's end.
-    pub fn end_leg(mut self, outcome: &DeliveryOutcome, end_ns: u64) -> otlp::Span {
+    pub fn end_leg(mut self, outcome: &DeliveryOutcome, end_ns: u64) -> EndedSpan {
         self.int("fanout.attempts", i64::from(outcome.attempts));
         self.bool("fanout.dead_lettered", outcome.dead_lettered);
         if !outcome.delivered {
@@ -279,7 +373,7 @@ impl OpenSpan {
     }
 
     /// The request span's end: the answer's status and the counts; a 5xx is an error.
-    pub fn end_request(mut self, verdict: &Verdict, end_ns: u64) -> otlp::Span {
+    pub fn end_request(mut self, verdict: &Verdict, end_ns: u64) -> EndedSpan {
         self.int("http.response.status_code", i64::from(verdict.status));
         self.int("fanout.subscribers", i64::from(verdict.subscribers));
         self.int("fanout.subscribers.failed", i64::from(verdict.failed));
@@ -292,10 +386,28 @@ impl OpenSpan {
                 "{} of {} subscribers failed",
                 verdict.failed, verdict.subscribers
             );
-            self.fail(&verdict.status.to_string(), &message);
+            let mut digits = [0u8; 5];
+            self.fail(decimal(verdict.status, &mut digits), &message);
         }
         self.end(end_ns)
     }
+}
+
+/// `n` in decimal, in `digits`.
+fn decimal(n: u16, digits: &mut [u8; 5]) -> &str {
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        if let Some(d) = digits.get_mut(i) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || i == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(digits.get(i..).unwrap_or_default()).unwrap_or_default()
 }
 
 fn clamp(ms: u64) -> i64 {
