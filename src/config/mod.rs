@@ -336,6 +336,8 @@ pub struct Subscriber {
     pub call_cap: Option<CallCap>,
     /// `delivery.format`: the content mode it gets (`None`: the event as it came).
     pub format: Option<Format>,
+    /// Its delivery span's destination attributes (`tracing`), encoded once.
+    pub span_destination: crate::trace::DestinationFields,
 }
 
 /// A dead-letter or reply target.

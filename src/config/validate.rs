@@ -21,6 +21,7 @@ use crate::headers::{self, HeaderSelector};
 use crate::jitter::Jitter;
 use crate::retry::{RetryPolicy, DEFAULT_BACKOFF_DELAY_MS, DEFAULT_BACKOFF_MAX_MS, MAX_RETRY};
 use crate::routing::Router;
+use crate::trace::DestinationFields;
 
 impl RawDelivery {
     /// This subscriber's fields, falling back to the top level's.
@@ -511,7 +512,10 @@ impl RawSubscriber {
             (None, Some(reply)) => Some(reply.clone().validate("reply", default_timeout)?),
             (None, None) => None,
         };
+        let span_destination =
+            DestinationFields::new(&target.cluster, &target.authority, &target.path);
         Ok(Subscriber {
+            span_destination,
             cluster: target.cluster,
             authority: target.authority,
             path: target.path,

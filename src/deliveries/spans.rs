@@ -128,7 +128,8 @@ impl Tracing {
     }
 
     fn record(&mut self, span: EndedSpan, now_ns: u64) {
-        self.exporter.record(span, now_ns / 1_000_000);
+        self.exporter.record(&span, now_ns / 1_000_000);
+        self.tracer.recycle(span);
     }
 
     /// The export due at `now_ms` (`flush`: all that is held), if none is in flight.
@@ -234,9 +235,9 @@ impl JobSpans {
         let s = self.subs.get_mut(index)?;
         let send = s.send.get_or_insert_with(|| {
             let to = destination(sub, Leg::Event);
-            let id = tracing.tracer.span_id();
+            let ids = &mut tracing.tracer;
             self.request
-                .leg(id, trace::Leg::Delivery, &to, &self.event, now_ns)
+                .leg(ids, trace::Leg::Delivery, &to, &self.event, now_ns)
         });
         if leg != Leg::Event && s.leg.as_ref().is_none_or(|(l, _, _)| *l != leg) {
             let which = match leg {
@@ -244,7 +245,7 @@ impl JobSpans {
                 _ => trace::Leg::DeadLetter,
             };
             let span = send.leg(
-                tracing.tracer.span_id(),
+                &mut tracing.tracer,
                 which,
                 &destination(sub, leg),
                 &self.event,
@@ -267,7 +268,7 @@ impl JobSpans {
             0
         };
         let attempt = parent.attempt(
-            tracing.tracer.span_id(),
+            &mut tracing.tracer,
             *resend,
             backoff_ms,
             retry_after_ms,
@@ -409,11 +410,13 @@ fn destination(sub: &Subscriber, leg: Leg) -> Destination<'_> {
             cluster: &target.cluster,
             authority: &target.authority,
             path: &target.path,
+            fields: None,
         },
         None => Destination {
             cluster: &sub.cluster,
             authority: &sub.authority,
             path: &sub.path,
+            fields: Some(&sub.span_destination),
         },
     }
 }

@@ -30,6 +30,48 @@ pub struct ExportSettings {
     pub max_delay_ms: u64,
 }
 
+/// Spans held: each one's bytes as `ScopeSpans.spans` fields (key, length, `Span`), one after
+/// the other in one buffer, and where each ends.
+#[derive(Debug, Default)]
+struct Framed {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Framed {
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    fn push(&mut self, span: &[u8]) {
+        otlp::frame(&mut self.bytes, span);
+        self.ends.push(self.bytes.len());
+    }
+
+    /// Keeps the first `n`.
+    fn truncate(&mut self, n: usize) {
+        let cut = n.checked_sub(1).and_then(|i| self.ends.get(i)).copied();
+        self.bytes.truncate(cut.unwrap_or(0));
+        self.ends.truncate(n);
+    }
+
+    /// The first `n`, taken out.
+    fn take(&mut self, n: usize) -> Vec<u8> {
+        let cut = n.checked_sub(1).and_then(|i| self.ends.get(i)).copied();
+        let cut = cut.unwrap_or(0);
+        let taken: Vec<u8> = self.bytes.drain(..cut).collect();
+        self.ends.drain(..n.min(self.ends.len()));
+        for end in &mut self.ends {
+            *end = end.saturating_sub(cut);
+        }
+        taken
+    }
+}
+
 /// One warning about dropped spans per this many ms at most.
 pub const WARNING_INTERVAL_MS: u64 = 60_000;
 
@@ -49,7 +91,7 @@ pub struct Export {
 #[derive(Debug)]
 pub struct Exporter {
     settings: ExportSettings,
-    queue: Vec<EndedSpan>,
+    queue: Framed,
     /// When the oldest span in the queue was recorded.
     oldest_ms: Option<u64>,
     /// Spans of the export in flight (0: none).
@@ -64,7 +106,7 @@ impl Exporter {
     pub fn new(settings: ExportSettings) -> Exporter {
         Exporter {
             settings,
-            queue: Vec::new(),
+            queue: Framed::default(),
             oldest_ms: None,
             in_flight: 0,
             dropped: 0,
@@ -86,13 +128,13 @@ impl Exporter {
     }
 
     /// A span that ended, at `now_ms`; dropped (and counted) when the buffer is full.
-    pub fn record(&mut self, span: EndedSpan, now_ms: u64) {
+    pub fn record(&mut self, span: &EndedSpan, now_ms: u64) {
         if self.queue.len() + self.in_flight >= self.settings.max_queue_spans {
             self.drop_spans(1);
             return;
         }
         self.oldest_ms.get_or_insert(now_ms);
-        self.queue.push(span);
+        self.queue.push(span.as_ref());
     }
 
     /// The export due at `now_ms`: when a batch is full or its oldest span waited
@@ -147,11 +189,11 @@ impl Exporter {
 
     fn export(&mut self, now_ms: u64) -> Export {
         let n = self.queue.len().min(self.settings.max_batch_spans);
-        let batch: Vec<EndedSpan> = self.queue.drain(..n).collect();
+        let batch = self.queue.take(n);
         // What stays (a full batch left) counts its age from this export: it leaves within
         // one more delay, or sooner once a batch is full again.
         self.oldest_ms = (!self.queue.is_empty()).then_some(now_ms);
-        self.in_flight = batch.len();
+        self.in_flight = n;
         let s = &self.settings;
         let mut headers = s.call_headers.clone();
         headers.push(("content-type".into(), "application/x-protobuf".into()));
@@ -220,7 +262,7 @@ mod tests {
     #[test]
     fn a_batch_leaves_when_full_or_old_never_sooner() {
         let mut exporter = Exporter::new(settings());
-        exporter.record(span(1), 0);
+        exporter.record(&span(1), 0);
         assert_eq!(exporter.tick(999, false), None, "neither full nor old");
         let export = exporter.tick(1000, false).unwrap();
         assert_eq!(decoded(&export), ["s1"]);
@@ -240,7 +282,7 @@ mod tests {
         exporter.answered(Some(200));
 
         for n in 0..6 {
-            exporter.record(span(n), 2000);
+            exporter.record(&span(n), 2000);
         }
         assert_eq!(
             decoded(&exporter.tick(2000, false).unwrap()),
@@ -277,7 +319,7 @@ mod tests {
     #[test]
     fn flush_sends_what_is_held() {
         let mut exporter = Exporter::new(settings());
-        exporter.record(span(1), 0);
+        exporter.record(&span(1), 0);
         assert_eq!(decoded(&exporter.tick(1, true).unwrap()), ["s1"]);
     }
 
@@ -285,12 +327,12 @@ mod tests {
     fn a_collector_that_fails_costs_the_spans_counted_and_warned_once_per_interval() {
         let mut exporter = Exporter::new(settings());
         for n in 0..4 {
-            exporter.record(span(n), 0);
+            exporter.record(&span(n), 0);
         }
         assert!(exporter.tick(0, false).is_some());
         // While the export is in flight the buffer holds 10 in all: 6 more fit.
         for n in 0..8 {
-            exporter.record(span(n), 1);
+            exporter.record(&span(n), 1);
         }
         assert_eq!(exporter.queued(), 6);
         exporter.answered(None);

@@ -16,15 +16,22 @@ pub mod otlp;
 pub mod span;
 
 pub use span::{
-    DeliveryOutcome, Destination, EndedSpan, EventAttributes, EventFields, Leg, OpenSpan, Verdict,
+    DeliveryOutcome, Destination, DestinationFields, EndedSpan, EventAttributes, EventFields, Leg,
+    OpenSpan, Verdict,
 };
 
 use context::TraceParent;
+
+/// Span buffers kept for reuse: the spans of a few fan-outs in flight.
+const SPARE_BUFFERS: usize = 64;
 
 /// Ids and the sampling decision, one per VM.
 #[derive(Debug, Clone)]
 pub struct Tracer {
     ids: fastrand::Rng,
+    /// Buffers of spans whose bytes were copied to the exporter, for new spans: a span then
+    /// costs no allocation.
+    spare: Vec<Vec<u8>>,
     /// A new trace is sampled when the low 63 bits of its id's last 8 bytes are below this.
     ratio_bound: u64,
 }
@@ -37,6 +44,7 @@ impl Tracer {
         let ratio_bound = (ratio.clamp(0.0, 1.0) * 9_223_372_036_854_775_808.0) as u64;
         Tracer {
             ids: fastrand::Rng::with_seed(seed),
+            spare: Vec::new(),
             ratio_bound,
         }
     }
@@ -58,8 +66,8 @@ impl Tracer {
             Some(parent) if !parent.sampled => return None,
             Some(parent) => {
                 let mut span = OpenSpan::start(
+                    self.fresh(),
                     parent.trace_id,
-                    self.span_id(),
                     &parent.parent_id,
                     &["fanout ", channel],
                     otlp::SERVER,
@@ -74,8 +82,8 @@ impl Tracer {
                     return None;
                 }
                 OpenSpan::start(
+                    self.fresh(),
                     trace_id,
-                    self.span_id(),
                     &[],
                     &["fanout ", channel],
                     otlp::SERVER,
@@ -90,6 +98,18 @@ impl Tracer {
     /// A new span id (never all zero).
     pub fn span_id(&mut self) -> [u8; 8] {
         self.ids.u64(1..).to_be_bytes()
+    }
+
+    /// A new span's id and buffer.
+    fn fresh(&mut self) -> ([u8; 8], Vec<u8>) {
+        (self.span_id(), self.spare.pop().unwrap_or_default())
+    }
+
+    /// A span's buffer, once its bytes are copied (at most [`SPARE_BUFFERS`] are kept).
+    pub fn recycle(&mut self, span: EndedSpan) {
+        if self.spare.len() < SPARE_BUFFERS {
+            self.spare.push(span.into_buffer());
+        }
     }
 
     fn trace_id(&mut self) -> [u8; 16] {
@@ -225,15 +245,16 @@ mod tests {
             cluster: "billing",
             authority: "billing.svc",
             path: "/in",
+            fields: None,
         };
         let send = request.leg(
-            tracer.span_id(),
+            &mut tracer,
             Leg::Delivery,
             &billing,
             &EventFields::new(&event()),
             1_010,
         );
-        let first = send.attempt(tracer.span_id(), 0, 0, None, 1_020);
+        let first = send.attempt(&mut tracer, 0, 0, None, 1_020);
         let header = first.traceparent();
         let header = std::str::from_utf8(&header).unwrap();
         assert_eq!(&header[..36], "00-4bf92f3577b34da6a3ce929d0e0e4736-");
@@ -242,22 +263,23 @@ mod tests {
         let first = first
             .end_attempt(Some(503), Some("status 503"), 1_030)
             .decode();
-        let second = send.attempt(tracer.span_id(), 1, 1000, Some(1000), 2_030);
+        let second = send.attempt(&mut tracer, 1, 1000, Some(1000), 2_030);
         let second = second.end_attempt(Some(200), None, 2_040).decode();
         let reply_to = Destination {
             cluster: "replies",
             authority: "replies",
             path: "/",
+            fields: None,
         };
         let reply = send.leg(
-            tracer.span_id(),
+            &mut tracer,
             Leg::Reply,
             &reply_to,
             &EventFields::new(&event()),
             2_041,
         );
         let reply_attempt = reply
-            .attempt(tracer.span_id(), 0, 0, None, 2_042)
+            .attempt(&mut tracer, 0, 0, None, 2_042)
             .end_attempt(Some(202), None, 2_043)
             .decode();
         let reply = reply
@@ -283,9 +305,10 @@ mod tests {
             cluster: "dlq",
             authority: "dlq",
             path: "/",
+            fields: None,
         };
         let dead = request.leg(
-            tracer.span_id(),
+            &mut tracer,
             Leg::DeadLetter,
             &dl_to,
             &EventFields::new(&event()),
@@ -409,16 +432,11 @@ mod tests {
             cluster: "a",
             authority: "a",
             path: "/",
+            fields: None,
         };
-        let send = request.leg(
-            tracer.span_id(),
-            Leg::Delivery,
-            &to,
-            &EventFields::default(),
-            6,
-        );
+        let send = request.leg(&mut tracer, Leg::Delivery, &to, &EventFields::default(), 6);
         let timeout = send
-            .attempt(tracer.span_id(), 0, 0, None, 7)
+            .attempt(&mut tracer, 0, 0, None, 7)
             .end_attempt(None, Some("timeout"), 8)
             .decode();
         assert_eq!(string(&timeout, "error.type").as_deref(), Some("timeout"));

@@ -108,9 +108,17 @@ impl KeyValue {
     }
 }
 
-/// The body of one export: `spans` (each a `Span`'s encoded fields) under one resource and
-/// fanout's instrumentation scope.
-pub fn encode(resource: &[KeyValue], spans: &[impl AsRef<[u8]>]) -> Vec<u8> {
+/// `span` (a `Span`'s encoded fields) as one `ScopeSpans.spans` field, after `out`.
+pub fn frame(out: &mut Vec<u8>, span: &[u8]) {
+    out.reserve(1 + varint_len(span.len() as u64) + span.len());
+    out.push(0x12);
+    crate::protowire::push_varint(out, span.len() as u64);
+    out.extend_from_slice(span);
+}
+
+/// The body of one export: `spans` (`ScopeSpans.spans` fields, [`frame`]d) under one
+/// resource and fanout's instrumentation scope.
+pub fn encode(resource: &[KeyValue], spans: &[u8]) -> Vec<u8> {
     let scope = InstrumentationScope {
         name: "fanout".into(),
         version: env!("CARGO_PKG_VERSION").into(),
@@ -118,10 +126,7 @@ pub fn encode(resource: &[KeyValue], spans: &[impl AsRef<[u8]>]) -> Vec<u8> {
     let resource = Resource {
         attributes: resource.to_vec(),
     };
-    let spans_len: usize = spans
-        .iter()
-        .map(|span| 1 + varint_len(span.as_ref().len() as u64) + span.as_ref().len())
-        .sum();
+    let spans_len = spans.len();
     let mut out = Writer::with_capacity(spans_len + 256);
     // ExportTraceServiceRequest.resource_spans, then ResourceSpans.scope_spans: the spans'
     // bytes are written once, inside their known lengths.
@@ -138,9 +143,7 @@ pub fn encode(resource: &[KeyValue], spans: &[impl AsRef<[u8]>]) -> Vec<u8> {
     out.len_delimited(1, &resource_bytes);
     out.header(2, scope_spans_len);
     out.len_delimited(1, &scope_bytes);
-    for span in spans {
-        out.len_delimited(2, span.as_ref());
-    }
+    out.raw(spans);
     out.into_bytes()
 }
 
@@ -614,7 +617,9 @@ mod tests {
             }),
             ..Span::default()
         };
-        let bytes = encode(&resource, &[span.encode_to_vec()]);
+        let mut framed = Vec::new();
+        frame(&mut framed, &span.encode_to_vec());
+        let bytes = encode(&resource, &framed);
         let back = ExportTraceServiceRequest::decode(bytes.as_slice()).unwrap();
         assert_eq!(
             prost::Message::encode_to_vec(

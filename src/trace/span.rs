@@ -21,6 +21,7 @@ use std::sync::OnceLock;
 
 use super::context::{traceparent, LEN_00};
 use super::otlp::{self, AttributeValue};
+use super::Tracer;
 use crate::protowire::Writer;
 
 /// A span started and not yet ended: its fields encoded so far (OTLP's `Span`, written as
@@ -40,6 +41,13 @@ pub struct OpenSpan {
 /// A span that ended: an OTLP `Span`'s encoded fields, what the exporter buffers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EndedSpan(Vec<u8>);
+
+impl EndedSpan {
+    /// Its buffer, for another span once its bytes are copied.
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.0
+    }
+}
 
 impl AsRef<[u8]> for EndedSpan {
     fn as_ref(&self) -> &[u8] {
@@ -91,6 +99,25 @@ impl EventFields {
 
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+}
+
+/// Where a delivery-level span's calls go, as its attribute fields (`messaging.destination.name`,
+/// `server.address`, `url.path`), encoded once per subscriber when it is configured.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DestinationFields(Vec<u8>);
+
+impl DestinationFields {
+    pub fn new(cluster: &str, authority: &str, path: &str) -> DestinationFields {
+        let mut out = Writer::default();
+        for (key, value) in [
+            ("messaging.destination.name", cluster),
+            ("server.address", authority),
+            ("url.path", path),
+        ] {
+            otlp::attribute(&mut out, key, AttributeValue::Str(value));
+        }
+        DestinationFields(out.into_bytes())
     }
 }
 
@@ -158,6 +185,8 @@ pub struct Destination<'a> {
     pub cluster: &'a str,
     pub authority: &'a str,
     pub path: &'a str,
+    /// The three as attribute fields, when they were encoded already.
+    pub fields: Option<&'a DestinationFields>,
 }
 
 /// How one subscriber's delivery ended.
@@ -185,8 +214,8 @@ const SYSTEM: &str = "fanout";
 impl OpenSpan {
     /// A span with its ids, parent (empty for a root), name (its parts joined) and start.
     pub(super) fn start(
+        (span_id, mut buffer): ([u8; 8], Vec<u8>),
         trace_id: [u8; 16],
-        span_id: [u8; 8],
         parent: &[u8],
         name: &[&str],
         kind: i32,
@@ -197,7 +226,9 @@ impl OpenSpan {
         } else {
             LEG_CAPACITY
         };
-        let mut out = Writer::with_capacity(capacity);
+        buffer.clear();
+        buffer.reserve(capacity);
+        let mut out = Writer::after(buffer);
         out.bytes(1, &trace_id);
         out.bytes(2, &span_id);
         out.bytes(4, parent);
@@ -218,9 +249,15 @@ impl OpenSpan {
     }
 
     /// A child of this span, in its trace, with its `tracestate`.
-    fn child(&self, span_id: [u8; 8], name: &[&str], kind: i32, start_ns: u64) -> OpenSpan {
-        let mut child =
-            OpenSpan::start(self.trace_id, span_id, &self.span_id, name, kind, start_ns);
+    fn child(&self, ids: &mut Tracer, name: &[&str], kind: i32, start_ns: u64) -> OpenSpan {
+        let mut child = OpenSpan::start(
+            ids.fresh(),
+            self.trace_id,
+            &self.span_id,
+            name,
+            kind,
+            start_ns,
+        );
         child.trace_state.clone_from(&self.trace_state);
         child
     }
@@ -303,7 +340,7 @@ impl OpenSpan {
     /// `reply <cluster>` and `dead letter <cluster>` under that subscriber's span.
     pub fn leg(
         &self,
-        span_id: [u8; 8],
+        ids: &mut Tracer,
         leg: Leg,
         to: &Destination,
         event: &EventFields,
@@ -311,11 +348,14 @@ impl OpenSpan {
     ) -> OpenSpan {
         let (operation, constants) = leg_fields(leg);
         let name = [operation, " ", to.cluster];
-        let mut span = self.child(span_id, &name, otlp::PRODUCER, start_ns);
+        let mut span = self.child(ids, &name, otlp::PRODUCER, start_ns);
         span.out.raw(constants);
-        span.str("messaging.destination.name", to.cluster);
-        span.str("server.address", to.authority);
-        span.str("url.path", to.path);
+        match to.fields {
+            Some(fields) => span.out.raw(&fields.0),
+            None => span
+                .out
+                .raw(&DestinationFields::new(to.cluster, to.authority, to.path).0),
+        }
         span.event(event);
         span
     }
@@ -324,13 +364,13 @@ impl OpenSpan {
     /// before it and the `Retry-After` that wait honoured.
     pub fn attempt(
         &self,
-        span_id: [u8; 8],
+        ids: &mut Tracer,
         resend: u32,
         backoff_ms: u64,
         retry_after_ms: Option<u64>,
         start_ns: u64,
     ) -> OpenSpan {
-        let mut span = self.child(span_id, &["POST"], otlp::CLIENT, start_ns);
+        let mut span = self.child(ids, &["POST"], otlp::CLIENT, start_ns);
         span.out.raw(attempt_fields());
         if resend > 0 {
             span.int("http.request.resend_count", i64::from(resend));
