@@ -45,11 +45,10 @@ mod spans;
 mod traced;
 
 /// The host's clock, read at most once per callback and only if something needs the time:
-/// a plain success with metrics off costs no clock read (each read is a host call). Spans
-/// read it in nanoseconds (once per callback too).
+/// a plain success with metrics off costs no clock read (each read is a host call). One
+/// reading serves the milliseconds of retries and metrics and the nanoseconds of spans.
 struct Clock<'h, H> {
     host: &'h H,
-    now: Cell<Option<u64>>,
     now_ns: Cell<Option<u64>>,
 }
 
@@ -57,23 +56,17 @@ impl<'h, H: Host> Clock<'h, H> {
     fn new(host: &'h H) -> Self {
         Clock {
             host,
-            now: Cell::new(None),
             now_ns: Cell::new(None),
         }
+    }
+
+    fn now(&self) -> u64 {
+        self.now_ns() / 1_000_000
     }
 
     fn now_ns(&self) -> u64 {
         let now = self.now_ns.get().unwrap_or_else(|| self.host.now_nanos());
         self.now_ns.set(Some(now));
-        now
-    }
-
-    fn now(&self) -> u64 {
-        if let Some(now) = self.now.get() {
-            return now;
-        }
-        let now = self.host.now_ms();
-        self.now.set(Some(now));
         now
     }
 }

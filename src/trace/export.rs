@@ -62,8 +62,10 @@ impl Framed {
     /// The first `n`, taken out.
     fn take(&mut self, n: usize) -> Vec<u8> {
         let cut = n.checked_sub(1).and_then(|i| self.ends.get(i)).copied();
-        let cut = cut.unwrap_or(0);
-        let taken: Vec<u8> = self.bytes.drain(..cut).collect();
+        let cut = cut.unwrap_or(0).min(self.bytes.len());
+        // What stays is copied out (usually nothing); what is taken keeps the buffer.
+        let rest = self.bytes.split_off(cut);
+        let taken = std::mem::replace(&mut self.bytes, rest);
         self.ends.drain(..n.min(self.ends.len()));
         for end in &mut self.ends {
             *end = end.saturating_sub(cut);
