@@ -345,13 +345,22 @@ impl<H: Host> Stream<H> {
     fn begin(&mut self, job: Job, claim: Claim) {
         self.stage = Stage::Claiming;
         let actor = self.actor();
-        let finished = with_mut(&self.pipeline, |p| p.begin(&self.host, actor, job, claim));
-        self.finished(finished.unwrap_or_default());
+        let begun = with_mut(&self.pipeline, |p| p.begin(&self.host, actor, job, claim));
+        let begun = begun.unwrap_or_default();
+        if let Some(job) = begun.delivering {
+            self.stage = Stage::Delivering { job };
+        }
+        self.finished(begun.finished);
     }
 
     /// Answers sent from this stream's callback: its own (counted by the pipeline), and
     /// those of other streams whose fan-outs ended here.
     fn finished(&mut self, finished: Vec<Finished>) {
+        if finished.is_empty() {
+            // Most calls' answers: nothing ended.
+            self.adopt();
+            return;
+        }
         if finished.iter().any(|done| done.answer_to == Some(self.id)) {
             // Its own answer is here: what the pipeline kept for it is stale.
             if matches!(self.stage, Stage::Claiming) {

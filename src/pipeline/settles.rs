@@ -28,14 +28,18 @@ impl Pipeline {
     /// ran; then the etcd settles queued go out (if none is in flight). Adds to `finished`
     /// the answers that go out now: those whose claims are settled already (Envoy's store,
     /// async, no etcd settle), and those whose etcd settle failed at once. (Into the caller's
-    /// list: every call's answer passes here, and mostly nothing ended.)
+    /// list, and both checks in line: every call's answer passes here, and mostly nothing
+    /// ended and nothing is queued.)
+    #[inline]
     pub(super) fn settle_ended<H: Host>(
         &mut self,
         host: &H,
         actor: Actor,
         finished: &mut Vec<Finished>,
     ) {
-        self.queue_ended(host, finished);
+        if self.deliveries.has_ended() {
+            self.queue_ended(host, finished);
+        }
         self.flush_settles(host, actor, finished);
     }
 
@@ -85,6 +89,7 @@ impl Pipeline {
     /// Sends the settles queued if no settle txn is in flight (from any context, as calls of
     /// the acting root); those queued while one is in flight go out when it is answered.
     /// Adds the answers of fan-outs whose settle failed at once to `finished`.
+    #[inline]
     fn flush_settles<H: Host>(&mut self, host: &H, actor: Actor, finished: &mut Vec<Finished>) {
         if self.etcd.ready_to_send() {
             finished.extend(self.send_settles(host, actor));
