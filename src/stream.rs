@@ -5,7 +5,9 @@
 //!
 //! Read top to bottom, a request goes: [`admit`] on the headers (an [`Admitted`] or
 //! the answer), the body held until end of stream, then `Stream::fan_out`: the event,
-//! [`recipients::choose`] (who gets it), and [`Pipeline::begin`] (claim, deliver, settle).
+//! [`recipients::choose`] (who gets it), [`Pipeline::admit`] (whether it fits the worker),
+//! its claims ([`recipients::Chosen::claim`]), and [`Pipeline::begin`] (claim, deliver,
+//! settle).
 //! The answer comes back from the [`Pipeline`] as a [`Finished`], and `Stream::answer` sends
 //! it, once. With `dedupe`'s etcd store the stream waits for its claim (`Stage::Claiming`)
 //! before the subscribers are called.
@@ -305,24 +307,15 @@ impl<H: Host> Stream<H> {
             channel,
             event: &event,
         };
-        let pipeline = &self.pipeline;
-        let host = &self.host;
-        let chosen = recipients::choose(
-            &self.host,
-            &self.counter,
-            config,
-            &request,
-            || pipeline.borrow().async_in_flight(),
-            |clusters| with_mut(pipeline, |p| p.admit(host, config, clusters)).unwrap_or(Ok(())),
-            |until| pipeline.borrow().lease(until),
-        );
-        let recipients = match chosen {
-            Ok(recipients) => recipients,
-            Err(answer) => {
-                self.reject(answer);
-                return;
-            }
-        };
+        let chosen = recipients::choose(&self.host, &self.counter, config, &request);
+        // Before anything is claimed: a refused request must leave no claim behind.
+        let room = &chosen.room;
+        let fits = with_mut(&self.pipeline, |p| p.admit(&self.host, config, room));
+        if let Some(Err(answer)) = fits {
+            self.reject(answer);
+            return;
+        }
+        let recipients = chosen.claim(&self.host, &self.counter, config, &request);
         let job = Job {
             config: config.clone(),
             channel: channel.clone(),

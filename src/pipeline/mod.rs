@@ -26,6 +26,7 @@ use crate::dedupe::remote::{self, Remote};
 use crate::deliveries::{Deliveries, Finished, Job, Launched, Owed};
 use crate::host::Host;
 use crate::jitter::Jitter;
+use crate::recipients::Room;
 use crate::telemetry::{Counter, Telemetry};
 pub use claims::Continued;
 use claims::{Coalescer, Pending};
@@ -207,25 +208,19 @@ impl Pipeline {
         self.deliveries.awaits_answer(id)
     }
 
-    /// Fan-outs delivering with their sender answered (what `max_in_flight` bounds).
-    pub fn async_in_flight(&self) -> usize {
-        self.deliveries.async_in_flight()
-    }
-
-    /// Whether a new event whose first calls go to `clusters` fits the capped clusters'
-    /// lines; else the 503.
-    pub fn admit<H: Host>(
-        &mut self,
-        host: &H,
-        config: &Config,
-        clusters: &[&str],
-    ) -> Result<(), Answer> {
-        self.deliveries.admit(host, config, clusters)
-    }
-
-    /// The etcd lease held that lives at least until `until_ms`, if any.
-    pub fn lease(&self, until_ms: u64) -> Option<i64> {
-        self.etcd.leases.pick(until_ms)
+    /// Whether a new event fits the worker: under `max_in_flight` if that bounds it, and its
+    /// first calls in the capped clusters' lines (`max_queued_calls`); else its 503.
+    pub fn admit<H: Host>(&mut self, host: &H, config: &Config, room: &Room) -> Result<(), Answer> {
+        if room.in_flight {
+            let in_flight = self.deliveries.async_in_flight();
+            if in_flight >= config.max_in_flight {
+                return Err(Answer::busy(in_flight));
+            }
+        }
+        match &room.clusters {
+            Some(clusters) => self.deliveries.admit(host, config, clusters),
+            None => Ok(()),
+        }
     }
 
     /// Everything this worker still owes.
