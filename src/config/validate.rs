@@ -6,6 +6,7 @@
 use std::rc::Rc;
 use std::time::Duration;
 
+use super::dedupe::subscriber_ids;
 use super::{
     AnswerMode, Channel, Config, ConfigError, RawChannel, RawConfig, RawDedupe, RawDelivery,
     RawSubscriber, RawTarget, Subscriber, Target, DEFAULT_FORWARD_HEADERS, DEFAULT_MAX_BODY_BYTES,
@@ -14,7 +15,6 @@ use super::{
 };
 use crate::call_slots::{CallCap, DEFAULT_MAX_QUEUED_CALLS};
 use crate::cloudevents::REQUIRED_ATTRIBUTES;
-use crate::dedupe::settings::subscriber_ids;
 use crate::event_filter::{self, Filter};
 use crate::format::Format;
 use crate::headers::{self, HeaderSelector};
