@@ -347,13 +347,19 @@ impl<H: Host> Stream<H> {
     }
 
     /// Answers sent from this stream's callback: its own (counted by the pipeline), and
-    /// those of other streams whose fan-outs ended here.
+    /// those of other streams whose fan-outs ended here. (The check in line: most calls'
+    /// answers end nothing.)
+    #[inline]
     fn finished(&mut self, finished: Vec<Finished>) {
         if finished.is_empty() {
-            // Most calls' answers: nothing ended.
             self.adopt();
-            return;
+        } else {
+            self.answer_finished(finished);
         }
+    }
+
+    /// Sends the answers of fan-outs that ended (at least one).
+    fn answer_finished(&mut self, finished: Vec<Finished>) {
         if finished.iter().any(|done| done.answer_to == Some(self.id)) {
             // Its own answer is here: what the pipeline kept for it is stale.
             if matches!(self.stage, Stage::Claiming) {

@@ -40,7 +40,9 @@ impl Pipeline {
         if self.deliveries.has_ended() {
             self.queue_ended(host, finished);
         }
-        self.flush_settles(host, actor, finished);
+        if self.etcd.ready_to_send() {
+            self.flush_settles(host, actor, finished);
+        }
     }
 
     /// Settles the claims of the fan-outs that ended (an etcd settle is queued, holding back
@@ -89,7 +91,6 @@ impl Pipeline {
     /// Sends the settles queued if no settle txn is in flight (from any context, as calls of
     /// the acting root); those queued while one is in flight go out when it is answered.
     /// Adds the answers of fan-outs whose settle failed at once to `finished`.
-    #[inline]
     fn flush_settles<H: Host>(&mut self, host: &H, actor: Actor, finished: &mut Vec<Finished>) {
         if self.etcd.ready_to_send() {
             finished.extend(self.send_settles(host, actor));
