@@ -173,17 +173,58 @@ impl FakeState {
 #[test]
 #[ignore]
 fn record_etcd_fixtures() {
-    let addr = std::env::var("FANOUT_ETCD_RECORD").expect("FANOUT_ETCD_RECORD=host:port");
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/etcd");
-    std::fs::create_dir_all(dir).unwrap();
-    let client = reqwest::blocking::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
-    // The message, or the error's `grpc-status` and `grpc-message`.
-    let post = |path: &str, body: &[u8]| -> Result<Vec<u8>, String> {
-        let answer = client
-            .post(format!("http://{addr}{path}"))
+    let recorder = Recorder::new();
+    let config = Config::from_json(ETCD.as_bytes()).unwrap();
+    let ids: Vec<u64> = config.channels[0]
+        .subscribers
+        .iter()
+        .map(|s| s.dedupe_id)
+        .collect();
+    // A fresh event key each run: the fixtures do not depend on what etcd held before.
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+        .to_string();
+    let grant = recorder.save(
+        "grant",
+        recorder.post(etcd::GRANT_PATH, &etcd::grant_body(120)),
+    );
+    let lease = etcd::read_grant(etcd::proto::unframe(&grant).unwrap()).unwrap();
+    let records = record_one_event(&recorder, &ids, lease, &run);
+    record_the_limits(&recorder, lease, &run, &records);
+}
+
+/// Now, on the recording's clock.
+#[cfg(not(target_arch = "wasm32"))]
+const RECORDED_NOW: u64 = 1_000_000;
+
+/// An HTTP/2 client of the etcd being recorded, and where its answers go.
+#[cfg(not(target_arch = "wasm32"))]
+struct Recorder {
+    client: reqwest::blocking::Client,
+    addr: String,
+    dir: &'static str,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl Recorder {
+    fn new() -> Recorder {
+        let addr = std::env::var("FANOUT_ETCD_RECORD").expect("FANOUT_ETCD_RECORD=host:port");
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/etcd");
+        std::fs::create_dir_all(dir).unwrap();
+        let client = reqwest::blocking::Client::builder()
+            .http2_prior_knowledge()
+            .build()
+            .unwrap();
+        Recorder { client, addr, dir }
+    }
+
+    /// The message, or the error's `grpc-status` and `grpc-message`.
+    fn post(&self, path: &str, body: &[u8]) -> Result<Vec<u8>, String> {
+        let answer = self
+            .client
+            .post(format!("http://{}{path}", self.addr))
             .header("content-type", "application/grpc")
             .header("te", "trailers")
             .body(body.to_vec())
@@ -203,29 +244,23 @@ fn record_etcd_fixtures() {
             )),
             _ => Ok(answer.bytes().unwrap().to_vec()),
         }
-    };
-    let save = |name: &str, answer: Result<Vec<u8>, String>| -> Vec<u8> {
+    }
+
+    /// Writes a message as fixture `name`.
+    fn save(&self, name: &str, answer: Result<Vec<u8>, String>) -> Vec<u8> {
         let body = answer.unwrap_or_else(|e| panic!("{name}: {e}"));
         println!("{name}: {} bytes", body.len());
-        std::fs::write(format!("{dir}/{name}.grpc"), &body).unwrap();
+        std::fs::write(format!("{}/{name}.grpc", self.dir), &body).unwrap();
         body
-    };
-    let config = Config::from_json(ETCD.as_bytes()).unwrap();
-    let ids: Vec<u64> = config.channels[0]
-        .subscribers
-        .iter()
-        .map(|s| s.dedupe_id)
-        .collect();
-    // A fresh event key each run: the fixtures do not depend on what etcd held before.
-    let run = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-        .to_string();
+    }
+}
+
+/// One event's life in etcd: claimed, a copy's conflict, settled, redelivered, lapsed, and
+/// batched with a new event. Returns the records value it settled.
+#[cfg(not(target_arch = "wasm32"))]
+fn record_one_event(recorder: &Recorder, ids: &[u64], lease: i64, run: &str) -> String {
+    let now = RECORDED_NOW;
     let (claim_key, records_key) = etcd::keys("/fanout/", "orders", run.as_bytes());
-    let grant = save("grant", post(etcd::GRANT_PATH, &etcd::grant_body(120)));
-    let lease = etcd::read_grant(etcd::proto::unframe(&grant).unwrap()).unwrap();
-    let now = 1_000_000;
     let claim = |owner: u64, until: u64, now: u64| {
         let value = etcd::claim_value(until, owner);
         let op = etcd::ClaimOp {
@@ -239,10 +274,10 @@ fn record_etcd_fixtures() {
     };
     // The first delivery: claimed by owner 1, no records.
     let (body, first) = claim(1, now + 10_000, now);
-    save("claim_fresh", post(etcd::TXN_PATH, &body));
+    recorder.save("claim_fresh", recorder.post(etcd::TXN_PATH, &body));
     // A copy at the same time: owner 1's claim holds, no records.
     let (body, _) = claim(2, now + 10_000, now + 5);
-    save("claim_conflict", post(etcd::TXN_PATH, &body));
+    recorder.save("claim_conflict", recorder.post(etcd::TXN_PATH, &body));
     // Billing and analytics took it, shipping failed: their records, the claim released.
     let records: Vec<etcd::Record> = [ids[0], ids[2]]
         .iter()
@@ -257,39 +292,52 @@ fn record_etcd_fixtures() {
         claim: &first,
         records: Some((&records_key, &records)),
     };
-    save(
-        "settle",
-        post(etcd::TXN_PATH, &etcd::settle_body(&[settled], lease)),
-    );
+    let body = etcd::settle_body(&[settled], lease);
+    recorder.save("settle", recorder.post(etcd::TXN_PATH, &body));
     // The redelivery: claimed by owner 3, the two records read.
     let (body, _) = claim(3, now + 20_000, now + 10);
-    save("claim_retry", post(etcd::TXN_PATH, &body));
+    recorder.save("claim_retry", recorder.post(etcd::TXN_PATH, &body));
     // After the ttl: owner 3's claim lapsed, taken over; the records read, lapsed.
     let (body, _) = claim(4, now + 200_000, now + 100_000);
-    save("claim_lapsed", post(etcd::TXN_PATH, &body));
-    // Two requests' claims in one txn: the event again (owner 4's claim holds: in
-    // progress), and a new event (claimed).
+    recorder.save("claim_lapsed", recorder.post(etcd::TXN_PATH, &body));
+    record_a_batch(recorder, lease, run, (&claim_key, &records_key));
+    records
+}
+
+/// Two requests' claims in one txn: the event again (owner 4's claim holds: in progress),
+/// and a new event (claimed).
+#[cfg(not(target_arch = "wasm32"))]
+fn record_a_batch(recorder: &Recorder, lease: i64, run: &str, event: (&[u8], &[u8])) {
     let (other_claim, other_records) =
         etcd::keys("/fanout/", "orders", format!("{run}-b").as_bytes());
-    let value = etcd::claim_value(now + 210_000, 5);
+    let value = etcd::claim_value(RECORDED_NOW + 210_000, 5);
     let ops = [
         etcd::ClaimOp {
-            key: &claim_key,
+            key: event.0,
             value: &value,
-            records: &records_key,
+            records: event.1,
             lease,
-            now_ms: now + 100_005,
+            now_ms: RECORDED_NOW + 100_005,
         },
         etcd::ClaimOp {
             key: &other_claim,
             value: &value,
             records: &other_records,
             lease,
-            now_ms: now + 100_005,
+            now_ms: RECORDED_NOW + 100_005,
         },
     ];
-    save("claim_batch", post(etcd::TXN_PATH, &etcd::claim_body(&ops)));
-    // The batches' limits are etcd's own: one claim or one settle operation more is refused.
+    recorder.save(
+        "claim_batch",
+        recorder.post(etcd::TXN_PATH, &etcd::claim_body(&ops)),
+    );
+}
+
+/// The batches' limits are etcd's own: one claim or one settle operation more is refused.
+/// Then a settle with a lease etcd does not have: the `lease_not_found` error.
+#[cfg(not(target_arch = "wasm32"))]
+fn record_the_limits(recorder: &Recorder, lease: i64, run: &str, records: &str) {
+    let value = etcd::claim_value(RECORDED_NOW + 210_000, 5);
     let many: Vec<(Vec<u8>, Vec<u8>)> = (0..=etcd::MAX_CLAIMS_PER_TXN
         .max(etcd::MAX_SETTLES_PER_TXN))
         .map(|i| etcd::keys("/fanout/", "orders", format!("{run}-many-{i}").as_bytes()))
@@ -301,7 +349,7 @@ fn record_etcd_fixtures() {
             value: &value,
             records,
             lease,
-            now_ms: now,
+            now_ms: RECORDED_NOW,
         })
         .collect();
     let too_many = |answer: Result<Vec<u8>, String>| {
@@ -309,39 +357,33 @@ fn record_etcd_fixtures() {
         assert!(error.contains("too many operations"), "{error}");
     };
     let fits = &claims[..etcd::MAX_CLAIMS_PER_TXN];
-    post(etcd::TXN_PATH, &etcd::claim_body(fits)).unwrap();
-    too_many(post(
-        etcd::TXN_PATH,
-        &etcd::claim_body(&claims[..=etcd::MAX_CLAIMS_PER_TXN]),
-    ));
-    let settle = |n: usize, lease: i64| {
-        let ops: Vec<etcd::SettleOp<'_>> = many[..n]
+    recorder
+        .post(etcd::TXN_PATH, &etcd::claim_body(fits))
+        .unwrap();
+    let one_more = &claims[..=etcd::MAX_CLAIMS_PER_TXN];
+    too_many(recorder.post(etcd::TXN_PATH, &etcd::claim_body(one_more)));
+    let settles = |n: usize| -> Vec<etcd::SettleOp<'_>> {
+        many[..n]
             .iter()
             .map(|(c, r)| etcd::SettleOp {
                 claim_key: c,
                 claim: &value,
-                records: Some((r, &records)),
+                records: Some((r, records)),
             })
-            .collect();
-        post(etcd::TXN_PATH, &etcd::settle_body(&ops, lease))
+            .collect()
     };
-    too_many(settle(etcd::MAX_SETTLES_PER_TXN + 1, lease));
-    settle(etcd::MAX_SETTLES_PER_TXN, lease).unwrap();
+    let settle = |n: usize| recorder.post(etcd::TXN_PATH, &etcd::settle_body(&settles(n), lease));
+    too_many(settle(etcd::MAX_SETTLES_PER_TXN + 1));
+    settle(etcd::MAX_SETTLES_PER_TXN).unwrap();
     // A lease etcd does not have, for the records of a claim still ours (etcd checks the
     // leases of the puts it applies): the first event's claim, released above, made again.
-    post(etcd::TXN_PATH, &etcd::claim_body(&claims[..1])).unwrap();
-    let ours = [etcd::SettleOp {
-        claim_key: &many[0].0,
-        claim: &value,
-        records: Some((&many[0].1, &records)),
-    }];
-    let bad = etcd::settle_body(&ours, 7_777_777);
-    let error = post(etcd::TXN_PATH, &bad).unwrap_err();
+    recorder
+        .post(etcd::TXN_PATH, &etcd::claim_body(&claims[..1]))
+        .unwrap();
+    let bad = etcd::settle_body(&settles(1), 7_777_777);
+    let error = recorder.post(etcd::TXN_PATH, &bad).unwrap_err();
     assert!(error.starts_with("5 "), "{error}");
     println!("lease_not_found: {error}");
-    std::fs::write(
-        format!("{dir}/lease_not_found.status"),
-        format!("{error}\n"),
-    )
-    .unwrap();
+    let path = format!("{}/lease_not_found.status", recorder.dir);
+    std::fs::write(path, format!("{error}\n")).unwrap();
 }
