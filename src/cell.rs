@@ -12,5 +12,10 @@ use std::cell::RefCell;
 pub fn with_mut<T, R>(cell: &RefCell<T>, change: impl FnOnce(&mut T) -> R) -> Option<R> {
     #[allow(clippy::disallowed_methods)]
     let borrowed = cell.try_borrow_mut();
-    borrowed.ok().map(|mut value| change(&mut value))
+    // A match, not `Result::ok().map`: that moves `change` (and what it captured, a whole
+    // job for the pipeline's `begin`) into another closure first.
+    match borrowed {
+        Ok(mut value) => Some(change(&mut value)),
+        Err(_) => None,
+    }
 }

@@ -5,12 +5,13 @@
 //! that already have the event, or that another request is delivering it to right now, are
 //! not called; the others are claimed for this request).
 //!
-//! What comes out is a [`FanOut`] whose ready calls are exactly the subscribers to call, and
-//! the claims to settle when it ends; or the answer the request gets instead.
+//! It decides and returns; the caller acts: [`choose`] runs the filters and says what the
+//! event needs room for ([`Room`], which the worker's pipeline checks); then
+//! [`Chosen::claim`] makes the claims. What comes out is a [`FanOut`] whose ready calls are
+//! exactly the subscribers to call, and the claims to settle when it ends.
 //!
 //! The claims are `dedupe::claim`'s.
 
-use crate::answer::Answer;
 use crate::config::{AnswerMode, Channel, Config, ReportDetail};
 use crate::dedupe::claim::{self, Claim};
 use crate::fan_out_state::FanOut;
@@ -28,6 +29,25 @@ pub struct Incoming<'a> {
     pub event: &'a Event,
 }
 
+/// Who gets the event, before anything is claimed: the fan-out with the skipped
+/// subscribers ended, and what the worker must have room for ([`Room`]). Then
+/// [`Chosen::claim`].
+pub struct Chosen<'a> {
+    fanout: FanOut,
+    /// The subscribers the event is for (by index in the channel), to claim.
+    wanted: Vec<usize>,
+    pub room: Room<'a>,
+}
+
+/// What must fit before anything is claimed (a refused request must leave no claim
+/// behind): the caller asks the worker's pipeline (`Pipeline::admit`).
+pub struct Room<'a> {
+    /// `max_in_flight` bounds the event (async mode, or a channel of best-effort subscribers).
+    pub in_flight: bool,
+    /// `max_concurrent_calls`: the clusters of its first calls, when any cluster is capped.
+    pub clusters: Option<Vec<&'a str>>,
+}
+
 /// Who gets the event.
 pub struct Recipients {
     /// One call per subscriber: ready for those who get the event, ended for the others.
@@ -36,16 +56,14 @@ pub struct Recipients {
     pub claim: Claim,
 }
 
-/// Decides who gets the event of `request`. `async_in_flight` is asked only in async mode.
-pub fn choose<H: Host>(
+/// Decides who gets the event of `request` by the subscribers' filters (a skip is counted),
+/// and what it needs room for.
+pub fn choose<'a, H: Host>(
     host: &H,
     counter: &Counter,
     config: &Config,
-    request: &Incoming<'_>,
-    async_in_flight: impl FnOnce() -> usize,
-    admit_calls: impl FnOnce(&[&str]) -> Result<(), Answer>,
-    lease: impl FnOnce(u64) -> Option<i64>,
-) -> Result<Recipients, Answer> {
+    request: &Incoming<'a>,
+) -> Chosen<'a> {
     let channel = request.channel;
     let mut fanout = FanOut::new(channel.subscribers.len(), request.started_ms)
         .with_full_report(config.report == ReportDetail::Full)
@@ -59,36 +77,44 @@ pub fn choose<H: Host>(
             counter.count(host, |tally| tally.call_skipped(&subscriber.cluster));
         }
     }
-    // Before anything is claimed: a refused request must leave no claim behind.
-    if config.mode == AnswerMode::Async || channel.all_best_effort() {
-        let in_flight = async_in_flight();
-        if in_flight >= config.max_in_flight {
-            return Err(Answer::busy(in_flight));
-        }
-    }
-    // `max_concurrent_calls`: a first call that would wait beyond `max_queued_calls` refuses
-    // the whole event, before anything is claimed or sent.
-    if !config.call_caps.is_empty() {
-        let clusters: Vec<&str> = wanted
+    let clusters = (!config.call_caps.is_empty()).then(|| {
+        wanted
             .iter()
             .filter_map(|&index| channel.subscribers.get(index))
             .map(|sub| sub.cluster.as_str())
-            .collect();
-        admit_calls(&clusters)?;
+            .collect()
+    });
+    let room = Room {
+        in_flight: config.mode == AnswerMode::Async || channel.all_best_effort(),
+        clusters,
+    };
+    Chosen {
+        fanout,
+        wanted,
+        room,
     }
-    let claim = claim::claim(
-        host,
-        counter,
-        config,
-        &claim::Asking {
+}
+
+impl Chosen<'_> {
+    /// The event fits: `dedupe`'s claims of the subscribers it is for (made now in Envoy's
+    /// shared data, or an etcd claim to ask).
+    pub fn claim<H: Host>(
+        self,
+        host: &H,
+        counter: &Counter,
+        config: &Config,
+        request: &Incoming<'_>,
+    ) -> Recipients {
+        let Chosen {
+            mut fanout, wanted, ..
+        } = self;
+        let asking = claim::Asking {
             log_id: request.log_id,
             started_ms: request.started_ms,
-            channel,
+            channel: request.channel,
             key: request.event.key.as_deref(),
-        },
-        &wanted,
-        &mut fanout,
-        lease,
-    );
-    Ok(Recipients { fanout, claim })
+        };
+        let claim = claim::claim(host, counter, config, &asking, &wanted, &mut fanout);
+        Recipients { fanout, claim }
+    }
 }

@@ -5,7 +5,9 @@
 //!
 //! Read top to bottom, a request goes: [`admit`] on the headers (an [`Admitted`] or
 //! the answer), the body held until end of stream, then `Stream::fan_out`: the event,
-//! [`recipients::choose`] (who gets it), and [`Pipeline::begin`] (claim, deliver, settle).
+//! [`recipients::choose`] (who gets it), [`Pipeline::admit`] (whether it fits the worker),
+//! its claims ([`recipients::Chosen::claim`]), and [`Pipeline::begin`] (claim, deliver,
+//! settle).
 //! The answer comes back from the [`Pipeline`] as a [`Finished`], and `Stream::answer` sends
 //! it, once. With `dedupe`'s etcd store the stream waits for its claim (`Stage::Claiming`)
 //! before the subscribers are called.
@@ -321,24 +323,15 @@ impl<H: Host> Stream<H> {
             channel,
             event: &event,
         };
-        let pipeline = &self.pipeline;
-        let host = &self.host;
-        let chosen = recipients::choose(
-            &self.host,
-            &self.counter,
-            config,
-            &request,
-            || pipeline.borrow().async_in_flight(),
-            |clusters| with_mut(pipeline, |p| p.admit(host, config, clusters)).unwrap_or(Ok(())),
-            |until| pipeline.borrow().lease(until),
-        );
-        let recipients = match chosen {
-            Ok(recipients) => recipients,
-            Err(answer) => {
-                self.reject(answer);
-                return;
-            }
-        };
+        let chosen = recipients::choose(&self.host, &self.counter, config, &request);
+        // Before anything is claimed: a refused request must leave no claim behind.
+        let room = &chosen.room;
+        let fits = with_mut(&self.pipeline, |p| p.admit(&self.host, config, room));
+        if let Some(Err(answer)) = fits {
+            self.reject(answer);
+            return;
+        }
+        let recipients = chosen.claim(&self.host, &self.counter, config, &request);
         let spans = self.spans_for(&event, &body);
         let job = Job {
             config: config.clone(),
@@ -371,13 +364,28 @@ impl<H: Host> Stream<H> {
     fn begin(&mut self, job: Job, claim: Claim) {
         self.stage = Stage::Claiming;
         let actor = self.actor();
-        let finished = with_mut(&self.pipeline, |p| p.begin(&self.host, actor, job, claim));
-        self.finished(finished.unwrap_or_default());
+        let begun = with_mut(&self.pipeline, |p| p.begin(&self.host, actor, job, claim));
+        let begun = begun.unwrap_or_default();
+        if let Some(job) = begun.delivering {
+            self.stage = Stage::Delivering { job };
+        }
+        self.finished(begun.finished);
     }
 
     /// Answers sent from this stream's callback: its own (counted by the pipeline), and
-    /// those of other streams whose fan-outs ended here.
+    /// those of other streams whose fan-outs ended here. (The check in line: most calls'
+    /// answers end nothing.)
+    #[inline]
     fn finished(&mut self, finished: Vec<Finished>) {
+        if finished.is_empty() {
+            self.adopt();
+        } else {
+            self.answer_finished(finished);
+        }
+    }
+
+    /// Sends the answers of fan-outs that ended (at least one).
+    fn answer_finished(&mut self, finished: Vec<Finished>) {
         if finished.iter().any(|done| done.answer_to == Some(self.id)) {
             // Its own answer is here: what the pipeline kept for it is stale.
             if matches!(self.stage, Stage::Claiming) {

@@ -18,7 +18,6 @@ use serde::Deserialize;
 
 use crate::call_slots::CallCap;
 use crate::cloudevents::Attributes;
-use crate::dedupe::settings::RawDedupe;
 use crate::event_filter::{self, Filter};
 use crate::format::Format;
 use crate::headers::HeaderSelector;
@@ -26,6 +25,8 @@ use crate::jitter::Jitter;
 use crate::retry::{BackoffPolicy, RetryPolicy};
 use crate::routing::Router;
 
+/// The `dedupe` settings, raw and validated.
+mod dedupe;
 /// The JSON document read with field paths in its errors.
 mod json_path;
 /// The raw types read from it.
@@ -34,7 +35,8 @@ pub use json_path::Node;
 /// `tracing`: its raw and validated settings.
 mod tracing;
 mod validate;
-pub use crate::dedupe::settings::{
+use dedupe::RawDedupe;
+pub use dedupe::{
     DedupeConfig, EtcdStore, Identity, OnStoreError, Store, DEFAULT_DEDUPE_MAX_ENTRIES,
     DEFAULT_DEDUPE_TTL_MS, MAX_ENTRIES_LIMIT, MAX_KEY_BYTES, MAX_TTL_MS, SHARD_CAPACITY,
 };
@@ -325,7 +327,7 @@ pub struct Subscriber {
     pub reply: Option<Target>,
     /// Which events it wants; `None`: every request, CloudEvent or not.
     pub filter: Option<Filter>,
-    /// Its identity in `dedupe`'s records (see `dedupe::settings::subscriber_ids`).
+    /// Its identity in `dedupe`'s records (see `config/dedupe.rs`'s `subscriber_ids`).
     pub dedupe_id: u64,
     /// `delivery.backoff_jitter`: how much its retry waits are spread.
     pub backoff_jitter: Jitter,
@@ -348,6 +350,13 @@ pub struct Target {
     pub path: String,
     pub timeout: Duration,
     pub call_headers: Vec<(String, String)>,
+}
+
+impl Target {
+    /// Its delivery span's destination attributes (`tracing`), encoded.
+    fn span_destination(&self) -> crate::trace::DestinationFields {
+        crate::trace::DestinationFields::new(&self.cluster, &self.authority, &self.path)
+    }
 }
 
 impl Subscriber {

@@ -7,12 +7,12 @@
 //! Each struct's field list is in its declaration order, as serde lists them in "unknown
 //! field `x`, expected one of ...".
 
+use super::dedupe::{OnStoreError, RawEtcd, RawStore};
 use super::json_path::{self, At, PathError, ReadError};
 use super::{
     AnswerMode, BodyWait, RawChannel, RawConfig, RawDedupe, RawDelivery, RawHeaders, RawSubscriber,
     RawTarget, ReportDetail,
 };
-use crate::dedupe::settings::{OnStoreError, RawEtcd, RawStore};
 use crate::json::Node;
 use crate::retry::BackoffPolicy;
 

@@ -6,6 +6,7 @@
 use std::rc::Rc;
 use std::time::Duration;
 
+use super::dedupe::subscriber_ids;
 use super::{
     AnswerMode, Channel, Config, ConfigError, RawChannel, RawConfig, RawDedupe, RawDelivery,
     RawSubscriber, RawTarget, Subscriber, Target, DEFAULT_FORWARD_HEADERS, DEFAULT_MAX_BODY_BYTES,
@@ -14,14 +15,12 @@ use super::{
 };
 use crate::call_slots::{CallCap, DEFAULT_MAX_QUEUED_CALLS};
 use crate::cloudevents::REQUIRED_ATTRIBUTES;
-use crate::dedupe::settings::subscriber_ids;
 use crate::event_filter::{self, Filter};
 use crate::format::Format;
 use crate::headers::{self, HeaderSelector};
 use crate::jitter::Jitter;
 use crate::retry::{RetryPolicy, DEFAULT_BACKOFF_DELAY_MS, DEFAULT_BACKOFF_MAX_MS, MAX_RETRY};
 use crate::routing::Router;
-use crate::trace::DestinationFields;
 
 impl RawDelivery {
     /// This subscriber's fields, falling back to the top level's.
@@ -512,10 +511,8 @@ impl RawSubscriber {
             (None, Some(reply)) => Some(reply.clone().validate("reply", default_timeout)?),
             (None, None) => None,
         };
-        let span_destination =
-            DestinationFields::new(&target.cluster, &target.authority, &target.path);
         Ok(Subscriber {
-            span_destination,
+            span_destination: target.span_destination(),
             cluster: target.cluster,
             authority: target.authority,
             path: target.path,

@@ -189,8 +189,7 @@ impl Wanted {
 /// request, or claims it for this request (left ready to call). Returns the claims to settle
 /// when the fan-out ends, or the etcd txn to ask first. Changes nothing (everyone wanted is
 /// called) when dedupe is off, the request has no key, or the store cannot be updated.
-/// `lease` gives the etcd lease that lives at least until the given time, if one is held
-/// (without one the ask waits for it: [`Ask::lease_from`]).
+/// An etcd claim is asked without a lease: the claim stage gives it one ([`Ask::lease_from`]).
 pub fn claim<H: Host>(
     host: &H,
     counter: &Counter,
@@ -198,7 +197,6 @@ pub fn claim<H: Host>(
     request: &Asking<'_>,
     wanted: &[usize],
     fanout: &mut FanOut,
-    lease: impl FnOnce(u64) -> Option<i64>,
 ) -> Claim {
     let Some(dedupe) = config.dedupe.as_ref() else {
         return Claim::Done(None);
@@ -214,7 +212,7 @@ pub fn claim<H: Host>(
         return Claim::Done(None);
     };
     match &dedupe.store {
-        Store::Etcd(store) => Claim::Ask(ask(store, request.channel, key, wanted, lease)),
+        Store::Etcd(store) => Claim::Ask(ask(store, request.channel, key, wanted)),
         Store::Envoy => {
             let claims = claim_in_shard(host, counter, dedupe, request, key, wanted, fanout);
             Claim::Done(claims.map(Claims::Shard))
@@ -312,20 +310,14 @@ fn mark<H: Host>(
 }
 
 /// The etcd claim of `wanted`: one claim for the event, until its longest delivery ends,
-/// written with the lease `lease` gives for that time (`None`: none held yet).
-fn ask(
-    store: &EtcdStore,
-    channel: &Channel,
-    key: &[u8],
-    wanted: Wanted,
-    lease: impl FnOnce(u64) -> Option<i64>,
-) -> Ask {
+/// to be written with a lease that lives that long (none yet: the claim stage picks it).
+fn ask(store: &EtcdStore, channel: &Channel, key: &[u8], wanted: Wanted) -> Ask {
     let until = wanted.until.iter().copied().max().unwrap_or(wanted.now);
     let (claim_key, records_key) = etcd::keys(&store.prefix, &channel.name, key);
     Ask {
         cluster: store.cluster.clone(),
         timeout: Duration::from_millis(u64::from(store.timeout_ms)),
-        lease: lease(until),
+        lease: None,
         until_ms: until,
         now_ms: wanted.now,
         subscribers: wanted.subscribers,

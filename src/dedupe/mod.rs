@@ -2,11 +2,11 @@
 //! that every worker of an Envoy process shares, so that a sender's retry reaches only the
 //! subscribers that did not take the event the first time.
 //!
-//! All of dedupe is here: its settings (`settings.rs`, read by `config`), the record format
-//! and the rules ([`Shard`], in `shard.rs`), the CAS loop over Envoy's shared data
-//! ([`update`], in `store.rs`), the claims a request makes before its calls (`claim.rs`) and
-//! their settling when its fan-out ends (`settle.rs`). Only `claim` and `settle` call the
-//! host; none of it knows proxy-wasm. The store is behind [`SharedStore`], which Envoy's
+//! All of dedupe's state and orchestration is here (its settings are the configuration's,
+//! `config/dedupe.rs`): the record format and the rules ([`Shard`], in `shard.rs`), the CAS
+//! loop over Envoy's shared data ([`update`], in `store.rs`), the claims a request makes
+//! before its calls (`claim.rs`) and their settling when its fan-out ends (`settle.rs`).
+//! Only `claim` and `settle` call the host; none of it knows proxy-wasm. The store is behind [`SharedStore`], which Envoy's
 //! shared data implements (through the `Host`) and the tests fake.
 //!
 //! In short: records live in a fixed ring of shard keys of Envoy's shared data, created at
@@ -15,12 +15,11 @@
 //! calling them, and settles the claims when its fan-out ends. docs/dedupe.md has the
 //! layout, the concurrency, the memory bound and the cost.
 
-use settings::MAX_KEY_BYTES;
+use crate::config::MAX_KEY_BYTES;
 
 pub mod claim;
 pub mod etcd;
 pub mod remote;
-pub mod settings;
 pub mod settle;
 // Its five indexing sites are in bounds by the shard format's own checks; they are the
 // dedupe module's to rewrite (clippy::indexing_slicing is denied everywhere else).

@@ -1,7 +1,7 @@
 //! One shard's value: its events and each subscriber's mark, the binary record format, and
 //! the rules a request applies to them (claim before the calls, settle after, expire, evict).
 
-use super::settings::SHARD_CAPACITY;
+use crate::config::SHARD_CAPACITY;
 
 /// Record format version, the first byte of every shard value.
 pub(super) const FORMAT: u8 = 1;

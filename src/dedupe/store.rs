@@ -1,8 +1,8 @@
 //! The store behind dedupe ([`SharedStore`]: Envoy's shared data, or a fake) and the CAS loop
 //! every change goes through ([`update`]).
 
-use super::settings::DedupeConfig;
 use super::{shard_key, Corrupt, Shard, MAX_ATTEMPTS};
+use crate::config::DedupeConfig;
 pub use crate::host::{CasMismatch, SharedStore};
 
 /// The result of an [`update`].

@@ -370,6 +370,7 @@ impl Pipeline {
                     if self.claims.take_gone(stream) {
                         return None;
                     }
+                    self.claims.continued(stream, Continued::Answered);
                     return Some(self.answer_now(host, &counter, stream, answer));
                 }
                 job.unrecorded = true;

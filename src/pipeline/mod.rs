@@ -24,10 +24,11 @@ use crate::answer::Answer;
 use crate::config::Config;
 use crate::dedupe::claim::Claim;
 use crate::dedupe::remote::{self, Remote};
-use crate::deliveries::{Deliveries, Finished, Job, JobSpans, Owed};
+use crate::deliveries::{Deliveries, Finished, Job, JobSpans, Launched, Owed};
 use crate::headers::HeaderMap;
 use crate::host::Host;
 use crate::jitter::Jitter;
+use crate::recipients::Room;
 use crate::telemetry::{Counter, Telemetry};
 use crate::timer::Timers;
 pub use claims::Continued;
@@ -59,6 +60,14 @@ impl Actor {
             Actor::Stream { .. } => None,
         }
     }
+}
+
+/// What [`Pipeline::begin`] made of a request: the answers to send now (its own among
+/// them, if it is answered at once), and its sync fan-out under way, if that started.
+#[derive(Default)]
+pub struct Begun {
+    pub finished: Vec<Finished>,
+    pub delivering: Option<u64>,
 }
 
 /// Every request of one worker past its recipients: the claims, the deliveries, the
@@ -108,27 +117,26 @@ impl Pipeline {
     }
 
     /// The request of stream `actor`, its recipients chosen (`job`) and its claims made or to
-    /// ask (`claim`): into the claim stage, or straight to the deliveries. The stream learns
-    /// what became of it from the answers returned and [`Pipeline::adopt`].
-    pub fn begin<H: Host>(
-        &mut self,
-        host: &H,
-        actor: Actor,
-        mut job: Job,
-        claim: Claim,
-    ) -> Vec<Finished> {
+    /// ask (`claim`): straight to the deliveries, or into the claim stage. Claimed already,
+    /// the stream learns at once what became of it ([`Begun`]); waiting for its claim, from
+    /// the answers returned later and [`Pipeline::adopt`].
+    pub fn begin<H: Host>(&mut self, host: &H, actor: Actor, mut job: Job, claim: Claim) -> Begun {
         self.deliveries.act_for(actor.acting_root());
         let stream = job.log_id;
-        let mut finished = match claim {
+        let (mut finished, delivering) = match claim {
             Claim::Done(claims) => {
                 job.claims = claims;
                 let counter = self.counter(&job.config);
-                one(self.launch(host, &counter, stream, job))
+                let (finished, delivering) = self.start(host, &counter, stream, job);
+                (one(finished), delivering)
             }
-            Claim::Ask(ask) => self.claim(host, Pending { stream, ask, job }),
+            Claim::Ask(ask) => (self.claim(host, Pending { stream, ask, job }), None),
         };
         self.settle_ended(host, actor, &mut finished);
-        finished
+        Begun {
+            finished,
+            delivering,
+        }
     }
 
     /// The answer to call `token`, delivered to `actor`: a lease grant or settle txn of the
@@ -226,25 +234,19 @@ impl Pipeline {
         self.deliveries.awaits_answer(id)
     }
 
-    /// Fan-outs delivering with their sender answered (what `max_in_flight` bounds).
-    pub fn async_in_flight(&self) -> usize {
-        self.deliveries.async_in_flight()
-    }
-
-    /// Whether a new event whose first calls go to `clusters` fits the capped clusters'
-    /// lines; else the 503.
-    pub fn admit<H: Host>(
-        &mut self,
-        host: &H,
-        config: &Config,
-        clusters: &[&str],
-    ) -> Result<(), Answer> {
-        self.deliveries.admit(host, config, clusters)
-    }
-
-    /// The etcd lease held that lives at least until `until_ms`, if any.
-    pub fn lease(&self, until_ms: u64) -> Option<i64> {
-        self.etcd.leases.pick(until_ms)
+    /// Whether a new event fits the worker: under `max_in_flight` if that bounds it, and its
+    /// first calls in the capped clusters' lines (`max_queued_calls`); else its 503.
+    pub fn admit<H: Host>(&mut self, host: &H, config: &Config, room: &Room) -> Result<(), Answer> {
+        if room.in_flight {
+            let in_flight = self.deliveries.async_in_flight();
+            if in_flight >= config.max_in_flight {
+                return Err(Answer::busy(in_flight));
+            }
+        }
+        match &room.clusters {
+            Some(clusters) => self.deliveries.admit(host, config, clusters),
+            None => Ok(()),
+        }
     }
 
     /// Everything this worker still owes.
@@ -284,9 +286,9 @@ impl Pipeline {
         self.timers.forget(root);
     }
 
-    /// Hands the fan-out `job` of `stream` to the deliveries: its answer now (logged if it is
-    /// a refusal, and counted), or, for a sync fan-out, what the stream adopts. A stream gone
-    /// meanwhile: an async fan-out goes on; a sync one is dropped as when its client leaves.
+    /// The fan-out `job` of `stream`, continued after its claim (by the root, or by its own
+    /// stream): started, and what became of it kept for the stream. A stream gone meanwhile:
+    /// an async fan-out goes on; a sync one is dropped as when its client leaves.
     fn launch<H: Host>(
         &mut self,
         host: &H,
@@ -294,19 +296,34 @@ impl Pipeline {
         stream: u32,
         job: Job,
     ) -> Option<Finished> {
-        use crate::deliveries::Launched;
-        let gone = self.claims.take_gone(stream);
-        match self.deliveries.launch(host, job, stream) {
-            Launched::Answer(_) if gone => None,
-            Launched::Delivering(id, _) if gone => {
+        if self.claims.take_gone(stream) {
+            if let Launched::Delivering(id, _) = self.deliveries.launch(host, job, stream) {
                 self.deliveries.abandon(host, id);
-                None
             }
-            Launched::Answer(answer) => Some(self.answer_now(host, counter, stream, answer)),
-            Launched::Delivering(id, finished) => {
-                self.claims.continued(stream, Continued::Delivering(id));
-                finished
+            return None;
+        }
+        let (finished, delivering) = self.start(host, counter, stream, job);
+        let what = delivering.map_or(Continued::Answered, Continued::Delivering);
+        self.claims.continued(stream, what);
+        finished
+    }
+
+    /// Hands the fan-out `job` of `stream` to the deliveries: its answer now (logged if it is
+    /// a refusal, and counted), or a sync fan-out under way (its job), with its answer if it
+    /// already ended.
+    fn start<H: Host>(
+        &mut self,
+        host: &H,
+        counter: &Counter,
+        stream: u32,
+        job: Job,
+    ) -> (Option<Finished>, Option<u64>) {
+        match self.deliveries.launch(host, job, stream) {
+            Launched::Answer(answer) => {
+                let finished = self.answer_now(host, counter, stream, answer);
+                (Some(finished), None)
             }
+            Launched::Delivering(id, finished) => (finished, Some(id)),
         }
     }
 
@@ -326,7 +343,6 @@ impl Pipeline {
             );
         }
         counter.count(host, |tally| tally.answered(answer.status));
-        self.claims.continued(stream, Continued::Answered);
         Finished {
             answer_to: Some(stream),
             answer,

@@ -28,15 +28,21 @@ impl Pipeline {
     /// ran; then the etcd settles queued go out (if none is in flight). Adds to `finished`
     /// the answers that go out now: those whose claims are settled already (Envoy's store,
     /// async, no etcd settle), and those whose etcd settle failed at once. (Into the caller's
-    /// list: every call's answer passes here, and mostly nothing ended.)
+    /// list, and both checks in line: every call's answer passes here, and mostly nothing
+    /// ended and nothing is queued.)
+    #[inline]
     pub(super) fn settle_ended<H: Host>(
         &mut self,
         host: &H,
         actor: Actor,
         finished: &mut Vec<Finished>,
     ) {
-        self.queue_ended(host, actor, finished);
-        self.flush_settles(host, actor, finished);
+        if self.deliveries.has_ended() {
+            self.queue_ended(host, actor, finished);
+        }
+        if self.etcd.ready_to_send() {
+            self.flush_settles(host, actor, finished);
+        }
     }
 
     /// Settles the claims of the fan-outs that ended (an etcd settle is queued, holding back

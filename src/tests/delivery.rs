@@ -342,3 +342,31 @@ fn an_overflow_is_retried_and_dead_lettered_as_overflow() {
     let answer = plugin.only_answer();
     assert_eq!(answer.status, 202);
 }
+
+/// The core's own work per request, for callgrind (natively: steadier than Envoy's count):
+/// `FANOUT_PROBE_N` sync fan-outs (default 2,000) to four subscribers, each call answered 200.
+/// Run twice, at N and 2N, and take the difference over N: the setup cancels out. See
+/// bench/README.md for the command.
+#[test]
+#[ignore]
+fn callgrind_probe_sync_fan_outs_to_four() {
+    let n: usize = std::env::var("FANOUT_PROBE_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let plugin = FakeEnvoy::configured(
+        r#"{"subscribers": [{"cluster": "a"}, {"cluster": "b"}, {"cluster": "c"},
+            {"cluster": "d"}]}"#,
+    );
+    for _ in 0..n {
+        let before = plugin.state().dispatched.len();
+        let mut ctx = send(&plugin, &post("x"), b"{}");
+        for (token, _) in plugin.dispatched_since(before) {
+            plugin.answer_call(&mut ctx, token, Some(200), "");
+        }
+        ctx.on_done();
+    }
+    let answers = plugin.answers();
+    assert_eq!(answers.len(), n);
+    assert!(answers.iter().all(|a| a.status == 202));
+}

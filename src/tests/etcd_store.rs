@@ -1,118 +1,16 @@
 //! `dedupe` with the `etcd` store: the store's decisions (claim, conflict, record, expiry,
 //! errors) on the fake host, etcd's answers being the ones etcd 3.5.1 gave to these very
-//! requests over its gRPC API (`tests/fixtures/etcd/`, recorded by `record_etcd_fixtures`
-//! below).
-
-use crate::dedupe::etcd::proto::Message;
+//! requests over its gRPC API (the fixtures, their recorder and the txn readers are the
+//! test support's: `testing/etcd.rs`).
 
 use super::*;
 use crate::config::Config;
-use crate::dedupe::etcd::proto::{Against, Request, RequestOp, TxnRequest};
+use crate::dedupe::etcd::proto::{Against, Message, Request};
 use crate::dedupe::settle::NOT_RECORDED_HEADER;
 use crate::dedupe::{etcd, remote};
-
-const ETCD: &str = r#"{
-  "dedupe": {"key": "ce-id", "ttl_ms": 60000,
-             "store": {"etcd": {"cluster": "etcd", "prefix": "/fanout/", "timeout_ms": 250}}},
-  "channels": [
-    {"name": "orders", "hosts": ["orders.default"], "subscribers": [
-      {"cluster": "billing"}, {"cluster": "shipping"}, {"cluster": "analytics"}
-    ]}
-  ]
-}"#;
-
-/// An answer of etcd's gRPC server, as the host gives it.
-struct Answered {
-    status: Option<u16>,
-    /// In the trailers (a message and its status) or, for an error, the headers (an answer
-    /// that is only trailers, as gRPC servers send errors).
-    grpc: Option<(String, String)>,
-    in_trailers: bool,
-    body: Vec<u8>,
-}
-
-/// A recorded answer of etcd 3.5.1: a message (`<name>.grpc`, its body as gRPC frames it;
-/// `grpc-status: 0` in the trailers) or an error (`<name>.status`: `grpc-status`, a space,
-/// `grpc-message`, in the headers).
-fn fixture(name: &str) -> Answered {
-    let message: Option<&[u8]> = match name {
-        "grant" => Some(include_bytes!("../../tests/fixtures/etcd/grant.grpc")),
-        "claim_fresh" => Some(include_bytes!("../../tests/fixtures/etcd/claim_fresh.grpc")),
-        "settle" => Some(include_bytes!("../../tests/fixtures/etcd/settle.grpc")),
-        "claim_retry" => Some(include_bytes!("../../tests/fixtures/etcd/claim_retry.grpc")),
-        "claim_conflict" => Some(include_bytes!(
-            "../../tests/fixtures/etcd/claim_conflict.grpc"
-        )),
-        "claim_lapsed" => Some(include_bytes!(
-            "../../tests/fixtures/etcd/claim_lapsed.grpc"
-        )),
-        "claim_batch" => Some(include_bytes!("../../tests/fixtures/etcd/claim_batch.grpc")),
-        _ => None,
-    };
-    if let Some(body) = message {
-        return Answered {
-            status: Some(200),
-            grpc: Some(("0".into(), String::new())),
-            in_trailers: true,
-            body: body.to_vec(),
-        };
-    }
-    let text = match name {
-        "lease_not_found" => include_str!("../../tests/fixtures/etcd/lease_not_found.status"),
-        other => panic!("no fixture {other}"),
-    };
-    let (code, message) = text.trim().split_once(' ').unwrap();
-    Answered {
-        status: Some(200),
-        grpc: Some((code.into(), message.into())),
-        in_trailers: false,
-        body: Vec::new(),
-    }
-}
-
-/// An answer that is not etcd's: `status` and `body` only (Envoy's own, or none).
-fn not_grpc(status: Option<u16>, body: &[u8]) -> Answered {
-    Answered {
-        status,
-        grpc: None,
-        in_trailers: false,
-        body: body.to_vec(),
-    }
-}
-
-/// A txn a call sent.
-fn txn_of(body: &[u8]) -> TxnRequest {
-    TxnRequest::decode(etcd::proto::unframe(body).unwrap()).unwrap()
-}
-
-/// Every operation of a txn and of the txns nested in it, depth first.
-fn ops(txn: &TxnRequest) -> Vec<Request> {
-    fn walk(ops: &[RequestOp], out: &mut Vec<Request>) {
-        for op in ops {
-            let Some(request) = &op.request else { continue };
-            out.push(request.clone());
-            if let Request::Txn(txn) = request {
-                walk(&txn.success, out);
-                walk(&txn.failure, out);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(&txn.success, &mut out);
-    walk(&txn.failure, &mut out);
-    out
-}
-
-/// The values a txn body puts, in order.
-fn puts(body: &[u8]) -> Vec<String> {
-    ops(&txn_of(body))
-        .into_iter()
-        .filter_map(|op| match op {
-            Request::Put(put) => Some(String::from_utf8(put.value).unwrap()),
-            _ => None,
-        })
-        .collect()
-}
+use crate::testing::etcd::{
+    claimed_keys, deletes, fixture, not_grpc, ops, puts, txn_of, Answered, ETCD,
+};
 
 /// The subscribers (by cluster, in ETCD's channel) and times of a records' value.
 fn records_of(value: &str) -> Vec<(String, u64)> {
@@ -133,50 +31,17 @@ fn records_of(value: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
-fn deletes(body: &[u8]) -> usize {
-    ops(&txn_of(body))
-        .iter()
-        .filter(|op| matches!(op, Request::DeleteRange(_)))
-        .count()
-}
-
 impl FakeEnvoy {
-    fn set_etcd_answer(&self, answer: &Answered, effective: u32) -> usize {
-        let mut state = self.host.0.borrow_mut();
-        state.call_response = (answer.status, answer.body.clone());
-        let grpc: Vec<(String, String)> = answer
-            .grpc
-            .iter()
-            .flat_map(|(code, message)| {
-                [("grpc-status".to_string(), code.clone())]
-                    .into_iter()
-                    .chain((!message.is_empty()).then(|| ("grpc-message".into(), message.clone())))
-            })
-            .collect();
-        let (headers, trailers) = if answer.in_trailers {
-            (Vec::new(), grpc)
-        } else {
-            (grpc, Vec::new())
-        };
-        state.call_response_headers = headers
-            .into_iter()
-            .map(|(n, v)| (n, v.into_bytes()))
-            .collect();
-        state.call_response_trailers = trailers;
-        state.effective = effective;
-        usize::from(answer.status.is_some()) + state.call_response_headers.len()
-    }
-
     /// etcd answers a stream's claim.
     fn answer_etcd(&self, ctx: &mut Stream<FakeHost>, token: u32, answer: &Answered) {
-        let num_headers = self.set_etcd_answer(answer, STREAM);
+        let num_headers = self.host.0.borrow_mut().set_etcd_answer(answer, STREAM);
         ctx.on_call_response(token, num_headers, answer.body.len());
         self.host.0.borrow_mut().call_response_trailers.clear();
     }
 
     /// etcd answers one of the root's calls (a grant, a settle).
     fn answer_etcd_root(&mut self, token: u32, answer: &Answered) {
-        let num_headers = self.set_etcd_answer(answer, ROOT);
+        let num_headers = self.host.0.borrow_mut().set_etcd_answer(answer, ROOT);
         self.root
             .on_call_response(token, num_headers, answer.body.len());
         self.host.0.borrow_mut().call_response_trailers.clear();
@@ -696,189 +561,6 @@ fn a_claim_refused_for_a_lost_lease_has_the_leases_granted_again() {
     assert!(grants >= 2, "{grants}");
 }
 
-/// Records etcd's answers to the requests fanout makes, into `tests/fixtures/etcd/`: run
-/// against an etcd 3.5.1 on loopback with
-/// `FANOUT_ETCD_RECORD=127.0.0.1:2379 cargo test --lib record_etcd_fixtures -- --ignored`.
-/// (gRPC over HTTP/2 without TLS, as Envoy's cluster speaks it; a message's `grpc-status`
-/// comes in the trailers, which this client does not read: a body that decodes is the
-/// success, and an error comes in the headers.)
-#[cfg(not(target_arch = "wasm32"))]
-#[test]
-#[ignore]
-fn record_etcd_fixtures() {
-    let addr = std::env::var("FANOUT_ETCD_RECORD").expect("FANOUT_ETCD_RECORD=host:port");
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/etcd");
-    std::fs::create_dir_all(dir).unwrap();
-    let client = reqwest::blocking::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
-    // The message, or the error's `grpc-status` and `grpc-message`.
-    let post = |path: &str, body: &[u8]| -> Result<Vec<u8>, String> {
-        let answer = client
-            .post(format!("http://{addr}{path}"))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(body.to_vec())
-            .send()
-            .unwrap();
-        assert_eq!(answer.status(), 200);
-        let header = |name: &str| {
-            answer
-                .headers()
-                .get(name)
-                .map(|v| v.to_str().unwrap().to_string())
-        };
-        match header("grpc-status") {
-            Some(code) if code != "0" => Err(format!(
-                "{code} {}",
-                header("grpc-message").unwrap_or_default()
-            )),
-            _ => Ok(answer.bytes().unwrap().to_vec()),
-        }
-    };
-    let save = |name: &str, answer: Result<Vec<u8>, String>| -> Vec<u8> {
-        let body = answer.unwrap_or_else(|e| panic!("{name}: {e}"));
-        println!("{name}: {} bytes", body.len());
-        std::fs::write(format!("{dir}/{name}.grpc"), &body).unwrap();
-        body
-    };
-    let config = Config::from_json(ETCD.as_bytes()).unwrap();
-    let ids: Vec<u64> = config.channels[0]
-        .subscribers
-        .iter()
-        .map(|s| s.dedupe_id)
-        .collect();
-    // A fresh event key each run: the fixtures do not depend on what etcd held before.
-    let run = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-        .to_string();
-    let (claim_key, records_key) = etcd::keys("/fanout/", "orders", run.as_bytes());
-    let grant = save("grant", post(etcd::GRANT_PATH, &etcd::grant_body(120)));
-    let lease = etcd::read_grant(etcd::proto::unframe(&grant).unwrap()).unwrap();
-    let now = 1_000_000;
-    let claim = |owner: u64, until: u64, now: u64| {
-        let value = etcd::claim_value(until, owner);
-        let op = etcd::ClaimOp {
-            key: &claim_key,
-            value: &value,
-            records: &records_key,
-            lease,
-            now_ms: now,
-        };
-        (etcd::claim_body(&[op]), value)
-    };
-    // The first delivery: claimed by owner 1, no records.
-    let (body, first) = claim(1, now + 10_000, now);
-    save("claim_fresh", post(etcd::TXN_PATH, &body));
-    // A copy at the same time: owner 1's claim holds, no records.
-    let (body, _) = claim(2, now + 10_000, now + 5);
-    save("claim_conflict", post(etcd::TXN_PATH, &body));
-    // Billing and analytics took it, shipping failed: their records, the claim released.
-    let records: Vec<etcd::Record> = [ids[0], ids[2]]
-        .iter()
-        .map(|&subscriber| etcd::Record {
-            subscriber,
-            until_ms: now + 60_000,
-        })
-        .collect();
-    let records = etcd::records_value(&records);
-    let settled = etcd::SettleOp {
-        claim_key: &claim_key,
-        claim: &first,
-        records: Some((&records_key, &records)),
-    };
-    save(
-        "settle",
-        post(etcd::TXN_PATH, &etcd::settle_body(&[settled], lease)),
-    );
-    // The redelivery: claimed by owner 3, the two records read.
-    let (body, _) = claim(3, now + 20_000, now + 10);
-    save("claim_retry", post(etcd::TXN_PATH, &body));
-    // After the ttl: owner 3's claim lapsed, taken over; the records read, lapsed.
-    let (body, _) = claim(4, now + 200_000, now + 100_000);
-    save("claim_lapsed", post(etcd::TXN_PATH, &body));
-    // Two requests' claims in one txn: the event again (owner 4's claim holds: in
-    // progress), and a new event (claimed).
-    let (other_claim, other_records) =
-        etcd::keys("/fanout/", "orders", format!("{run}-b").as_bytes());
-    let value = etcd::claim_value(now + 210_000, 5);
-    let ops = [
-        etcd::ClaimOp {
-            key: &claim_key,
-            value: &value,
-            records: &records_key,
-            lease,
-            now_ms: now + 100_005,
-        },
-        etcd::ClaimOp {
-            key: &other_claim,
-            value: &value,
-            records: &other_records,
-            lease,
-            now_ms: now + 100_005,
-        },
-    ];
-    save("claim_batch", post(etcd::TXN_PATH, &etcd::claim_body(&ops)));
-    // The batches' limits are etcd's own: one claim or one settle operation more is refused.
-    let many: Vec<(Vec<u8>, Vec<u8>)> = (0..=etcd::MAX_CLAIMS_PER_TXN
-        .max(etcd::MAX_SETTLES_PER_TXN))
-        .map(|i| etcd::keys("/fanout/", "orders", format!("{run}-many-{i}").as_bytes()))
-        .collect();
-    let claims: Vec<etcd::ClaimOp<'_>> = many
-        .iter()
-        .map(|(key, records)| etcd::ClaimOp {
-            key,
-            value: &value,
-            records,
-            lease,
-            now_ms: now,
-        })
-        .collect();
-    let too_many = |answer: Result<Vec<u8>, String>| {
-        let error = answer.unwrap_err();
-        assert!(error.contains("too many operations"), "{error}");
-    };
-    let fits = &claims[..etcd::MAX_CLAIMS_PER_TXN];
-    post(etcd::TXN_PATH, &etcd::claim_body(fits)).unwrap();
-    too_many(post(
-        etcd::TXN_PATH,
-        &etcd::claim_body(&claims[..=etcd::MAX_CLAIMS_PER_TXN]),
-    ));
-    let settle = |n: usize, lease: i64| {
-        let ops: Vec<etcd::SettleOp<'_>> = many[..n]
-            .iter()
-            .map(|(c, r)| etcd::SettleOp {
-                claim_key: c,
-                claim: &value,
-                records: Some((r, &records)),
-            })
-            .collect();
-        post(etcd::TXN_PATH, &etcd::settle_body(&ops, lease))
-    };
-    too_many(settle(etcd::MAX_SETTLES_PER_TXN + 1, lease));
-    settle(etcd::MAX_SETTLES_PER_TXN, lease).unwrap();
-    // A lease etcd does not have, for the records of a claim still ours (etcd checks the
-    // leases of the puts it applies): the first event's claim, released above, made again.
-    post(etcd::TXN_PATH, &etcd::claim_body(&claims[..1])).unwrap();
-    let ours = [etcd::SettleOp {
-        claim_key: &many[0].0,
-        claim: &value,
-        records: Some((&many[0].1, &records)),
-    }];
-    let bad = etcd::settle_body(&ours, 7_777_777);
-    let error = post(etcd::TXN_PATH, &bad).unwrap_err();
-    assert!(error.starts_with("5 "), "{error}");
-    println!("lease_not_found: {error}");
-    std::fs::write(
-        format!("{dir}/lease_not_found.status"),
-        format!("{error}\n"),
-    )
-    .unwrap();
-}
-
 #[test]
 fn the_timer_runs_fast_only_while_the_store_owes_something() {
     let mut plugin = FakeEnvoy::with_etcd(ETCD);
@@ -1084,7 +766,7 @@ fn open(plugin: &FakeEnvoy, id: u32, event_id: &str) -> Stream<FakeHost> {
 impl FakeEnvoy {
     /// etcd answers the claim of the stream on context `id`.
     fn answer_etcd_on(&self, ctx: &mut Stream<FakeHost>, id: u32, token: u32, answer: &Answered) {
-        let num_headers = self.set_etcd_answer(answer, id);
+        let num_headers = self.host.0.borrow_mut().set_etcd_answer(answer, id);
         ctx.on_call_response(token, num_headers, answer.body.len());
         self.host.0.borrow_mut().call_response_trailers.clear();
     }
@@ -1102,18 +784,6 @@ impl FakeEnvoy {
             .map(|d| (d.token, d.cluster.clone()))
             .collect()
     }
-}
-
-/// The keys a claim txn claims, in order (each event's nested txn compares its claim key).
-fn claimed_keys(body: &[u8]) -> Vec<Vec<u8>> {
-    txn_of(body)
-        .success
-        .iter()
-        .filter_map(|op| match &op.request {
-            Some(Request::Txn(txn)) => txn.compare.first().map(|c| c.key.clone()),
-            _ => None,
-        })
-        .collect()
 }
 
 #[test]

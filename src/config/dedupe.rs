@@ -1,7 +1,7 @@
 //! The `dedupe` settings: what names an event, how long and how many events are kept, and
 //! what follows from them at configure time: the shard ring, the memory bound, and every
-//! subscriber's identity in the store. The configuration (`config`) reads the raw settings
-//! and keeps the validated ones; nothing here imports it.
+//! subscriber's identity in the store. `config` reads the raw settings and keeps the
+//! validated ones; the store and its orchestration (`dedupe/`) use them.
 
 #[cfg(test)]
 use serde::Deserialize;
