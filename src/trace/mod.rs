@@ -105,7 +105,7 @@ impl Tracer {
         (self.span_id(), self.spare.pop().unwrap_or_default())
     }
 
-    /// A span's buffer, once its bytes are copied (at most [`SPARE_BUFFERS`] are kept).
+    /// A span's buffer, once its bytes are copied (a few dozen are kept).
     pub fn recycle(&mut self, span: EndedSpan) {
         if self.spare.len() < SPARE_BUFFERS {
             self.spare.push(span.into_buffer());
