@@ -403,6 +403,15 @@ mod tests {
         assert_eq!(second.status, None);
 
         assert_eq!(reply.name, "reply replies");
+        // The ends encoded once (a first attempt's, a common status) read as the others.
+        assert_eq!(int(&reply, "fanout.attempts"), Some(1));
+        assert_eq!(
+            attr(&reply, "fanout.dead_lettered"),
+            Some(&Value::Bool(false))
+        );
+        assert_eq!(int(&reply_attempt, "http.response.status_code"), Some(202));
+        assert_eq!(int(&second, "http.response.status_code"), Some(200));
+        assert_eq!(int(&first, "http.response.status_code"), Some(503));
         assert_eq!(reply.parent_span_id, send_id);
         assert_eq!(reply_attempt.parent_span_id, reply.span_id);
         assert_eq!(dead.name, "dead letter dlq");

@@ -160,6 +160,35 @@ fn attempt_fields() -> &'static [u8] {
     constant_fields(&ATTEMPT, &[("http.request.method", "POST")])
 }
 
+/// The end of a delivery taken at its first attempt (`fanout.attempts` 1,
+/// `fanout.dead_lettered` false): most deliveries' end, encoded once.
+fn first_attempt_end() -> &'static [u8] {
+    static END: OnceLock<Vec<u8>> = OnceLock::new();
+    END.get_or_init(|| {
+        let mut out = Writer::default();
+        otlp::attribute(&mut out, "fanout.attempts", AttributeValue::Int(1));
+        otlp::attribute(
+            &mut out,
+            "fanout.dead_lettered",
+            AttributeValue::Bool(false),
+        );
+        out.into_bytes()
+    })
+}
+
+/// `http.response.status_code` of the statuses most answers have, encoded once.
+fn common_status(status: u16) -> Option<&'static [u8]> {
+    const COMMON: [u16; 3] = [200, 202, 204];
+    static FIELDS: [OnceLock<Vec<u8>>; 3] = [const { OnceLock::new() }; 3];
+    let cell = FIELDS.get(COMMON.iter().position(|s| *s == status)?)?;
+    Some(cell.get_or_init(|| {
+        let mut out = Writer::default();
+        let code = AttributeValue::Int(i64::from(status));
+        otlp::attribute(&mut out, "http.response.status_code", code);
+        out.into_bytes()
+    }))
+}
+
 /// Which call a delivery-level span stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Leg {
@@ -390,8 +419,10 @@ impl OpenSpan {
         error: Option<&str>,
         end_ns: u64,
     ) -> EndedSpan {
-        if let Some(status) = status {
-            self.int("http.response.status_code", i64::from(status));
+        match status.map(|s| (s, common_status(s))) {
+            Some((_, Some(field))) => self.out.raw(field),
+            Some((status, None)) => self.int("http.response.status_code", i64::from(status)),
+            None => {}
         }
         if let Some(error) = error {
             let mut digits = [0u8; 5];
@@ -403,8 +434,12 @@ impl OpenSpan {
 
     /// A delivery-level span's end.
     pub fn end_leg(mut self, outcome: &DeliveryOutcome, end_ns: u64) -> EndedSpan {
-        self.int("fanout.attempts", i64::from(outcome.attempts));
-        self.bool("fanout.dead_lettered", outcome.dead_lettered);
+        if outcome.attempts == 1 && !outcome.dead_lettered {
+            self.out.raw(first_attempt_end());
+        } else {
+            self.int("fanout.attempts", i64::from(outcome.attempts));
+            self.bool("fanout.dead_lettered", outcome.dead_lettered);
+        }
         if !outcome.delivered {
             let error = outcome.error.unwrap_or("failed");
             self.fail("delivery_failed", error);
