@@ -99,30 +99,31 @@ impl Tracing {
 
     /// The spans of a new fan-out to `subscribers` subscribers of `channel`, if the request
     /// is traced (its sender's `sampled` flag, or the ratio): `headers` are the request's,
-    /// `start_ns` when they came.
+    /// `now_ns` the clock (read only for a traced one).
     pub fn request(
         &mut self,
         headers: &HeaderMap,
         channel: &str,
         subscribers: usize,
-        start_ns: u64,
+        now_ns: impl FnOnce() -> u64,
     ) -> Option<Box<JobSpans>> {
-        let event = SpanEvent::from_headers(headers);
         let method = headers.get(":method").unwrap_or(b"POST");
-        let request = self.tracer.request(
+        let (request, event) = self.tracer.request(
             headers.get("traceparent"),
             headers.get("tracestate"),
             channel,
             std::str::from_utf8(method).unwrap_or("POST"),
-            &event.attributes(),
-            start_ns,
+            || {
+                let event = SpanEvent::from_headers(headers);
+                (EventFields::new(&event.attributes()), now_ns())
+            },
         )?;
         let mut subs = Vec::with_capacity(subscribers);
         subs.resize_with(subscribers, SubSpans::default);
         Some(Box::new(JobSpans {
             request,
             structured: cloudevents::is_structured_json(headers),
-            event: EventFields::new(&event.attributes()),
+            event,
             subs,
         }))
     }

@@ -79,7 +79,7 @@ impl Deliveries {
         subscribers: usize,
     ) -> Option<Box<JobSpans>> {
         let tracing = self.tracing.as_mut()?;
-        tracing.request(headers, channel, subscribers, host.now_nanos())
+        tracing.request(headers, channel, subscribers, || host.now_nanos())
     }
 
     /// Job `id`'s call to subscriber `index` (`leg`) goes out: its attempt's span, and the

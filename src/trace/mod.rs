@@ -51,48 +51,44 @@ impl Tracer {
 
     /// The request's span when the request is traced, `None` when it is not (its calls then
     /// carry the sender's `traceparent` and `tracestate` unchanged, as without tracing).
-    /// `traceparent` and `tracestate` are the request's headers as they came.
+    /// `traceparent` and `tracestate` are the request's headers as they came; `describe`
+    /// gives the event's attributes and the request's start, and is called only when the
+    /// request is traced (an untraced one pays for the decision alone). The span comes with
+    /// the event's attributes, for its deliveries'.
     pub fn request(
         &mut self,
         traceparent: Option<&[u8]>,
         tracestate: Option<&[u8]>,
         channel: &str,
         method: &str,
-        event: &EventAttributes,
-        start_ns: u64,
-    ) -> Option<OpenSpan> {
+        describe: impl FnOnce() -> (EventFields, u64),
+    ) -> Option<(OpenSpan, EventFields)> {
         let parent = traceparent.and_then(TraceParent::parse);
-        let mut span = match parent {
+        let (trace_id, parent_id) = match parent {
             Some(parent) if !parent.sampled => return None,
-            Some(parent) => {
-                let mut span = OpenSpan::start(
-                    self.fresh(),
-                    parent.trace_id,
-                    &parent.parent_id,
-                    &["fanout ", channel],
-                    otlp::SERVER,
-                    start_ns,
-                );
-                span.remote_parent(tracestate.and_then(context::tracestate));
-                span
-            }
+            Some(parent) => (parent.trace_id, Some(parent.parent_id)),
             None => {
                 let trace_id = self.trace_id();
                 if !self.samples(&trace_id) {
                     return None;
                 }
-                OpenSpan::start(
-                    self.fresh(),
-                    trace_id,
-                    &[],
-                    &["fanout ", channel],
-                    otlp::SERVER,
-                    start_ns,
-                )
+                (trace_id, None)
             }
         };
-        span.describe_request(channel, method, event);
-        Some(span)
+        let (event, start_ns) = describe();
+        let mut span = OpenSpan::start(
+            self.fresh(),
+            trace_id,
+            parent_id.as_ref().map_or(&[][..], |id| &id[..]),
+            &["fanout ", channel],
+            otlp::SERVER,
+            start_ns,
+        );
+        if parent_id.is_some() {
+            span.remote_parent(tracestate.and_then(context::tracestate));
+        }
+        span.describe_request(channel, method, &event);
+        Some((span, event))
     }
 
     /// A new span id (never all zero).
@@ -166,10 +162,16 @@ mod tests {
         let unsampled = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
         for _ in 0..100 {
             assert!(never
-                .request(Some(SENDER), None, "c", "POST", &event(), 1)
+                .request(Some(SENDER), None, "c", "POST", || (
+                    EventFields::new(&event()),
+                    1
+                ))
                 .is_some());
             assert!(always
-                .request(Some(unsampled), None, "c", "POST", &event(), 1)
+                .request(Some(unsampled), None, "c", "POST", || (
+                    EventFields::new(&event()),
+                    1
+                ))
                 .is_none());
         }
     }
@@ -181,7 +183,7 @@ mod tests {
             let sampled = (0..10_000)
                 .filter(|_| {
                     tracer
-                        .request(None, None, "c", "POST", &event(), 1)
+                        .request(None, None, "c", "POST", || (EventFields::new(&event()), 1))
                         .is_some()
                 })
                 .count();
@@ -190,15 +192,39 @@ mod tests {
         // An invalid traceparent is no traceparent: the trace restarts, at the ratio.
         let mut never = Tracer::new(0.0, 1);
         assert!(never
-            .request(Some(b"00-garbage"), None, "c", "POST", &event(), 1)
+            .request(Some(b"00-garbage"), None, "c", "POST", || (
+                EventFields::new(&event()),
+                1
+            ))
             .is_none());
         let mut always = Tracer::new(1.0, 1);
-        let span = always.request(Some(b"00-garbage"), Some(b"a=1"), "c", "POST", &event(), 1);
+        let span = always.request(Some(b"00-garbage"), Some(b"a=1"), "c", "POST", || {
+            (EventFields::new(&event()), 1)
+        });
         assert_eq!(
-            span.unwrap().tracestate(),
+            span.unwrap().0.tracestate(),
             None,
             "tracestate of an invalid traceparent"
         );
+    }
+
+    #[test]
+    fn an_untraced_request_is_not_described() {
+        let described = std::cell::Cell::new(0);
+        let describe = || {
+            described.set(described.get() + 1);
+            (EventFields::default(), 1)
+        };
+        let unsampled = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+        let mut never = Tracer::new(0.0, 1);
+        let mut always = Tracer::new(1.0, 1);
+        assert!(never.request(None, None, "c", "POST", describe).is_none());
+        assert!(always
+            .request(Some(unsampled), None, "c", "POST", describe)
+            .is_none());
+        assert_eq!(described.get(), 0, "its attributes and clock are not read");
+        assert!(always.request(None, None, "c", "POST", describe).is_some());
+        assert_eq!(described.get(), 1);
     }
 
     #[test]
@@ -237,10 +263,10 @@ mod tests {
                 Some(b"congo=t61rcWkgMzE"),
                 "default/orders",
                 "POST",
-                &event(),
-                1_000,
+                || (EventFields::new(&event()), 1_000),
             )
-            .unwrap();
+            .unwrap()
+            .0;
         let billing = Destination {
             cluster: "billing",
             authority: "billing.svc",
@@ -435,8 +461,9 @@ mod tests {
     fn failures_set_the_status() {
         let mut tracer = Tracer::new(1.0, 3);
         let request = tracer
-            .request(None, None, "orders", "POST", &EventAttributes::default(), 5)
-            .unwrap();
+            .request(None, None, "orders", "POST", || (EventFields::default(), 5))
+            .unwrap()
+            .0;
         let to = Destination {
             cluster: "a",
             authority: "a",

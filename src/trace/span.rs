@@ -340,12 +340,7 @@ impl OpenSpan {
 
     /// The request's span, as [`super::Tracer::request`] started it: the channel and the
     /// event's attributes.
-    pub(super) fn describe_request(
-        &mut self,
-        channel: &str,
-        method: &str,
-        event: &EventAttributes,
-    ) {
+    pub(super) fn describe_request(&mut self, channel: &str, method: &str, event: &EventFields) {
         self.str("messaging.system", SYSTEM);
         self.str("messaging.operation.name", "fanout");
         self.str("messaging.destination.name", channel);
@@ -355,7 +350,7 @@ impl OpenSpan {
             self.str("kn.channel.name", name);
         }
         self.str("http.request.method", method);
-        self.event(&EventFields::new(event));
+        self.event(event);
     }
 
     /// The event's CloudEvents attributes: at the start for a delivery (the event is known),
