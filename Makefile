@@ -284,7 +284,7 @@ test-wasm: targets
 	  $(CARGO) test --lib --no-default-features --target wasm32-wasip1
 
 # The real Envoy with the built filter and real subscribers on loopback.
-test-e2e: build envoy sdk etcd jsonschema kubernetes-validate otlp skopeo registry prometheus control
+test-e2e: build envoy sdk js etcd jsonschema kubernetes-validate otlp skopeo registry prometheus control
 	$(CARGO) test --test e2e
 
 # The docker-compose demo for real (tools/test-compose.sh): needs Docker and compose v2, so not
