@@ -20,6 +20,14 @@ const TRACED: &str = r#"{
   ]
 }"#;
 
+/// A binary reply event's headers, as subscriber `c` answers.
+const REPLY: &[(&str, &str)] = &[
+    ("ce-specversion", "1.0"),
+    ("ce-id", "r-1"),
+    ("ce-source", "/c"),
+    ("ce-type", "reply"),
+];
+
 fn traced_request() -> Vec<(&'static str, &'static str)> {
     let mut headers = post("x");
     headers.extend([
@@ -79,20 +87,7 @@ fn a_traced_fan_out_makes_the_tree_and_every_call_names_its_attempt() {
     let dead_letter = plugin.last_call();
     assert_eq!(dead_letter.cluster, "dlq");
     plugin.answer_call(&mut ctx, dead_letter.token, Some(202), "");
-    {
-        let mut state = plugin.host.0.borrow_mut();
-        state.call_response = (Some(200), b"r".to_vec());
-        state.call_response_headers = [
-            ("ce-specversion", "1.0"),
-            ("ce-id", "r-1"),
-            ("ce-source", "/c"),
-            ("ce-type", "reply"),
-        ]
-        .iter()
-        .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
-        .collect();
-    }
-    ctx.on_call_response(plugin.host.token_of("c"), 4, 1);
+    plugin.answer_with(&mut ctx, "c", 200, REPLY, b"r");
     let reply = plugin.last_call();
     assert_eq!(reply.cluster, "replies");
     plugin.answer_call(&mut ctx, reply.token, Some(202), "");
@@ -208,24 +203,13 @@ fn without_tracing_a_reply_carries_the_senders_trace_context() {
     let mut ctx = send(&plugin, &traced_request(), b"event");
     let event = plugin.last_call();
     assert_eq!(header_of(&event, "traceparent").as_deref(), Some(SENDER));
-    {
-        let mut state = plugin.host.0.borrow_mut();
-        state.call_response = (Some(200), b"r".to_vec());
-        state.call_response_headers = [
-            ("ce-specversion", "1.0"),
-            ("ce-id", "r-1"),
-            ("ce-source", "/c"),
-            ("ce-type", "reply"),
-            (
-                "traceparent",
-                "00-11111111111111111111111111111111-2222222222222222-01",
-            ),
-        ]
-        .iter()
-        .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
-        .collect();
-    }
-    ctx.on_call_response(plugin.host.token_of("c"), 5, 1);
+    // The subscriber's answer has a trace context of its own: not the one passed on.
+    let mut answer = REPLY.to_vec();
+    answer.push((
+        "traceparent",
+        "00-11111111111111111111111111111111-2222222222222222-01",
+    ));
+    plugin.answer_with(&mut ctx, "c", 200, &answer, b"r");
     let reply = plugin.last_call();
     assert_eq!(reply.cluster, "replies");
     assert_eq!(header_of(&reply, "traceparent").as_deref(), Some(SENDER));

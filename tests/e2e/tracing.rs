@@ -77,6 +77,33 @@ fn int(span: &ReceivedSpan, key: &str) -> Option<i64> {
     span.attr(key).and_then(Value::as_i64)
 }
 
+/// What most tests here run: the receiver, a subscriber `billing` that takes every event,
+/// and one Envoy worker whose fanout sends each event to it, with `tracing` as given (its
+/// collector the receiver, as cluster `otel`). Bound as `receiver, billing, envoy`, Envoy
+/// stops first.
+struct ToBilling {
+    receiver: OtlpReceiver,
+    billing: Subscriber,
+    envoy: Envoy,
+}
+
+fn to_billing(tracing: Value) -> ToBilling {
+    let receiver = OtlpReceiver::start();
+    let billing = Subscriber::ok("billing");
+    let config = json!({"subscribers": [{"cluster": "billing"}], "tracing": tracing});
+    let envoy = Envoy::builder()
+        .fanout(&config)
+        .subscribers(&[&billing])
+        .cluster("otel", receiver.port())
+        .concurrency(1)
+        .start();
+    ToBilling {
+        receiver,
+        billing,
+        envoy,
+    }
+}
+
 /// A port nothing listens on (bound, then closed).
 fn closed_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
@@ -304,18 +331,11 @@ fn one_events_trace_through_envoy_arrives_whole_at_the_receiver() {
 /// made of its request.
 #[test]
 fn a_request_without_traceparent_starts_a_trace_at_ratio_one() {
-    let receiver = OtlpReceiver::start();
-    let billing = Subscriber::ok("billing");
-    let config = json!({
-        "subscribers": [{"cluster": "billing"}],
-        "tracing": {"collector": {"cluster": "otel"}, "sampling_ratio": 1.0}
-    });
-    let envoy = Envoy::builder()
-        .fanout(&config)
-        .subscribers(&[&billing])
-        .cluster("otel", receiver.port())
-        .concurrency(1)
-        .start();
+    let ToBilling {
+        receiver,
+        billing,
+        envoy,
+    } = to_billing(json!({"collector": {"cluster": "otel"}, "sampling_ratio": 1.0}));
     let client = Client::http1();
     let unsampled = format!("00-{SENDER_TRACE}-{SENDER_SPAN}-00");
     assert_eq!(
@@ -359,18 +379,11 @@ fn a_request_without_traceparent_starts_a_trace_at_ratio_one() {
 /// (the same worker, whose exporter keeps their order) is.
 #[test]
 fn at_the_default_ratio_only_sampled_senders_are_traced() {
-    let receiver = OtlpReceiver::start();
-    let billing = Subscriber::ok("billing");
-    let config = json!({
-        "subscribers": [{"cluster": "billing"}],
-        "tracing": {"collector": {"cluster": "otel"}}
-    });
-    let envoy = Envoy::builder()
-        .fanout(&config)
-        .subscribers(&[&billing])
-        .cluster("otel", receiver.port())
-        .concurrency(1)
-        .start();
+    let ToBilling {
+        receiver,
+        billing,
+        envoy,
+    } = to_billing(json!({"collector": {"cluster": "otel"}}));
     let client = Client::http1();
     assert_eq!(send_event(&client, &envoy, None).status, 202);
     assert_eq!(
@@ -476,18 +489,14 @@ fn a_collector_that_is_down_costs_only_the_spans_counted() {
 /// the path and authority configured, with the configured headers (a collector's API key).
 #[test]
 fn the_export_crosses_a_plain_http1_cluster_as_configured() {
-    let receiver = OtlpReceiver::start();
-    let billing = Subscriber::ok("billing");
-    let config = json!({
-        "subscribers": [{"cluster": "billing"}],
-        "tracing": {"collector": {"cluster": "otel", "authority": "collector.example",
-                                  "path": "/otlp/v1/traces", "headers": {"x-api-key": "k"}}}
-    });
-    let envoy = Envoy::builder()
-        .fanout(&config)
-        .subscribers(&[&billing])
-        .cluster("otel", receiver.port())
-        .start();
+    let ToBilling {
+        receiver,
+        billing: _billing,
+        envoy,
+    } = to_billing(
+        json!({"collector": {"cluster": "otel", "authority": "collector.example",
+                                  "path": "/otlp/v1/traces", "headers": {"x-api-key": "k"}}}),
+    );
     let answer = send_event(&Client::http1(), &envoy, Some((&sampled(), SENDER_STATE)));
     assert_eq!(answer.status, 202, "{}", answer.text());
     let tree = receiver.wait_for_trace(SENDER_TRACE, 3, ARRIVAL);
@@ -577,17 +586,11 @@ fn a_sender_that_went_away_ends_its_span_with_499() {
 /// deliveries'.
 #[test]
 fn a_structured_events_attributes_come_from_its_body() {
-    let receiver = OtlpReceiver::start();
-    let billing = Subscriber::ok("billing");
-    let config = json!({
-        "subscribers": [{"cluster": "billing"}],
-        "tracing": {"collector": {"cluster": "otel"}}
-    });
-    let envoy = Envoy::builder()
-        .fanout(&config)
-        .subscribers(&[&billing])
-        .cluster("otel", receiver.port())
-        .start();
+    let ToBilling {
+        receiver,
+        billing: _billing,
+        envoy,
+    } = to_billing(json!({"collector": {"cluster": "otel"}}));
     let event = json!({"specversion": "1.0", "id": "order-2", "source": "/shop",
                        "type": "order.paid", "subject": "43", "data": {"order": 2}});
     let answer = send(
