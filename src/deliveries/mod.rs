@@ -10,7 +10,7 @@
 //! sender itself but returns the answer to the plugin or the stream, so no `RefCell` is
 //! borrowed while Envoy runs the local reply.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use hashbrown::HashMap;
@@ -25,6 +25,7 @@ use crate::jitter::{self, JitterRng};
 use crate::telemetry::{count_into, Telemetry};
 use call_end::Expected;
 use call_plan::CallPlan;
+use clock::Clock;
 use end::labelled;
 use job::leg_cluster;
 pub use job::{InLine, Job, Variant};
@@ -37,39 +38,13 @@ use traced::CallOutcome;
 mod call_end;
 mod call_plan;
 mod caps;
+mod clock;
 mod end;
 mod job;
 mod owed;
 mod slot_gate;
 mod spans;
 mod traced;
-
-/// The host's clock, read at most once per callback and only if something needs the time:
-/// a plain success with metrics off costs no clock read (each read is a host call). One
-/// reading serves the milliseconds of retries and metrics and the nanoseconds of spans.
-struct Clock<'h, H> {
-    host: &'h H,
-    now_ns: Cell<Option<u64>>,
-}
-
-impl<'h, H: Host> Clock<'h, H> {
-    fn new(host: &'h H) -> Self {
-        Clock {
-            host,
-            now_ns: Cell::new(None),
-        }
-    }
-
-    fn now(&self) -> u64 {
-        self.now_ns() / 1_000_000
-    }
-
-    fn now_ns(&self) -> u64 {
-        let now = self.now_ns.get().unwrap_or_else(|| self.host.now_nanos());
-        self.now_ns.set(Some(now));
-        now
-    }
-}
 
 /// A fan-out that ended: the answer for its sender, if one is waiting.
 pub struct Finished {
@@ -193,6 +168,11 @@ impl Deliveries {
         Launched::Delivering(id, finished)
     }
 
+    /// The clock of one callback: in nanoseconds if spans may need them.
+    fn clock<'h, H: Host>(&self, host: &'h H) -> Clock<'h, H> {
+        Clock::new(host, self.tracing.is_some())
+    }
+
     /// Takes a new fan-out. With `send_now` its first calls go out at once, from the calling
     /// context ([`Deliveries::act_for`]); otherwise at the root context's next tick.
     fn start<H: Host>(&mut self, host: &H, job: Job, send_now: bool) -> (u64, Option<Finished>) {
@@ -203,7 +183,7 @@ impl Deliveries {
         self.count(host, &job.config, |tally| tally.fanout_started());
         self.jobs.insert(id, job);
         let finished = if send_now {
-            self.pump(host, &Clock::new(host), id)
+            self.pump(host, &self.clock(host), id)
         } else {
             None
         };
@@ -225,7 +205,7 @@ impl Deliveries {
             // so that none of them takes one.
             self.gate.cancel_job(id);
             self.forget_calls(id);
-            let clock = Clock::new(host);
+            let clock = self.clock(host);
             self.trace_end(&clock, &mut job, None);
             if let Some(claims) = job.claims.take() {
                 self.ended(&clock, id, &job, claims, None);
@@ -237,7 +217,7 @@ impl Deliveries {
     /// The root context's timer: sends what is due in every fan-out, and gives up on those
     /// whose answers can no longer come.
     pub fn tick<H: Host>(&mut self, host: &H) -> Vec<Finished> {
-        let clock = Clock::new(host);
+        let clock = self.clock(host);
         let now = clock.now();
         let lost: Vec<u64> = self
             .jobs
@@ -407,11 +387,11 @@ impl Deliveries {
             return None;
         }
         let (id, index) = self.tokens.remove(&token)?;
+        let clock = self.clock(host);
         let job = self.jobs.get_mut(&id)?;
         let leg = job.fanout.leg_at(index, token)?;
         let channel = job.channel.clone();
         let sub = channel.subscribers.get(index)?;
-        let clock = Clock::new(host);
         // The cluster this leg called.
         let cluster = leg_cluster(sub, leg);
         let expected = Expected {
