@@ -107,6 +107,24 @@ impl<'a, 'c> CallPlan<'a, 'c> {
         headers.extend(pairs(self.base));
         headers.extend(prefer.map(|(name, value)| (name, value.as_bytes())));
         headers.extend(pairs(&self.extra));
+        if self.trace.is_some() || self.sender.is_some() {
+            self.trace_context(&mut headers);
+        }
+        let traced = self.trace.is_some();
+        match self.replaced {
+            None if !traced => headers.extend(self.forwarded.iter()),
+            replaced => headers.extend(self.forwarded.iter().filter(|(name, _)| {
+                !(replaced.is_some_and(|replaced| replaced(name)) || traced && is_trace(name))
+            })),
+        }
+        headers
+    }
+
+    /// The trace context a call carries of its own: its attempt's (traced), or on a reply the
+    /// sender's. (Out of line: most calls have none, and the header list is built for every
+    /// call.)
+    #[inline(never)]
+    fn trace_context(&self, headers: &mut Vec<(&'a str, &'a [u8])>) {
         match (self.trace, self.sender) {
             (Some(trace), _) => {
                 headers.push(("traceparent", &trace.traceparent[..]));
@@ -117,14 +135,6 @@ impl<'a, 'c> CallPlan<'a, 'c> {
             (None, Some(sender)) => headers.extend(sender.iter().filter(|(n, _)| is_trace(n))),
             (None, None) => {}
         }
-        let traced = self.trace.is_some();
-        match self.replaced {
-            None if !traced => headers.extend(self.forwarded.iter()),
-            replaced => headers.extend(self.forwarded.iter().filter(|(name, _)| {
-                !(replaced.is_some_and(|replaced| replaced(name)) || traced && is_trace(name))
-            })),
-        }
-        headers
     }
 }
 
