@@ -453,6 +453,7 @@ impl Tally {
     /// A duration sample (`call`: a call's, else a fan-out's), kept while its buffer has
     /// room: bounded even if flushes stop (they should not: the root context flushes on every
     /// tick and whenever [`Tally::wants_flush`]); a sample past it is counted as dropped.
+    #[inline]
     fn sample(&mut self, call: bool, ms: u64) {
         let buffer = if call {
             &mut self.call_ms
@@ -462,9 +463,15 @@ impl Tally {
         if buffer.len() < 4 * HISTOGRAM_BUFFER {
             buffer.push(ms);
         } else {
-            let id = self.counter(SAMPLES_DROPPED);
-            self.bump(id);
+            self.sample_dropped();
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn sample_dropped(&mut self) {
+        let id = self.counter(SAMPLES_DROPPED);
+        self.bump(id);
     }
 
     /// Whether a histogram buffer is full enough that it should be flushed now rather than

@@ -375,12 +375,12 @@ impl<H: Host> Stream<H> {
     /// Answers sent from this stream's callback: its own (counted by the pipeline), and
     /// those of other streams whose fan-outs ended here. (The check in line: most calls'
     /// answers end nothing.)
-    #[inline]
+    #[inline(always)]
     fn finished(&mut self, finished: Vec<Finished>) {
-        if finished.is_empty() {
-            self.adopt();
-        } else {
+        if !finished.is_empty() {
             self.answer_finished(finished);
+        } else if matches!(self.stage, Stage::Claiming) {
+            self.adopt();
         }
     }
 

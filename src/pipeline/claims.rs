@@ -101,7 +101,11 @@ impl Coalescer {
 
     /// The claim txn `token` was answered (or given up on, or cancelled): its requests, if
     /// it is one.
+    #[inline]
     pub fn landed(&mut self, token: u32) -> Option<Vec<Pending>> {
+        if self.flights.is_empty() {
+            return None;
+        }
         let at = self.flights.iter().position(|f| f.token == token)?;
         Some(self.flights.swap_remove(at).requests)
     }

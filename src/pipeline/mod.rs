@@ -356,6 +356,7 @@ impl Pipeline {
 
 /// The answer list of an entry point that has at most one answer of its own (no allocation
 /// when it has none, as for most calls' answers).
+#[inline]
 fn one(finished: Option<Finished>) -> Vec<Finished> {
     match finished {
         Some(finished) => vec![finished],
