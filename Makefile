@@ -29,6 +29,9 @@ KUBERNETES_VALIDATE_VERSION ?= 1.37.0
 # the trace picture of docs/tracing.md (`make trace-picture`), not needed by the tests.
 OTEL_PROTO_VERSION ?= 1.45.2
 MATPLOTLIB_VERSION ?= 3.11.2
+# wasmtime's Python package runs the core's wasm32 probe for `make bench-wasm`
+# (bench/wasm_probe.py), not needed by the tests.
+WASMTIME_PY_VERSION ?= 50.0.1
 
 WASM := target/wasm32-wasip1/release/fanout.wasm
 VENV := .venv/$(ENVOY_VERSION)
@@ -334,6 +337,14 @@ bench-1000: build envoy
 .PHONY: bench-control
 bench-control: build envoy control
 	$(CARGO) test --test e2e -- --ignored --nocapture control::bench_propagation_and_push_cost
+
+# The module's own instructions per request, per subscriber and by function, in wasm32
+# (bench/wasm_probe.py, under valgrind; a few minutes). BEFORE=<another checkout>: the
+# difference with it, function by function.
+.PHONY: bench-wasm
+bench-wasm: envoy targets
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check "wasmtime==$(WASMTIME_PY_VERSION)"
+	$(VENV)/bin/python bench/wasm_probe.py $(if $(BEFORE),--before $(BEFORE))
 
 # The cost of filtering a structured CloudEvent, 1 KiB to 1 MiB (benches/filters.rs).
 bench-filters:

@@ -343,21 +343,27 @@ fn an_overflow_is_retried_and_dead_lettered_as_overflow() {
     assert_eq!(answer.status, 202);
 }
 
-/// The core's own work per request, for callgrind (natively: steadier than Envoy's count):
-/// `FANOUT_PROBE_N` sync fan-outs (default 2,000) to four subscribers, each call answered 200.
-/// Run twice, at N and 2N, and take the difference over N: the setup cancels out. See
-/// bench/README.md for the command.
+/// The core's own work per request, for callgrind (steadier than Envoy's count; natively, or
+/// in wasm32 by `bench/wasm_probe.py`): `FANOUT_PROBE_N` sync fan-outs (default 2,000) to
+/// `FANOUT_PROBE_SUBSCRIBERS` subscribers (default four), each call answered 200. Run twice,
+/// at N and 3N, and take the difference over 2N: the setup cancels out. See bench/README.md.
 #[test]
 #[ignore]
 fn callgrind_probe_sync_fan_outs_to_four() {
-    let n: usize = std::env::var("FANOUT_PROBE_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
-    let plugin = FakeEnvoy::configured(
-        r#"{"subscribers": [{"cluster": "a"}, {"cluster": "b"}, {"cluster": "c"},
-            {"cluster": "d"}]}"#,
-    );
+    let from_env = |name: &str, default: usize| -> usize {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let n = from_env("FANOUT_PROBE_N", 2000);
+    let subscribers: Vec<String> = (0..from_env("FANOUT_PROBE_SUBSCRIBERS", 4))
+        .map(|i| format!(r#"{{"cluster": "s{i}"}}"#))
+        .collect();
+    let plugin = FakeEnvoy::configured(&format!(
+        r#"{{"subscribers": [{}]}}"#,
+        subscribers.join(", ")
+    ));
     for _ in 0..n {
         let before = plugin.state().dispatched.len();
         let mut ctx = send(&plugin, &post("x"), b"{}");
