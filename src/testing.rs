@@ -16,9 +16,6 @@ use crate::host::CasMismatch;
 use crate::host::Host;
 use crate::metrics::Kind;
 
-#[cfg(test)]
-pub mod etcd;
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dispatched {
     pub token: u32,

@@ -1,16 +1,16 @@
 //! `dedupe` with the `etcd` store: the store's decisions (claim, conflict, record, expiry,
 //! errors) on the fake host, etcd's answers being the ones etcd 3.5.1 gave to these very
-//! requests over its gRPC API (the fixtures, their recorder and the txn readers are the
-//! test support's: `testing/etcd.rs`).
+//! requests over its gRPC API (the fixtures, their recorder and the txn readers are in
+//! `etcd_fixtures.rs`).
 
+use super::etcd_fixtures::{
+    claimed_keys, deletes, fixture, not_grpc, ops, puts, txn_of, Answered, ETCD,
+};
 use super::*;
 use crate::config::Config;
 use crate::dedupe::etcd::proto::{Against, Message, Request};
 use crate::dedupe::settle::NOT_RECORDED_HEADER;
 use crate::dedupe::{etcd, remote};
-use crate::testing::etcd::{
-    claimed_keys, deletes, fixture, not_grpc, ops, puts, txn_of, Answered, ETCD,
-};
 
 /// The subscribers (by cluster, in ETCD's channel) and times of a records' value.
 fn records_of(value: &str) -> Vec<(String, u64)> {

@@ -8,6 +8,7 @@ mod best_effort;
 mod configure;
 mod dedupe;
 mod delivery;
+mod etcd_fixtures;
 mod etcd_store;
 mod filters;
 mod flow_control;

@@ -4,10 +4,10 @@
 //! etcd on loopback), the fake host set to give one as a call's answer, and readers of the
 //! txns fanout sent. Test builds only: nothing of it is in the module.
 
-use super::FakeState;
 use crate::config::Config;
 use crate::dedupe::etcd;
 use crate::dedupe::etcd::proto::{Message, Request, RequestOp, TxnRequest};
+use crate::testing::FakeState;
 
 /// The configuration the fixtures were recorded with: one channel of three subscribers,
 /// events named by `ce-id`, the etcd store on cluster `etcd`.
