@@ -40,28 +40,40 @@ HEADERS = {"content-type": "application/json", "ce-specversion": "1.0",
            "ce-type": "dev.fanout.bench", "ce-source": "/bench", "ce-id": "callgrind"}
 
 
-def self_cost_by_object(path):
-    """Instructions by ELF object (JIT code is `???`), from a callgrind output file: every
-    cost line counts for its function's object, except the inclusive cost after `calls=`."""
-    names, cost = {}, collections.Counter()
-    ob, skip = None, False
-    for line in open(path):
-        if line.startswith(("ob=", "cob=")):
-            m = re.match(r"c?ob=\((\d+)\)(?:\s+(.*))?", line.rstrip("\n"))
-            if m and m.group(2):
-                names[m.group(1)] = m.group(2)
-            if line.startswith("ob=") and m:
-                ob = names.get(m.group(1), "?")
-        elif line.startswith("calls="):
-            skip = True
-        elif line[:1].isdigit() or line[:1] in "+-*":
-            if skip:
-                skip = False
+def self_costs(path):
+    """Instructions by (ELF object, function) from a callgrind output file (JIT code: object
+    `???`, function named by its address). Names are given once as `ob=(id) name` or
+    `fn=(id) name` (also in `cob=`/`cfn=` lines) and then by id; every cost line counts for
+    the current function, except the inclusive cost after `calls=`."""
+    names = {"ob": {}, "fn": {}}
+    costs = collections.Counter()
+    obj = fn = None
+    after_calls = False
+    line_re = re.compile(r"^(c?)(ob|fn)=\((\d+)\)(?: (.*))?$")
+    with open(path) as f:
+        for line in f:
+            m = line_re.match(line.rstrip("\n"))
+            if m:
+                called, kind, ident, name = m.groups()
+                if name is not None:
+                    names[kind][ident] = name
+                if not called:
+                    if kind == "ob":
+                        obj = names["ob"].get(ident, "?")
+                    else:
+                        fn = names["fn"].get(ident, "?")
                 continue
-            parts = line.split()
-            if len(parts) >= 2:
-                cost[ob] += int(parts[1])
-    return cost
+            if line.startswith("calls="):
+                after_calls = True
+                continue
+            if line[:1].isdigit() or line[:1] in "+-*":
+                if after_calls:
+                    after_calls = False
+                    continue
+                parts = line.split()
+                if len(parts) >= 2:
+                    costs[(obj, fn)] += int(parts[1])
+    return costs
 
 
 def where(obj):
@@ -123,7 +135,7 @@ def measure(spec, requests, ports, sub_port, builds, workdir):
     if not dumps:
         raise RuntimeError(f"{key}: no callgrind dump in {workdir}")
     split = collections.Counter()
-    for obj, c in self_cost_by_object(dumps[0]).items():
+    for (obj, _), c in self_costs(dumps[0]).items():
         split[where(obj or "")] += c
     return {k: v / requests for k, v in split.items()}
 

@@ -30,6 +30,9 @@ import shutil
 import subprocess
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from callgrind import self_costs  # noqa: E402  (the one reader of callgrind files)
+
 PROBE = "tests::delivery::callgrind_probe_sync_fan_outs_to_four"
 TARGET_DIR = "target/wasm-probe"
 
@@ -108,40 +111,6 @@ def callgrind(cwasm, requests, subscribers, workdir):
     named = by_function(costs, read_map(perf_map))
     os.remove(perf_map)
     return named
-
-
-def self_costs(path):
-    """callgrind's file format: `fn=(id) name` (names given once, then by id), cost lines
-    `position cost`, and after `calls=` the inclusive cost of that call (skipped here)."""
-    names = {"ob": {}, "fn": {}}
-    costs = collections.Counter()
-    obj = fn = None
-    after_calls = False
-    line_re = re.compile(r"^(c?)(ob|fn)=\((\d+)\)(?: (.*))?$")
-    with open(path) as f:
-        for line in f:
-            m = line_re.match(line.rstrip("\n"))
-            if m:
-                called, kind, ident, name = m.groups()
-                if name is not None:
-                    names[kind][ident] = name
-                if not called:
-                    if kind == "ob":
-                        obj = names["ob"][ident]
-                    else:
-                        fn = names["fn"][ident]
-                continue
-            if line.startswith("calls="):
-                after_calls = True
-                continue
-            if line[:1].isdigit() or line[:1] in "+-*":
-                if after_calls:
-                    after_calls = False
-                    continue
-                parts = line.split()
-                if len(parts) >= 2:
-                    costs[(obj, fn)] += int(parts[1])
-    return costs
 
 
 def read_map(path):
