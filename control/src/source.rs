@@ -159,21 +159,28 @@ impl Source for DirSource {
             } else if out.is_closed() {
                 return;
             }
-            // A change wakes the source at once; the changes that came with it are read by
-            // the same look.
+            // A change wakes the source at once; the changes that come with it (a rename
+            // over, a write in several parts) are read by the same look, once they stop.
             if changes.recv_timeout(wait).is_ok() {
-                while changes.try_recv().is_ok() {}
+                settle(&changes);
             }
         }
     }
 }
 
-/// An inotify watch on `dir` that sends on `tx` at every change in it; None (logged) where
-/// it cannot be set: the source then looks every 100 ms.
+/// An inotify watch on `dir` that sends on `tx` at every change that can alter what the
+/// source reads; None (logged) where it cannot be set: the source then looks every 100 ms.
 fn watch(dir: &Path, tx: std::sync::mpsc::Sender<()>) -> Option<notify::RecommendedWatcher> {
     use notify::Watcher;
-    let on_event = move |_: notify::Result<notify::Event>| {
-        let _ = tx.send(());
+    let on_event = move |event: notify::Result<notify::Event>| {
+        // An error (the kernel's queue overflowed, say) may hide a change: look again.
+        let wake = match &event {
+            Ok(event) => changes_content(&event.kind),
+            Err(_) => true,
+        };
+        if wake {
+            let _ = tx.send(());
+        }
     };
     let watched = notify::recommended_watcher(on_event).and_then(|mut watcher| {
         watcher
@@ -188,6 +195,38 @@ fn watch(dir: &Path, tx: std::sync::mpsc::Sender<()>) -> Option<notify::Recommen
                 dir.display()
             );
             None
+        }
+    }
+}
+
+/// Whether an event can change what the source reads: a file created, written (or closed
+/// after writing), renamed or removed. Not an open, a read or a close after reading (the
+/// source's own reads make those: waking on them would read the directory in a loop), nor
+/// a change of metadata only.
+fn changes_content(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode, ModifyKind};
+    use notify::EventKind;
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) | EventKind::Modify(ModifyKind::Metadata(_)) => false,
+        EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_) => true,
+        EventKind::Any | EventKind::Other => true,
+    }
+}
+
+/// How long a burst of changes must be quiet before the source reads, and the longest it
+/// waits for that.
+const QUIET: Duration = Duration::from_millis(20);
+const SETTLE_AT_MOST: Duration = Duration::from_millis(200);
+
+/// Wait until no change has come for [`QUIET`] (at most [`SETTLE_AT_MOST`]): a burst of
+/// changes is one read.
+fn settle(changes: &std::sync::mpsc::Receiver<()>) {
+    let deadline = std::time::Instant::now() + SETTLE_AT_MOST;
+    while changes.recv_timeout(QUIET).is_ok() {
+        while changes.try_recv().is_ok() {}
+        if std::time::Instant::now() >= deadline {
+            return;
         }
     }
 }
@@ -220,6 +259,51 @@ pub fn parse(bytes: &[u8]) -> Result<Vec<Value>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_what_can_change_a_file_wakes_the_source() {
+        use notify::event::{
+            AccessKind, AccessMode, CreateKind, DataChange, MetadataKind, ModifyKind, RemoveKind,
+            RenameMode,
+        };
+        use notify::EventKind;
+        let table = [
+            (EventKind::Access(AccessKind::Open(AccessMode::Any)), false),
+            (EventKind::Access(AccessKind::Read), false),
+            (
+                EventKind::Access(AccessKind::Close(AccessMode::Read)),
+                false,
+            ),
+            (
+                EventKind::Access(AccessKind::Close(AccessMode::Write)),
+                true,
+            ),
+            (
+                EventKind::Modify(ModifyKind::Metadata(MetadataKind::Any)),
+                false,
+            ),
+            (EventKind::Create(CreateKind::File), true),
+            (EventKind::Modify(ModifyKind::Data(DataChange::Any)), true),
+            (EventKind::Modify(ModifyKind::Name(RenameMode::To)), true),
+            (EventKind::Modify(ModifyKind::Name(RenameMode::From)), true),
+            (EventKind::Remove(RemoveKind::File), true),
+            (EventKind::Other, true),
+        ];
+        for (kind, wakes) in table {
+            assert_eq!(changes_content(&kind), wakes, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn a_burst_of_changes_is_one_read() {
+        let (tx, changes) = std::sync::mpsc::channel();
+        for _ in 0..5 {
+            tx.send(()).unwrap();
+        }
+        settle(&changes);
+        assert!(changes.try_recv().is_err(), "the burst was taken whole");
+        drop(tx);
+    }
 
     #[test]
     fn a_file_that_stops_parsing_keeps_its_objects() {
