@@ -90,7 +90,7 @@ fn main() -> ExitCode {
             .as_ref()
             .map(|_| args.default_authorization_mode),
     };
-    let source = match source::from_arg(&args.source, map_options) {
+    let source = match source::from_arg(&args.source) {
         Ok(source) => source,
         Err(e) => {
             eprintln!("fanout-control: {e}");
@@ -108,7 +108,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(args, source)) {
+    match runtime.block_on(serve(args, source, map_options)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("fanout-control: {e}");
@@ -117,7 +117,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(args: Args, source: Box<dyn Source>) -> Result<(), String> {
+async fn serve(args: Args, source: Box<dyn Source>, map: MapOptions) -> Result<(), String> {
     let options = RenderOptions {
         wasm: args.wasm.clone(),
         trusted_ca: args.trusted_ca.clone(),
@@ -131,7 +131,7 @@ async fn serve(args: Args, source: Box<dyn Source>) -> Result<(), String> {
     let (snapshots_tx, snapshots) = watch::channel(None);
     let (served_tx, served) = watch::channel(None);
     log::info!("source {}", source.describe());
-    std::thread::spawn(move || source.run(snapshots_tx));
+    tokio::spawn(source::run(source, map, snapshots_tx));
     tokio::spawn(decide(snapshots, served_tx, ledger.clone(), options));
     let xds = tokio::net::TcpListener::bind(args.xds_address)
         .await
