@@ -3,10 +3,13 @@
 //! (ECDS) and the subscriber clusters (CDS) from its source of truth; an HTTP endpoint says what each
 //! Envoy has. See docs/control-plane.md.
 
+mod clusters;
+mod contract;
 mod http;
 mod knative;
 mod model;
 mod render;
+mod resource;
 mod senders;
 mod source;
 mod state;
