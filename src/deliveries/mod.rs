@@ -27,7 +27,7 @@ use call_end::Expected;
 use call_plan::CallPlan;
 use clock::Clock;
 use end::labelled;
-use job::leg_cluster;
+use job::{leg_cluster, leg_stats};
 pub use job::{InLine, Job, Variant};
 pub use owed::Owed;
 use slot_gate::{Pass, SlotGate};
@@ -313,7 +313,7 @@ impl Deliveries {
         };
         let config = job.config.clone();
         let channel = job.channel.clone();
-        let Some(sub_cluster) = channel.subscribers.get(index).map(|s| s.cluster.as_str()) else {
+        let Some(sub) = channel.subscribers.get(index) else {
             self.gate.release(slot);
             return;
         };
@@ -322,8 +322,8 @@ impl Deliveries {
             return;
         };
         let result = host.dispatch(call.cluster, call.headers(), &call.body, call.timeout);
-        let cluster = call.cluster;
         drop(call);
+        let stats = leg_stats(sub, leg);
         let retry = leg == Leg::Event && job.fanout.event_attempts(index) > 0;
         match result {
             Ok(token) => {
@@ -341,18 +341,18 @@ impl Deliveries {
                 let reply_gave_up = leg == Leg::Reply && !job.fanout.is_retrying(index);
                 self.count(host, &config, |tally| {
                     if reply_gave_up {
-                        tally.reply_failed(sub_cluster, &failure);
+                        tally.reply_failed(&sub.cluster, &failure);
                     }
-                    tally.call_ended(cluster, &Err(failure.clone()), None)
+                    tally.call_ended(stats, &Err(failure.clone()), None)
                 });
                 self.gate.release(slot);
                 self.trace_ended(clock, id, index, &CallOutcome::failed(failure));
             }
         }
         self.count(host, &config, |tally| {
-            tally.call_started(cluster);
+            tally.call_started(stats);
             if retry {
-                tally.retried(sub_cluster);
+                tally.retried(sub.stats.event);
             }
         });
     }
@@ -424,9 +424,7 @@ impl Deliveries {
         let config = job.config.clone();
         let traced = job.spans.is_some().then(|| CallOutcome::of(&ended));
         let recorded = job.record(index, token, leg, ended, now)?;
-        self.count(host, &config, |tally| {
-            recorded.count(tally, cluster, &sub.cluster)
-        });
+        self.count(host, &config, |tally| recorded.count(tally, sub, leg));
         if let Some(outcome) = traced {
             self.trace_ended(&clock, id, index, &outcome);
         }

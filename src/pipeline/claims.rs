@@ -375,11 +375,11 @@ impl Pipeline {
                         return None;
                     }
                     self.claims.continued(stream, Continued::Answered);
-                    return Some(self.answer_now(host, &counter, stream, answer));
+                    return Some(super::answer_now(stream, answer));
                 }
                 job.unrecorded = true;
             }
         }
-        self.launch(host, &counter, stream, job)
+        self.launch(host, stream, job)
     }
 }

@@ -126,8 +126,7 @@ impl Pipeline {
         let (mut finished, delivering) = match claim {
             Claim::Done(claims) => {
                 job.claims = claims;
-                let counter = self.counter(&job.config);
-                let (finished, delivering) = self.start(host, &counter, stream, job);
+                let (finished, delivering) = self.start(host, stream, job);
                 (one(finished), delivering)
             }
             Claim::Ask(ask) => (self.claim(host, Pending { stream, ask, job }), None),
@@ -289,68 +288,51 @@ impl Pipeline {
     /// The fan-out `job` of `stream`, continued after its claim (by the root, or by its own
     /// stream): started, and what became of it kept for the stream. A stream gone meanwhile:
     /// an async fan-out goes on; a sync one is dropped as when its client leaves.
-    fn launch<H: Host>(
-        &mut self,
-        host: &H,
-        counter: &Counter,
-        stream: u32,
-        job: Job,
-    ) -> Option<Finished> {
+    fn launch<H: Host>(&mut self, host: &H, stream: u32, job: Job) -> Option<Finished> {
         if self.claims.take_gone(stream) {
             if let Launched::Delivering(id, _) = self.deliveries.launch(host, job, stream) {
                 self.deliveries.abandon(host, id);
             }
             return None;
         }
-        let (finished, delivering) = self.start(host, counter, stream, job);
+        let (finished, delivering) = self.start(host, stream, job);
         let what = delivering.map_or(Continued::Answered, Continued::Delivering);
         self.claims.continued(stream, what);
         finished
     }
 
     /// Hands the fan-out `job` of `stream` to the deliveries: its answer now (logged if it is
-    /// a refusal, and counted), or a sync fan-out under way (its job), with its answer if it
-    /// already ended.
+    /// a refusal), or a sync fan-out under way (its job), with its answer if it already
+    /// ended.
     fn start<H: Host>(
         &mut self,
         host: &H,
-        counter: &Counter,
         stream: u32,
         job: Job,
     ) -> (Option<Finished>, Option<u64>) {
         match self.deliveries.launch(host, job, stream) {
-            Launched::Answer(answer) => {
-                let finished = self.answer_now(host, counter, stream, answer);
-                (Some(finished), None)
-            }
+            Launched::Answer(answer) => (Some(answer_now(stream, answer)), None),
             Launched::Delivering(id, finished) => (finished, Some(id)),
-        }
-    }
-
-    /// `stream` is answered at once (logged if it is a refusal, and counted).
-    fn answer_now<H: Host>(
-        &mut self,
-        host: &H,
-        counter: &Counter,
-        stream: u32,
-        answer: Answer,
-    ) -> Finished {
-        if answer.status >= 400 {
-            log::info!(
-                "[#{stream}] answered {}: {}",
-                answer.status,
-                String::from_utf8_lossy(&answer.body)
-            );
-        }
-        counter.count(host, |tally| tally.answered(answer.status));
-        Finished {
-            answer_to: Some(stream),
-            answer,
         }
     }
 
     fn counter(&self, config: &Config) -> Counter {
         Counter::new(config.metrics.then(|| self.telemetry.clone()))
+    }
+}
+
+/// `stream` is answered at once (logged if it is a refusal; counted where it is sent).
+fn answer_now(stream: u32, answer: Answer) -> Finished {
+    if answer.status >= 400 {
+        log::info!(
+            "[#{stream}] answered {}: {}",
+            answer.status,
+            String::from_utf8_lossy(&answer.body)
+        );
+    }
+    Finished {
+        answer_to: Some(stream),
+        answer,
     }
 }
 
