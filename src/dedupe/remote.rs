@@ -17,7 +17,6 @@
 
 use std::time::Duration;
 
-use super::claim::etcd_headers;
 use super::etcd::{self, Family, Leases, SettleOp, StoreError, MAX_SETTLES_PER_TXN};
 use super::settle::RemoteSettle;
 use super::CLAIM_MARGIN_MS;
@@ -54,6 +53,17 @@ pub struct Sent {
     pub log_id: u32,
     pub metrics: bool,
     pub hold: Option<u64>,
+}
+
+impl Sent {
+    /// What is kept of `settle` while its txn is in flight.
+    pub fn of(settle: &RemoteSettle) -> Sent {
+        Sent {
+            log_id: settle.log_id,
+            metrics: settle.metrics,
+            hold: settle.hold,
+        }
+    }
 }
 
 /// What an answer to one of the root's etcd calls came to.
@@ -158,7 +168,7 @@ impl Remote {
     ) -> Result<(), crate::call::Failure> {
         let families = self.families.clone();
         for grant in self.leases.wanted(now_ms, &families) {
-            let headers = etcd_headers(&store.cluster, etcd::GRANT_PATH);
+            let headers = etcd::call_headers(&store.cluster, etcd::GRANT_PATH);
             let timeout = Duration::from_millis(u64::from(store.timeout_ms));
             match host.dispatch(&store.cluster, headers, &grant.body, timeout) {
                 Ok(token) => self.leases.asked(grant.until_ms, token),
@@ -185,7 +195,7 @@ impl Remote {
             let Some(lease) = lease else {
                 let error = StoreError::new("no etcd lease for the records");
                 self.settle_failed(settle.log_id, &error, now_ms);
-                outcome.failed.push(settle.sent());
+                outcome.failed.push(Sent::of(&settle));
                 continue;
             };
             match batches.iter_mut().find(|b| b.takes(&settle, lease)) {
@@ -225,8 +235,8 @@ impl Remote {
             .collect();
         let body = etcd::settle_body(&ops, batch.lease);
         let timeout = Duration::from_millis(u64::from(timeout_ms));
-        let settles: Vec<Sent> = batch.settles.iter().map(RemoteSettle::sent).collect();
-        let headers = etcd_headers(&cluster, etcd::TXN_PATH);
+        let settles: Vec<Sent> = batch.settles.iter().map(Sent::of).collect();
+        let headers = etcd::call_headers(&cluster, etcd::TXN_PATH);
         match host.dispatch_for(root, &cluster, headers, &body, timeout) {
             Ok(token) => {
                 let due = now_ms

@@ -63,17 +63,6 @@ pub struct RemoteSettle {
     pub hold: Option<u64>,
 }
 
-impl RemoteSettle {
-    /// What is kept of it while its txn is in flight.
-    pub fn sent(&self) -> super::remote::Sent {
-        super::remote::Sent {
-            log_id: self.log_id,
-            metrics: self.metrics,
-            hold: self.hold,
-        }
-    }
-}
-
 /// Header on the answer of a fan-out whose outcome could not be written to the etcd store
 /// (its settle failed): a redelivery may call again the subscribers that took the event.
 pub const NOT_RECORDED_HEADER: &str = "x-fanout-not-recorded";

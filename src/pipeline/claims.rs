@@ -13,7 +13,7 @@
 
 use super::{Actor, Pipeline};
 use crate::dedupe::claim::{self, Ask};
-use crate::dedupe::etcd::{Found, StoreError, MAX_CLAIMS_PER_TXN, TXN_PATH};
+use crate::dedupe::etcd::{self, Found, StoreError, MAX_CLAIMS_PER_TXN, TXN_PATH};
 use crate::dedupe::remote;
 use crate::deliveries::{Finished, Job};
 use crate::host::Host;
@@ -260,7 +260,7 @@ impl Pipeline {
         let (cluster, timeout) = (first.ask.cluster.clone(), first.ask.timeout);
         let asks: Vec<&Ask> = batch.iter().map(|p| &p.ask).collect();
         let body = claim::batch_body(&asks);
-        let headers = claim::etcd_headers(&cluster, TXN_PATH);
+        let headers = etcd::call_headers(&cluster, TXN_PATH);
         let root = actor.root();
         match host.dispatch_for(root, &cluster, headers, &body, timeout) {
             Ok(token) => {
