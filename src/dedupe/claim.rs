@@ -19,7 +19,7 @@ use crate::telemetry::Counter;
 
 use super::etcd::{self, ClaimOp, Found, StoreError};
 pub use super::settle::{owner_id, Claims, EtcdClaims, ShardClaims};
-use super::{shard_key, update, Event as StoredEvent, Limits, Seen, CLAIM_MARGIN_MS};
+use super::{shard_key, update, Limits, Seen, StoredEvent, CLAIM_MARGIN_MS};
 
 /// The request, as far as its claims need it.
 pub struct Asking<'a> {

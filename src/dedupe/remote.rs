@@ -67,7 +67,7 @@ impl Sent {
 }
 
 /// What an answer to one of the root's etcd calls came to.
-pub enum Answered {
+pub enum StoreAnswer {
     /// A lease grant: nothing to count.
     Grant,
     /// A settle txn: the settles in it, applied, or (`failed`) each a store error.
@@ -278,7 +278,7 @@ impl Remote {
         token: u32,
         reply: impl FnOnce() -> etcd::Reply,
         now: impl FnOnce() -> u64,
-    ) -> Option<Answered> {
+    ) -> Option<StoreAnswer> {
         if self.leases.is_grant(token) {
             let result = etcd::read_answer(&reply()).and_then(etcd::read_grant);
             if let Err(error) = &result {
@@ -287,12 +287,12 @@ impl Remote {
             let failed = result.is_err();
             self.leases
                 .granted(token, result, if failed { now() } else { 0 });
-            return Some(Answered::Grant);
+            return Some(StoreAnswer::Grant);
         }
         let at = self.in_flight.iter().position(|(t, _, _)| *t == token)?;
         let (_, _, settles) = self.in_flight.swap_remove(at);
         match etcd::read_answer(&reply()).and_then(etcd::read_txn_ok) {
-            Ok(()) => Some(Answered::Settles {
+            Ok(()) => Some(StoreAnswer::Settles {
                 settles,
                 failed: false,
             }),
@@ -301,7 +301,7 @@ impl Remote {
                 for sent in &settles {
                     self.settle_failed(sent.log_id, &error, now);
                 }
-                Some(Answered::Settles {
+                Some(StoreAnswer::Settles {
                     settles,
                     failed: true,
                 })

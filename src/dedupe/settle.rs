@@ -9,7 +9,7 @@
 use std::hash::BuildHasher;
 
 use super::etcd;
-use super::{create_shards, shard_key, update, Event, Limits};
+use super::{create_shards, shard_key, update, Limits, StoredEvent};
 use crate::config::{Config, DedupeConfig, EtcdStore, Store};
 use crate::host::{Host, HostStore};
 use crate::metrics::Tally;
@@ -206,7 +206,7 @@ fn settle_in_shard<H: Host>(
         .iter()
         .map(|(index, id)| (*id, took(*index)))
         .collect();
-    let event = Event {
+    let event = StoredEvent {
         channel: &held.channel,
         key: &held.key,
     };

@@ -1,8 +1,8 @@
 //! The end of a fan-out: its verdict and answer (early, for a sync sender whose required
 //! subscribers are done while best-effort ones go on), what it logs and counts, and its
-//! `dedupe` claims handed to the pipeline's settle stage ([`Ended`]).
+//! `dedupe` claims handed to the pipeline's settle stage ([`Unsettled`]).
 
-use super::{Clock, Deliveries, Ended, Finished, Job};
+use super::{Clock, Deliveries, Finished, Job, Unsettled};
 use crate::answer::Answer;
 use crate::config::AnswerMode;
 use crate::dedupe::settle::Claims;
@@ -129,7 +129,7 @@ impl Deliveries {
         let delivered = (0..job.channel.subscribers.len())
             .map(|index| job.fanout.is_delivered(index))
             .collect();
-        self.ended.push(Ended {
+        self.ended.push(Unsettled {
             job: id,
             config: job.config.clone(),
             claims,
@@ -146,7 +146,7 @@ impl Deliveries {
     }
 
     /// The fan-outs that ended holding claims since the last call.
-    pub fn take_ended(&mut self) -> Vec<Ended> {
+    pub fn take_ended(&mut self) -> Vec<Unsettled> {
         std::mem::take(&mut self.ended)
     }
 }

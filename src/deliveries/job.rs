@@ -13,7 +13,7 @@ use crate::format::{self, Format};
 use crate::headers::Forwarded;
 use crate::metrics::Tally;
 
-use super::call_end::Ended;
+use super::call_end::AnsweredCall;
 use super::spans::JobSpans;
 
 /// One event being delivered.
@@ -197,7 +197,7 @@ impl Job {
         index: usize,
         token: u32,
         leg: Leg,
-        ended: Ended,
+        ended: AnsweredCall,
         now_ms: u64,
     ) -> Option<Recorded> {
         let reply_refused = match &ended.end.reply {
@@ -308,8 +308,8 @@ mod tests {
         }
     }
 
-    fn ended(end: CallEnd) -> Ended {
-        Ended {
+    fn ended(end: CallEnd) -> AnsweredCall {
+        AnsweredCall {
             status: None,
             end,
             discarded: false,

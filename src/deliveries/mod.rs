@@ -54,7 +54,7 @@ pub struct Finished {
 
 /// A fan-out that ended holding `dedupe` claims: what its settle needs, and its answer (held
 /// until the claims are settled).
-pub struct Ended {
+pub struct Unsettled {
     pub job: u64,
     pub config: Rc<Config>,
     pub claims: Claims,
@@ -96,7 +96,7 @@ pub struct Deliveries {
     /// its own calls are answered (Envoy cancels a context's calls when it is deleted).
     root_of: HashMap<u32, u32>,
     /// Fan-outs that ended with `dedupe` claims, for the settle stage (the pipeline's).
-    ended: Vec<Ended>,
+    ended: Vec<Unsettled>,
     /// `tracing`: the VM's ids, sampling and exporter (`None`: off).
     tracing: Option<Tracing>,
     /// Whether spans dropped are counted (metrics on).

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::call_end::Ended;
+use super::call_end::AnsweredCall;
 use super::spans::{CallContext, JobSpans, Tracing};
 use super::{Clock, Deliveries, Job};
 use crate::answer::Answer;
@@ -29,7 +29,7 @@ pub(super) struct CallOutcome {
 }
 
 impl CallOutcome {
-    pub(super) fn of(ended: &Ended) -> CallOutcome {
+    pub(super) fn of(ended: &AnsweredCall) -> CallOutcome {
         CallOutcome {
             status: ended.status,
             failure: ended.end.result.clone().err(),
