@@ -121,15 +121,14 @@ impl Pipeline {
     /// the stream learns at once what became of it ([`Begun`]); waiting for its claim, from
     /// the answers returned later and [`Pipeline::adopt`].
     pub fn begin<H: Host>(&mut self, host: &H, actor: Actor, mut job: Job, claim: Claim) -> Begun {
-        self.deliveries.act_for(actor.acting_root());
         let stream = job.log_id;
         let (mut finished, delivering) = match claim {
             Claim::Done(claims) => {
                 job.claims = claims;
-                let (finished, delivering) = self.start(host, stream, job);
+                let (finished, delivering) = self.start(host, actor.acting_root(), stream, job);
                 (one(finished), delivering)
             }
-            Claim::Ask(ask) => (self.claim(host, Pending { stream, ask, job }), None),
+            Claim::Ask(ask) => (self.claim(host, actor, Pending { stream, ask, job }), None),
         };
         self.settle_ended(host, actor, &mut finished);
         Begun {
@@ -148,14 +147,17 @@ impl Pipeline {
         num_headers: usize,
         body_size: usize,
     ) -> Vec<Finished> {
-        self.deliveries.act_for(actor.acting_root());
         let mut finished = match self.store_answered(host, actor, token, num_headers, body_size) {
             Some(finished) => finished,
             None => match self.claim_answered(host, actor, token, num_headers, body_size) {
                 Some(finished) => finished,
-                None => one(self
-                    .deliveries
-                    .on_response(host, token, num_headers, body_size)),
+                None => one(self.deliveries.on_response(
+                    host,
+                    actor.acting_root(),
+                    token,
+                    num_headers,
+                    body_size,
+                )),
             },
         };
         self.settle_ended(host, actor, &mut finished);
@@ -165,8 +167,7 @@ impl Pipeline {
     /// Root context `root`'s timer: what is due in every fan-out, claim and settle.
     pub fn tick<H: Host>(&mut self, host: &H, root: u32) -> Vec<Finished> {
         let actor = Actor::Root(root);
-        self.deliveries.act_for(actor.acting_root());
-        let mut finished = self.deliveries.tick(host);
+        let mut finished = self.deliveries.tick(host, root);
         finished.extend(self.tick_claims(host, actor));
         self.queue_ended(host, actor, &mut finished);
         finished.extend(self.tick_settles(host, actor));
@@ -191,8 +192,7 @@ impl Pipeline {
 
     /// Root context `root` goes away: the spans held leave now.
     pub fn flush_spans<H: Host>(&mut self, host: &H, root: u32) {
-        self.deliveries.act_for(Some(root));
-        self.deliveries.export(host, true);
+        self.deliveries.export(host, root, true);
     }
 
     /// What the root made of `stream`'s request while the stream waited for its claim, if it
@@ -207,7 +207,6 @@ impl Pipeline {
         let Actor::Stream { id, .. } = actor else {
             return false;
         };
-        self.deliveries.act_for(None);
         let forgotten = self.claims.forget(id, ended);
         if let Some(token) = forgotten.cancelled {
             // Its own claim txn: Envoy cancels it with the stream; the claims parked
@@ -221,7 +220,6 @@ impl Pipeline {
     /// The sender of sync fan-out `job` went away (its stream is `actor`): its calls are
     /// cancelled and its claims settled. Returns whether it still waited for its answer.
     pub fn abandon<H: Host>(&mut self, host: &H, actor: Actor, job: u64) -> Vec<Finished> {
-        self.deliveries.act_for(actor.acting_root());
         self.deliveries.abandon(host, job);
         let mut finished = Vec::new();
         self.settle_ended(host, actor, &mut finished);
@@ -288,14 +286,20 @@ impl Pipeline {
     /// The fan-out `job` of `stream`, continued after its claim (by the root, or by its own
     /// stream): started, and what became of it kept for the stream. A stream gone meanwhile:
     /// an async fan-out goes on; a sync one is dropped as when its client leaves.
-    fn launch<H: Host>(&mut self, host: &H, stream: u32, job: Job) -> Option<Finished> {
+    fn launch<H: Host>(
+        &mut self,
+        host: &H,
+        root: Option<u32>,
+        stream: u32,
+        job: Job,
+    ) -> Option<Finished> {
         if self.claims.take_gone(stream) {
-            if let Launched::Delivering(id, _) = self.deliveries.launch(host, job, stream) {
+            if let Launched::Delivering(id, _) = self.deliveries.launch(host, root, job, stream) {
                 self.deliveries.abandon(host, id);
             }
             return None;
         }
-        let (finished, delivering) = self.start(host, stream, job);
+        let (finished, delivering) = self.start(host, root, stream, job);
         let what = delivering.map_or(Continued::Answered, Continued::Delivering);
         self.claims.continued(stream, what);
         finished
@@ -307,10 +311,11 @@ impl Pipeline {
     fn start<H: Host>(
         &mut self,
         host: &H,
+        root: Option<u32>,
         stream: u32,
         job: Job,
     ) -> (Option<Finished>, Option<u64>) {
-        match self.deliveries.launch(host, job, stream) {
+        match self.deliveries.launch(host, root, job, stream) {
             Launched::Answer(answer) => (Some(answer_now(stream, answer)), None),
             Launched::Delivering(id, finished) => (finished, Some(id)),
         }
