@@ -20,7 +20,7 @@ pub struct HeaderMap {
 
 /// Where one pair of a [`HeaderMap`] lies in its buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Span {
+pub struct PairAt {
     name: (u32, u32),
     value: (u32, u32),
 }
@@ -87,13 +87,13 @@ impl HeaderMap {
     }
 
     /// The pair at `span` (one of [`HeaderMap::spans`]).
-    pub fn pair(&self, span: Span) -> Option<(&[u8], &[u8])> {
+    pub fn pair(&self, span: PairAt) -> Option<(&[u8], &[u8])> {
         Some((self.slice(span.name)?, self.slice(span.value)?))
     }
 
     /// The pair at `span` as text: `None` if the name or the value is not UTF-8.
     #[cfg(test)]
-    pub fn text_pair(&self, span: Span) -> Option<(&str, &str)> {
+    pub fn text_pair(&self, span: PairAt) -> Option<(&str, &str)> {
         let (name, value) = self.pair(span)?;
         Some((
             std::str::from_utf8(name).ok()?,
@@ -107,7 +107,7 @@ impl HeaderMap {
     }
 }
 
-/// The pairs of a [`HeaderMap`] as [`Span`]s; stops at the first size that does not fit.
+/// The pairs of a [`HeaderMap`] as [`PairAt`]s; stops at the first size that does not fit.
 pub struct Spans<'m> {
     map: &'m HeaderMap,
     next: usize,
@@ -119,9 +119,9 @@ pub struct Spans<'m> {
 }
 
 impl Iterator for Spans<'_> {
-    type Item = Span;
+    type Item = PairAt;
 
-    fn next(&mut self) -> Option<Span> {
+    fn next(&mut self) -> Option<PairAt> {
         if self.next >= self.pairs || self.broken {
             return None;
         }
@@ -133,7 +133,7 @@ impl Iterator for Spans<'_> {
 }
 
 impl Spans<'_> {
-    fn read(&mut self) -> Option<Span> {
+    fn read(&mut self) -> Option<PairAt> {
         let bytes = &self.map.bytes;
         let sizes = 4 + self.next * 8;
         let name_len = read_u32(bytes, sizes)?;
@@ -147,7 +147,7 @@ impl Spans<'_> {
             return None;
         }
         self.data = end;
-        Some(Span {
+        Some(PairAt {
             name: (u32::try_from(name_start).ok()?, name_len),
             value: (u32::try_from(value_start).ok()?, value_len),
         })
@@ -417,7 +417,7 @@ mod tests {
         assert_eq!(map.get("x-a"), Some(&b"1"[..]), "the first of two");
         assert_eq!(map.get("ce-id"), Some(&b""[..]));
         assert_eq!(map.get("host"), None);
-        let spans: Vec<Span> = map.spans().collect();
+        let spans: Vec<PairAt> = map.spans().collect();
         assert_eq!(map.text_pair(spans[2]), Some(("x-a", "1")));
         assert_eq!(map.iter().next(), Some((&b":method"[..], &b"POST"[..])));
     }

@@ -2,11 +2,9 @@
 //! subscribers that failed together (a shared database went away) are not all retried in the
 //! same instant.
 //!
-//! A wait is first capped by `backoff_max_ms`, then multiplied by a uniformly random factor in
-//! [1 − j, 1 + j], then capped again and raised to what the subscriber's `Retry-After` asked
-//! for (itself at most `backoff_max_ms`). Capping first means a wait that reached the cap
-//! still spreads, below it (a wait far above the cap would otherwise stay at the cap whatever
-//! the factor).
+//! The spread is a uniformly random factor in [1 − j, 1 + j] ([`Jitter::spread`]); where it
+//! sits in a retry's wait (after the cap, before the cap again and the `Retry-After` floor)
+//! is `retry.rs`'s `RetryPolicy::wait_before`, the one rule of a retry's wait.
 //!
 //! proxy-wasm offers no random numbers, and jitter needs no secret ones: a [`JitterRng`]
 //! (`fastrand`'s wyrand, a generator with no host calls when seeded explicitly) per VM,
@@ -41,29 +39,16 @@ impl Jitter {
         self.0
     }
 
-    /// The wait before a retry: `wait_ms` (the computed backoff) capped by `max_ms`, times a
-    /// factor drawn from [1 − j, 1 + j], capped by `max_ms` again, and never below
-    /// `floor_ms` (what `Retry-After` asked for; 0 without one), itself capped by `max_ms`.
-    /// Without jitter it draws nothing and gives `wait_ms.max(floor_ms).min(max_ms)`.
-    pub fn apply(self, wait_ms: u64, floor_ms: u64, max_ms: u64, rng: &mut JitterRng) -> u64 {
-        let wait = wait_ms.min(max_ms);
-        let jittered = if self.0 == 0.0 || wait == 0 {
-            wait
-        } else {
-            let factor = 1.0 - self.0 + 2.0 * self.0 * rng.unit();
-            // A float to int cast saturates (and a NaN, which cannot occur here, would be 0).
-            (wait as f64 * factor).round() as u64
-        };
-        jittered.min(max_ms).max(floor_ms.min(max_ms))
-    }
-
-    /// The longest wait [`Jitter::apply`] can give for `wait_ms`: for the worst-case time of a
-    /// delivery.
-    #[cfg(test)]
-    pub fn longest(self, wait_ms: u64, floor_ms: u64, max_ms: u64) -> u64 {
-        let wait = wait_ms.min(max_ms);
-        let longest = (wait as f64 * (1.0 + self.0)).ceil() as u64;
-        longest.min(max_ms).max(floor_ms.min(max_ms))
+    /// `wait_ms` spread: times a factor drawn from [1 − j, 1 + j]. Without jitter (or for no
+    /// wait) it draws nothing. The cap and the `Retry-After` floor around it are the retry's
+    /// (`RetryPolicy::wait_before`, the one place a retry's wait is decided).
+    pub fn spread(self, wait_ms: u64, rng: &mut JitterRng) -> u64 {
+        if self.0 == 0.0 || wait_ms == 0 {
+            return wait_ms;
+        }
+        let factor = 1.0 - self.0 + 2.0 * self.0 * rng.unit();
+        // A float to int cast saturates (and a NaN, which cannot occur here, would be 0).
+        (wait_ms as f64 * factor).round() as u64
     }
 }
 
@@ -101,6 +86,29 @@ pub fn seed(parts: &[u64]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::retry::{BackoffPolicy, RetryPolicy};
+
+    impl Jitter {
+        /// The wait before a retry whose computed backoff is `wait_ms`, `Retry-After` asking
+        /// for `floor_ms`, capped at `max_ms`: the retry's rule (`RetryPolicy::wait_before`)
+        /// with this jitter.
+        fn apply(self, wait_ms: u64, floor_ms: u64, max_ms: u64, rng: &mut JitterRng) -> u64 {
+            let policy = RetryPolicy {
+                retry: 1,
+                policy: BackoffPolicy::Linear,
+                delay_ms: wait_ms,
+                max_ms,
+            };
+            policy.wait_before(1, Some(floor_ms), self, rng)
+        }
+
+        /// The longest wait [`Jitter::apply`] can give for `wait_ms`.
+        fn longest(self, wait_ms: u64, floor_ms: u64, max_ms: u64) -> u64 {
+            let wait = wait_ms.min(max_ms);
+            let longest = (wait as f64 * (1.0 + self.0)).ceil() as u64;
+            longest.min(max_ms).max(floor_ms.min(max_ms))
+        }
+    }
 
     fn jitter(j: f64) -> Jitter {
         Jitter::new(j).unwrap()

@@ -78,7 +78,11 @@ pub struct Tally {
     names: Vec<String>,
     counts: Vec<u64>,
     by_name: HashMap<String, usize>,
-    subscribers: HashMap<String, SubscriberCounters>,
+    /// Each cluster calls are counted under, by the index [`Tally::cluster`] gave it (fixed
+    /// at configure time, so that counting a call looks nothing up by name); its counters
+    /// are made at its first count, or by [`Tally::register_subscriber`].
+    clusters: Vec<(String, Option<SubscriberCounters>)>,
+    cluster_index: HashMap<String, usize>,
     replies: HashMap<String, ReplyCounters>,
     in_flight_delta: i64,
     fanout_ms: Vec<u64>,
@@ -179,11 +183,39 @@ impl Tally {
         }
     }
 
-    fn subscriber(&mut self, cluster: &str) -> SubscriberCounters {
-        if let Some(&ids) = self.subscribers.get(cluster) {
-            return ids;
+    /// The index under which calls to `cluster` are counted: the same for as long as the
+    /// tally lives, whichever configuration asks. The plugin asks at configure time and keeps
+    /// it with the subscriber (`config::Subscriber::stats`).
+    pub fn cluster(&mut self, cluster: &str) -> usize {
+        if let Some(&at) = self.cluster_index.get(cluster) {
+            return at;
         }
-        let prefix = format!("fanout.subscriber.{}", stat_segment(cluster));
+        let at = self.clusters.len();
+        self.clusters.push((cluster.to_string(), None));
+        self.cluster_index.insert(cluster.to_string(), at);
+        at
+    }
+
+    /// The counters of the cluster at index `at`, made at its first use (`None`: no such
+    /// index, which counts nothing).
+    fn subscriber(&mut self, at: usize) -> Option<SubscriberCounters> {
+        match self.clusters.get(at) {
+            Some((_, Some(ids))) => Some(*ids),
+            Some((cluster, None)) => {
+                let prefix = format!("fanout.subscriber.{}", stat_segment(cluster));
+                let ids = self.make_subscriber(&prefix);
+                if let Some((_, slot)) = self.clusters.get_mut(at) {
+                    *slot = Some(ids);
+                }
+                Some(ids)
+            }
+            None => None,
+        }
+    }
+
+    /// Out of line: once per cluster.
+    #[inline(never)]
+    fn make_subscriber(&mut self, prefix: &str) -> SubscriberCounters {
         let mut ids = SubscriberCounters {
             calls: self.counter(&format!("{prefix}.calls")),
             delivered: self.counter(&format!("{prefix}.delivered")),
@@ -195,7 +227,6 @@ impl Tally {
         for (id, kind) in ids.failed.iter_mut().zip(FAILURE_KINDS) {
             *id = self.counter(&format!("{prefix}.failed.{kind}"));
         }
-        self.subscribers.insert(cluster.to_string(), ids);
         ids
     }
 
@@ -325,9 +356,11 @@ impl Tally {
         self.dedupe_entries_delta = self.dedupe_entries_delta.saturating_add(delta);
     }
 
-    /// Makes the counters of a cluster exist (at zero) before its first call.
-    pub fn register_subscriber(&mut self, cluster: &str) {
-        self.subscriber(cluster);
+    /// Makes the counters of a cluster exist (at zero) before its first call; its index.
+    pub fn register_subscriber(&mut self, cluster: &str) -> usize {
+        let at = self.cluster(cluster);
+        self.subscriber(at);
+        at
     }
 
     /// Makes the reply counters of a subscriber with a reply target exist (at zero).
@@ -354,16 +387,19 @@ impl Tally {
         &self.names
     }
 
-    /// A retry of the event to `cluster` was sent.
-    pub fn retried(&mut self, cluster: &str) {
-        let ids = self.subscriber(cluster);
-        self.bump(ids.retries);
+    /// A retry of the event to the cluster at `at` was sent.
+    pub fn retried(&mut self, at: usize) {
+        if let Some(ids) = self.subscriber(at) {
+            self.bump(ids.retries);
+        }
     }
 
-    /// `cluster` failed for good, and its dead-letter target took the event.
-    pub fn dead_lettered(&mut self, cluster: &str) {
-        let ids = self.subscriber(cluster);
-        self.bump(ids.dead_lettered);
+    /// The subscriber of the cluster at `at` failed for good, and its dead-letter target
+    /// took the event.
+    pub fn dead_lettered(&mut self, at: usize) {
+        if let Some(ids) = self.subscriber(at) {
+            self.bump(ids.dead_lettered);
+        }
     }
 
     /// A fan-out ended with a subscriber that failed for good after the sender's answer: in
@@ -420,28 +456,31 @@ impl Tally {
         self.bump(id);
     }
 
-    pub fn call_started(&mut self, cluster: &str) {
-        let ids = self.subscriber(cluster);
-        self.bump(ids.calls);
+    /// A call to the cluster at `at` (an index from [`Tally::cluster`]) was made.
+    pub fn call_started(&mut self, at: usize) {
+        if let Some(ids) = self.subscriber(at) {
+            self.bump(ids.calls);
+        }
     }
 
     /// A subscriber's filter did not want the event: no call, no failure.
-    pub fn call_skipped(&mut self, cluster: &str) {
-        let ids = self.subscriber(cluster);
-        self.bump(ids.skipped);
+    pub fn call_skipped(&mut self, at: usize) {
+        if let Some(ids) = self.subscriber(at) {
+            self.bump(ids.skipped);
+        }
     }
 
+    /// A call to the cluster at `at` ended.
     pub fn call_ended(
         &mut self,
-        cluster: &str,
+        at: usize,
         result: &Result<(), Failure>,
         duration_ms: Option<u64>,
     ) {
-        let ids = self.subscriber(cluster);
-        let id = match result {
+        let id = self.subscriber(at).and_then(|ids| match result {
             Ok(()) => Some(ids.delivered),
             Err(failure) => ids.failed.get(failure_index(failure)).copied(),
-        };
+        });
         if let Some(id) = id {
             self.bump(id);
         }
@@ -556,7 +595,7 @@ mod tests {
     #[test]
     fn reply_counters_exist_only_for_subscribers_with_replies_and_count_by_kind() {
         let mut tally = Tally::default();
-        tally.register_subscriber("plain");
+        let plain = tally.register_subscriber("plain");
         assert!(!tally.counter_names().iter().any(|n| n.contains("reply")));
         assert!(!tally
             .counter_names()
@@ -576,7 +615,7 @@ mod tests {
         tally.reply_failed("answering", &Failure::TooLarge { size: 2, limit: 1 });
         tally.reply_failed("answering", &Failure::Timeout);
         // A call never fails too_large; counting one changes nothing.
-        tally.call_ended("plain", &Err(Failure::TooLarge { size: 2, limit: 1 }), None);
+        tally.call_ended(plain, &Err(Failure::TooLarge { size: 2, limit: 1 }), None);
         let mut flush = tally.flush();
         flush.counters.sort_unstable(); // the order they were registered in: not what is tested
         let expected: Vec<(String, u64)> = [
@@ -596,11 +635,13 @@ mod tests {
         tally.received();
         tally.received();
         tally.fanout_started();
-        tally.call_started("billing.default");
-        tally.call_started("shipping");
-        tally.call_ended("billing.default", &Ok(()), Some(3));
-        tally.call_ended("shipping", &Err(Failure::Timeout), Some(250));
-        tally.call_skipped("audit");
+        let (billing, shipping) = (tally.cluster("billing.default"), tally.cluster("shipping"));
+        tally.call_started(billing);
+        tally.call_started(shipping);
+        tally.call_ended(billing, &Ok(()), Some(3));
+        tally.call_ended(shipping, &Err(Failure::Timeout), Some(250));
+        let audit = tally.cluster("audit");
+        tally.call_skipped(audit);
         tally.answered(500);
         tally.fanout_ended(Some(251));
         tally.answered(404);

@@ -114,7 +114,7 @@ impl<H: Host + Clone> Plugin<H> {
         self.host.follow_log_level();
         let bytes = self.host.plugin_configuration().unwrap_or_default();
         match Config::from_json(&bytes) {
-            Ok(config) => {
+            Ok(mut config) => {
                 for name in config.forward.sensitive_entries() {
                     log::warn!(
                         "forward_headers lists \"{name}\": it is forwarded to every \
@@ -131,7 +131,7 @@ impl<H: Host + Clone> Plugin<H> {
                     subscribers
                 );
                 if config.metrics {
-                    self.define_metrics(&config);
+                    self.define_metrics(&mut config);
                 }
                 settle::prepare(&self.host, &config);
                 with_mut(&self.pipeline, |p| {
@@ -149,8 +149,9 @@ impl<H: Host + Clone> Plugin<H> {
         }
     }
 
-    /// Makes the metrics of `config` exist (at zero) before anything happens.
-    fn define_metrics(&self, config: &Config) {
+    /// Makes the metrics of `config` exist (at zero) before anything happens, and fixes
+    /// where each subscriber's calls are counted (`Subscriber::stats`).
+    fn define_metrics(&self, config: &mut Config) {
         with_mut(&self.telemetry, |telemetry| {
             telemetry.tally.register_requests();
             if config.dedupe.is_some() {
@@ -162,10 +163,17 @@ impl<H: Host + Clone> Plugin<H> {
             for (cluster, _) in &config.call_caps {
                 telemetry.tally.register_call_cap(cluster);
             }
-            for subscriber in config.channels.iter().flat_map(|c| &c.subscribers) {
-                telemetry.tally.register_subscriber(&subscriber.cluster);
-                if subscriber.reply.is_some() {
-                    telemetry.tally.register_replies(&subscriber.cluster);
+            // The channels are this configuration's alone until it is shared.
+            let channels = config.channels.iter_mut().filter_map(Rc::get_mut);
+            for subscriber in channels.flat_map(|c| &mut c.subscribers) {
+                let tally = &mut telemetry.tally;
+                subscriber.stats.event = tally.register_subscriber(&subscriber.cluster);
+                if let Some(reply) = &subscriber.reply {
+                    tally.register_replies(&subscriber.cluster);
+                    subscriber.stats.reply = tally.cluster(&reply.cluster);
+                }
+                if let Some(dead_letter) = &subscriber.dead_letter {
+                    subscriber.stats.dead_letter = tally.cluster(&dead_letter.cluster);
                 }
             }
             telemetry.define_all(&self.host);
@@ -273,13 +281,12 @@ impl<H: Host + Clone> Plugin<H> {
 
     /// A new request, with the configuration of now.
     pub fn create_stream(&self, context_id: u32) -> Stream<H> {
-        let metrics = self.config.as_ref().is_some_and(|c| c.metrics);
         Stream::new(
             context_id,
             self.id,
             self.host.clone(),
             self.config.clone(),
-            Counter::new(metrics.then(|| self.telemetry.clone())),
+            self.counter(),
             self.pipeline.clone(),
         )
     }
@@ -317,10 +324,20 @@ impl<H: Host + Clone> Plugin<H> {
 
     /// Answers the streams whose fan-outs ended during a root callback.
     fn deliver(&self, finished: Vec<Finished>) {
+        if finished.is_empty() {
+            return;
+        }
+        let counter = self.counter();
         for done in finished {
             if let Some(stream) = done.answer_to {
-                answer_stream(&self.host, stream, self.id, &done.answer);
+                answer_stream(&self.host, &counter, stream, self.id, &done.answer);
             }
         }
+    }
+
+    /// How this root counts: into the VM's tally, unless its configuration turns metrics off.
+    fn counter(&self) -> Counter {
+        let metrics = self.config.as_ref().is_some_and(|c| c.metrics);
+        Counter::new(metrics.then(|| self.telemetry.clone()))
     }
 }

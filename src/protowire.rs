@@ -206,12 +206,12 @@ pub fn push_varint(out: &mut Vec<u8>, mut value: u64) {
 #[derive(Debug, Clone, Copy)]
 pub struct Field<'a> {
     pub number: u32,
-    value: Value<'a>,
+    value: WireValue<'a>,
     depth_left: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
-enum Value<'a> {
+enum WireValue<'a> {
     Varint(u64),
     Fixed64(u64),
     Len(&'a [u8]),
@@ -225,7 +225,7 @@ const WRONG_TYPE: DecodeError = DecodeError("a field of the wrong wire type");
 impl<'a> Field<'a> {
     pub fn uint64(&self) -> Result<u64, DecodeError> {
         match self.value {
-            Value::Varint(v) => Ok(v),
+            WireValue::Varint(v) => Ok(v),
             _ => Err(WRONG_TYPE),
         }
     }
@@ -245,21 +245,21 @@ impl<'a> Field<'a> {
 
     pub fn fixed64(&self) -> Result<u64, DecodeError> {
         match self.value {
-            Value::Fixed64(v) => Ok(v),
+            WireValue::Fixed64(v) => Ok(v),
             _ => Err(WRONG_TYPE),
         }
     }
 
     pub fn fixed32(&self) -> Result<u32, DecodeError> {
         match self.value {
-            Value::Fixed32(v) => Ok(v),
+            WireValue::Fixed32(v) => Ok(v),
             _ => Err(WRONG_TYPE),
         }
     }
 
     pub fn bytes(&self) -> Result<&'a [u8], DecodeError> {
         match self.value {
-            Value::Len(v) => Ok(v),
+            WireValue::Len(v) => Ok(v),
             _ => Err(WRONG_TYPE),
         }
     }
@@ -313,19 +313,19 @@ fn merge(message: &mut impl Message, mut bytes: &[u8], depth_left: u32) -> Resul
 fn next_field<'a>(bytes: &mut &'a [u8], depth_left: u32) -> Result<Field<'a>, DecodeError> {
     let (number, wire_type) = read_key(bytes)?;
     let value = match wire_type {
-        VARINT => Value::Varint(read_varint(bytes)?),
-        FIXED64 => Value::Fixed64(u64::from_le_bytes(take_array(bytes)?)),
+        VARINT => WireValue::Varint(read_varint(bytes)?),
+        FIXED64 => WireValue::Fixed64(u64::from_le_bytes(take_array(bytes)?)),
         LEN => {
             let len = usize::try_from(read_varint(bytes)?).map_err(|_| CUT)?;
             let (value, rest) = bytes.split_at_checked(len).ok_or(CUT)?;
             *bytes = rest;
-            Value::Len(value)
+            WireValue::Len(value)
         }
-        FIXED32 => Value::Fixed32(u32::from_le_bytes(take_array(bytes)?)),
+        FIXED32 => WireValue::Fixed32(u32::from_le_bytes(take_array(bytes)?)),
         START_GROUP if depth_left == 0 => return Err(TOO_DEEP),
         START_GROUP => {
             skip_group(bytes, number, depth_left)?;
-            Value::Group
+            WireValue::Group
         }
         _ => return Err(DecodeError("an unexpected end of group")),
     };

@@ -74,7 +74,7 @@ pub fn choose<'a, H: Host>(
             wanted.push(index);
         } else {
             fanout.skip(index);
-            counter.count(host, |tally| tally.call_skipped(&subscriber.cluster));
+            counter.count(host, |tally| tally.call_skipped(subscriber.stats.event));
         }
     }
     let clusters = (!config.call_caps.is_empty()).then(|| {

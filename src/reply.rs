@@ -37,7 +37,7 @@ pub fn may_be_reply(status: u16) -> bool {
 
 /// What a subscriber's 2xx answer (other than 202) is to its reply target.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answered {
+pub enum Replied {
     /// Neither a body nor a CloudEvent: done, nothing to pass on.
     Nothing,
     /// Not a valid CloudEvent (a body, or `ce-*` headers without a valid event): not a reply,
@@ -52,17 +52,17 @@ pub enum Answered {
 
 /// What an answer with these headers and a body of `body_size` bytes is, when replies may be at
 /// most `max_body_bytes`.
-pub fn read(headers: Vec<(String, Vec<u8>)>, body_size: usize, max_body_bytes: u64) -> Answered {
+pub fn read(headers: Vec<(String, Vec<u8>)>, body_size: usize, max_body_bytes: u64) -> Replied {
     match event_headers(headers) {
-        Reading::NoEvent if body_size == 0 => Answered::Nothing,
-        Reading::NoEvent | Reading::NotValid => Answered::NotAnEvent,
+        Reading::NoEvent if body_size == 0 => Replied::Nothing,
+        Reading::NoEvent | Reading::NotValid => Replied::NotAnEvent,
         Reading::Event(_) if u64::try_from(body_size).unwrap_or(u64::MAX) > max_body_bytes => {
-            Answered::TooLarge(Failure::TooLarge {
+            Replied::TooLarge(Failure::TooLarge {
                 size: body_size,
                 limit: max_body_bytes,
             })
         }
-        Reading::Event(headers) => Answered::Event(headers),
+        Reading::Event(headers) => Replied::Event(headers),
     }
 }
 
@@ -264,7 +264,7 @@ mod tests {
             );
             assert_eq!(
                 read(answer, 0, 10),
-                Answered::NotAnEvent,
+                Replied::NotAnEvent,
                 "{why}: discarded, counted"
             );
         }
@@ -274,22 +274,22 @@ mod tests {
     fn an_answer_is_nothing_discarded_too_large_or_a_reply() {
         let event = || binary(&[]);
         let plain = || headers(&[("content-type", "text/plain")]);
-        assert_eq!(read(plain(), 0, 10), Answered::Nothing);
-        assert_eq!(read(plain(), 1, 10), Answered::NotAnEvent);
+        assert_eq!(read(plain(), 0, 10), Replied::Nothing);
+        assert_eq!(read(plain(), 1, 10), Replied::NotAnEvent);
         assert_eq!(
             read(plain(), 11, 10),
-            Answered::NotAnEvent,
+            Replied::NotAnEvent,
             "discarded, whatever its size"
         );
         let reply = match event_headers(event()) {
-            Reading::Event(headers) => Answered::Event(headers),
+            Reading::Event(headers) => Replied::Event(headers),
             other => panic!("{other:?}"),
         };
         assert_eq!(read(event(), 0, 10), reply, "an event without data");
         assert_eq!(read(event(), 10, 10), reply, "at the limit");
         assert_eq!(
             read(event(), 11, 10),
-            Answered::TooLarge(Failure::TooLarge {
+            Replied::TooLarge(Failure::TooLarge {
                 size: 11,
                 limit: 10
             })

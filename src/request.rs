@@ -663,8 +663,8 @@ mod tests {
         };
         assert_eq!(structured(&quoted), structured(&encoded));
         let reply = |pairs: &[(&str, &str)]| crate::reply::read(headers(pairs), 0, 100);
-        assert!(matches!(reply(&quoted), crate::reply::Answered::Event(_)));
-        assert!(matches!(reply(&encoded), crate::reply::Answered::Event(_)));
+        assert!(matches!(reply(&quoted), crate::reply::Replied::Event(_)));
+        assert!(matches!(reply(&encoded), crate::reply::Replied::Event(_)));
     }
 
     fn strict() -> Config {

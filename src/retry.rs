@@ -5,9 +5,11 @@
 //! event itself is wrong for that subscriber) nor on 2xx/3xx. This is Knative's selective
 //! retry, plus the dispatch error Knative has no equivalent of.
 //!
-//! The wait before a retry is the computed backoff, or longer when a subscriber that is
-//! overloaded (429, 503) asks for more with `Retry-After` (seconds or an HTTP date), as
-//! Knative's dispatcher reads it: never shorter than the backoff, never longer than `max_ms`.
+//! The wait before a retry is the computed backoff, spread by the subscriber's jitter, or
+//! longer when a subscriber that is overloaded (429, 503) asks for more with `Retry-After`
+//! (seconds or an HTTP date), as Knative's dispatcher reads it: never shorter than the
+//! backoff, never longer than `max_ms`. One function decides it for every caller
+//! (`RetryPolicy::wait_before`).
 //!
 //! Nothing here knows about timers or proxy-wasm: the fan-out state asks for a delay,
 //! `deliveries` keeps it with the root context's timer.
@@ -16,6 +18,7 @@
 use serde::Deserialize;
 
 use crate::call::Failure;
+use crate::jitter::{Jitter, JitterRng};
 
 /// How the delay grows with each retry.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -78,10 +81,29 @@ pub fn honours_retry_after(status: u16) -> bool {
 }
 
 impl RetryPolicy {
-    /// The wait before retry `k` (1 for the first retry): the computed backoff, or the
-    /// subscriber's `retry-after` (in ms from now) when that is longer; never longer than
-    /// `max_ms`. A `retry-after` never shortens the backoff.
+    /// The wait before retry `k` (1 for the first retry), decided here for every caller: the
+    /// computed backoff capped at `max_ms`, spread by the subscriber's `jitter` (drawing from
+    /// `rng`), capped again, and never below what the subscriber's `retry-after` asked for
+    /// (in ms from now), itself capped. Capping before the spread means a wait that reached
+    /// the cap still spreads, below it; a `retry-after` never shortens the backoff.
+    pub fn wait_before(
+        &self,
+        k: u32,
+        retry_after_ms: Option<u64>,
+        jitter: Jitter,
+        rng: &mut JitterRng,
+    ) -> u64 {
+        self.bounded(k, retry_after_ms, |wait| jitter.spread(wait, rng))
+    }
+
+    /// [`RetryPolicy::wait_before`] without jitter: the wait as computed, and the longest any
+    /// wait can be (a `retry-after` can ask for `max_ms`).
     pub fn delay_before(&self, k: u32, retry_after_ms: Option<u64>) -> u64 {
+        self.bounded(k, retry_after_ms, |wait| wait)
+    }
+
+    /// The rule of [`RetryPolicy::wait_before`], the spread given.
+    fn bounded(&self, k: u32, retry_after_ms: Option<u64>, spread: impl FnOnce(u64) -> u64) -> u64 {
         let computed = match self.policy {
             BackoffPolicy::Linear => self.delay_ms.saturating_mul(u64::from(k)),
             BackoffPolicy::Exponential => {
@@ -89,7 +111,10 @@ impl RetryPolicy {
                 self.delay_ms.saturating_mul(factor)
             }
         };
-        computed.max(retry_after_ms.unwrap_or(0)).min(self.max_ms)
+        let floor = retry_after_ms.unwrap_or(0).min(self.max_ms);
+        spread(computed.min(self.max_ms))
+            .min(self.max_ms)
+            .max(floor)
     }
 
     /// The longest all attempts of one call can take: every attempt times out and every wait

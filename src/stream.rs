@@ -396,23 +396,23 @@ impl<H: Host> Stream<H> {
         }
         for done in finished {
             match done.answer_to {
-                Some(stream) if stream == self.id => self.answer(done.answer, true),
-                Some(stream) => answer_stream(&self.host, stream, self.id, &done.answer),
+                Some(stream) if stream == self.id => self.answer(done.answer),
+                Some(stream) => {
+                    answer_stream(&self.host, &self.counter, stream, self.id, &done.answer)
+                }
                 None => {}
             }
         }
     }
 
-    /// Sends the answer (once), counting it unless the deliveries did.
-    fn answer(&mut self, answer: Answer, counted: bool) {
+    /// Sends the answer (once) and counts it: the one place a stream's own answer is sent.
+    fn answer(&mut self, answer: Answer) {
         if matches!(self.stage, Stage::Answered) {
             return;
         }
         self.host.respond(&answer);
         self.stage = Stage::Answered;
-        if !counted {
-            self.count(|tally| tally.answered(answer.status));
-        }
+        self.count(|tally| tally.answered(answer.status));
     }
 
     /// Reject with a log line a user can act on (at debug for what is no error: OPTIONS).
@@ -429,7 +429,7 @@ impl<H: Host> Stream<H> {
             answer.status,
             String::from_utf8_lossy(&answer.body)
         );
-        self.answer(answer, false);
+        self.answer(answer);
     }
 
     fn count(&self, record: impl FnOnce(&mut crate::metrics::Tally)) {
@@ -437,9 +437,17 @@ impl<H: Host> Stream<H> {
     }
 }
 
-/// Answers `stream` from another context: Envoy applies host calls to the effective context.
-/// A stream that is gone (its client left) cannot be answered, and that is all.
-pub fn answer_stream<H: Host>(host: &H, stream: u32, current: u32, answer: &Answer) {
+/// Answers `stream` from another context (counted by `counter`, that context's): Envoy
+/// applies host calls to the effective context. A stream that is gone (its client left)
+/// cannot be answered, and that is all.
+pub fn answer_stream<H: Host>(
+    host: &H,
+    counter: &Counter,
+    stream: u32,
+    current: u32,
+    answer: &Answer,
+) {
+    counter.count(host, |tally| tally.answered(answer.status));
     if host.set_effective_context(stream) {
         host.respond(answer);
     } else {

@@ -339,7 +339,8 @@ fn step(
             }
             if filter_like {
                 for (k, send) in sends.iter().enumerate() {
-                    tally.call_started(&channel.subscribers[send.index].cluster);
+                    let at = tally.cluster(&channel.subscribers[send.index].cluster);
+                    tally.call_started(at);
                     if k < 64 && refuse >> k & 1 == 1 {
                         f.dispatch_failed(
                             send.index,
@@ -415,7 +416,8 @@ fn step(
             assert_eq!(got, expected, "completed({token}) ended the wrong call");
             if let Some(i) = got {
                 m.pending[i] = None;
-                tally.call_ended(&channel.subscribers[i].cluster, &result, Some(3));
+                let at = tally.cluster(&channel.subscribers[i].cluster);
+                tally.call_ended(at, &result, Some(3));
             }
         }
         Op::Clock { ms } => *now += u64::from(*ms),

@@ -340,6 +340,30 @@ pub struct Subscriber {
     pub format: Option<Format>,
     /// Its delivery span's destination attributes (`tracing`), encoded once.
     pub span_destination: crate::trace::DestinationFields,
+    /// Where its calls are counted (with `metrics`), fixed by the plugin at configure time.
+    pub stats: LegStats,
+}
+
+/// Where a subscriber's calls are counted in its worker's tally, for each leg: the index of
+/// the cluster each leg calls (`metrics::Tally::cluster`), fixed once by the plugin when it
+/// configures, so that counting a call looks up no name. `usize::MAX` (the default): not
+/// fixed, nothing is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LegStats {
+    /// The subscriber's own cluster: its event's calls, retries, dead letters, skips.
+    pub event: usize,
+    pub reply: usize,
+    pub dead_letter: usize,
+}
+
+impl Default for LegStats {
+    fn default() -> Self {
+        LegStats {
+            event: usize::MAX,
+            reply: usize::MAX,
+            dead_letter: usize::MAX,
+        }
+    }
 }
 
 /// A dead-letter or reply target.

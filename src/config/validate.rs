@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use super::dedupe::subscriber_ids;
 use super::{
-    AnswerMode, Channel, Config, ConfigError, RawChannel, RawConfig, RawDedupe, RawDelivery,
-    RawSubscriber, RawTarget, Subscriber, Target, DEFAULT_FORWARD_HEADERS, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT_MS, OPTIONS, SUBSCRIBER_METHOD,
+    AnswerMode, Channel, Config, ConfigError, LegStats, RawChannel, RawConfig, RawDedupe,
+    RawDelivery, RawSubscriber, RawTarget, Subscriber, Target, DEFAULT_FORWARD_HEADERS,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT_MS, OPTIONS, SUBSCRIBER_METHOD,
     SYNC_DEADLINE_WARNING_MS,
 };
 use crate::call_slots::{CallCap, DEFAULT_MAX_QUEUED_CALLS};
@@ -528,6 +528,7 @@ impl RawSubscriber {
             required: self.required.unwrap_or(true),
             call_cap,
             format,
+            stats: LegStats::default(),
         })
     }
 }

@@ -19,7 +19,7 @@ use crate::telemetry::Counter;
 
 use super::etcd::{self, ClaimOp, Found, StoreError};
 pub use super::settle::{owner_id, Claims, EtcdClaims, ShardClaims};
-use super::{shard_key, update, Event as StoredEvent, Limits, Seen, CLAIM_MARGIN_MS};
+use super::{shard_key, update, Limits, Seen, StoredEvent, CLAIM_MARGIN_MS};
 
 /// The request, as far as its claims need it.
 pub struct Asking<'a> {
@@ -64,7 +64,7 @@ pub struct Ask {
 impl Ask {
     /// The headers of the claim's call.
     pub fn headers(&self) -> Vec<(&str, &[u8])> {
-        etcd_headers(&self.cluster, etcd::TXN_PATH)
+        etcd::call_headers(&self.cluster, etcd::TXN_PATH)
     }
 
     /// The claim txn of this request alone.
@@ -107,17 +107,6 @@ pub fn batch_body(asks: &[&Ask]) -> Vec<u8> {
 /// the txn's order, or why the store failed (then for all of them).
 pub fn read_batch(reply: &etcd::Reply, n: usize) -> Result<Vec<Found>, StoreError> {
     etcd::read_claim(etcd::read_answer(reply)?, n)
-}
-
-/// The headers of a gRPC call to etcd (`path`: the method's).
-pub fn etcd_headers<'a>(cluster: &'a str, path: &'static str) -> Vec<(&'a str, &'a [u8])> {
-    vec![
-        (":method", b"POST"),
-        (":path", path.as_bytes()),
-        (":authority", cluster.as_bytes()),
-        ("content-type", b"application/grpc"),
-        ("te", b"trailers"),
-    ]
 }
 
 /// The answer to an etcd call being delivered (`num_headers` 0: none came), read through the

@@ -26,7 +26,7 @@ pub mod settle;
 #[allow(clippy::indexing_slicing)]
 mod shard;
 mod store;
-pub use shard::{Corrupt, Entry, Event, Limits, Mark, Seen, Shard};
+pub use shard::{Corrupt, Entry, Limits, Mark, Seen, Shard, StoredEvent};
 pub use store::{create_shards, update, CasMismatch, Contended, SharedStore, Updated};
 
 /// Prefix of the shard keys in Envoy's shared data.
@@ -122,7 +122,7 @@ mod tests {
         capacity: 4,
         ttl_ms: 1000,
     };
-    const EV: Event<'static> = Event {
+    const EV: StoredEvent<'static> = StoredEvent {
         channel: "orders",
         key: b"e-1",
     };
@@ -212,7 +212,7 @@ mod tests {
             ]
         );
         // Another channel or key is another event.
-        let other = Event {
+        let other = StoredEvent {
             channel: "orders",
             key: b"e-2",
         };
@@ -269,7 +269,7 @@ mod tests {
         let mut shard = Shard::default();
         for i in 0..10u64 {
             let key = format!("e{i}");
-            let ev = Event {
+            let ev = StoredEvent {
                 channel: "c",
                 key: key.as_bytes(),
             };
@@ -349,7 +349,7 @@ mod tests {
                 let n = s.data.borrow().get("k").map_or(0, |(v, _)| v.len());
                 let key = format!("rival-{n}");
                 update(s, "k", |shard| {
-                    let ev = Event {
+                    let ev = StoredEvent {
                         channel: "orders",
                         key: key.as_bytes(),
                     };
@@ -478,7 +478,7 @@ mod tests {
         let mut bytes = 0;
         for i in 0..n {
             let key = format!("0b8e4c8a-2f7e-4a51-9d4c-{i:012}");
-            let event = Event {
+            let event = StoredEvent {
                 channel: "default/orders",
                 key: key.as_bytes(),
             };

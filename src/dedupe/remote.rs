@@ -17,7 +17,6 @@
 
 use std::time::Duration;
 
-use super::claim::etcd_headers;
 use super::etcd::{self, Family, Leases, SettleOp, StoreError, MAX_SETTLES_PER_TXN};
 use super::settle::RemoteSettle;
 use super::CLAIM_MARGIN_MS;
@@ -56,8 +55,19 @@ pub struct Sent {
     pub hold: Option<u64>,
 }
 
+impl Sent {
+    /// What is kept of `settle` while its txn is in flight.
+    pub fn of(settle: &RemoteSettle) -> Sent {
+        Sent {
+            log_id: settle.log_id,
+            metrics: settle.metrics,
+            hold: settle.hold,
+        }
+    }
+}
+
 /// What an answer to one of the root's etcd calls came to.
-pub enum Answered {
+pub enum StoreAnswer {
     /// A lease grant: nothing to count.
     Grant,
     /// A settle txn: the settles in it, applied, or (`failed`) each a store error.
@@ -158,7 +168,7 @@ impl Remote {
     ) -> Result<(), crate::call::Failure> {
         let families = self.families.clone();
         for grant in self.leases.wanted(now_ms, &families) {
-            let headers = etcd_headers(&store.cluster, etcd::GRANT_PATH);
+            let headers = etcd::call_headers(&store.cluster, etcd::GRANT_PATH);
             let timeout = Duration::from_millis(u64::from(store.timeout_ms));
             match host.dispatch(&store.cluster, headers, &grant.body, timeout) {
                 Ok(token) => self.leases.asked(grant.until_ms, token),
@@ -185,7 +195,7 @@ impl Remote {
             let Some(lease) = lease else {
                 let error = StoreError::new("no etcd lease for the records");
                 self.settle_failed(settle.log_id, &error, now_ms);
-                outcome.failed.push(settle.sent());
+                outcome.failed.push(Sent::of(&settle));
                 continue;
             };
             match batches.iter_mut().find(|b| b.takes(&settle, lease)) {
@@ -225,8 +235,8 @@ impl Remote {
             .collect();
         let body = etcd::settle_body(&ops, batch.lease);
         let timeout = Duration::from_millis(u64::from(timeout_ms));
-        let settles: Vec<Sent> = batch.settles.iter().map(RemoteSettle::sent).collect();
-        let headers = etcd_headers(&cluster, etcd::TXN_PATH);
+        let settles: Vec<Sent> = batch.settles.iter().map(Sent::of).collect();
+        let headers = etcd::call_headers(&cluster, etcd::TXN_PATH);
         match host.dispatch_for(root, &cluster, headers, &body, timeout) {
             Ok(token) => {
                 let due = now_ms
@@ -268,7 +278,7 @@ impl Remote {
         token: u32,
         reply: impl FnOnce() -> etcd::Reply,
         now: impl FnOnce() -> u64,
-    ) -> Option<Answered> {
+    ) -> Option<StoreAnswer> {
         if self.leases.is_grant(token) {
             let result = etcd::read_answer(&reply()).and_then(etcd::read_grant);
             if let Err(error) = &result {
@@ -277,12 +287,12 @@ impl Remote {
             let failed = result.is_err();
             self.leases
                 .granted(token, result, if failed { now() } else { 0 });
-            return Some(Answered::Grant);
+            return Some(StoreAnswer::Grant);
         }
         let at = self.in_flight.iter().position(|(t, _, _)| *t == token)?;
         let (_, _, settles) = self.in_flight.swap_remove(at);
         match etcd::read_answer(&reply()).and_then(etcd::read_txn_ok) {
-            Ok(()) => Some(Answered::Settles {
+            Ok(()) => Some(StoreAnswer::Settles {
                 settles,
                 failed: false,
             }),
@@ -291,7 +301,7 @@ impl Remote {
                 for sent in &settles {
                     self.settle_failed(sent.log_id, &error, now);
                 }
-                Some(Answered::Settles {
+                Some(StoreAnswer::Settles {
                     settles,
                     failed: true,
                 })

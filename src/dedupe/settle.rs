@@ -9,7 +9,7 @@
 use std::hash::BuildHasher;
 
 use super::etcd;
-use super::{create_shards, shard_key, update, Event, Limits};
+use super::{create_shards, shard_key, update, Limits, StoredEvent};
 use crate::config::{Config, DedupeConfig, EtcdStore, Store};
 use crate::host::{Host, HostStore};
 use crate::metrics::Tally;
@@ -61,17 +61,6 @@ pub struct RemoteSettle {
     pub metrics: bool,
     /// The sync fan-out (job id) whose answer waits for this settle, if any.
     pub hold: Option<u64>,
-}
-
-impl RemoteSettle {
-    /// What is kept of it while its txn is in flight.
-    pub fn sent(&self) -> super::remote::Sent {
-        super::remote::Sent {
-            log_id: self.log_id,
-            metrics: self.metrics,
-            hold: self.hold,
-        }
-    }
 }
 
 /// Header on the answer of a fan-out whose outcome could not be written to the etcd store
@@ -217,7 +206,7 @@ fn settle_in_shard<H: Host>(
         .iter()
         .map(|(index, id)| (*id, took(*index)))
         .collect();
-    let event = Event {
+    let event = StoredEvent {
         channel: &held.channel,
         key: &held.key,
     };

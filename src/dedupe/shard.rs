@@ -10,7 +10,7 @@ const TAG_CLAIMED: u8 = 2;
 
 /// One event as the store knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Event<'a> {
+pub struct StoredEvent<'a> {
     pub channel: &'a str,
     pub key: &'a [u8],
 }
@@ -45,7 +45,7 @@ pub struct Entry {
 }
 
 impl Entry {
-    fn is(&self, event: &Event<'_>) -> bool {
+    fn is(&self, event: &StoredEvent<'_>) -> bool {
         self.channel == event.channel && self.key == event.key
     }
 
@@ -180,7 +180,7 @@ impl Shard {
     }
 
     /// The event's entry, created if it has none (always `Some`).
-    fn entry_mut(&mut self, event: &Event<'_>, now_ms: u64) -> Option<&mut Entry> {
+    fn entry_mut(&mut self, event: &StoredEvent<'_>, now_ms: u64) -> Option<&mut Entry> {
         let index = match self.entries.iter().position(|e| e.is(event)) {
             Some(i) => i,
             None => {
@@ -201,7 +201,7 @@ impl Shard {
     /// Returns the decisions and whether the shard changed (and must be written).
     pub fn claim(
         &mut self,
-        event: &Event<'_>,
+        event: &StoredEvent<'_>,
         ids: &[u64],
         claim_until: &[u64],
         owner: u64,
@@ -243,7 +243,7 @@ impl Shard {
     /// retry calls that subscriber again. Returns whether the shard changed.
     pub fn settle(
         &mut self,
-        event: &Event<'_>,
+        event: &StoredEvent<'_>,
         outcomes: &[(u64, bool)],
         owner: u64,
         now_ms: u64,

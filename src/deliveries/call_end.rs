@@ -1,5 +1,5 @@
 //! Reading a call's end: from the host's answer to a call (its status, and only what that
-//! status requires of its headers and body) to a value, [`Ended`], that the fan-out records.
+//! status requires of its headers and body) to a value, [`AnsweredCall`], that the fan-out records.
 //!
 //! The reads are host calls, so each is made only when needed: a plain success reads its
 //! `:status` and nothing else; a success is read further only when it may be a reply event to
@@ -10,7 +10,7 @@ use crate::call::{classify, is_success, Failure, Leg, BODY_PEEK_BYTES};
 use crate::config::Subscriber;
 use crate::fan_out_state::{CallEnd, ReplyEvent};
 use crate::host::Host;
-use crate::reply::{self, Answered};
+use crate::reply::{self, Replied};
 use crate::retry::{honours_retry_after, parse_retry_after};
 
 /// What is known of a call before its answer is read.
@@ -28,7 +28,7 @@ pub struct Expected<'a> {
 
 /// A call's end, read.
 #[derive(Debug)]
-pub struct Ended {
+pub struct AnsweredCall {
     /// The answer's status; `None` when Envoy answered without headers (reset, timeout).
     pub status: Option<u16>,
     pub end: CallEnd,
@@ -37,7 +37,7 @@ pub struct Ended {
     pub discarded: bool,
 }
 
-impl Ended {
+impl AnsweredCall {
     /// The reply event refused before it was sent (too large), if any.
     pub fn reply_refused(&self) -> Option<&Failure> {
         match &self.end.reply {
@@ -49,7 +49,11 @@ impl Ended {
 
 /// Reads the end of the call `expected` describes from `host`, whose current call answer it
 /// is. `now_ms` is asked only for a `retry-after` date.
-pub fn read<H: Host>(host: &H, expected: &Expected<'_>, now_ms: impl FnOnce() -> u64) -> Ended {
+pub fn read<H: Host>(
+    host: &H,
+    expected: &Expected<'_>,
+    now_ms: impl FnOnce() -> u64,
+) -> AnsweredCall {
     let status = if expected.num_headers == 0 {
         None
     } else {
@@ -92,7 +96,7 @@ pub fn read<H: Host>(host: &H, expected: &Expected<'_>, now_ms: impl FnOnce() ->
             }
         }
     };
-    Ended {
+    AnsweredCall {
         status,
         end,
         discarded,
@@ -110,13 +114,13 @@ fn read_reply<H: Host>(
         expected.body_size,
         expected.max_body_bytes,
     ) {
-        Answered::Nothing => None,
-        Answered::NotAnEvent => {
+        Replied::Nothing => None,
+        Replied::NotAnEvent => {
             *discarded = true;
             None
         }
-        Answered::TooLarge(failure) => Some(Err(failure)),
-        Answered::Event(headers) => Some(Ok(ReplyEvent {
+        Replied::TooLarge(failure) => Some(Err(failure)),
+        Replied::Event(headers) => Some(Ok(ReplyEvent {
             headers: headers.into_iter().collect(),
             body: if expected.body_size > 0 {
                 host.call_body(expected.body_size)

@@ -41,6 +41,7 @@ impl Deliveries {
         &mut self,
         host: &H,
         clock: &Clock<'_, H>,
+        root: u32,
     ) -> Vec<Finished> {
         let mut finished = Vec::new();
         while let Some(((id, index, leg), slot)) = self.gate.next_released() {
@@ -48,8 +49,8 @@ impl Deliveries {
                 job.line.calls = job.line.calls.saturating_sub(1);
                 job.line.left_at = Some(clock.now());
             }
-            self.send_one(host, clock, id, index, leg, slot);
-            finished.extend(self.pump(host, clock, id));
+            self.send_one(host, clock, Some(root), (id, index, leg), slot);
+            finished.extend(self.pump(host, clock, Some(root), id));
         }
         finished
     }

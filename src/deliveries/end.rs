@@ -1,8 +1,8 @@
 //! The end of a fan-out: its verdict and answer (early, for a sync sender whose required
 //! subscribers are done while best-effort ones go on), what it logs and counts, and its
-//! `dedupe` claims handed to the pipeline's settle stage ([`Ended`]).
+//! `dedupe` claims handed to the pipeline's settle stage ([`Unsettled`]).
 
-use super::{Clock, Deliveries, Ended, Finished, Job};
+use super::{Clock, Deliveries, Finished, Job, Unsettled};
 use crate::answer::Answer;
 use crate::config::AnswerMode;
 use crate::dedupe::settle::Claims;
@@ -16,7 +16,7 @@ impl Deliveries {
     ) -> Option<Finished> {
         let job = self.jobs.get_mut(&id)?;
         if !job.fanout.is_done() {
-            return self.answer_if_due(clock.host, id);
+            return self.answer_if_due(id);
         }
         let mut job = self.jobs.remove(&id)?;
         let claims = job.claims.take();
@@ -47,15 +47,9 @@ impl Deliveries {
         let channel = &job.channel;
         self.log_best_effort_failed(host, job);
         match job.config.mode {
-            // Answered already (best-effort deliveries went on after it): it ends like an
-            // async one.
-            AnswerMode::Sync if job.answer_to.is_none() => {
-                self.count(host, &job.config, |tally| {
-                    tally.fanout_ended(Some(duration))
-                });
-            }
             AnswerMode::Sync => {
-                if answer.status != 202 {
+                // (Answered already if nobody waits: best-effort deliveries went on after it.)
+                if job.answer_to.is_some() && answer.status != 202 {
                     log::info!(
                         "[#{}] channel {}: answered {}: {} of {} subscriber(s) failed, {} skipped",
                         job.log_id,
@@ -66,10 +60,8 @@ impl Deliveries {
                         job.fanout.skipped()
                     );
                 }
-                let status = answer.status;
                 self.count(host, &job.config, |tally| {
-                    tally.answered(status);
-                    tally.fanout_ended(Some(duration));
+                    tally.fanout_ended(Some(duration))
                 });
             }
             AnswerMode::Async => {
@@ -115,16 +107,13 @@ impl Deliveries {
     /// A sync fan-out whose required subscribers have all ended while best-effort ones are
     /// still being delivered to: the sender is answered now (202 with `x-fanout-pending`, or
     /// the 500 of a required failure) and the rest goes on from the root context.
-    fn answer_if_due<H: Host>(&mut self, host: &H, id: u64) -> Option<Finished> {
+    fn answer_if_due(&mut self, id: u64) -> Option<Finished> {
         let job = self.jobs.get_mut(&id)?;
         if job.answer_to.is_none() || !job.fanout.required_done(&job.channel) {
             return None;
         }
         let answer = labelled(job.fanout.verdict(&job.channel), job.unrecorded);
         let answer_to = job.answer_to.take();
-        let config = job.config.clone();
-        let status = answer.status;
-        self.count(host, &config, |tally| tally.answered(status));
         Some(Finished { answer_to, answer })
     }
 
@@ -140,7 +129,7 @@ impl Deliveries {
         let delivered = (0..job.channel.subscribers.len())
             .map(|index| job.fanout.is_delivered(index))
             .collect();
-        self.ended.push(Ended {
+        self.ended.push(Unsettled {
             job: id,
             config: job.config.clone(),
             claims,
@@ -157,7 +146,7 @@ impl Deliveries {
     }
 
     /// The fan-outs that ended holding claims since the last call.
-    pub fn take_ended(&mut self) -> Vec<Ended> {
+    pub fn take_ended(&mut self) -> Vec<Unsettled> {
         std::mem::take(&mut self.ended)
     }
 }

@@ -13,7 +13,7 @@ use crate::format::{self, Format};
 use crate::headers::Forwarded;
 use crate::metrics::Tally;
 
-use super::call_end::Ended;
+use super::call_end::AnsweredCall;
 use super::spans::JobSpans;
 
 /// One event being delivered.
@@ -135,18 +135,18 @@ pub struct Recorded {
 }
 
 impl Recorded {
-    /// Counts it: the call's end on `cluster` (the one the leg called), the rest under the
-    /// subscriber's own cluster.
-    pub fn count(&self, tally: &mut Tally, cluster: &str, subscriber: &str) {
-        tally.call_ended(cluster, &self.result, Some(self.duration_ms));
+    /// Counts it: the call's end under the cluster `leg` called, the rest under the
+    /// subscriber's own.
+    pub fn count(&self, tally: &mut Tally, sub: &Subscriber, leg: Leg) {
+        tally.call_ended(leg_stats(sub, leg), &self.result, Some(self.duration_ms));
         if self.dead_lettered {
-            tally.dead_lettered(subscriber);
+            tally.dead_lettered(sub.stats.event);
         }
         if self.discarded {
-            tally.reply_discarded(subscriber);
+            tally.reply_discarded(&sub.cluster);
         }
         if let Some(failure) = &self.reply_failure {
-            tally.reply_failed(subscriber, failure);
+            tally.reply_failed(&sub.cluster, failure);
         }
     }
 }
@@ -197,7 +197,7 @@ impl Job {
         index: usize,
         token: u32,
         leg: Leg,
-        ended: Ended,
+        ended: AnsweredCall,
         now_ms: u64,
     ) -> Option<Recorded> {
         let reply_refused = match &ended.end.reply {
@@ -266,6 +266,15 @@ impl Job {
 }
 
 /// The cluster the `leg` call of `sub` goes to.
+/// Where the calls of `sub`'s `leg` are counted (see [`crate::config::LegStats`]).
+pub fn leg_stats(sub: &Subscriber, leg: Leg) -> usize {
+    match leg {
+        Leg::Event => sub.stats.event,
+        Leg::Reply => sub.stats.reply,
+        Leg::DeadLetter => sub.stats.dead_letter,
+    }
+}
+
 pub fn leg_cluster(sub: &Subscriber, leg: Leg) -> &str {
     match leg {
         Leg::Event => sub.cluster.as_str(),
@@ -299,8 +308,8 @@ mod tests {
         }
     }
 
-    fn ended(end: CallEnd) -> Ended {
-        Ended {
+    fn ended(end: CallEnd) -> AnsweredCall {
+        AnsweredCall {
             status: None,
             end,
             discarded: false,

@@ -27,7 +27,7 @@ use call_end::Expected;
 use call_plan::CallPlan;
 use clock::Clock;
 use end::labelled;
-use job::leg_cluster;
+use job::{leg_cluster, leg_stats};
 pub use job::{InLine, Job, Variant};
 pub use owed::Owed;
 use slot_gate::{Pass, SlotGate};
@@ -54,7 +54,7 @@ pub struct Finished {
 
 /// A fan-out that ended holding `dedupe` claims: what its settle needs, and its answer (held
 /// until the claims are settled).
-pub struct Ended {
+pub struct Unsettled {
     pub job: u64,
     pub config: Rc<Config>,
     pub claims: Claims,
@@ -89,14 +89,11 @@ pub struct Deliveries {
     jitter_rng: JitterRng,
     /// `max_concurrent_calls`: the slot each call holds, the calls waiting for one.
     gate: SlotGate,
-    /// The root context whose callback is running (set by the plugin around its calls in);
-    /// `None` while a stream's runs.
-    acting_root: Option<u32>,
     /// Calls in flight made from a root context, and which one: a retired root lives until
     /// its own calls are answered (Envoy cancels a context's calls when it is deleted).
     root_of: HashMap<u32, u32>,
     /// Fan-outs that ended with `dedupe` claims, for the settle stage (the pipeline's).
-    ended: Vec<Ended>,
+    ended: Vec<Unsettled>,
     /// `tracing`: the VM's ids, sampling and exporter (`None`: off).
     tracing: Option<Tracing>,
     /// Whether spans dropped are counted (metrics on).
@@ -112,18 +109,11 @@ impl Deliveries {
             telemetry,
             jitter_rng: JitterRng::with_seed(0),
             gate: SlotGate::new(),
-            acting_root: None,
             root_of: HashMap::new(),
             ended: Vec::new(),
             tracing: None,
             count_span_drops: false,
         }
-    }
-
-    /// The root context `root` is running (or, `None`, none is): the calls sent from now on
-    /// are its own.
-    pub fn act_for(&mut self, root: Option<u32>) {
-        self.acting_root = root;
     }
 
     /// Seeds the retry jitter from the host's clock and the root context's id (proxy-wasm
@@ -135,8 +125,15 @@ impl Deliveries {
 
     /// Starts the fan-out `job` of the request on `stream`: answered at once (async mode, a
     /// channel of best-effort subscribers, or nothing to send) or a sync fan-out that answers
-    /// when it ends. Its first calls are the acting context's ([`Deliveries::act_for`]).
-    pub fn launch<H: Host>(&mut self, host: &H, job: Job, stream: u32) -> Launched {
+    /// when it ends. Its first calls are the acting context's: root context `root`, or
+    /// (`None`) the stream's.
+    pub fn launch<H: Host>(
+        &mut self,
+        host: &H,
+        root: Option<u32>,
+        job: Job,
+        stream: u32,
+    ) -> Launched {
         let in_progress = job.fanout.in_progress();
         // Subscribers to call: in a channel of best-effort ones, all still pending at the 202.
         let to_call = job.fanout.open();
@@ -147,7 +144,7 @@ impl Deliveries {
         let best_effort = job.channel.all_best_effort();
         if job.config.mode == AnswerMode::Async || best_effort {
             let unrecorded = job.unrecorded;
-            let (_, finished) = self.start(host, job, nothing_to_send);
+            let (_, finished) = self.start(host, root, job, nothing_to_send);
             let answer = match finished {
                 Some(finished) => finished.answer,
                 // What this request claimed is delivered in the background; the
@@ -164,7 +161,7 @@ impl Deliveries {
             answer_to: Some(stream),
             ..job
         };
-        let (id, finished) = self.start(host, job, true);
+        let (id, finished) = self.start(host, root, job, true);
         Launched::Delivering(id, finished)
     }
 
@@ -174,8 +171,14 @@ impl Deliveries {
     }
 
     /// Takes a new fan-out. With `send_now` its first calls go out at once, from the calling
-    /// context ([`Deliveries::act_for`]); otherwise at the root context's next tick.
-    fn start<H: Host>(&mut self, host: &H, job: Job, send_now: bool) -> (u64, Option<Finished>) {
+    /// context (`root`, or the stream's); otherwise at the root context's next tick.
+    fn start<H: Host>(
+        &mut self,
+        host: &H,
+        root: Option<u32>,
+        job: Job,
+        send_now: bool,
+    ) -> (u64, Option<Finished>) {
         let id = self.next_job;
         self.next_job = self.next_job.saturating_add(1);
         let mut job = job;
@@ -183,7 +186,7 @@ impl Deliveries {
         self.count(host, &job.config, |tally| tally.fanout_started());
         self.jobs.insert(id, job);
         let finished = if send_now {
-            self.pump(host, &self.clock(host), id)
+            self.pump(host, &self.clock(host), root, id)
         } else {
             None
         };
@@ -215,8 +218,8 @@ impl Deliveries {
     }
 
     /// The root context's timer: sends what is due in every fan-out, and gives up on those
-    /// whose answers can no longer come.
-    pub fn tick<H: Host>(&mut self, host: &H) -> Vec<Finished> {
+    /// whose answers can no longer come: root context `root` acts.
+    pub fn tick<H: Host>(&mut self, host: &H, root: u32) -> Vec<Finished> {
         let clock = self.clock(host);
         let now = clock.now();
         let lost: Vec<u64> = self
@@ -247,18 +250,28 @@ impl Deliveries {
             })
             .map(|(id, _)| *id)
             .collect();
-        finished.extend(due.into_iter().filter_map(|id| self.pump(host, &clock, id)));
-        finished.extend(self.send_released(host, &clock));
+        finished.extend(
+            due.into_iter()
+                .filter_map(|id| self.pump(host, &clock, Some(root), id)),
+        );
+        finished.extend(self.send_released(host, &clock, root));
         self.report_gauges(host);
-        self.export(host, false);
+        self.export(host, root, false);
         finished
     }
 
     /// Sends every call of job `id` that is due, until none is (a refused call may turn into
     /// a dead letter at once); returns the answer if the fan-out ended.
-    /// Best-effort calls go out only while a root context acts ([`Deliveries::act_for`]).
-    fn pump<H: Host>(&mut self, host: &H, clock: &Clock<'_, H>, id: u64) -> Option<Finished> {
-        let from_root = self.acting_root.is_some();
+    /// The calls are root context `root`'s (`None`: the stream's); best-effort calls go out
+    /// only from a root context.
+    fn pump<H: Host>(
+        &mut self,
+        host: &H,
+        clock: &Clock<'_, H>,
+        root: Option<u32>,
+        id: u64,
+    ) -> Option<Finished> {
+        let from_root = root.is_some();
         loop {
             let job = self.jobs.get_mut(&id)?;
             // The time matters only to retries waiting for it.
@@ -284,7 +297,9 @@ impl Deliveries {
             for send in sends {
                 let cluster = leg_cluster(channel.subscribers.get(send.index)?, send.leg);
                 match self.gate.pass(capped, cluster, (id, send.index, send.leg)) {
-                    Pass::Now(slot) => self.send_one(host, clock, id, send.index, send.leg, slot),
+                    Pass::Now(slot) => {
+                        self.send_one(host, clock, root, (id, send.index, send.leg), slot)
+                    }
                     Pass::Queued => {
                         if let Some(job) = self.jobs.get_mut(&id) {
                             job.line.calls = job.line.calls.saturating_add(1);
@@ -296,14 +311,14 @@ impl Deliveries {
         self.finish_if_done(clock, id)
     }
 
-    /// Sends the `leg` call of subscriber `index` of job `id`, which holds `slot`.
+    /// Sends the `leg` call of subscriber `index` of job `id`, which holds `slot`, as root
+    /// context `root`'s call (`None`: the stream's).
     fn send_one<H: Host>(
         &mut self,
         host: &H,
         clock: &Clock<'_, H>,
-        id: u64,
-        index: usize,
-        leg: Leg,
+        root: Option<u32>,
+        (id, index, leg): (u64, usize, Leg),
         slot: Slot,
     ) {
         let context = self.trace_call(clock, id, index, leg);
@@ -313,7 +328,7 @@ impl Deliveries {
         };
         let config = job.config.clone();
         let channel = job.channel.clone();
-        let Some(sub_cluster) = channel.subscribers.get(index).map(|s| s.cluster.as_str()) else {
+        let Some(sub) = channel.subscribers.get(index) else {
             self.gate.release(slot);
             return;
         };
@@ -322,14 +337,14 @@ impl Deliveries {
             return;
         };
         let result = host.dispatch(call.cluster, call.headers(), &call.body, call.timeout);
-        let cluster = call.cluster;
         drop(call);
+        let stats = leg_stats(sub, leg);
         let retry = leg == Leg::Event && job.fanout.event_attempts(index) > 0;
         match result {
             Ok(token) => {
                 job.fanout.dispatched(index, token);
                 self.tokens.insert(token, (id, index));
-                if let Some(root) = self.acting_root {
+                if let Some(root) = root {
                     self.root_of.insert(token, root);
                 }
                 self.gate.hold(token, slot);
@@ -341,18 +356,18 @@ impl Deliveries {
                 let reply_gave_up = leg == Leg::Reply && !job.fanout.is_retrying(index);
                 self.count(host, &config, |tally| {
                     if reply_gave_up {
-                        tally.reply_failed(sub_cluster, &failure);
+                        tally.reply_failed(&sub.cluster, &failure);
                     }
-                    tally.call_ended(cluster, &Err(failure.clone()), None)
+                    tally.call_ended(stats, &Err(failure.clone()), None)
                 });
                 self.gate.release(slot);
                 self.trace_ended(clock, id, index, &CallOutcome::failed(failure));
             }
         }
         self.count(host, &config, |tally| {
-            tally.call_started(cluster);
+            tally.call_started(stats);
             if retry {
-                tally.retried(sub_cluster);
+                tally.retried(sub.stats.event);
             }
         });
     }
@@ -372,11 +387,12 @@ impl Deliveries {
         }
     }
 
-    /// The answer to call `token` is being delivered (to whichever context made the call).
-    /// It is delivered to the acting context ([`Deliveries::act_for`]).
+    /// The answer to call `token` is being delivered (to whichever context made the call):
+    /// to root context `root`, or (`None`) to the stream that made it.
     pub fn on_response<H: Host>(
         &mut self,
         host: &H,
+        root: Option<u32>,
         token: u32,
         num_headers: usize,
         body_size: usize,
@@ -424,14 +440,12 @@ impl Deliveries {
         let config = job.config.clone();
         let traced = job.spans.is_some().then(|| CallOutcome::of(&ended));
         let recorded = job.record(index, token, leg, ended, now)?;
-        self.count(host, &config, |tally| {
-            recorded.count(tally, cluster, &sub.cluster)
-        });
+        self.count(host, &config, |tally| recorded.count(tally, sub, leg));
         if let Some(outcome) = traced {
             self.trace_ended(&clock, id, index, &outcome);
         }
         // A leg that just changed (reply, dead letter) goes out at once.
-        self.pump(host, &clock, id)
+        self.pump(host, &clock, root, id)
     }
 
     /// Counts, unless `config` turns metrics off: the one way to count ([`count_into`]).

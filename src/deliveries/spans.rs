@@ -238,12 +238,12 @@ impl JobSpans {
             let to = destination(sub, Leg::Event);
             let ids = &mut tracing.tracer;
             self.request
-                .leg(ids, trace::Leg::Delivery, &to, &self.event, now_ns)
+                .leg(ids, trace::SpanLeg::Delivery, &to, &self.event, now_ns)
         });
         if leg != Leg::Event && s.leg.as_ref().is_none_or(|(l, _, _)| *l != leg) {
             let which = match leg {
-                Leg::Reply => trace::Leg::Reply,
-                _ => trace::Leg::DeadLetter,
+                Leg::Reply => trace::SpanLeg::Reply,
+                _ => trace::SpanLeg::DeadLetter,
             };
             let span = send.leg(
                 &mut tracing.tracer,

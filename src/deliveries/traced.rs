@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::call_end::Ended;
+use super::call_end::AnsweredCall;
 use super::spans::{CallContext, JobSpans, Tracing};
 use super::{Clock, Deliveries, Job};
 use crate::answer::Answer;
@@ -29,7 +29,7 @@ pub(super) struct CallOutcome {
 }
 
 impl CallOutcome {
-    pub(super) fn of(ended: &Ended) -> CallOutcome {
+    pub(super) fn of(ended: &AnsweredCall) -> CallOutcome {
         CallOutcome {
             status: ended.status,
             failure: ended.end.result.clone().err(),
@@ -154,8 +154,9 @@ impl Deliveries {
 
     /// The root context's timer: the batch of spans due goes to the collector (`flush`:
     /// whatever is held, the VM is going away), a warning for spans lost is logged when due,
-    /// and the losses are counted (`fanout.tracing.spans_dropped`).
-    pub fn export<H: Host>(&mut self, host: &H, flush: bool) {
+    /// and the losses are counted (`fanout.tracing.spans_dropped`). The export is root
+    /// context `root`'s call.
+    pub fn export<H: Host>(&mut self, host: &H, root: u32, flush: bool) {
         let Some(tracing) = self.tracing.as_mut() else {
             return;
         };
@@ -178,7 +179,7 @@ impl Deliveries {
                     None
                 }
             };
-            if let (Some(token), Some(root)) = (token, self.acting_root) {
+            if let Some(token) = token {
                 self.root_of.insert(token, root);
             }
             tracing.exported(token);

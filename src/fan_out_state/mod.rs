@@ -509,12 +509,10 @@ impl FanOut {
             body: end.body,
         });
         if retryable && call.leg_attempts <= sub.retry.retry {
-            // The computed backoff spread by the jitter, capped, and never below what
-            // `retry-after` asked for.
-            let delay = sub.backoff_jitter.apply(
-                sub.retry.delay_before(call.leg_attempts, None),
-                end.retry_after_ms.unwrap_or(0),
-                sub.retry.max_ms,
+            let delay = sub.retry.wait_before(
+                call.leg_attempts,
+                end.retry_after_ms,
+                sub.backoff_jitter,
                 &mut self.jitter_rng,
             );
             call.state = CallState::Waiting {

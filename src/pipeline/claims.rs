@@ -13,7 +13,7 @@
 
 use super::{Actor, Pipeline};
 use crate::dedupe::claim::{self, Ask};
-use crate::dedupe::etcd::{Found, StoreError, MAX_CLAIMS_PER_TXN, TXN_PATH};
+use crate::dedupe::etcd::{self, Found, StoreError, MAX_CLAIMS_PER_TXN, TXN_PATH};
 use crate::dedupe::remote;
 use crate::deliveries::{Finished, Job};
 use crate::host::Host;
@@ -218,7 +218,12 @@ impl Coalescer {
 impl Pipeline {
     /// The claim stage takes the request `pending` of stream `actor`: its claim goes out
     /// now, alone, from the stream if it can, else it is parked.
-    pub(super) fn claim<H: Host>(&mut self, host: &H, mut pending: Pending) -> Vec<Finished> {
+    pub(super) fn claim<H: Host>(
+        &mut self,
+        host: &H,
+        actor: Actor,
+        mut pending: Pending,
+    ) -> Vec<Finished> {
         let leases = &self.etcd.leases;
         let leased = pending.ask.lease_from(|until| leases.pick(until));
         if !leased || self.claims.must_park() {
@@ -234,7 +239,7 @@ impl Pipeline {
             }
             Err(failure) => {
                 let error = StoreError::new(format!("refused at dispatch: {failure}"));
-                self.continue_claim(host, pending, Err(error))
+                self.continue_claim(host, actor, pending, Err(error))
                     .into_iter()
                     .collect()
             }
@@ -260,7 +265,7 @@ impl Pipeline {
         let (cluster, timeout) = (first.ask.cluster.clone(), first.ask.timeout);
         let asks: Vec<&Ask> = batch.iter().map(|p| &p.ask).collect();
         let body = claim::batch_body(&asks);
-        let headers = claim::etcd_headers(&cluster, TXN_PATH);
+        let headers = etcd::call_headers(&cluster, TXN_PATH);
         let root = actor.root();
         match host.dispatch_for(root, &cluster, headers, &body, timeout) {
             Ok(token) => {
@@ -295,12 +300,12 @@ impl Pipeline {
         match results {
             Ok(found) => {
                 for (pending, found) in requests.into_iter().zip(found) {
-                    finished.extend(self.continue_claim(host, pending, Ok(found)));
+                    finished.extend(self.continue_claim(host, actor, pending, Ok(found)));
                 }
             }
             Err(error) => {
                 for pending in requests {
-                    finished.extend(self.continue_claim(host, pending, Err(error.clone())));
+                    finished.extend(self.continue_claim(host, actor, pending, Err(error.clone())));
                 }
             }
         }
@@ -335,7 +340,7 @@ impl Pipeline {
         let mut finished = Vec::new();
         for (batch, error) in std::mem::take(&mut self.claims.failed) {
             for pending in batch {
-                finished.extend(self.continue_claim(host, pending, Err(error.clone())));
+                finished.extend(self.continue_claim(host, actor, pending, Err(error.clone())));
             }
         }
         self.send_parked(host, actor);
@@ -349,6 +354,7 @@ impl Pipeline {
     pub(super) fn continue_claim<H: Host>(
         &mut self,
         host: &H,
+        actor: Actor,
         pending: Pending,
         result: Result<Found, StoreError>,
     ) -> Option<Finished> {
@@ -375,11 +381,11 @@ impl Pipeline {
                         return None;
                     }
                     self.claims.continued(stream, Continued::Answered);
-                    return Some(self.answer_now(host, &counter, stream, answer));
+                    return Some(super::answer_now(stream, answer));
                 }
                 job.unrecorded = true;
             }
         }
-        self.launch(host, &counter, stream, job)
+        self.launch(host, actor.acting_root(), stream, job)
     }
 }

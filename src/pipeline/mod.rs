@@ -121,16 +121,14 @@ impl Pipeline {
     /// the stream learns at once what became of it ([`Begun`]); waiting for its claim, from
     /// the answers returned later and [`Pipeline::adopt`].
     pub fn begin<H: Host>(&mut self, host: &H, actor: Actor, mut job: Job, claim: Claim) -> Begun {
-        self.deliveries.act_for(actor.acting_root());
         let stream = job.log_id;
         let (mut finished, delivering) = match claim {
             Claim::Done(claims) => {
                 job.claims = claims;
-                let counter = self.counter(&job.config);
-                let (finished, delivering) = self.start(host, &counter, stream, job);
+                let (finished, delivering) = self.start(host, actor.acting_root(), stream, job);
                 (one(finished), delivering)
             }
-            Claim::Ask(ask) => (self.claim(host, Pending { stream, ask, job }), None),
+            Claim::Ask(ask) => (self.claim(host, actor, Pending { stream, ask, job }), None),
         };
         self.settle_ended(host, actor, &mut finished);
         Begun {
@@ -149,14 +147,17 @@ impl Pipeline {
         num_headers: usize,
         body_size: usize,
     ) -> Vec<Finished> {
-        self.deliveries.act_for(actor.acting_root());
         let mut finished = match self.store_answered(host, actor, token, num_headers, body_size) {
             Some(finished) => finished,
             None => match self.claim_answered(host, actor, token, num_headers, body_size) {
                 Some(finished) => finished,
-                None => one(self
-                    .deliveries
-                    .on_response(host, token, num_headers, body_size)),
+                None => one(self.deliveries.on_response(
+                    host,
+                    actor.acting_root(),
+                    token,
+                    num_headers,
+                    body_size,
+                )),
             },
         };
         self.settle_ended(host, actor, &mut finished);
@@ -166,8 +167,7 @@ impl Pipeline {
     /// Root context `root`'s timer: what is due in every fan-out, claim and settle.
     pub fn tick<H: Host>(&mut self, host: &H, root: u32) -> Vec<Finished> {
         let actor = Actor::Root(root);
-        self.deliveries.act_for(actor.acting_root());
-        let mut finished = self.deliveries.tick(host);
+        let mut finished = self.deliveries.tick(host, root);
         finished.extend(self.tick_claims(host, actor));
         self.queue_ended(host, actor, &mut finished);
         finished.extend(self.tick_settles(host, actor));
@@ -192,8 +192,7 @@ impl Pipeline {
 
     /// Root context `root` goes away: the spans held leave now.
     pub fn flush_spans<H: Host>(&mut self, host: &H, root: u32) {
-        self.deliveries.act_for(Some(root));
-        self.deliveries.export(host, true);
+        self.deliveries.export(host, root, true);
     }
 
     /// What the root made of `stream`'s request while the stream waited for its claim, if it
@@ -208,7 +207,6 @@ impl Pipeline {
         let Actor::Stream { id, .. } = actor else {
             return false;
         };
-        self.deliveries.act_for(None);
         let forgotten = self.claims.forget(id, ended);
         if let Some(token) = forgotten.cancelled {
             // Its own claim txn: Envoy cancels it with the stream; the claims parked
@@ -222,7 +220,6 @@ impl Pipeline {
     /// The sender of sync fan-out `job` went away (its stream is `actor`): its calls are
     /// cancelled and its claims settled. Returns whether it still waited for its answer.
     pub fn abandon<H: Host>(&mut self, host: &H, actor: Actor, job: u64) -> Vec<Finished> {
-        self.deliveries.act_for(actor.acting_root());
         self.deliveries.abandon(host, job);
         let mut finished = Vec::new();
         self.settle_ended(host, actor, &mut finished);
@@ -292,65 +289,55 @@ impl Pipeline {
     fn launch<H: Host>(
         &mut self,
         host: &H,
-        counter: &Counter,
+        root: Option<u32>,
         stream: u32,
         job: Job,
     ) -> Option<Finished> {
         if self.claims.take_gone(stream) {
-            if let Launched::Delivering(id, _) = self.deliveries.launch(host, job, stream) {
+            if let Launched::Delivering(id, _) = self.deliveries.launch(host, root, job, stream) {
                 self.deliveries.abandon(host, id);
             }
             return None;
         }
-        let (finished, delivering) = self.start(host, counter, stream, job);
+        let (finished, delivering) = self.start(host, root, stream, job);
         let what = delivering.map_or(Continued::Answered, Continued::Delivering);
         self.claims.continued(stream, what);
         finished
     }
 
     /// Hands the fan-out `job` of `stream` to the deliveries: its answer now (logged if it is
-    /// a refusal, and counted), or a sync fan-out under way (its job), with its answer if it
-    /// already ended.
+    /// a refusal), or a sync fan-out under way (its job), with its answer if it already
+    /// ended.
     fn start<H: Host>(
         &mut self,
         host: &H,
-        counter: &Counter,
+        root: Option<u32>,
         stream: u32,
         job: Job,
     ) -> (Option<Finished>, Option<u64>) {
-        match self.deliveries.launch(host, job, stream) {
-            Launched::Answer(answer) => {
-                let finished = self.answer_now(host, counter, stream, answer);
-                (Some(finished), None)
-            }
+        match self.deliveries.launch(host, root, job, stream) {
+            Launched::Answer(answer) => (Some(answer_now(stream, answer)), None),
             Launched::Delivering(id, finished) => (finished, Some(id)),
-        }
-    }
-
-    /// `stream` is answered at once (logged if it is a refusal, and counted).
-    fn answer_now<H: Host>(
-        &mut self,
-        host: &H,
-        counter: &Counter,
-        stream: u32,
-        answer: Answer,
-    ) -> Finished {
-        if answer.status >= 400 {
-            log::info!(
-                "[#{stream}] answered {}: {}",
-                answer.status,
-                String::from_utf8_lossy(&answer.body)
-            );
-        }
-        counter.count(host, |tally| tally.answered(answer.status));
-        Finished {
-            answer_to: Some(stream),
-            answer,
         }
     }
 
     fn counter(&self, config: &Config) -> Counter {
         Counter::new(config.metrics.then(|| self.telemetry.clone()))
+    }
+}
+
+/// `stream` is answered at once (logged if it is a refusal; counted where it is sent).
+fn answer_now(stream: u32, answer: Answer) -> Finished {
+    if answer.status >= 400 {
+        log::info!(
+            "[#{stream}] answered {}: {}",
+            answer.status,
+            String::from_utf8_lossy(&answer.body)
+        );
+    }
+    Finished {
+        answer_to: Some(stream),
+        answer,
     }
 }
 

@@ -17,7 +17,7 @@
 
 use super::{Actor, Pipeline};
 use crate::dedupe::claim::etcd_reply;
-use crate::dedupe::remote::{self, Answered, Sent};
+use crate::dedupe::remote::{self, Sent, StoreAnswer};
 use crate::dedupe::settle::{self, NOT_RECORDED_HEADER};
 use crate::deliveries::Finished;
 use crate::host::Host;
@@ -152,8 +152,8 @@ impl Pipeline {
         )?;
         self.deliveries.root_call_ended(token);
         let mut finished = match answered {
-            Answered::Grant => Vec::new(),
-            Answered::Settles { settles, failed } => self.settles_ended(host, &settles, failed),
+            StoreAnswer::Grant => Vec::new(),
+            StoreAnswer::Settles { settles, failed } => self.settles_ended(host, &settles, failed),
         };
         self.flush_settles(host, actor, &mut finished);
         self.send_parked(host, actor);

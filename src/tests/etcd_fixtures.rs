@@ -22,7 +22,7 @@ pub const ETCD: &str = r#"{
 }"#;
 
 /// An answer of etcd's gRPC server, as the host gives it.
-pub struct Answered {
+pub struct EtcdAnswer {
     pub status: Option<u16>,
     /// In the trailers (a message and its status) or, for an error, the headers (an answer
     /// that is only trailers, as gRPC servers send errors).
@@ -34,7 +34,7 @@ pub struct Answered {
 /// A recorded answer of etcd 3.5.1: a message (`<name>.grpc`, its body as gRPC frames it;
 /// `grpc-status: 0` in the trailers) or an error (`<name>.status`: `grpc-status`, a space,
 /// `grpc-message`, in the headers).
-pub fn fixture(name: &str) -> Answered {
+pub fn fixture(name: &str) -> EtcdAnswer {
     let message: Option<&[u8]> = match name {
         "grant" => Some(include_bytes!("../../tests/fixtures/etcd/grant.grpc")),
         "claim_fresh" => Some(include_bytes!("../../tests/fixtures/etcd/claim_fresh.grpc")),
@@ -50,7 +50,7 @@ pub fn fixture(name: &str) -> Answered {
         _ => None,
     };
     if let Some(body) = message {
-        return Answered {
+        return EtcdAnswer {
             status: Some(200),
             grpc: Some(("0".into(), String::new())),
             in_trailers: true,
@@ -62,7 +62,7 @@ pub fn fixture(name: &str) -> Answered {
         other => panic!("no fixture {other}"),
     };
     let (code, message) = text.trim().split_once(' ').unwrap();
-    Answered {
+    EtcdAnswer {
         status: Some(200),
         grpc: Some((code.into(), message.into())),
         in_trailers: false,
@@ -71,8 +71,8 @@ pub fn fixture(name: &str) -> Answered {
 }
 
 /// An answer that is not etcd's: `status` and `body` only (Envoy's own, or none).
-pub fn not_grpc(status: Option<u16>, body: &[u8]) -> Answered {
-    Answered {
+pub fn not_grpc(status: Option<u16>, body: &[u8]) -> EtcdAnswer {
+    EtcdAnswer {
         status,
         grpc: None,
         in_trailers: false,
@@ -136,7 +136,7 @@ pub fn claimed_keys(body: &[u8]) -> Vec<Vec<u8>> {
 impl FakeState {
     /// `answer` as the next answer to a call, delivered to context `effective`: the number
     /// of headers the host reports.
-    pub fn set_etcd_answer(&mut self, answer: &Answered, effective: u32) -> usize {
+    pub fn set_etcd_answer(&mut self, answer: &EtcdAnswer, effective: u32) -> usize {
         let state = self;
         state.call_response = (answer.status, answer.body.clone());
         let grpc: Vec<(String, String)> = answer

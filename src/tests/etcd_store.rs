@@ -4,7 +4,7 @@
 //! `etcd_fixtures.rs`).
 
 use super::etcd_fixtures::{
-    claimed_keys, deletes, fixture, not_grpc, ops, puts, txn_of, Answered, ETCD,
+    claimed_keys, deletes, fixture, not_grpc, ops, puts, txn_of, EtcdAnswer, ETCD,
 };
 use super::*;
 use crate::config::Config;
@@ -33,14 +33,14 @@ fn records_of(value: &str) -> Vec<(String, u64)> {
 
 impl FakeEnvoy {
     /// etcd answers a stream's claim.
-    fn answer_etcd(&self, ctx: &mut Stream<FakeHost>, token: u32, answer: &Answered) {
+    fn answer_etcd(&self, ctx: &mut Stream<FakeHost>, token: u32, answer: &EtcdAnswer) {
         let num_headers = self.host.0.borrow_mut().set_etcd_answer(answer, STREAM);
         ctx.on_call_response(token, num_headers, answer.body.len());
         self.host.0.borrow_mut().call_response_trailers.clear();
     }
 
     /// etcd answers one of the root's calls (a grant, a settle).
-    fn answer_etcd_root(&mut self, token: u32, answer: &Answered) {
+    fn answer_etcd_root(&mut self, token: u32, answer: &EtcdAnswer) {
         let num_headers = self.host.0.borrow_mut().set_etcd_answer(answer, ROOT);
         self.root
             .on_call_response(token, num_headers, answer.body.len());
@@ -242,7 +242,7 @@ fn a_redelivery_calls_only_the_subscriber_that_failed() {
 }
 
 /// etcd's answer to one claim, made here (not recorded): ours, with `records`.
-fn claimed_with(records: &[etcd::Record]) -> Answered {
+fn claimed_with(records: &[etcd::Record]) -> EtcdAnswer {
     use etcd::proto::{KeyValue, RangeResponse, Response, ResponseOp, TxnResponse};
     let op = |response| ResponseOp {
         response: Some(response),
@@ -266,7 +266,7 @@ fn claimed_with(records: &[etcd::Record]) -> Answered {
         succeeded: true,
         responses: vec![op(Response::Txn(created))],
     };
-    Answered {
+    EtcdAnswer {
         body: etcd::proto::frame(&txn),
         ..fixture("claim_fresh")
     }
@@ -367,15 +367,15 @@ fn lapsed_records_and_claims_are_taken_over() {
 
 #[test]
 fn an_unreachable_store_delivers_to_everyone_and_counts() {
-    let not_a_txn = Answered {
+    let not_a_txn = EtcdAnswer {
         body: vec![0, 0, 0, 0, 2, 0xff, 0xff],
         ..fixture("claim_fresh")
     };
-    let no_responses = Answered {
+    let no_responses = EtcdAnswer {
         body: etcd::proto::frame(&etcd::proto::TxnResponse::default()),
         ..fixture("claim_fresh")
     };
-    let untold = Answered {
+    let untold = EtcdAnswer {
         grpc: None,
         ..fixture("claim_fresh")
     };
@@ -765,7 +765,7 @@ fn open(plugin: &FakeEnvoy, id: u32, event_id: &str) -> Stream<FakeHost> {
 
 impl FakeEnvoy {
     /// etcd answers the claim of the stream on context `id`.
-    fn answer_etcd_on(&self, ctx: &mut Stream<FakeHost>, id: u32, token: u32, answer: &Answered) {
+    fn answer_etcd_on(&self, ctx: &mut Stream<FakeHost>, id: u32, token: u32, answer: &EtcdAnswer) {
         let num_headers = self.host.0.borrow_mut().set_etcd_answer(answer, id);
         ctx.on_call_response(token, num_headers, answer.body.len());
         self.host.0.borrow_mut().call_response_trailers.clear();

@@ -39,9 +39,9 @@ fn structured_event() -> Vec<(&'static str, &'static str)> {
 
 /// Every call's forwarded headers (the request line left out) and body, by cluster.
 /// One call: its cluster, forwarded headers and body.
-type Call = (String, Vec<(String, String)>, String);
+type SentCall = (String, Vec<(String, String)>, String);
 
-fn calls(plugin: &FakeEnvoy) -> Vec<Call> {
+fn calls(plugin: &FakeEnvoy) -> Vec<SentCall> {
     plugin
         .state()
         .dispatched
@@ -149,8 +149,8 @@ fn a_request_that_cannot_be_converted_gets_400_before_any_call_or_claim() {
     not_utf8.push(("ce-broken", "%FF"));
     let mut batch = post("orders.default");
     batch.push(("content-type", "application/cloudevents-batch+json"));
-    type Case<'a> = (&'a [(&'a str, &'a str)], &'a [u8], &'a str);
-    let cases: [Case; 4] = [
+    type FormatCase<'a> = (&'a [(&'a str, &'a str)], &'a [u8], &'a str);
+    let cases: [FormatCase; 4] = [
         (&not_an_event, b"hello", "subscriber bin (#1) takes events in binary mode (delivery.format), and this request cannot be converted: not a CloudEvent"),
         (&not_utf8, b"{}", "header ce-broken is not UTF-8 once percent-decoded"),
         (&batch, b"[]", "a batch of CloudEvents"),

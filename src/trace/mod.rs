@@ -16,8 +16,8 @@ pub mod otlp;
 pub mod span;
 
 pub use span::{
-    DeliveryOutcome, Destination, DestinationFields, EndedSpan, EventAttributes, EventFields, Leg,
-    OpenSpan, Verdict,
+    DeliveryOutcome, Destination, DestinationFields, EndedSpan, EventAttributes, EventFields,
+    OpenSpan, SpanLeg, Verdict,
 };
 
 use context::TraceParent;
@@ -275,7 +275,7 @@ mod tests {
         };
         let send = request.leg(
             &mut tracer,
-            Leg::Delivery,
+            SpanLeg::Delivery,
             &billing,
             &EventFields::new(&event()),
             1_010,
@@ -299,7 +299,7 @@ mod tests {
         };
         let reply = send.leg(
             &mut tracer,
-            Leg::Reply,
+            SpanLeg::Reply,
             &reply_to,
             &EventFields::new(&event()),
             2_041,
@@ -335,7 +335,7 @@ mod tests {
         };
         let dead = request.leg(
             &mut tracer,
-            Leg::DeadLetter,
+            SpanLeg::DeadLetter,
             &dl_to,
             &EventFields::new(&event()),
             2_046,
@@ -470,7 +470,13 @@ mod tests {
             path: "/",
             fields: None,
         };
-        let send = request.leg(&mut tracer, Leg::Delivery, &to, &EventFields::default(), 6);
+        let send = request.leg(
+            &mut tracer,
+            SpanLeg::Delivery,
+            &to,
+            &EventFields::default(),
+            6,
+        );
         let timeout = send
             .attempt(&mut tracer, 0, 0, None, 7)
             .end_attempt(None, Some("timeout"), 8)

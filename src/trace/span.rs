@@ -133,15 +133,15 @@ fn constant_fields(cell: &'static OnceLock<Vec<u8>>, attributes: &[(&str, &str)]
     })
 }
 
-/// A delivery-level span's constant fields, by [`Leg`].
-fn leg_fields(leg: Leg) -> (&'static str, &'static [u8]) {
+/// A delivery-level span's constant fields, by [`SpanLeg`].
+fn leg_fields(leg: SpanLeg) -> (&'static str, &'static [u8]) {
     static SEND: OnceLock<Vec<u8>> = OnceLock::new();
     static REPLY: OnceLock<Vec<u8>> = OnceLock::new();
     static DEAD_LETTER: OnceLock<Vec<u8>> = OnceLock::new();
     let (operation, cell) = match leg {
-        Leg::Delivery => ("send", &SEND),
-        Leg::Reply => ("reply", &REPLY),
-        Leg::DeadLetter => ("dead letter", &DEAD_LETTER),
+        SpanLeg::Delivery => ("send", &SEND),
+        SpanLeg::Reply => ("reply", &REPLY),
+        SpanLeg::DeadLetter => ("dead letter", &DEAD_LETTER),
     };
     let fields = constant_fields(
         cell,
@@ -191,7 +191,7 @@ fn common_status(status: u16) -> Option<&'static [u8]> {
 
 /// Which call a delivery-level span stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Leg {
+pub enum SpanLeg {
     Delivery,
     Reply,
     DeadLetter,
@@ -365,7 +365,7 @@ impl OpenSpan {
     pub fn leg(
         &self,
         ids: &mut Tracer,
-        leg: Leg,
+        leg: SpanLeg,
         to: &Destination,
         event: &EventFields,
         start_ns: u64,

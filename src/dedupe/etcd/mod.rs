@@ -2,7 +2,7 @@
 //! (`etcdserverpb.KV/Txn`, `etcdserverpb.Lease/LeaseGrant`), reached with Envoy calls to an
 //! ordinary HTTP/2 cluster of etcd members. Pure: the keys and values, the request bodies,
 //! the reading of etcd's answers ([`proto`] has the messages), and the leases the keys are
-//! written with ([`lease`]); the calls are made by `claim`, `settle` and
+//! written with ([`lease`]), a call's headers; the calls are made by `claim`, `settle` and
 //! [`Remote`](super::remote::Remote)'s owner.
 //!
 //! - Two keys per (channel, event): `<prefix><len>:<channel>/<event key>/c`, the claim, and
@@ -46,6 +46,17 @@ pub mod lease;
 pub mod proto;
 
 pub use lease::{Family, Grant, Leases};
+
+/// The headers of a gRPC call to etcd (`path`: the method's).
+pub fn call_headers<'a>(cluster: &'a str, path: &'static str) -> Vec<(&'a str, &'a [u8])> {
+    vec![
+        (":method", b"POST"),
+        (":path", path.as_bytes()),
+        (":authority", cluster.as_bytes()),
+        ("content-type", b"application/grpc"),
+        ("te", b"trailers"),
+    ]
+}
 
 /// Digits of the time in every value.
 const TIME_DIGITS: usize = 20;
