@@ -110,6 +110,7 @@ impl DirSource {
             files.insert(name, (bytes, objects));
         }
         self.files = files;
+        crate::metrics::source_polled(problems.len(), changed);
         if !changed {
             return None;
         }
