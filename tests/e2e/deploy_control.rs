@@ -530,12 +530,39 @@ fn the_control_plane_and_the_overlay_apply_to_a_real_apiserver() {
         let (ok, out) = apiserver.kubectl(&["create", "namespace", namespace]);
         assert!(ok, "{out}");
     }
-    for (rel, namespace) in [(CONTROL, "fanout-system"), (XDS, "fanout")] {
-        let path = manifest_dir().join(rel).display().to_string();
-        let (ok, out) =
-            apiserver.kubectl(&["apply", "--dry-run=server", "-n", namespace, "-k", &path]);
-        assert!(ok, "{rel}: {out}");
+    // docs/deploying.md's step 3, as written there, with --dry-run=server.
+    let control = manifest_dir().join(CONTROL).display().to_string();
+    let xds = manifest_dir().join(XDS).display().to_string();
+    let wasm = format!("fanout.wasm={}", crate::harness::wasm_path().display());
+    let steps: [&[&str]; 3] = [
+        &["apply", "-k", &control],
+        &[
+            "-n",
+            "fanout",
+            "create",
+            "configmap",
+            "fanout-wasm",
+            "--from-file",
+            &wasm,
+        ],
+        &["-n", "fanout", "apply", "-k", &xds],
+    ];
+    for step in steps {
+        let args: Vec<&str> = step.iter().copied().chain(["--dry-run=server"]).collect();
+        let (ok, out) = apiserver.kubectl(&args);
+        assert!(ok, "kubectl {args:?}: {out}");
         assert!(out.contains("(server dry run)"), "{out}");
-        assert!(!out.to_lowercase().contains("error"), "{rel}: {out}");
+        assert!(
+            !out.to_lowercase().contains("error"),
+            "kubectl {args:?}: {out}"
+        );
+    }
+    let docs = read_shipped("docs/deploying.md");
+    for line in [
+        "kubectl apply -k deploy/kubernetes/control/",
+        "kubectl -n fanout create configmap fanout-wasm --from-file=fanout.wasm=target/wasm32-wasip1/release/fanout.wasm",
+        "kubectl -n fanout apply -k deploy/kubernetes-xds/",
+    ] {
+        assert!(docs.contains(line), "docs/deploying.md no longer says {line:?}");
     }
 }
