@@ -667,6 +667,8 @@ fn every_shipped_connection_manager_leaves_x_request_id_to_the_sender() {
         "envoy/authz/envoy-jwt.yaml".to_owned(),
         "envoy/authz/envoy-mtls.yaml".to_owned(),
         "envoy/xds/envoy.yaml".to_owned(),
+        "envoy/xds/envoy-cluster.yaml".to_owned(),
+        "examples/docker-compose/envoy-xds.yaml".to_owned(),
     ];
     for entry in fs::read_dir(manifest_dir().join("envoy")).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();
