@@ -354,4 +354,30 @@ mod tests {
         let err = server_config(&[b"x".to_vec(), b"y".to_vec(), b"z".to_vec()]).unwrap_err();
         assert!(err.starts_with("--tls-cert"), "{err}");
     }
+
+    /// A certificate's DER (test certificates made with the openssl CLI).
+    fn der(pem: &str) -> Vec<u8> {
+        CertificateDer::from_pem_slice(pem.as_bytes())
+            .unwrap()
+            .to_vec()
+    }
+
+    /// subjectAltName=DNS:fanout.fanout.svc,DNS:other.example
+    const DNS_ONLY: &str = "-----BEGIN CERTIFICATE-----\nMIIBnjCCAUOgAwIBAgIUfl8zqnWeAAJNkWdBVanPtb1U1hIwCgYIKoZIzj0EAwIw\nDTELMAkGA1UEAwwCY2EwIBcNMjYxMjA2MDQxNjEzWhgPMjEyNjExMTIwNDE2MTNa\nMBIxEDAOBgNVBAMMB2Ruc29ubHkwWTATBgcqhkjOPQIBBggqhkjOPQMBBwNCAARl\nuDzvW+152p9t5sATl9FVNQPsU0DwE8cNHp0DtQRUqXU9MNVl7SnnLptHvTLhS3H1\nyluXawN52m69g+dNZrGeo3oweDAJBgNVHRMEAjAAMCsGA1UdEQQkMCKCEWZhbm91\ndC5mYW5vdXQuc3Zjgg1vdGhlci5leGFtcGxlMB0GA1UdDgQWBBQVjYwTrTsPa1Xb\nCR7KA2jey+BCLTAfBgNVHSMEGDAWgBSkNFxYpN6f7Q9VP2Uzdpsz+bGy7zAKBggq\nhkjOPQQDAgNJADBGAiEA5Sg2GlmZUUg4aUVNyjNWSRiLcRzjOHMSu1ss8NIrsscC\nIQDineFeDZyOgdBt6O1Ikh+SV1Vqk8E2QvUREIKKMm5GAw==\n-----END CERTIFICATE-----\n";
+    /// subjectAltName=DNS:fanout.fanout.svc,URI:https://example.com/x,URI:spiffe://cluster.local/ns/a/sa/b
+    const URIS: &str = "-----BEGIN CERTIFICATE-----\nMIIByjCCAXCgAwIBAgIUfl8zqnWeAAJNkWdBVanPtb1U1hMwCgYIKoZIzj0EAwIw\nDTELMAkGA1UEAwwCY2EwIBcNMjYxMjA2MDQxNjE0WhgPMjEyNjExMTIwNDE2MTRa\nMBMxETAPBgNVBAMMCHVyaWZpcnN0MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE\n/oKK0zkrgEyrjurX5jEFVKsr8oD62pZ2sKWycMJf9UElwoJ3PqNo0Uuorfkz29H5\nJJzS3lFzmrc1OowBExoAHqOBpTCBojAJBgNVHRMEAjAAMFUGA1UdEQROMEyCEWZh\nbm91dC5mYW5vdXQuc3ZjhhVodHRwczovL2V4YW1wbGUuY29tL3iGIHNwaWZmZTov\nL2NsdXN0ZXIubG9jYWwvbnMvYS9zYS9iMB0GA1UdDgQWBBRkAzwviMlURJPlHnQh\nPqA6//EhQzAfBgNVHSMEGDAWgBSkNFxYpN6f7Q9VP2Uzdpsz+bGy7zAKBggqhkjO\nPQQDAgNIADBFAiEA/hlUxIqMs+ueqP1soidLAl08CBW85zn22HTey93ODJMCIF8x\nW+jBYjSvGQC/fx6vcdlm/F/Ob+NMw9HRfTGCH1gT\n-----END CERTIFICATE-----\n";
+    /// No subjectAltName.
+    const NO_NAMES: &str = "-----BEGIN CERTIFICATE-----\nMIIBbDCCAROgAwIBAgIUfl8zqnWeAAJNkWdBVanPtb1U1hQwCgYIKoZIzj0EAwIw\nDTELMAkGA1UEAwwCY2EwIBcNMjYxMjA2MDQxNjE0WhgPMjEyNjExMTIwNDE2MTRa\nMA8xDTALBgNVBAMMBG5vbmUwWTATBgcqhkjOPQIBBggqhkjOPQMBBwNCAARzEUSY\nOdEBaW4IgVy1imITaFW4gYaBmLLutVqHyVSSzYLhPR7SsRtmevgf7/i6/Yae1YKU\nIfK745/fktE6fFddo00wSzAJBgNVHRMEAjAAMB0GA1UdDgQWBBSWtLlL85n26UD/\nnRZ5EgwiQkkOPDAfBgNVHSMEGDAWgBSkNFxYpN6f7Q9VP2Uzdpsz+bGy7zAKBggq\nhkjOPQQDAgNHADBEAiAvvdXGfG701AaarWgX587mj3wTddK0Z/UQfyu/thmGsAIg\nOqNPYrRfXlqU7aPQJP8NphhRiMwvW3rkikgHg2dDsBI=\n-----END CERTIFICATE-----\n";
+
+    #[test]
+    fn a_certificate_names_its_spiffe_uri_else_its_dns_name_else_nothing() {
+        assert_eq!(
+            identity_of(&der(URIS)).unwrap(),
+            "spiffe://cluster.local/ns/a/sa/b"
+        );
+        assert_eq!(identity_of(&der(DNS_ONLY)).unwrap(), "fanout.fanout.svc");
+        let err = identity_of(&der(NO_NAMES)).unwrap_err();
+        assert!(err.contains("no identity"), "{err}");
+        assert!(identity_of(b"not DER").is_err());
+    }
 }
