@@ -2,7 +2,9 @@
 //! a real registry on loopback (Debian's `docker-registry`, the CNCF distribution registry),
 //! pulled back over the registry's HTTP API, `plugin.wasm` taken out by Istio's rules
 //! (pkg/wasm/imagefetcher.go: the last layer, its media type, the file's basename), and run
-//! in the real Envoy.
+//! in the real Envoy. fanout-control's image (`make image-control`, `make push-control`) goes
+//! the same way: pulled back and read layer by layer, then pulled by Docker and run as
+//! Kubernetes runs it, configuring a real Envoy (SKIPPED where no Docker engine answers).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::harness;
