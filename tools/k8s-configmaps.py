@@ -9,6 +9,10 @@
                           FANOUT.json) and clusters.yaml (CDS: the clusters NAME=HOST:PORT), as
                           envoy/render-ecds.py writes them
 
+  XDS/fanout-envoy.yaml   with --xds-out XDS: the same ConfigMap for the Envoys on xDS (a
+                          patch of the first, deploy/kubernetes-xds/): envoy.yaml is
+                          envoy/xds/envoy-cluster.yaml, with the SDS files of envoy/xds/sds/
+
 `make k8s-configmaps` runs it on deploy/kubernetes/fanout.json. Python 3, no packages.
 """
 import argparse
@@ -45,6 +49,7 @@ def main():
     parser.add_argument("fanout", help="the plain fan-out JSON")
     parser.add_argument("clusters", nargs="*", metavar="NAME=HOST:PORT")
     parser.add_argument("-o", "--out", default=os.path.join(ROOT, "deploy", "kubernetes"))
+    parser.add_argument("--xds-out", help="where to write the xDS overlay's ConfigMap")
     args = parser.parse_args()
     envoy = configmap(
         "fanout-envoy",
@@ -59,11 +64,30 @@ and the subscriber clusters: what fanout runs. Replace it (kubectl apply) and ev
 takes the new configuration within the kubelet's sync period, without a restart.""",
         [("fanout.yaml", render(["filter", args.fanout])), ("clusters.yaml", render(["clusters", *args.clusters]))],
     )
+    xds = configmap(
+        "fanout-envoy",
+        """Written by tools/k8s-configmaps.py (make k8s-configmaps): envoy/xds/envoy-cluster.yaml,
+envoy/xds/sds/*.yaml and envoy/drain.sh as shipped. Edit those, not this. A patch of
+deploy/kubernetes/fanout-envoy.yaml (kustomization.yaml beside it).""",
+        [
+            ("envoy.yaml", read("envoy/xds/envoy-cluster.yaml")),
+            ("xds-client.yaml", read("envoy/xds/sds/xds-client.yaml")),
+            ("xds-server-ca.yaml", read("envoy/xds/sds/xds-server-ca.yaml")),
+            ("drain.sh", read("envoy/drain.sh")),
+        ],
+    )
+    outputs = [
+        (os.path.join(args.out, "fanout-envoy.yaml"), envoy),
+        (os.path.join(args.out, "fanout-config.yaml"), config),
+    ]
+    if args.xds_out:
+        os.makedirs(args.xds_out, exist_ok=True)
+        outputs.append((os.path.join(args.xds_out, "fanout-envoy.yaml"), xds))
     os.makedirs(args.out, exist_ok=True)
-    for name, text in (("fanout-envoy.yaml", envoy), ("fanout-config.yaml", config)):
-        with open(os.path.join(args.out, name), "w", encoding="utf-8") as f:
+    for path, text in outputs:
+        with open(path, "w", encoding="utf-8") as f:
             f.write(text)
-        print(f"wrote {os.path.join(args.out, name)}")
+        print(f"wrote {path}")
     return 0
 
 

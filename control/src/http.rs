@@ -1,4 +1,5 @@
-//! The state endpoint: `GET /state` (JSON, from the ledger) and `GET /ready`.
+//! The state endpoint: `GET /state` (JSON, from the ledger), `GET /ready` and `GET /metrics`
+//! (Prometheus' text format, crate::metrics).
 
 use crate::state::Ledger;
 use axum::extract::State;
@@ -11,6 +12,7 @@ pub async fn serve(listener: tokio::net::TcpListener, ledger: Ledger) -> Result<
     let app = Router::new()
         .route("/state", get(state))
         .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
         .with_state(ledger);
     axum::serve(listener, app)
         .await
@@ -30,4 +32,14 @@ async fn ready(State(ledger): State<Ledger>) -> (StatusCode, &'static str) {
             "the source has not been read yet\n",
         )
     }
+}
+
+async fn metrics(State(ledger): State<Ledger>) -> impl axum::response::IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        crate::metrics::render(&ledger),
+    )
 }

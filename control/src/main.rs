@@ -7,12 +7,14 @@ mod clusters;
 mod contract;
 mod http;
 mod knative;
+mod metrics;
 mod model;
 mod render;
 mod resource;
 mod senders;
 mod source;
 mod state;
+mod tls;
 mod xds;
 
 use clap::Parser;
@@ -82,6 +84,12 @@ struct Args {
     /// check on HOST.
     #[arg(long, value_name = "HOST[:PORT]=ADDRESS:PORT")]
     resolve: Vec<Resolve>,
+    #[command(flatten)]
+    tls: tls::TlsArgs,
+    /// Forget an Envoy (its record in /state and its metrics) once it has had no stream for
+    /// this long.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
+    forget_after: u64,
 }
 
 fn main() -> ExitCode {
@@ -152,12 +160,28 @@ async fn serve(args: Args, source: Box<dyn Source>, map: MapOptions) -> Result<(
         ledger: ledger.clone(),
         cluster_grace: std::time::Duration::from_secs(args.cluster_grace),
     });
-    let grpc = tonic::transport::Server::builder()
-        .add_service(ads)
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(xds),
-            stopped(),
-        );
+    let tls = args.tls.acceptor()?;
+    tokio::spawn(state::forget_gone(
+        ledger.clone(),
+        std::time::Duration::from_secs(args.forget_after),
+    ));
+    let router = tonic::transport::Server::builder().add_service(ads);
+    let grpc = async move {
+        match tls {
+            Some(tls) => {
+                let incoming = tls::incoming(xds, tls);
+                router
+                    .serve_with_incoming_shutdown(incoming, stopped())
+                    .await
+            }
+            None => {
+                let incoming = tokio_stream::wrappers::TcpListenerStream::new(xds);
+                router
+                    .serve_with_incoming_shutdown(incoming, stopped())
+                    .await
+            }
+        }
+    };
     tokio::select! {
         result = grpc => result.map_err(|e| format!("xDS server: {e}")),
         result = http::serve(http, ledger) => result,

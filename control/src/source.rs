@@ -165,6 +165,7 @@ impl DirSource {
             files.insert(name, (bytes, objects));
         }
         self.files = files;
+        crate::metrics::source_polled(problems.len(), changed);
         changed.then(|| Listing {
             objects: self
                 .files

@@ -43,6 +43,9 @@ pub struct EnvoyRecord {
     pub clusters: KindRecord,
     /// Responses sent to it since the server started.
     pub responses: u64,
+    /// Since when it has had no stream (for `--forget-after`).
+    #[serde(skip)]
+    pub gone_since: Option<std::time::Instant>,
 }
 
 impl EnvoyRecord {
@@ -150,17 +153,44 @@ impl Ledger {
     }
 
     pub fn connected(&self, node: &str) {
-        self.lock()
-            .envoys
-            .entry(node.to_owned())
-            .or_default()
-            .streams += 1;
+        let mut inner = self.lock();
+        let envoy = inner.envoys.entry(node.to_owned()).or_default();
+        envoy.streams += 1;
+        envoy.gone_since = None;
     }
 
     pub fn disconnected(&self, node: &str) {
         if let Some(envoy) = self.lock().envoys.get_mut(node) {
             envoy.streams = envoy.streams.saturating_sub(1);
+            if envoy.streams == 0 {
+                envoy.gone_since = Some(std::time::Instant::now());
+            }
         }
+    }
+
+    /// Drop the records of Envoys without a stream for longer than `after`; their names.
+    pub fn forget(&self, after: std::time::Duration) -> Vec<String> {
+        let mut inner = self.lock();
+        let gone: Vec<String> = inner
+            .envoys
+            .iter()
+            .filter(|(_, e)| e.gone_since.is_some_and(|at| at.elapsed() > after))
+            .map(|(node, _)| node.clone())
+            .collect();
+        for node in &gone {
+            inner.envoys.remove(node);
+        }
+        prune(&mut inner);
+        gone
+    }
+
+    /// What is served and every Envoy's record, read under the lock (for the metrics).
+    pub fn view<R>(
+        &self,
+        f: impl FnOnce(Option<&Served>, &BTreeMap<String, EnvoyRecord>) -> R,
+    ) -> R {
+        let inner = self.lock();
+        f(inner.served.as_deref(), &inner.envoys)
     }
 
     pub fn sent(&self, node: &str, kind: Kind, version: &str) {
@@ -219,6 +249,22 @@ impl Ledger {
             "warnings": served.warnings,
             "envoys": inner.envoys,
         })
+    }
+}
+
+/// Every minute, forget the Envoys gone for longer than `after` (`--forget-after`): a node
+/// id seen once does not stay in the ledger, `/state` and the metrics for ever.
+pub async fn forget_gone(ledger: Ledger, after: std::time::Duration) {
+    let every = after.min(std::time::Duration::from_secs(60));
+    loop {
+        tokio::time::sleep(every).await;
+        for node in ledger.forget(after) {
+            log::info!(
+                "{node}: forgotten, gone for more than {} s",
+                after.as_secs()
+            );
+            crate::metrics::forget(&node);
+        }
     }
 }
 

@@ -53,6 +53,7 @@ impl AggregatedDiscoveryService for Ads {
         let stream = AdsStream {
             state: StreamState {
                 cluster_grace: self.cluster_grace,
+                peer: request.extensions().get::<crate::tls::Peer>().cloned(),
                 ..StreamState::default()
             },
             ledger: self.ledger.clone(),
@@ -79,6 +80,8 @@ struct InFlight {
     nonce: String,
     /// The clusters it holds (CDS) or calls (the filter).
     clusters: BTreeSet<String>,
+    /// When it was sent (for the push-to-ACK latency).
+    sent: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -105,6 +108,8 @@ pub struct StreamState {
     cluster_grace: Duration,
     /// Every cluster sent on this stream, for keeping one the current filter still calls.
     sent_clusters: BTreeMap<String, Any>,
+    /// Who connected, with mutual TLS (crate::tls).
+    peer: Option<crate::tls::Peer>,
 }
 
 struct AdsStream {
@@ -172,12 +177,12 @@ impl StreamState {
     /// A request: a subscription (no nonce), an ACK or a NACK of what was sent.
     pub fn on_request(&mut self, request: &DiscoveryRequest, ledger: &Ledger) {
         if self.node.is_none() {
-            let id = request
+            let claimed = request
                 .node
                 .as_ref()
-                .map(|n| n.id.clone())
+                .map(|n| n.id.as_str())
                 .filter(|id| !id.is_empty());
-            let id = id.unwrap_or_else(|| "(no node id)".to_owned());
+            let id = crate::tls::node_name(self.peer.as_ref(), claimed);
             log::info!("{id} connected");
             ledger.connected(&id);
             self.node = Some(id);
@@ -216,6 +221,8 @@ impl StreamState {
         else {
             return; // an answer to an older response: superseded
         };
+        let refused = request.error_detail.is_some();
+        crate::metrics::answered(&node, kind, in_flight.sent.elapsed(), refused);
         match &request.error_detail {
             Some(error) => ledger.nacked(&node, kind, &in_flight.version, &error.message),
             None => {
@@ -299,6 +306,7 @@ impl StreamState {
         let nonce = self.nonce.to_string();
         let node = self.node_id().to_owned();
         ledger.sent(&node, kind, version);
+        crate::metrics::pushed(kind);
         let stream = self.kind(kind);
         stream.last = Some(version.to_owned());
         if kind == Kind::Clusters {
@@ -308,6 +316,7 @@ impl StreamState {
             version: version.to_owned(),
             nonce: nonce.clone(),
             clusters,
+            sent: Instant::now(),
         });
         DiscoveryResponse {
             version_info: version.to_owned(),

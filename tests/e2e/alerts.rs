@@ -15,19 +15,30 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use harness::prometheus::{Prometheus, Setup};
+use harness::control::{xds_envoy, Control};
+use harness::prometheus::{Job, Prometheus, Setup};
 use harness::reload::{ReloadEnvoy, Update};
-use harness::{read_shipped, read_shipped_yaml, send, Behavior, Client, Subscriber};
+use harness::{
+    free_ports, read_shipped, read_shipped_yaml, send, Behavior, Client, Subscriber, TempDir,
+};
 use serde_json::{json, Value};
 
 const RULES: &str = "deploy/prometheus/fanout-rules.yaml";
 const DASHBOARD: &str = "deploy/grafana/fanout-dashboard.json";
 const JOB: &str = "fanout";
 const FIRE_TIMEOUT: Duration = Duration::from_secs(60);
+const CONTROL_RULES: &str = "deploy/prometheus/fanout-control-rules.yaml";
+const CONTROL_DASHBOARD: &str = "deploy/grafana/fanout-control-dashboard.json";
+const CONTROL_JOB: &str = "fanout-control";
 
 /// The shipped rules with every alert's `for` at 0.
 fn rules_without_for() -> Value {
-    let mut rules = read_shipped_yaml(RULES);
+    shipped_rules_without_for(RULES)
+}
+
+/// A shipped rules file with every alert's `for` at 0.
+fn shipped_rules_without_for(rel: &str) -> Value {
+    let mut rules = read_shipped_yaml(rel);
     for group in rules["groups"].as_array_mut().expect("groups") {
         for rule in group["rules"].as_array_mut().expect("rules") {
             if rule.get("for").is_some() {
@@ -112,7 +123,12 @@ fn wait_firing(prometheus: &Prometheus, name: &str, labels: &[(&str, &str)]) -> 
 
 /// Every panel query of the shipped dashboard, its variables set for this Prometheus.
 fn dashboard_queries() -> Vec<(String, String)> {
-    let dashboard: Value = serde_json::from_str(&read_shipped(DASHBOARD)).expect("JSON");
+    shipped_dashboard_queries(DASHBOARD, JOB)
+}
+
+/// Every panel query of a shipped dashboard, its variables set for `job` here.
+fn shipped_dashboard_queries(rel: &str, job: &str) -> Vec<(String, String)> {
+    let dashboard: Value = serde_json::from_str(&read_shipped(rel)).expect("JSON");
     let mut queries = Vec::new();
     for panel in dashboard["panels"].as_array().expect("panels") {
         if panel["type"] == "row" {
@@ -124,7 +140,7 @@ fn dashboard_queries() -> Vec<(String, String)> {
             let expr = target["expr"].as_str().expect("expr");
             let expr = expr
                 .replace("$__rate_interval", "1m")
-                .replace("$job", JOB)
+                .replace("$job", job)
                 .replace("$instance", ".*");
             queries.push((panel["title"].as_str().unwrap_or("").to_owned(), expr));
         }
@@ -228,4 +244,149 @@ fn a_failing_subscriber_fires_the_shipped_alerts_and_every_panel_has_data() {
         assert!(!prometheus.series(selector).is_empty(), "{selector}");
     }
     assert!(sender.sent.load(Ordering::Relaxed) > 0);
+}
+
+/// An InMemoryChannel `default/<name>` (host `<name>.example`) with one subscriber entry
+/// (its URI, and more fields as YAML flow text).
+fn knative_channel(name: &str, uri: &str, more: &str) -> String {
+    format!(
+        "apiVersion: messaging.knative.dev/v1\nkind: InMemoryChannel\nmetadata: {{name: {name}, namespace: default}}\n\
+         spec:\n  subscribers:\n    - {{subscriberUri: '{uri}'{more}}}\nstatus:\n  address: {{url: 'http://{name}.example'}}\n"
+    )
+}
+
+/// The control plane's metrics on a real Prometheus, beside the Envoy it configures (on the
+/// shipped `envoy/xds/envoy.yaml`, whose tag rules label fanout's series): a version the
+/// Envoy refuses fires FanoutControlNack naming the Envoy, a channel that never mapped fires
+/// FanoutControlChannelsNotServed, and every panel of the control plane's dashboard finds
+/// series.
+#[test]
+fn the_control_plane_is_scraped_and_a_nack_fires_its_alert() {
+    let dir = TempDir::new("fanout-control-src", "the source directory");
+    let billing = Subscriber::ok("billing");
+    let write = |name: &str, text: &str| {
+        let tmp = dir.path().join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, dir.path().join(name)).unwrap();
+    };
+    let billing_uri = format!("http://127.0.0.1:{}/", billing.port());
+    write("orders.yaml", &knative_channel("orders", &billing_uri, ""));
+    let control = Control::start(dir.path(), free_ports(1)[0]);
+    let envoy = xds_envoy("e1", control.xds_port).start();
+    let prometheus = Prometheus::start_with_jobs(
+        &Setup {
+            job: JOB,
+            targets: vec![envoy.admin_addr()],
+            rules: vec![
+                rules_without_for(),
+                shipped_rules_without_for(CONTROL_RULES),
+            ],
+            interval: Duration::from_millis(500),
+        },
+        &[Job {
+            name: CONTROL_JOB,
+            targets: vec![format!("127.0.0.1:{}", control.http_port).parse().unwrap()],
+            path: "/metrics",
+        }],
+    );
+    let client = Client::http1_resolving("orders.example", envoy.addr());
+    let url = format!("http://orders.example:{}/", envoy.port());
+    let event = client
+        .post(&url)
+        .header("ce-specversion", "1.0")
+        .header("ce-type", "com.example.order")
+        .header("ce-source", "/e2e/alerts")
+        .header("ce-id", "control-1")
+        .header("content-type", "application/json")
+        .body("{}");
+    assert_eq!(send(event).status, 202);
+
+    // The ACKs are scraped, and no alert fires for a healthy control plane.
+    let deadline = Instant::now() + FIRE_TIMEOUT;
+    while prometheus
+        .query(r#"fanout_control_acks_total{node="e1",kind="filter"}"#)
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "{:#?}", prometheus.targets());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // (An alert may fire for the instant before the first ACK: it must go.)
+    while prometheus
+        .alerts()
+        .iter()
+        .any(|a| a["labels"]["job"] == CONTROL_JOB)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "alerts on a healthy control plane: {:#?}",
+            prometheus.alerts()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The Envoy's series carry the subscriber's cluster as a label (the bootstrap's tags).
+    let calls = prometheus.query("fanout_subscriber_calls");
+    assert!(
+        calls
+            .iter()
+            .any(|s| s["metric"]["fanout_cluster"].is_string()),
+        "{calls:#?}"
+    );
+
+    // An https subscriber whose CA certificates are not PEM: it maps, and the Envoy refuses
+    // the cluster.
+    write(
+        "tls.yaml",
+        &knative_channel(
+            "tls",
+            "https://127.0.0.1:1/",
+            ", subscriberCACerts: 'not a certificate'",
+        ),
+    );
+    let alert = wait_firing(
+        &prometheus,
+        "FanoutControlNack",
+        &[("node", "e1"), ("job", CONTROL_JOB)],
+    );
+    assert_eq!(alert["labels"]["severity"], "critical", "{alert:#}");
+    // A channel that never mapped.
+    write(
+        "bad.yaml",
+        &knative_channel("bad", "ftp://127.0.0.1:1/", ""),
+    );
+    wait_firing(
+        &prometheus,
+        "FanoutControlChannelsNotServed",
+        &[("job", CONTROL_JOB)],
+    );
+
+    // Every fanout_control_* name the docs, the rules and the dashboard use is one the
+    // server serves (its family: a counter's _total, a histogram's _bucket, _count, _sum).
+    let (code, exposition) = control.get("/metrics").expect("GET /metrics");
+    assert_eq!(code, 200);
+    for rel in ["docs/metrics.md", CONTROL_RULES, CONTROL_DASHBOARD] {
+        let text = read_shipped(rel);
+        let names = text
+            .split(|c: char| {
+                !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == ':')
+            })
+            .filter(|w| w.starts_with("fanout_control_") && !w.contains(':') && !w.ends_with('_'));
+        // Status writes come from a source that writes status (not the directory's).
+        for name in names.filter(|n| *n != "fanout_control_status_writes_total") {
+            let family = ["_total", "_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .unwrap_or(name);
+            assert!(
+                exposition.contains(&format!("# TYPE {family} ")),
+                "{rel}: {name} is not served by fanout-control:\n{exposition}"
+            );
+        }
+    }
+    for (title, expr) in shipped_dashboard_queries(CONTROL_DASHBOARD, CONTROL_JOB) {
+        let result = prometheus.query(&expr);
+        assert!(
+            !result.is_empty(),
+            "control dashboard panel {title:?}: no series for {expr}"
+        );
+    }
 }

@@ -412,7 +412,7 @@ fn every_shipped_bootstrap_that_loads_fanout_has_the_stats_tags() {
         "{expected}"
     );
     let mut files = vec!["examples/docker-compose/envoy.yaml".to_owned()];
-    for dir in ["envoy", "envoy/configmap", "envoy/authz"] {
+    for dir in ["envoy", "envoy/configmap", "envoy/authz", "envoy/xds"] {
         for entry in std::fs::read_dir(manifest_dir().join(dir)).unwrap() {
             let name = entry.unwrap().file_name().to_string_lossy().into_owned();
             if name.ends_with(".yaml") {
@@ -448,6 +448,8 @@ fn every_shipped_bootstrap_that_loads_fanout_has_the_stats_tags() {
         "envoy/configmap/envoy-senders.yaml",
         "envoy/authz/envoy-jwt.yaml",
         "examples/docker-compose/envoy.yaml",
+        "envoy/xds/envoy.yaml",
+        "envoy/xds/envoy-cluster.yaml",
     ] {
         assert!(
             checked.iter().any(|c| c == must),

@@ -2,7 +2,9 @@
 //! a real registry on loopback (Debian's `docker-registry`, the CNCF distribution registry),
 //! pulled back over the registry's HTTP API, `plugin.wasm` taken out by Istio's rules
 //! (pkg/wasm/imagefetcher.go: the last layer, its media type, the file's basename), and run
-//! in the real Envoy.
+//! in the real Envoy. fanout-control's image (`make image-control`, `make push-control`) goes
+//! the same way: pulled back and read layer by layer, then pulled by Docker and run as
+//! Kubernetes runs it, configuring a real Envoy (SKIPPED where no Docker engine answers).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::harness;
@@ -284,4 +286,235 @@ fn make_push_to_a_registry_then_the_module_istio_extracts_fans_out_in_envoy() {
     let got = billing.only_request();
     assert_eq!(got.path, "/events");
     assert_eq!(got.body, br#"{"order":"A-1001"}"#);
+}
+
+/// The entries of an image layer (tar.gz): path -> (mode, bytes).
+fn layer_files(layer: &[u8]) -> std::collections::BTreeMap<String, (u32, Vec<u8>)> {
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(layer));
+    let mut files = std::collections::BTreeMap::new();
+    for entry in archive.entries().expect("the layer is a tar.gz") {
+        let mut entry = entry.expect("a tar entry");
+        let path = entry.path().unwrap().display().to_string();
+        let mode = entry.header().mode().unwrap();
+        let mut bytes = Vec::new();
+        entry.read_to_end(&mut bytes).unwrap();
+        files.insert(path, (mode, bytes));
+    }
+    files
+}
+
+/// `make image-control` then `make push-control` to `registry`: the image's reference.
+fn push_control_image(registry: &Registry, work: &Path) -> (String, String) {
+    let layout = work.join("fanout-control");
+    let layout_arg = format!("CONTROL_IMAGE_LAYOUT={}", layout.display());
+    let image = format!(
+        "127.0.0.1:{}/fanout/fanout-control:0.1.0-test",
+        registry.port
+    );
+    make(&["image-control", &layout_arg, "CONTROL_IMAGE_TAG=0.1.0-test"]);
+    make(&[
+        "push-control",
+        &layout_arg,
+        "CONTROL_IMAGE_TAG=0.1.0-test",
+        &format!("IMAGE={image}"),
+        "TLS_VERIFY=false",
+    ]);
+    (image, layout_digest(&layout))
+}
+
+/// fanout-control's image (`make image-control`, `make push-control`), pulled back over the
+/// registry's API: the manifest make wrote, one layer holding the static binary (the one
+/// `make control-static` built, with no program interpreter) and the user it runs as, a
+/// config that runs it as that user, not root.
+#[test]
+fn make_push_control_then_the_pulled_image_holds_the_static_binary_run_as_non_root() {
+    let registry = Registry::start();
+    let work = TempDir::new("fanout-control-image", "the image layout");
+    let (_, digest) = push_control_image(&registry, work.path());
+    let (status, content_type, served, body) = registry.get(
+        "/v2/fanout/fanout-control/manifests/0.1.0-test",
+        &format!("{OCI_MANIFEST}, application/vnd.docker.distribution.manifest.v2+json"),
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(content_type, OCI_MANIFEST);
+    assert_eq!(served, digest);
+    let manifest: Value = serde_json::from_slice(&body).unwrap();
+    let blob = |digest: &str| {
+        let (status, _, _, bytes) = registry.get(
+            &format!("/v2/fanout/fanout-control/blobs/{digest}"),
+            "application/octet-stream",
+        );
+        assert_eq!(status, 200, "{digest}");
+        assert_eq!(format!("sha256:{}", sha256_hex(&bytes)), digest);
+        bytes
+    };
+    let config: Value =
+        serde_json::from_slice(&blob(manifest["config"]["digest"].as_str().unwrap())).unwrap();
+    assert_eq!(config["os"], "linux");
+    assert_eq!(config["architecture"], "amd64");
+    assert_eq!(config["config"]["User"], "65532:65532", "{config:#}");
+    assert_eq!(
+        config["config"]["Entrypoint"],
+        json!(["/usr/local/bin/fanout-control"])
+    );
+    let layers = manifest["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 1, "no base image: {manifest:#}");
+    let files = layer_files(&blob(layers[0]["digest"].as_str().unwrap()));
+    let names: Vec<&String> = files.keys().collect();
+    assert_eq!(
+        names,
+        [
+            "etc/",
+            "etc/group",
+            "etc/passwd",
+            "usr/",
+            "usr/local/",
+            "usr/local/bin/",
+            "usr/local/bin/fanout-control"
+        ],
+        "nothing but the binary and its user"
+    );
+    let (mode, binary) = &files["usr/local/bin/fanout-control"];
+    assert_eq!(mode & 0o777, 0o755);
+    let built = std::fs::read(
+        manifest_dir().join("target/static/x86_64-unknown-linux-gnu/release/fanout-control"),
+    )
+    .unwrap();
+    assert_eq!(sha256_hex(binary), sha256_hex(&built));
+    assert!(
+        !binary.windows(16).any(|w| w == b"/lib64/ld-linux-"),
+        "the binary names a loader: not static"
+    );
+    let passwd = String::from_utf8_lossy(&files["etc/passwd"].1).into_owned();
+    assert!(passwd.contains("fanout:x:65532:65532:"), "{passwd}");
+}
+
+/// Whether a Docker engine answers here (`docker info`).
+fn docker_answers() -> bool {
+    Command::new("docker")
+        .arg("info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn docker(args: &[&str]) -> String {
+    let out = Command::new("docker").args(args).output().expect("docker");
+    assert!(
+        out.status.success(),
+        "docker {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A container removed when dropped.
+struct Container(String);
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["rm", "-f", &self.0])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// fanout-control's image pulled by Docker from the registry and run as Kubernetes runs it
+/// (its own user, a read-only root file system, every capability dropped): it reads its
+/// source, answers /ready and /metrics, and a real Envoy it configures delivers an event.
+/// Where no Docker engine answers it says SKIPPED (and `make test` shows it).
+#[test]
+fn the_control_image_runs_under_docker_and_configures_an_envoy() {
+    if !docker_answers() {
+        eprintln!("SKIPPED: no Docker engine answers here (docker info failed)");
+        return;
+    }
+    let registry = Registry::start();
+    let work = TempDir::new("fanout-control-image", "the image layout and the source");
+    let (image, _) = push_control_image(&registry, work.path());
+    docker(&["pull", "--quiet", &image]);
+    let source = work.path().join("source");
+    std::fs::create_dir(&source).unwrap();
+    let billing = Subscriber::ok("billing");
+    std::fs::write(
+        source.join("orders.yaml"),
+        format!(
+            "apiVersion: messaging.knative.dev/v1\nkind: InMemoryChannel\n\
+             metadata: {{name: orders, namespace: default}}\n\
+             spec:\n  subscribers:\n    - {{subscriberUri: 'http://127.0.0.1:{}/events'}}\n\
+             status:\n  address: {{url: 'http://orders.example'}}\n",
+            billing.port()
+        ),
+    )
+    .unwrap();
+    // The container's user reads them, as a mounted ConfigMap would let it.
+    for path in [work.path(), &source, &source.join("orders.yaml")] {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = if path.is_dir() { 0o755 } else { 0o644 };
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let ports = free_ports(2);
+    let (xds, http) = (ports[0], ports[1]);
+    let id = docker(&[
+        "run",
+        "--detach",
+        "--network",
+        "host",
+        "--read-only",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--volume",
+        &format!("{}:/etc/fanout-source:ro", source.display()),
+        &image,
+        "--source",
+        "dir:/etc/fanout-source",
+        "--xds-address",
+        &format!("127.0.0.1:{xds}"),
+        "--http-address",
+        &format!("127.0.0.1:{http}"),
+        "--wasm",
+        &wasm_path().display().to_string(),
+    ]);
+    let container = Container(id);
+    assert_eq!(
+        docker(&["inspect", "--format", "{{.Config.User}}", &container.0]),
+        "65532:65532"
+    );
+    let get = |path: &str| {
+        reqwest::blocking::Client::new()
+            .get(format!("http://127.0.0.1:{http}{path}"))
+            .send()
+            .ok()
+            .map(|r| (r.status().as_u16(), r.text().unwrap_or_default()))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get("/ready").map(|(code, _)| code) != Some(200) {
+        assert!(
+            Instant::now() < deadline,
+            "not ready; its log: {}",
+            docker(&["logs", &container.0])
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let envoy = crate::harness::control::xds_envoy("docker", xds).start();
+    let client = Client::http1_resolving("orders.example", envoy.addr());
+    let reply = send(
+        client
+            .post(&format!("http://orders.example:{}/", envoy.port()))
+            .header("content-type", "application/json")
+            .body(r#"{"order":"A-1"}"#),
+    );
+    assert_202_empty(&reply);
+    assert_eq!(billing.only_request().path, "/events");
+    let (code, metrics) = get("/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains(r#"fanout_control_acks_total{node="docker",kind="filter"}"#),
+        "{metrics}"
+    );
 }

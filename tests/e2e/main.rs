@@ -26,6 +26,7 @@ mod alerts;
 mod reload;
 // The control plane (fanout-control) and Envoys on envoy/xds/envoy.yaml.
 mod control;
+mod control_tls;
 mod replicas_redelivery;
 mod replicas_store;
 mod rollout;
@@ -47,6 +48,7 @@ mod authz;
 // The shipped configurations, deploy/ (Kubernetes, Istio), the image, the demo and the docs;
 // the harness's own checks.
 mod deploy;
+mod deploy_control;
 mod docs;
 mod harness_selftest;
 mod image;

@@ -667,6 +667,8 @@ fn every_shipped_connection_manager_leaves_x_request_id_to_the_sender() {
         "envoy/authz/envoy-jwt.yaml".to_owned(),
         "envoy/authz/envoy-mtls.yaml".to_owned(),
         "envoy/xds/envoy.yaml".to_owned(),
+        "envoy/xds/envoy-cluster.yaml".to_owned(),
+        "examples/docker-compose/envoy-xds.yaml".to_owned(),
     ];
     for entry in fs::read_dir(manifest_dir().join("envoy")).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();
@@ -717,4 +719,203 @@ fn every_shipped_connection_manager_leaves_x_request_id_to_the_sender() {
         }
     }
     assert!(checked >= 9, "only {checked} connection managers found");
+}
+
+/// Every YAML file under `dir` (recursively), relative to the repository.
+fn shipped_yaml_files(dir: &str, out: &mut Vec<String>) {
+    let mut entries: Vec<_> = fs::read_dir(manifest_dir().join(dir))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        let rel = path
+            .strip_prefix(manifest_dir())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if path.is_dir() {
+            shipped_yaml_files(&rel, out);
+        } else if matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml")
+        ) {
+            out.push(rel);
+        }
+    }
+}
+
+/// The Envoy bootstraps in a YAML document: itself, or those a ConfigMap carries (a
+/// bootstrap, or a bootstrap override such as Istio's custom_bootstrap.json).
+fn bootstraps_in(doc: Value, rel: &str) -> Vec<(String, Value)> {
+    if doc["kind"] == "ConfigMap" {
+        let data = doc["data"].as_object().cloned().unwrap_or_default();
+        return data
+            .iter()
+            .filter(|(key, _)| key.ends_with(".yaml") || key.ends_with(".json"))
+            .filter_map(|(key, text)| {
+                let inner = yaml_to_json(text.as_str()?, &format!("{rel}: {key}"));
+                let is_bootstrap = ["static_resources", "dynamic_resources", "stats_config"]
+                    .iter()
+                    .any(|k| inner.get(k).is_some());
+                is_bootstrap.then(|| (format!("{rel}: {key}"), inner))
+            })
+            .collect();
+    }
+    let is_bootstrap = doc.get("kind").is_none()
+        && (doc.get("static_resources").is_some() || doc.get("dynamic_resources").is_some());
+    if is_bootstrap {
+        vec![(rel.to_owned(), doc)]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Whether a bootstrap runs fanout: a Wasm filter loading fanout.wasm, or a filter `fanout`
+/// whose configuration comes over ECDS; an Istio override is merged into a sidecar that does.
+fn loads_fanout(bootstrap: &Value) -> bool {
+    fn discovers_fanout(v: &Value) -> bool {
+        match v {
+            Value::Object(fields) => {
+                (fields.get("name") == Some(&json!("fanout"))
+                    && fields.contains_key("config_discovery"))
+                    || fields.values().any(discovers_fanout)
+            }
+            Value::Array(items) => items.iter().any(discovers_fanout),
+            _ => false,
+        }
+    }
+    bootstrap.to_string().contains("fanout.wasm")
+        || discovers_fanout(bootstrap)
+        || bootstrap.get("static_resources").is_none() && bootstrap.get("stats_config").is_some()
+}
+
+/// docs/metrics.md says every shipped bootstrap that loads fanout has its tag rules (without
+/// them every subscriber's series is named after its cluster, and the shipped alerts and
+/// dashboard go silent). Every bootstrap under `envoy/`, `examples/` and `deploy/` (the
+/// control plane's included, and those inside ConfigMaps) is held to the block the doc shows.
+#[test]
+fn every_shipped_bootstrap_that_runs_fanout_has_the_documented_tag_rules() {
+    let doc = read_shipped("docs/metrics.md");
+    let block = doc
+        .split_once("add them to a bootstrap of your own:")
+        .and_then(|(_, rest)| rest.split_once("```yaml\n"))
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .map(|(block, _)| block)
+        .expect("docs/metrics.md shows the tag rules in a yaml block");
+    let documented =
+        yaml_to_json(block, "docs/metrics.md's tag rules")["stats_config"]["stats_tags"].clone();
+    assert_eq!(documented.as_array().map(Vec::len), Some(3), "{documented}");
+    let mut files = Vec::new();
+    for dir in ["envoy", "examples", "deploy"] {
+        shipped_yaml_files(dir, &mut files);
+    }
+    let (mut checked, mut without_fanout) = (Vec::new(), Vec::new());
+    for rel in &files {
+        let text = read_shipped(rel);
+        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+            let Ok(doc) = serde_yaml_ng::Value::deserialize(doc) else {
+                continue;
+            };
+            let doc = serde_json::to_value(doc).unwrap();
+            for (name, bootstrap) in bootstraps_in(doc, rel) {
+                if !loads_fanout(&bootstrap) {
+                    without_fanout.push(name);
+                    continue;
+                }
+                let tags = bootstrap["stats_config"]["stats_tags"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                for rule in documented.as_array().unwrap() {
+                    assert!(
+                        tags.contains(rule),
+                        "{name}: no tag rule {rule} (docs/metrics.md); it has {tags:?}"
+                    );
+                }
+                checked.push(name);
+            }
+        }
+    }
+    for expected in [
+        "envoy/envoy.yaml",
+        "envoy/xds/envoy.yaml",
+        "envoy/xds/envoy-cluster.yaml",
+        "envoy/configmap/envoy.yaml",
+        "examples/docker-compose/envoy.yaml",
+        "deploy/kubernetes/fanout-envoy.yaml: envoy.yaml",
+        "deploy/istio/bootstrap.yaml: custom_bootstrap.json",
+    ] {
+        assert!(
+            checked.iter().any(|c| c == expected),
+            "{expected} not checked: {checked:?}"
+        );
+    }
+    assert_eq!(
+        without_fanout,
+        vec![FRONT.to_owned()],
+        "bootstraps without fanout"
+    );
+}
+
+/// The control-plane compose demo's Envoy config is what `gen-envoy-xds-config.sh` makes of
+/// `envoy/xds/envoy.yaml`, Envoy accepts it, and the compose file names the services and
+/// ports it uses.
+#[test]
+fn compose_control_config_is_generated_from_the_xds_bootstrap_and_agrees_with_its_compose_file() {
+    let script = manifest_dir().join("examples/docker-compose/gen-envoy-xds-config.sh");
+    let output = Command::new("sh")
+        .arg(&script)
+        .arg("--stdout")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let generated = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(
+        generated,
+        read_shipped("examples/docker-compose/envoy-xds.yaml"),
+        "examples/docker-compose/envoy-xds.yaml has drifted: run gen-envoy-xds-config.sh"
+    );
+    validate_config(&generated, "examples/docker-compose/envoy-xds.yaml");
+    let envoy = yaml_to_json(&generated, "envoy-xds.yaml");
+    let compose = read_shipped_yaml("examples/docker-compose/docker-compose.control.yml");
+    let services = compose["services"].as_object().unwrap();
+    let xds = &envoy["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]
+        ["lb_endpoints"][0]["endpoint"]["address"]["socket_address"];
+    let control = &services[xds["address"].as_str().unwrap()];
+    let args: Vec<&str> = control["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let after = |flag: &str| args[args.iter().position(|a| *a == flag).unwrap() + 1];
+    assert_eq!(
+        after("--xds-address"),
+        format!("0.0.0.0:{}", xds["port_value"])
+    );
+    assert_eq!(control["image"], "fanout-control:local");
+    // The wasm path the server names is where Envoy's container mounts the module.
+    let wasm_volume = services["envoy"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|v| v.as_str()?.strip_prefix("fanout-wasm:"))
+        .unwrap();
+    assert_eq!(
+        after("--wasm"),
+        format!("{}/fanout.wasm", wasm_volume.trim_end_matches(":ro"))
+    );
+    // The channel's subscribers are the compose services, on the subscriber image's port.
+    let channel = read_shipped_yaml("examples/docker-compose/channels/orders.yaml");
+    for subscriber in channel["spec"]["subscribers"].as_array().unwrap() {
+        let uri = subscriber["subscriberUri"].as_str().unwrap();
+        let host = uri.trim_start_matches("http://").split(':').next().unwrap();
+        assert!(services.contains_key(host), "{uri}: no service {host}");
+        assert!(uri.contains(":8080/"), "{uri}");
+    }
 }

@@ -100,7 +100,8 @@ impl Control {
             .join("\n")
     }
 
-    fn get(&self, path: &str) -> Option<(u16, String)> {
+    /// `GET path` on the state address: (status, body).
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
         let url = format!("http://127.0.0.1:{}{path}", self.http_port);
         let response = reqwest::blocking::Client::builder()
             .no_proxy()

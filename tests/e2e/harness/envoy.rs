@@ -756,7 +756,7 @@ impl Drop for Envoy {
 }
 
 /// A minimal HTTP/1.1 GET, one per connection (for the admin interface): (status, body). None if it fails.
-fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(

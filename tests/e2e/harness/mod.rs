@@ -55,7 +55,8 @@ pub use client::{
     assert_202, assert_202_empty, assert_rejected, assert_status, chunked_body, send, Client, Reply,
 };
 pub use envoy::{
-    body_wait, envoy_bin, validate_config, wasm_path, BodyWait, Envoy, EnvoyBuilder, TRIPWIRE_BODY,
+    body_wait, envoy_bin, http_get, validate_config, wasm_path, BodyWait, Envoy, EnvoyBuilder,
+    TRIPWIRE_BODY,
 };
 pub use server::set_linger_zero;
 pub use subscriber::{Behavior, Recorded, Subscriber};

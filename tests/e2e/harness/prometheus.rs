@@ -49,6 +49,14 @@ pub struct Setup<'a> {
     pub interval: Duration,
 }
 
+/// One more scrape job, beside [`Setup`]'s.
+pub struct Job<'a> {
+    pub name: &'a str,
+    pub targets: Vec<SocketAddr>,
+    /// The path of the metrics page (Envoy's is `/stats/prometheus`).
+    pub path: &'a str,
+}
+
 pub struct Prometheus {
     child: Option<Child>,
     port: u16,
@@ -58,6 +66,11 @@ pub struct Prometheus {
 impl Prometheus {
     /// Started and ready (`/-/ready`); its first scrape may not have happened yet.
     pub fn start(setup: &Setup) -> Prometheus {
+        Prometheus::start_with_jobs(setup, &[])
+    }
+
+    /// [`Prometheus::start`], scraping `more` too (e.g. fanout-control's `/metrics`).
+    pub fn start_with_jobs(setup: &Setup, more: &[Job]) -> Prometheus {
         let dir = TempDir::new("fanout-prometheus", "Prometheus' config, data and log");
         let interval = format!("{}ms", setup.interval.as_millis());
         let mut rule_files = Vec::new();
@@ -67,15 +80,25 @@ impl Prometheus {
             rule_files.push(path.to_string_lossy().into_owned());
         }
         let targets: Vec<String> = setup.targets.iter().map(ToString::to_string).collect();
+        let mut jobs = vec![json!({
+            "job_name": setup.job,
+            "metrics_path": "/stats/prometheus",
+            "scrape_timeout": interval,
+            "static_configs": [{ "targets": targets }]
+        })];
+        for job in more {
+            let targets: Vec<String> = job.targets.iter().map(ToString::to_string).collect();
+            jobs.push(json!({
+                "job_name": job.name,
+                "metrics_path": job.path,
+                "scrape_timeout": interval,
+                "static_configs": [{ "targets": targets }]
+            }));
+        }
         let config = json!({
             "global": { "scrape_interval": interval, "evaluation_interval": interval },
             "rule_files": rule_files,
-            "scrape_configs": [{
-                "job_name": setup.job,
-                "metrics_path": "/stats/prometheus",
-                "scrape_timeout": interval,
-                "static_configs": [{ "targets": targets }]
-            }]
+            "scrape_configs": jobs
         });
         let config_path = dir.path().join("prometheus.yml");
         fs::write(&config_path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
