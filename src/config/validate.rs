@@ -522,8 +522,7 @@ impl RawSubscriber {
             dead_letter,
             reply,
             filter,
-            // Set with its channel's others (an identity depends on its duplicates).
-            dedupe_id: 0,
+            dedupe_id: 0, // set with its channel's others: an identity depends on its duplicates
             backoff_jitter,
             required: self.required.unwrap_or(true),
             call_cap,
