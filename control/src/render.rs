@@ -43,6 +43,8 @@ pub struct RenderOptions {
     pub oidc: Option<Oidc>,
     /// Where a cluster's endpoint is instead of its host (`--resolve`).
     pub resolve: Vec<Resolve>,
+    /// Every cluster's `connect_timeout` (`--connect-timeout`).
+    pub connect_timeout: std::time::Duration,
 }
 
 /// `--resolve HOST[:PORT]=ADDRESS:PORT`: the cluster of HOST (on PORT only, when given)
@@ -334,8 +336,8 @@ fn cluster(spec: &ClusterSpec, options: &RenderOptions) -> Cluster {
         name: spec.name.clone(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(kind as i32)),
         connect_timeout: Some(Duration {
-            seconds: 1,
-            nanos: 0,
+            seconds: i64::try_from(options.connect_timeout.as_secs()).unwrap_or(i64::MAX),
+            nanos: i32::try_from(options.connect_timeout.subsec_nanos()).unwrap_or(0),
         }),
         load_assignment: Some(ClusterLoadAssignment {
             cluster_name: spec.name.clone(),
@@ -405,6 +407,7 @@ mod tests {
             trusted_ca: "/ca.crt".into(),
             oidc: None,
             resolve: Vec::new(),
+            connect_timeout: std::time::Duration::from_secs(1),
         }
     }
 

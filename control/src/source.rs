@@ -63,6 +63,11 @@ impl DirSource {
         }
     }
 
+    /// The objects of the files as they last parsed.
+    pub fn objects(&self) -> impl Iterator<Item = &Value> {
+        self.files.values().flat_map(|(_, objects)| objects.iter())
+    }
+
     /// Read the directory: a snapshot, or None when nothing changed.
     pub fn poll(&mut self) -> Option<Snapshot> {
         let mut problems = Vec::new();
