@@ -11,6 +11,8 @@
 //! OIDC, an EventPolicy is a problem for each channel of its namespace: serving the channel
 //! without its sender checks would let every sender send.
 
+mod destination;
+mod duration;
 mod policy;
 mod warnings;
 
@@ -218,23 +220,31 @@ fn sort_objects(documents: Vec<Value>, report: &mut Report) -> Sorted {
             (MESSAGING, "Channel" | "InMemoryChannel" | "Subscription") | (EVENTING, "EventPolicy")
         );
         if !known {
-            if obj.at(&["spec", "subscribers"]).is_some() {
+            let group = if obj.group.is_empty() {
+                "core"
+            } else {
+                &obj.group
+            };
+            let present = |field: &str| {
+                obj.at(&["spec", field])
+                    .is_some_and(|v| !v.is_null() && v != &json!([]) && v != &json!({}))
+            };
+            let field = ["subscribers", "subscriber"]
+                .into_iter()
+                .find(|f| present(f));
+            if let Some(field) = field {
                 report.other.push(Problem::new(
                     &obj.label,
-                    "kind",
+                    &format!("spec.{field}"),
                     format!(
-                        "{} ({}) is not a kind fanout serves (Channel, InMemoryChannel, \
-                         Subscription): its subscribers get no events from fanout",
-                        obj.kind, obj.group
+                        "{} ({group}) is not a kind this command imports (Channel, \
+                         InMemoryChannel, Subscription): its subscribers would get no events \
+                         from fanout",
+                        obj.kind
                     ),
                 ));
             } else {
-                let group = if obj.group.is_empty() {
-                    "core"
-                } else {
-                    &obj.group
-                };
-                let message = format!("{} ({group}) is not served; ignored", obj.kind);
+                let message = format!("{} ({group}) is not imported; ignored", obj.kind);
                 report.warn(None, Problem::new(&obj.label, "kind", message));
             }
             continue;
@@ -461,8 +471,15 @@ fn channel_subscribers(
                 continue; // the same Subscription, listed by the Channel and its backing channel
             }
             let Some(uri) = text(entry, &["subscriberUri"]) else {
-                let problem =
-                    Problem::new(&member.label, &format!("{at}.subscriberUri"), "missing");
+                let why = if text(entry, &["replyUri"]).is_some() {
+                    "the subscriber has only a replyUri: Knative's dispatcher cannot deliver to \
+                     it either, and fanout has no reply-only subscriber"
+                } else {
+                    "no URI to deliver to"
+                };
+                let name = text(entry, &["name"]).unwrap_or_else(|| "unnamed".into());
+                let message = format!("missing ({name}): {why}");
+                let problem = Problem::new(&member.label, &format!("{at}.subscriberUri"), message);
                 report.channel(&group.name, problem);
                 continue;
             };
@@ -586,12 +603,21 @@ fn attach_subscription(
     };
     warnings::subscription(report, &source, &sub.doc);
     let Some((uri, uri_field, ca)) = subscription_uri(sub, "subscriber") else {
-        let message = "not resolved to a URI: neither status.physicalSubscription.subscriberUri \
-                       nor an absolute spec.subscriber.uri";
-        report.channel(
-            &group.name,
-            Problem::new(&sub.label, "spec.subscriber", message),
-        );
+        let (field, message) = match sub.at(&["spec", "subscriber"]) {
+            None | Some(Value::Null) => (
+                "spec.subscriber".to_owned(),
+                "missing: the Knative spec requires a subscriber, and fanout has no reply-only \
+                 subscriber"
+                    .to_owned(),
+            ),
+            destination => destination::unresolved(
+                destination,
+                &sub.namespace,
+                "spec.subscriber",
+                "status.physicalSubscription.subscriberUri",
+            ),
+        };
+        report.channel(&group.name, Problem::new(&sub.label, &field, message));
         return;
     };
     let reply = subscription_uri(sub, "reply");
@@ -690,11 +716,25 @@ fn subscription_channel<'a>(
     };
     let group = groups.iter().find(|g| g.has(&kind, &ns, &name));
     if group.is_none() {
-        let message =
-            format!("{kind} {ns}/{name} is not in the source: the Subscription is not served");
-        report
-            .other
-            .push(Problem::new(&sub.label, "spec.channel", message));
+        // A channel missing beside others of its namespace would lose this subscriber; one of
+        // a namespace the source leaves out is somebody else's.
+        let beside = groups
+            .iter()
+            .any(|g| g.members.iter().any(|m| m.namespace == ns));
+        if beside && matches!(kind.as_str(), "Channel" | "InMemoryChannel") {
+            let message = format!(
+                "{kind} {ns}/{name} is not in the input, though other channels of namespace \
+                 {ns} are: its subscriber would be left out. Add the channel, or leave the \
+                 Subscription out of the input"
+            );
+            report
+                .other
+                .push(Problem::new(&sub.label, "spec.channel", message));
+        } else {
+            let message =
+                format!("{kind} {ns}/{name} is not in the input; the Subscription is not imported");
+            report.warn(None, Problem::new(&sub.label, "spec.channel", message));
+        }
     }
     group
 }
@@ -905,6 +945,10 @@ fn map_delivery(
         return (out, None);
     };
     let checked = check_delivery(fields, &mut problem);
+    for (field, message) in &checked.warnings {
+        let warning = Problem::new(source.object, &format!("{at}.{field}"), message.clone());
+        report.warn(Some(source.channel), warning);
+    }
     if let Some(format) = checked.format {
         out.insert("format".into(), format);
     }
@@ -936,9 +980,29 @@ fn map_delivery(
             out.insert("dead_letter".into(), Value::Object(t));
         }
     } else if delivery.get("deadLetterSink").is_some() {
-        let message = "not resolved to a URI: fanout takes an absolute deadLetterSink.uri";
-        let problem = Problem::new(source.object, &format!("{at}.deadLetterSink"), message);
-        report.channel(source.channel, problem);
+        // Where Knative resolves this delivery's sink: a channel's and a Subscription's
+        // statuses; a channel's subscriber entry has it resolved already.
+        let (kind, namespace) = source
+            .object
+            .split_once(' ')
+            .and_then(|(kind, rest)| rest.split_once('/').map(|(ns, _)| (kind, ns)))
+            .unwrap_or(("", "default"));
+        let status_path = match (at, kind) {
+            ("spec.delivery", "Subscription") => Some("status.physicalSubscription"),
+            ("spec.delivery", _) => Some("status"),
+            _ => None,
+        };
+        let resolved_field = status_path.map_or_else(
+            || format!("{at}.deadLetterSink.uri"),
+            |path| format!("{path}.deadLetterSinkUri"),
+        );
+        let (field, message) = destination::unresolved(
+            delivery.get("deadLetterSink"),
+            namespace,
+            &format!("{at}.deadLetterSink"),
+            &resolved_field,
+        );
+        report.channel(source.channel, Problem::new(source.object, &field, message));
     }
     (out, checked.timeout)
 }
@@ -952,9 +1016,12 @@ struct Checked {
     retry_after_max: Option<u32>,
     policy: Option<String>,
     format: Option<Value>,
+    /// (field, message): what is carried over other than as Knative has it.
+    warnings: Vec<(String, String)>,
 }
 
 fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, String)) -> Checked {
+    let mut checked = Checked::default();
     for name in fields
         .keys()
         .filter(|n| !DELIVERY_FIELDS.contains(&n.as_str()))
@@ -964,25 +1031,34 @@ fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, Str
             "not a field of Knative's DeliverySpec that fanout knows".into(),
         );
     }
-    let mut checked = Checked::default();
-    if let Some(v) = fields.get("retry") {
+    if let Some(v) = fields.get("retry").filter(|v| !v.is_null()) {
         match v.as_u64() {
             Some(n) if n <= MAX_RETRY => checked.retry = n,
-            _ => problem(
+            Some(n) => problem(
                 "retry",
-                format!("{v}: a whole number from 0 to {MAX_RETRY}"),
+                format!("{n}: fanout retries at most {MAX_RETRY} times"),
             ),
+            None => problem("retry", format!("{v}: must be a whole number, 0 or more")),
         }
     }
+    let mut warnings = Vec::new();
     let mut duration = |name: &str, zero: bool| {
-        let v = fields.get(name)?;
-        match v.as_str().map(duration_ms) {
-            Some(Some(ms)) if zero || ms > 0 => Some(ms),
-            _ => {
-                problem(
-                    name,
-                    format!("{v}: not an ISO-8601 duration fanout takes (e.g. PT0.2S, PT1M)"),
-                );
+        let v = fields.get(name).filter(|v| !v.is_null())?;
+        match duration::parse(v, zero) {
+            Ok(parsed) => {
+                if let Some(knative) = parsed.knative_ms {
+                    let message = format!(
+                        "'{}': Knative's duration parser keeps one decimal of each number, so \
+                         Knative used {knative} ms; fanout uses {} ms",
+                        v.as_str().unwrap_or_default(),
+                        parsed.ms
+                    );
+                    warnings.push((name.to_owned(), message));
+                }
+                Some(parsed.ms)
+            }
+            Err(message) => {
+                problem(name, message);
                 None
             }
         }
@@ -990,6 +1066,7 @@ fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, Str
     checked.timeout = duration("timeout", false);
     checked.delay = duration("backoffDelay", true);
     checked.retry_after_max = duration("retryAfterMax", true);
+    checked.warnings.extend(warnings);
     match fields.get("backoffPolicy") {
         Some(Value::String(p)) if p == "linear" || p == "exponential" => {
             checked.policy = Some(p.clone())
@@ -1006,7 +1083,7 @@ fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, Str
         }
         Some(f) => problem(
             "format",
-            format!("{f}: Knative's formats are json and binary"),
+            format!("{f}: Knative's formats are json (structured mode) and binary"),
         ),
         None => {}
     }
@@ -1042,45 +1119,6 @@ fn retries(
         json!(cap.filter(|c| *c >= longest).unwrap_or(longest)),
     );
     longest
-}
-
-/// An ISO-8601 duration (`PT0.2S`, `PT1M`, `PT1H30M`, `P1D`) in whole milliseconds.
-pub fn duration_ms(value: &str) -> Option<u32> {
-    let rest = value.strip_prefix('P')?;
-    let (days, time) = match rest.split_once('T') {
-        Some((d, t)) if !t.is_empty() => (d, t),
-        Some(_) => return None,
-        None => (rest, ""),
-    };
-    let mut total = 0f64;
-    let mut any = false;
-    for (part, units) in [
-        (days, &[('W', 604_800_000f64), ('D', 86_400_000f64)][..]),
-        (
-            time,
-            &[('H', 3_600_000f64), ('M', 60_000f64), ('S', 1000f64)][..],
-        ),
-    ] {
-        let mut number = String::new();
-        let mut next = 0;
-        for c in part.chars() {
-            if c.is_ascii_digit() || c == '.' || c == ',' {
-                number.push(if c == ',' { '.' } else { c });
-                continue;
-            }
-            let at = units.iter().skip(next).position(|(u, _)| *u == c)? + next;
-            let (_, ms) = units.get(at)?;
-            total += number.parse::<f64>().ok()? * ms;
-            number.clear();
-            next = at + 1;
-            any = true;
-        }
-        if !number.is_empty() {
-            return None;
-        }
-    }
-    let ms = (total + 0.5).floor();
-    (any && ms <= f64::from(u32::MAX)).then_some(ms as u32)
 }
 
 #[cfg(test)]
@@ -1340,16 +1378,6 @@ mod tests {
                 "status.physicalSubscription.subscriberUri"
             )]
         );
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(duration_ms("PT0.2S"), Some(200));
-        assert_eq!(duration_ms("PT1H30M"), Some(5_400_000));
-        assert_eq!(duration_ms("P1D"), Some(86_400_000));
-        assert_eq!(duration_ms("PT"), None);
-        assert_eq!(duration_ms("1s"), None);
-        assert_eq!(duration_ms("PT1S1M"), None);
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //! How Knative's Go values become HTTP: its handler's `202` or error is fanout's `202` or
 //! `500` (sync mode); a dispatcher's error is a `500` (no dead letter) and a dead-lettered
 //! event its `202` with `x-fanout-dead-lettered`; the delivery settings are what
-//! `envoy/knative-import.py` writes for Knative's `DeliverySpec`; backoff durations are scaled
+//! `fanout-control render` writes for Knative's `DeliverySpec`; backoff durations are scaled
 //! down and only their counts, order and lower bounds are asserted (with
 //! [`harness::timing`]'s slack; upper bounds only where the wrong value is seconds away).
 //! `docs/knative.md` "Knative's dispatcher tests, replayed" is the table of all of it; the test
@@ -31,7 +31,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use base64::Engine;
 use harness::faults::{Fault, FaultServer};
-use harness::reload::run_script;
 use harness::sdk::b64;
 use harness::timing::{assert_waited_about, assert_waited_at_least};
 use harness::{send, Behavior, Client, Envoy, EnvoyBuilder, Recorded, Subscriber, TempDir};
@@ -61,7 +60,7 @@ const NOT_REPLAYED: &[NotReplayed] = &[
     NotReplayed {
         file: HANDLER_TEST,
         case: "TestSubscriberSpecToFanoutConfig",
-        why: "a Go conversion of Knative's SubscriberSpec; fanout's is envoy/knative-import.py, \
+        why: "a Go conversion of Knative's SubscriberSpec; fanout's is the control plane's Knative mapping, \
               tested in tests/e2e/knative_import.rs",
     },
     NotReplayed {
@@ -2002,7 +2001,7 @@ fn retries_selective_retry_and_no_retries() {
     }
 }
 
-/// `envoy/knative-import.py` on one InMemoryChannel whose subscribers have these `delivery`
+/// `fanout-control render` on one InMemoryChannel whose subscribers have these `delivery`
 /// specs: the exit code, stderr and, when it succeeded, each subscriber as fanout's config has
 /// it.
 fn import_deliveries(deliveries: &[Value]) -> (i32, String, Vec<Value>) {
@@ -2022,12 +2021,8 @@ fn import_deliveries(deliveries: &[Value]) -> (i32, String, Vec<Value>) {
     }] });
     let dir = TempDir::new("fanout-knative-replay", "the import's output");
     let out = dir.path().join("out");
-    let out = out.to_string_lossy();
-    let (code, _, stderr) = run_script(
-        "envoy/knative-import.py",
-        &["-", "-o", &out],
-        &objects.to_string(),
-    );
+    let (code, _, stderr) =
+        harness::control::render_objects(dir.path(), &objects.to_string(), &out, &[]);
     if code != 0 {
         return (code, stderr, Vec::new());
     }
@@ -2221,6 +2216,7 @@ fn retries_retry_config_from_delivery_spec_through_the_import() {
     let (code, stderr, _) =
         import_deliveries(&invalid.iter().map(|c| (c.spec)()).collect::<Vec<_>>());
     assert_eq!(code, 1, "{stderr}");
+    let error_prefix = format!("{}: error: ", harness::control::RENDER_PREFIX);
     for (i, case) in invalid.iter().enumerate() {
         let Err(field) = (case.fanout)() else {
             unreachable!()
@@ -2229,7 +2225,7 @@ fn retries_retry_config_from_delivery_spec_through_the_import() {
         assert!(
             stderr
                 .lines()
-                .any(|l| l.starts_with("knative-import: error: ") && l.contains(&named)),
+                .any(|l| l.starts_with(&error_prefix) && l.contains(&named)),
             "{}: no error naming {named}: {stderr}",
             case.knative
         );
