@@ -1,13 +1,12 @@
 //! Knative objects (as `kubectl get -o yaml|json` prints them) -> fanout channels: the pure
-//! mapping, with each problem charged to the channel it concerns. The same mapping as
-//! `envoy/knative-import.py` for what both carry over: Channels and InMemoryChannels matched
-//! by the hosts of their addresses, their `spec.subscribers` and the Subscriptions of the
+//! mapping, with each problem charged to the channel it concerns, for the server and for
+//! `fanout-control render` alike: Channels and InMemoryChannels matched by the hosts of their addresses, their `spec.subscribers` and the Subscriptions of the
 //! input, deliveries (retries, backoff, timeout, dead letter, format), replies, and with
 //! OIDC (the server's `--oidc-issuer`) the EventPolicies: who may send ([`policy`]).
 //!
-//! Unlike the import, a problem does not stop the rest: it is reported for its channel (the
-//! server keeps serving that channel's last good version) and every other channel is served.
-//! What the import reports as a warning is a warning here too: the channel is served. Without
+//! A problem does not stop the rest: it is reported for its channel (the server keeps serving
+//! that channel's last good version; render writes nothing) and every other channel is mapped.
+//! A warning says what is served differently from Knative: the channel is served. Without
 //! OIDC, an EventPolicy is a problem for each channel of its namespace: serving the channel
 //! without its sender checks would let every sender send.
 

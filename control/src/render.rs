@@ -270,7 +270,7 @@ pub fn any<M: Message + Name>(message: &M) -> Any {
     }
 }
 
-/// The fanout filter as an ECDS resource: the same wasm config as envoy/render-ecds.py's.
+/// The fanout filter as an ECDS resource (`fanout-control render` writes it as `fanout.yaml`).
 fn filter_config(plugin: &str, wasm: &str) -> TypedExtensionConfig {
     let code = AsyncDataSource {
         specifier: Some(async_data_source::Specifier::Local(DataSource {
