@@ -154,7 +154,7 @@ pub fn map(options: &MapOptions, documents: Vec<Value>) -> Snapshot {
     for sub in &subscriptions {
         attach_subscription(sub, &groups, &mut specs, &seen_uids, &mut report);
     }
-    check_hosts(&specs, &mut report);
+    check_hosts(&groups, &specs, &mut report);
     check_tls(&mut report);
     match options.senders {
         Some(mode) => {
@@ -428,19 +428,21 @@ fn check_tls(report: &mut Report) {
     }
 }
 
-fn check_hosts(specs: &BTreeMap<String, ChannelSpec>, report: &mut Report) {
+fn check_hosts(groups: &[Group], specs: &BTreeMap<String, ChannelSpec>, report: &mut Report) {
+    // Named as the objects are: `InMemoryChannel namespace/name`.
+    let label = |name: &str| {
+        groups
+            .iter()
+            .find(|g| g.name == name)
+            .map_or_else(|| name.to_owned(), |g| g.primary.label.clone())
+    };
     let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
     for (name, spec) in specs {
         for host in &spec.hosts {
             if let Some(first) = owner.get(host.as_str()) {
-                report.channel(
-                    name,
-                    Problem::new(
-                        name,
-                        "status.address.url",
-                        format!("host {host} is also {first}'s"),
-                    ),
-                );
+                let message = format!("host {host} is also {}'s", label(first));
+                let problem = Problem::new(&label(name), "status.address.url", message);
+                report.channel(name, problem);
             } else {
                 owner.insert(host, name);
             }

@@ -178,7 +178,7 @@ pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOpt
             .iter()
             .any(|(host, port)| r.host == *host && r.port.is_none_or(|p| p == *port))
     }) {
-        let message = "no URI of the served channels names this host (and port)";
+        let message = "no URI in the input names this host (and port)";
         warnings.push(Problem::new("--resolve", &unused.spec, message));
     }
     Served {
