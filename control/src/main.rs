@@ -17,6 +17,7 @@ mod xds;
 
 use clap::Parser;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
+use model::MapOptions;
 use render::{RenderOptions, Served};
 use source::Source;
 use state::Ledger;
@@ -62,7 +63,8 @@ fn main() -> ExitCode {
         return render_files::main(std::env::args_os().skip(1));
     }
     let args = Args::parse();
-    let source = match source::from_arg(&args.source, args.config.map_options()) {
+    let map_options = args.config.map_options();
+    let source = match source::from_arg(&args.source) {
         Ok(source) => source,
         Err(e) => {
             eprintln!("fanout-control: {e}");
@@ -80,7 +82,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(args, source)) {
+    match runtime.block_on(serve(args, source, map_options)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("fanout-control: {e}");
@@ -89,13 +91,13 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(args: Args, source: Box<dyn Source>) -> Result<(), String> {
+async fn serve(args: Args, source: Box<dyn Source>, map: MapOptions) -> Result<(), String> {
     let options = args.config.render_options();
     let ledger = Ledger::default();
     let (snapshots_tx, snapshots) = watch::channel(None);
     let (served_tx, served) = watch::channel(None);
     log::info!("source {}", source.describe());
-    std::thread::spawn(move || source.run(snapshots_tx));
+    tokio::spawn(source::run(source, map, snapshots_tx));
     tokio::spawn(decide(snapshots, served_tx, ledger.clone(), options));
     let xds = tokio::net::TcpListener::bind(args.xds_address)
         .await

@@ -15,7 +15,7 @@ use crate::cli::ConfigArgs;
 use crate::model::{Problem, Snapshot};
 use crate::render::{self, Served};
 use crate::resource_json;
-use crate::source::DirSource;
+use crate::source::{self, DirSource};
 use clap::Parser;
 use serde_json::{json, Value};
 use std::ffi::OsString;
@@ -52,9 +52,15 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
         eprintln!("{PREFIX}: --source {}: cannot read: {e}", args.source);
         return ExitCode::from(2);
     }
-    let mut source = DirSource::new(PathBuf::from(dir), args.config.map_options());
-    let snapshot = source.poll().unwrap_or_default();
-    let policies = source.objects().filter(|o| is_event_policy(o)).count();
+    let listing = DirSource::new(PathBuf::from(dir))
+        .poll()
+        .unwrap_or_default();
+    let policies = listing
+        .objects
+        .iter()
+        .filter(|o| is_event_policy(o))
+        .count();
+    let snapshot = source::mapped(&args.config.map_options(), listing);
     let served = render::serve(&snapshot, None, &args.config.render_options());
     let (errors, warnings) = report(&args.source, &snapshot, &served);
     for warning in &warnings {
