@@ -209,6 +209,38 @@ fn unchecked_policies(groups: &[Group], policies: &[KObject], report: &mut Repor
 
 type Sorted = (Vec<KObject>, Vec<KObject>, Vec<KObject>);
 
+/// An object of a kind fanout does not map: an error when it has subscribers (they would get
+/// nothing), else a warning.
+fn unknown_kind(obj: &KObject, report: &mut Report) {
+    let group = if obj.group.is_empty() {
+        "core"
+    } else {
+        &obj.group
+    };
+    let present = |field: &str| {
+        obj.at(&["spec", field])
+            .is_some_and(|v| !v.is_null() && v != &json!([]) && v != &json!({}))
+    };
+    let field = ["subscribers", "subscriber"]
+        .into_iter()
+        .find(|f| present(f));
+    if let Some(field) = field {
+        report.other.push(Problem::new(
+            &obj.label,
+            &format!("spec.{field}"),
+            format!(
+                "{} ({group}) is not a kind this command imports (Channel, \
+                 InMemoryChannel, Subscription): its subscribers would get no events \
+                 from fanout",
+                obj.kind
+            ),
+        ));
+    } else {
+        let message = format!("{} ({group}) is not imported; ignored", obj.kind);
+        report.warn(None, Problem::new(&obj.label, "kind", message));
+    }
+}
+
 fn sort_objects(documents: Vec<Value>, report: &mut Report) -> Sorted {
     let (mut channels, mut subscriptions, mut policies) = (Vec::new(), Vec::new(), Vec::new());
     let mut seen = BTreeSet::new();
@@ -219,33 +251,7 @@ fn sort_objects(documents: Vec<Value>, report: &mut Report) -> Sorted {
             (MESSAGING, "Channel" | "InMemoryChannel" | "Subscription") | (EVENTING, "EventPolicy")
         );
         if !known {
-            let group = if obj.group.is_empty() {
-                "core"
-            } else {
-                &obj.group
-            };
-            let present = |field: &str| {
-                obj.at(&["spec", field])
-                    .is_some_and(|v| !v.is_null() && v != &json!([]) && v != &json!({}))
-            };
-            let field = ["subscribers", "subscriber"]
-                .into_iter()
-                .find(|f| present(f));
-            if let Some(field) = field {
-                report.other.push(Problem::new(
-                    &obj.label,
-                    &format!("spec.{field}"),
-                    format!(
-                        "{} ({group}) is not a kind this command imports (Channel, \
-                         InMemoryChannel, Subscription): its subscribers would get no events \
-                         from fanout",
-                        obj.kind
-                    ),
-                ));
-            } else {
-                let message = format!("{} ({group}) is not imported; ignored", obj.kind);
-                report.warn(None, Problem::new(&obj.label, "kind", message));
-            }
+            unknown_kind(&obj, report);
             continue;
         }
         if obj.name.is_empty() {
@@ -981,31 +987,37 @@ fn map_delivery(
             out.insert("dead_letter".into(), Value::Object(t));
         }
     } else if delivery.get("deadLetterSink").is_some() {
-        // Where Knative resolves this delivery's sink: a channel's and a Subscription's
-        // statuses; a channel's subscriber entry has it resolved already.
-        let (kind, namespace) = source
-            .object
-            .split_once(' ')
-            .and_then(|(kind, rest)| rest.split_once('/').map(|(ns, _)| (kind, ns)))
-            .unwrap_or(("", "default"));
-        let status_path = match (at, kind) {
-            ("spec.delivery", "Subscription") => Some("status.physicalSubscription"),
-            ("spec.delivery", _) => Some("status"),
-            _ => None,
-        };
-        let resolved_field = status_path.map_or_else(
-            || format!("{at}.deadLetterSink.uri"),
-            |path| format!("{path}.deadLetterSinkUri"),
-        );
-        let (field, message) = destination::unresolved(
-            delivery.get("deadLetterSink"),
-            namespace,
-            &format!("{at}.deadLetterSink"),
-            &resolved_field,
-        );
-        report.channel(source.channel, Problem::new(source.object, &field, message));
+        unresolved_dead_letter(source, at, delivery, report);
     }
     (out, checked.timeout)
+}
+
+/// A DeliverySpec's `deadLetterSink` that nothing resolved: an error naming where Knative
+/// would have resolved it.
+fn unresolved_dead_letter(source: &Source, at: &str, delivery: &Value, report: &mut Report) {
+    // Where Knative resolves this delivery's sink: a channel's and a Subscription's
+    // statuses; a channel's subscriber entry has it resolved already.
+    let (kind, namespace) = source
+        .object
+        .split_once(' ')
+        .and_then(|(kind, rest)| rest.split_once('/').map(|(ns, _)| (kind, ns)))
+        .unwrap_or(("", "default"));
+    let status_path = match (at, kind) {
+        ("spec.delivery", "Subscription") => Some("status.physicalSubscription"),
+        ("spec.delivery", _) => Some("status"),
+        _ => None,
+    };
+    let resolved_field = status_path.map_or_else(
+        || format!("{at}.deadLetterSink.uri"),
+        |path| format!("{path}.deadLetterSinkUri"),
+    );
+    let (field, message) = destination::unresolved(
+        delivery.get("deadLetterSink"),
+        namespace,
+        &format!("{at}.deadLetterSink"),
+        &resolved_field,
+    );
+    report.channel(source.channel, Problem::new(source.object, &field, message));
 }
 
 /// A DeliverySpec's fields, checked.
@@ -1033,29 +1045,18 @@ fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, Str
         );
     }
     if let Some(v) = fields.get("retry").filter(|v| !v.is_null()) {
-        match v.as_u64() {
-            Some(n) if n <= MAX_RETRY => checked.retry = n,
-            Some(n) => problem(
-                "retry",
-                format!("{n}: fanout retries at most {MAX_RETRY} times"),
-            ),
-            None => problem("retry", format!("{v}: must be a whole number, 0 or more")),
-        }
+        checked.retry = retry(v).unwrap_or_else(|message| {
+            problem("retry", message);
+            0
+        });
     }
     let mut warnings = Vec::new();
     let mut duration = |name: &str, zero: bool| {
         let v = fields.get(name).filter(|v| !v.is_null())?;
         match duration::parse(v, zero) {
             Ok(parsed) => {
-                if let Some(knative) = parsed.knative_ms {
-                    let message = format!(
-                        "'{}': Knative's duration parser keeps one decimal of each number, so \
-                         Knative used {knative} ms; fanout uses {} ms",
-                        v.as_str().unwrap_or_default(),
-                        parsed.ms
-                    );
-                    warnings.push((name.to_owned(), message));
-                }
+                let warning = parsed.unlike_knative(v);
+                warnings.extend(warning.map(|message| (name.to_owned(), message)));
                 Some(parsed.ms)
             }
             Err(message) => {
@@ -1089,6 +1090,15 @@ fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, Str
         None => {}
     }
     checked
+}
+
+/// A DeliverySpec's `retry`: a whole number up to fanout's limit.
+fn retry(v: &Value) -> Result<u64, String> {
+    match v.as_u64() {
+        Some(n) if n <= MAX_RETRY => Ok(n),
+        Some(n) => Err(format!("{n}: fanout retries at most {MAX_RETRY} times")),
+        None => Err(format!("{v}: must be a whole number, 0 or more")),
+    }
 }
 
 /// Knative waits delay * 2^(n-1) (exponential) or delay * (n-1) (linear) before retry n;

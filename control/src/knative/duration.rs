@@ -10,6 +10,19 @@ pub(super) struct Parsed {
     pub knative_ms: Option<u64>,
 }
 
+impl Parsed {
+    /// The warning for a duration Knative reads otherwise (`value`, as written).
+    pub fn unlike_knative(&self, value: &serde_json::Value) -> Option<String> {
+        let knative = self.knative_ms?;
+        Some(format!(
+            "'{}': Knative's duration parser keeps one decimal of each number, so Knative used \
+             {knative} ms; fanout uses {} ms",
+            value.as_str().unwrap_or_default(),
+            self.ms
+        ))
+    }
+}
+
 const DAY_MS: f64 = 86_400_000.0;
 /// Years, months, weeks, days (before `T`); hours, minutes, seconds (after it).
 const DATE_UNITS: [(char, f64); 4] = [
