@@ -293,7 +293,7 @@ fn string_matcher(mut m: StringMatcher) -> Json {
         }
         other => return Err(format!("render cannot write the string match {other:?}")),
     };
-    let ignore_case = take(&mut m.ignore_case).then(|| json!(true));
+    let ignore_case = take(&mut m.ignore_case).then_some(Value::Bool(true));
     Fields::default()
         .value(name, Some(value))
         .value("ignore_case", ignore_case)
