@@ -198,9 +198,8 @@ fn unchecked_policies(groups: &[Group], policies: &[KObject], report: &mut Repor
                 Problem::new(
                     &policy.label,
                     "kind",
-                    "EventPolicy: who may send is enforced only with --oidc-issuer; without \
-                     it every sender could send, so the channels of its namespace stay as they \
-                     were",
+                    "EventPolicy: who may send is enforced only with --oidc-issuer (and \
+                     --jwks); without it every sender could send",
                 ),
             );
         }
@@ -348,8 +347,8 @@ fn channel_hosts(group: &Group, options: &MapOptions, report: &mut Report) -> Ve
         let audience = text(&member.doc, &["status", "address", "audience"]);
         if let Some(audience) = audience.filter(|_| options.senders.is_none()) {
             let message = format!(
-                "senders' OIDC tokens (audience {audience:?}) are not checked: run the server \
-                 with --oidc-issuer to enforce who may send"
+                "senders' OIDC tokens (audience {audience:?}) are not checked: run with \
+                 --oidc-issuer to enforce who may send"
             );
             let warning = Problem::new(&member.label, "status.address.audience", message);
             report.warn(Some(&group.name), warning);
