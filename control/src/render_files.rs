@@ -15,7 +15,7 @@ use crate::cli::ConfigArgs;
 use crate::model::{Problem, Snapshot};
 use crate::render::{self, Served};
 use crate::resource_json;
-use crate::source::{self, DirSource};
+use crate::source::{self, DirSource, Listing};
 use clap::Parser;
 use serde_json::{json, Value};
 use std::ffi::OsString;
@@ -27,7 +27,11 @@ const PREFIX: &str = "fanout-control render";
 /// Write fanout's configuration for Envoys that read files (ECDS and CDS documents), from a
 /// directory of Knative objects: what the server would serve from it.
 #[derive(Parser, Debug)]
-#[command(name = "fanout-control render", version)]
+#[command(
+    name = "fanout-control render",
+    bin_name = "fanout-control render",
+    version
+)]
 struct RenderArgs {
     /// The Knative objects: `dir:PATH`, a directory of Channels, InMemoryChannels,
     /// Subscriptions and EventPolicies as `kubectl get -o yaml` (or `-o json`) writes them.
@@ -44,17 +48,15 @@ struct RenderArgs {
 /// Runs `render` with its arguments (`args`: from the word `render` on).
 pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
     let args = RenderArgs::parse_from(args);
-    let Some(dir) = args.source.strip_prefix("dir:").filter(|d| !d.is_empty()) else {
-        eprintln!("{PREFIX}: --source {:?}: expected dir:PATH", args.source);
-        return ExitCode::from(2);
+    let listing = match read(&args.source) {
+        Ok(listing) => listing,
+        Err(lines) => {
+            for line in lines {
+                eprintln!("{PREFIX}: {line}");
+            }
+            return ExitCode::from(2);
+        }
     };
-    if let Err(e) = std::fs::read_dir(dir) {
-        eprintln!("{PREFIX}: --source {}: cannot read: {e}", args.source);
-        return ExitCode::from(2);
-    }
-    let listing = DirSource::new(PathBuf::from(dir))
-        .poll()
-        .unwrap_or_default();
     let policies = listing
         .objects
         .iter()
@@ -91,6 +93,33 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
             eprintln!("{PREFIX}: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The objects of `--source`; what cannot be read is not the objects' problem (exit 2, as
+/// for a bad argument): the lines to say.
+fn read(source: &str) -> Result<Listing, Vec<String>> {
+    let Some(dir) = source.strip_prefix("dir:").filter(|d| !d.is_empty()) else {
+        return Err(vec![format!("--source {source:?}: expected dir:PATH")]);
+    };
+    if let Err(e) = std::fs::read_dir(dir) {
+        return Err(vec![format!("--source {source}: cannot read: {e}")]);
+    }
+    let listing = DirSource::new(PathBuf::from(dir))
+        .poll()
+        .unwrap_or_default();
+    let mut lines: Vec<String> = listing
+        .problems
+        .iter()
+        .map(|p| format!("error: {}", line(p)))
+        .collect();
+    if listing.objects.is_empty() {
+        lines.push(format!("--source {source}: no Kubernetes objects in it"));
+    }
+    if lines.is_empty() {
+        Ok(listing)
+    } else {
+        Err(lines)
     }
 }
 
