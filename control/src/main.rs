@@ -4,11 +4,14 @@
 //! Envoy has. See docs/control-plane.md.
 
 mod cli;
+mod clusters;
+mod contract;
 mod http;
 mod knative;
 mod model;
 mod render;
 mod render_files;
+mod resource;
 mod resource_json;
 mod senders;
 mod source;

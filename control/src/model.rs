@@ -44,6 +44,12 @@ pub struct SubscriberSpec {
     pub uri: String,
     /// Its entry of the filter's `subscribers` (docs/configuration.md).
     pub config: Value,
+    /// The object of the source it comes from, and where in it (what the filter refuses of
+    /// `config` is charged there).
+    #[serde(skip)]
+    pub object: String,
+    #[serde(skip)]
+    pub field: String,
 }
 
 /// Who may send to a channel (Knative's OIDC authentication and EventPolicies): a token for
@@ -82,6 +88,9 @@ pub struct ChannelSpec {
 /// warning says what is served differently from Knative, and the channel is served.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ChannelMapping {
+    /// The object it comes from, as problems name it (`InMemoryChannel namespace/name`).
+    #[serde(skip)]
+    pub object: String,
     pub spec: ChannelSpec,
     pub problems: Vec<Problem>,
     pub warnings: Vec<Problem>,

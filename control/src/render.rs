@@ -3,29 +3,21 @@
 //! filter's ECDS resource and the subscriber clusters (CDS). Versions are digests of the
 //! content, so two servers, or a restarted one, give the same state the same version.
 
-use crate::model::{ChannelSpec, ClusterSpec, Problem, Snapshot};
+use crate::clusters::cluster;
+pub use crate::clusters::Resolve;
+use crate::contract;
+use crate::model::{ChannelMapping, ChannelSpec, ClusterSpec, Problem, Snapshot};
+use crate::resource::any;
 use crate::senders::{self, Oidc};
-use envoy_types::pb::envoy::config::cluster::v3::{
-    cluster::ClusterDiscoveryType, cluster::DiscoveryType, Cluster,
-};
 use envoy_types::pb::envoy::config::core::v3::{
-    address, async_data_source, data_source, socket_address, transport_socket, Address,
-    AsyncDataSource, DataSource, SocketAddress, TransportSocket, TypedExtensionConfig,
-};
-use envoy_types::pb::envoy::config::endpoint::v3::{
-    lb_endpoint, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
+    async_data_source, data_source, AsyncDataSource, DataSource, TypedExtensionConfig,
 };
 use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
-use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-    common_tls_context, subject_alt_name_matcher::SanType, CertificateValidationContext,
-    CommonTlsContext, SubjectAltNameMatcher, UpstreamTlsContext,
-};
 use envoy_types::pb::envoy::extensions::wasm::v3::{plugin_config, PluginConfig, VmConfig};
-use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher, StringMatcher};
-use envoy_types::pb::google::protobuf::{Any, BoolValue, Duration, StringValue};
-use prost::{Message, Name};
+use envoy_types::pb::google::protobuf::{Any, BoolValue, StringValue};
+use fanout::routing::normalize_host;
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
@@ -45,61 +37,6 @@ pub struct RenderOptions {
     pub resolve: Vec<Resolve>,
     /// Every cluster's `connect_timeout` (`--connect-timeout`).
     pub connect_timeout: std::time::Duration,
-}
-
-/// `--resolve HOST[:PORT]=ADDRESS:PORT`: the cluster of HOST (on PORT only, when given)
-/// calls ADDRESS:PORT instead of HOST's DNS name; calls keep the URI's authority, and https
-/// its SNI and certificate check on HOST.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Resolve {
-    pub spec: String,
-    pub host: String,
-    pub port: Option<u16>,
-    pub address: String,
-    pub address_port: u16,
-}
-
-impl std::str::FromStr for Resolve {
-    type Err = String;
-
-    fn from_str(spec: &str) -> Result<Resolve, String> {
-        let expected = || format!("{spec:?}: expected HOST[:PORT]=ADDRESS:PORT");
-        let (target, address) = spec.split_once('=').ok_or_else(expected)?;
-        let (address, address_port) = address.rsplit_once(':').ok_or_else(expected)?;
-        let (host, port) = match target.strip_prefix('[') {
-            Some(rest) => {
-                let (host, after) = rest.split_once(']').ok_or_else(expected)?;
-                (host, after.strip_prefix(':'))
-            }
-            None => match target.split_once(':') {
-                Some((host, port)) if !port.contains(':') => (host, Some(port)),
-                _ => (target, None),
-            },
-        };
-        let port_of = |p: &str| match p.parse::<u16>() {
-            Ok(p) if p > 0 => Ok(p),
-            _ => Err(format!("{spec:?}: {p:?} is not a port")),
-        };
-        let address = address.trim_start_matches('[').trim_end_matches(']');
-        if host.is_empty() || address.is_empty() {
-            return Err(expected());
-        }
-        Ok(Resolve {
-            spec: spec.to_owned(),
-            host: host.to_ascii_lowercase(),
-            port: port.map(port_of).transpose()?,
-            address: address.to_owned(),
-            address_port: port_of(address_port)?,
-        })
-    }
-}
-
-impl RenderOptions {
-    fn resolve(&self, host: &str, port: u16) -> Option<&Resolve> {
-        self.resolve
-            .iter()
-            .find(|r| r.host == host && r.port.is_none_or(|p| p == port))
-    }
 }
 
 /// Whether a channel is served as the source has it now.
@@ -149,8 +86,12 @@ pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOpt
         .iter()
         .filter(|(_, c)| c.serving != Serving::NotServed)
         .collect();
-    let plugin = json!({ "channels": served.iter().map(|(n, c)| channel_json(n, &c.spec)).collect::<Vec<_>>() });
-    let plugin = plugin.to_string();
+    let plugin = contract::document(
+        served
+            .iter()
+            .map(|(n, c)| contract::channel_json(n, &c.spec))
+            .collect(),
+    );
     let specs: Vec<(&String, &ChannelSpec)> = served.iter().map(|(n, c)| (*n, &c.spec)).collect();
     let (mut ecds, who) = senders::filters(&specs, options.oidc.as_ref());
     let ecds_version = digest(&format!("{plugin}\n{}\n{who}", options.wasm));
@@ -169,7 +110,15 @@ pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOpt
         .collect();
     let clusters: BTreeMap<String, Any> = clusters
         .into_iter()
-        .map(|(name, spec)| (name, any(&cluster(&spec, options))))
+        .map(|(name, spec)| {
+            let cluster = cluster(
+                &spec,
+                &options.resolve,
+                &options.trusted_ca,
+                options.connect_timeout,
+            );
+            (name, any(&cluster))
+        })
         .collect();
     let cds_version = cds_version(clusters.values());
     let mut warnings = snapshot.warnings.clone();
@@ -192,33 +141,114 @@ pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOpt
     }
 }
 
-/// Each channel as it is now, its last good version in `previous`, or not at all.
+/// Each channel as it is now, its last good version in `previous`, or not at all: a version
+/// is served only if the filter takes it and no channel decided before it has claimed one of
+/// its hosts. The channels served before go first, so a channel that claims another's host
+/// is the one charged with it.
 fn decide(snapshot: &Snapshot, previous: Option<&Served>) -> BTreeMap<String, ServedChannel> {
-    let mut channels = BTreeMap::new();
-    for (name, mapping) in &snapshot.channels {
-        let last = previous
+    let served_before = |name: &str| {
+        previous
             .and_then(|p| p.channels.get(name))
-            .filter(|c| c.serving != Serving::NotServed);
-        let (serving, spec) = match (mapping.problems.is_empty(), last) {
-            (true, _) => (Serving::Current, mapping.spec.clone()),
-            (false, Some(last)) => (Serving::LastGood, last.spec.clone()),
-            (false, None) => (Serving::NotServed, ChannelSpec::default()),
-        };
-        let described = json!([channel_json(name, &spec), spec.senders]);
-        let digest = digest(&described.to_string());
-        let problems = mapping.problems.clone();
-        channels.insert(
-            name.clone(),
-            ServedChannel {
-                serving,
-                spec,
-                digest,
-                problems,
-                warnings: mapping.warnings.clone(),
-            },
-        );
+            .filter(|c| c.serving != Serving::NotServed)
+    };
+    let mut order: Vec<(&String, &ChannelMapping)> = snapshot.channels.iter().collect();
+    order.sort_by_key(|(name, _)| served_before(name).is_none());
+    let mut hosts = Hosts::default();
+    let mut channels = BTreeMap::new();
+    for (name, mapping) in order {
+        let channel = choose(name, mapping, served_before(name), &hosts);
+        hosts.claim(object(name, mapping), &channel.spec);
+        channels.insert(name.clone(), channel);
     }
     channels
+}
+
+/// The channel as it is now if it has no problems, the filter takes it and its hosts are
+/// free; else its last good version `last` on the same terms; else not served.
+fn choose(
+    name: &str,
+    mapping: &ChannelMapping,
+    last: Option<&ServedChannel>,
+    hosts: &Hosts,
+) -> ServedChannel {
+    let mut problems = mapping.problems.clone();
+    let current = mapping
+        .problems
+        .is_empty()
+        .then_some((Serving::Current, &mapping.spec));
+    let candidates = current
+        .into_iter()
+        .chain(last.map(|l| (Serving::LastGood, &l.spec)));
+    for (serving, spec) in candidates {
+        let digest = channel_digest(name, spec);
+        // What was served is known to be taken.
+        let taken = if last.is_some_and(|l| l.digest == digest) {
+            Ok(())
+        } else {
+            contract::check(name, spec)
+        };
+        match taken.and_then(|()| hosts.free(object(name, mapping), spec)) {
+            Ok(()) => {
+                return ServedChannel {
+                    serving,
+                    spec: spec.clone(),
+                    digest,
+                    problems,
+                    warnings: mapping.warnings.clone(),
+                }
+            }
+            Err(problem) if !problems.contains(&problem) => problems.push(problem),
+            Err(_) => {}
+        }
+    }
+    let spec = ChannelSpec::default();
+    ServedChannel {
+        serving: Serving::NotServed,
+        digest: channel_digest(name, &spec),
+        spec,
+        problems,
+        warnings: mapping.warnings.clone(),
+    }
+}
+
+/// A digest of a channel as served: an Envoy whose filter has it has this channel.
+fn channel_digest(name: &str, spec: &ChannelSpec) -> String {
+    digest(&json!([contract::channel_json(name, spec), spec.senders]).to_string())
+}
+
+/// The object a channel comes from, as problems name it.
+fn object<'a>(name: &'a str, mapping: &'a ChannelMapping) -> &'a str {
+    if mapping.object.is_empty() {
+        name
+    } else {
+        &mapping.object
+    }
+}
+
+/// The hosts claimed so far, by the object of their channel, compared as the filter
+/// compares them.
+#[derive(Default)]
+struct Hosts(BTreeMap<String, String>);
+
+impl Hosts {
+    /// Whether none of the channel's hosts is claimed by another.
+    fn free(&self, name: &str, spec: &ChannelSpec) -> Result<(), Problem> {
+        for host in &spec.hosts {
+            if let Some(owner) = self.0.get(normalize_host(host).as_ref()) {
+                let message = format!("host {host} is also {owner}'s");
+                return Err(Problem::new(name, "status.address.url", message));
+            }
+        }
+        Ok(())
+    }
+
+    fn claim(&mut self, name: &str, spec: &ChannelSpec) {
+        for host in &spec.hosts {
+            self.0
+                .entry(normalize_host(host).into_owned())
+                .or_insert_with(|| name.to_owned());
+        }
+    }
 }
 
 /// A cluster named by several channels trusts the CA certificates any of them names.
@@ -250,24 +280,12 @@ pub fn cds_version<'a>(clusters: impl Iterator<Item = &'a Any>) -> String {
     hex16(&hasher.finalize())
 }
 
-fn channel_json(name: &str, spec: &ChannelSpec) -> Value {
-    let subscribers: Vec<&Value> = spec.subscribers.iter().map(|s| &s.config).collect();
-    json!({ "name": name, "hosts": spec.hosts, "subscribers": subscribers })
-}
-
 pub fn digest(text: &str) -> String {
     hex16(&Sha256::digest(text.as_bytes()))
 }
 
 fn hex16(bytes: &[u8]) -> String {
     bytes.iter().take(8).map(|b| format!("{b:02x}")).collect()
-}
-
-pub fn any<M: Message + Name>(message: &M) -> Any {
-    Any {
-        type_url: M::type_url(),
-        value: message.encode_to_vec(),
-    }
 }
 
 /// The fanout filter as an ECDS resource (`fanout-control render` writes it as `fanout.yaml`).
@@ -304,102 +322,18 @@ fn filter_config(plugin: &str, wasm: &str) -> TypedExtensionConfig {
     }
 }
 
-/// One cluster with one endpoint: STATIC for an IP address, STRICT_DNS for a host name; TLS
-/// (SNI and the certificate checked for the host) for https.
-fn cluster(spec: &ClusterSpec, options: &RenderOptions) -> Cluster {
-    let is_ip = spec.host.parse::<std::net::IpAddr>().is_ok();
-    let (host, port) = options
-        .resolve(&spec.host, spec.port)
-        .map_or((spec.host.as_str(), spec.port), |r| {
-            (r.address.as_str(), r.address_port)
-        });
-    let kind = if host.parse::<std::net::IpAddr>().is_ok() {
-        DiscoveryType::Static
-    } else {
-        DiscoveryType::StrictDns
-    };
-    let address = Address {
-        address: Some(address::Address::SocketAddress(SocketAddress {
-            address: host.to_owned(),
-            port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(port))),
-            ..SocketAddress::default()
-        })),
-    };
-    let endpoint = LbEndpoint {
-        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
-            address: Some(address),
-            ..Endpoint::default()
-        })),
-        ..LbEndpoint::default()
-    };
-    Cluster {
-        name: spec.name.clone(),
-        cluster_discovery_type: Some(ClusterDiscoveryType::Type(kind as i32)),
-        connect_timeout: Some(Duration {
-            seconds: i64::try_from(options.connect_timeout.as_secs()).unwrap_or(i64::MAX),
-            nanos: i32::try_from(options.connect_timeout.subsec_nanos()).unwrap_or(0),
-        }),
-        load_assignment: Some(ClusterLoadAssignment {
-            cluster_name: spec.name.clone(),
-            endpoints: vec![LocalityLbEndpoints {
-                lb_endpoints: vec![endpoint],
-                ..LocalityLbEndpoints::default()
-            }],
-            ..ClusterLoadAssignment::default()
-        }),
-        transport_socket: spec.tls.then(|| tls_socket(spec, is_ip, options)),
-        ..Cluster::default()
-    }
-}
-
-fn tls_socket(spec: &ClusterSpec, is_ip: bool, options: &RenderOptions) -> TransportSocket {
-    let trusted = if spec.ca_certs.is_empty() {
-        data_source::Specifier::Filename(options.trusted_ca.clone())
-    } else {
-        data_source::Specifier::InlineString(format!("{}\n", spec.ca_certs.join("\n")))
-    };
-    let host = spec.host.trim_end_matches('.').to_owned();
-    let san = SubjectAltNameMatcher {
-        san_type: if is_ip {
-            SanType::IpAddress
-        } else {
-            SanType::Dns
-        } as i32,
-        matcher: Some(StringMatcher {
-            match_pattern: Some(string_matcher::MatchPattern::Exact(host.clone())),
-            ..StringMatcher::default()
-        }),
-        ..SubjectAltNameMatcher::default()
-    };
-    let validation = CertificateValidationContext {
-        trusted_ca: Some(DataSource {
-            specifier: Some(trusted),
-            ..DataSource::default()
-        }),
-        match_typed_subject_alt_names: vec![san],
-        ..CertificateValidationContext::default()
-    };
-    let context = UpstreamTlsContext {
-        common_tls_context: Some(CommonTlsContext {
-            validation_context_type: Some(
-                common_tls_context::ValidationContextType::ValidationContext(validation),
-            ),
-            ..CommonTlsContext::default()
-        }),
-        sni: if is_ip { String::new() } else { host },
-        ..UpstreamTlsContext::default()
-    };
-    TransportSocket {
-        name: "envoy.transport_sockets.tls".to_owned(),
-        config_type: Some(transport_socket::ConfigType::TypedConfig(any(&context))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::knative;
     use crate::model::MapOptions;
+    use envoy_types::pb::envoy::config::cluster::v3::{
+        cluster::ClusterDiscoveryType, cluster::DiscoveryType, Cluster,
+    };
+    use envoy_types::pb::envoy::config::core::v3::transport_socket;
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
+    use prost::Message;
+    use serde_json::Value;
 
     fn options() -> RenderOptions {
         RenderOptions {
@@ -468,6 +402,55 @@ mod tests {
         );
         assert_eq!(new.channels["default/c"].serving, Serving::NotServed);
         assert_eq!(plugin(&new)["channels"], json!([]));
+    }
+
+    /// A channel of another namespace whose address names a served channel's host (the
+    /// filter refuses a host claimed twice) is that channel's problem: the served one keeps
+    /// its host and its changes are served, whichever name sorts first.
+    #[test]
+    fn a_host_claimed_again_is_the_claimants_problem() {
+        let channel = |namespace: &str, name: &str, subscribers: &[&str]| {
+            let entries: Vec<Value> = subscribers
+                .iter()
+                .map(|u| json!({ "subscriberUri": u }))
+                .collect();
+            json!({
+                "apiVersion": "messaging.knative.dev/v1", "kind": "InMemoryChannel",
+                "metadata": { "name": name, "namespace": namespace },
+                "spec": { "subscribers": entries },
+                "status": { "address": { "url": "http://orders.shop.example" } }
+            })
+        };
+        let map = |objects| knative::map(&MapOptions::default(), objects);
+        let first = serve(
+            &map(vec![channel("shop", "orders", &["http://a.example/"])]),
+            None,
+            &options(),
+        );
+        let both = vec![
+            channel(
+                "shop",
+                "orders",
+                &["http://a.example/", "http://b.example/"],
+            ),
+            channel("another", "orders", &["http://evil.example/"]),
+        ];
+        let second = serve(&map(both), Some(&first), &options());
+        let orders = &second.channels["shop/orders"];
+        assert_eq!(orders.serving, Serving::Current);
+        assert_eq!(orders.spec.subscribers.len(), 2);
+        let claimant = &second.channels["another/orders"];
+        assert_eq!(claimant.serving, Serving::NotServed);
+        assert_eq!(claimant.problems[0].field, "status.address.url");
+        assert!(
+            claimant.problems[0].message.contains("shop/orders"),
+            "{:?}",
+            claimant.problems
+        );
+        let config = plugin(&second);
+        assert_eq!(config["channels"].as_array().map(Vec::len), Some(1));
+        let parsed = fanout::config::Config::from_json(config.to_string().as_bytes());
+        assert!(parsed.is_ok(), "{parsed:?}");
     }
 
     #[test]

@@ -539,7 +539,7 @@ mod tests {
             alt_stat_name: "not written by render".into(),
             ..Cluster::default()
         };
-        let err = any(&crate::render::any(&cluster)).unwrap_err();
+        let err = any(&crate::resource::any(&cluster)).unwrap_err();
         assert!(
             err.contains("Cluster") && err.contains("alt_stat_name"),
             "{err}"
@@ -549,7 +549,7 @@ mod tests {
             ..Cluster::default()
         };
         assert_eq!(
-            any(&crate::render::any(&known)).unwrap(),
+            any(&crate::resource::any(&known)).unwrap(),
             json!({ "@type": Cluster::type_url(), "name": "x" })
         );
     }

@@ -6,7 +6,7 @@
 //! Without an issuer both are served empty: they let every request through.
 
 use crate::model::{Allowed, ChannelSpec, Senders};
-use crate::render::any;
+use crate::resource::any;
 use envoy_types::pb::envoy::config::core::v3::{data_source, DataSource, TypedExtensionConfig};
 use envoy_types::pb::envoy::config::rbac::v3::{
     permission, principal, rbac, MetadataSource, Permission, Policy, Principal, Rbac as RbacRules,

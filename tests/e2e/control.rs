@@ -399,6 +399,67 @@ fn bad_objects_are_reported_for_their_channel_and_the_rest_is_served() {
     );
 }
 
+/// A channel of another namespace whose address names a served channel's host (the filter
+/// refuses a host claimed twice) is that channel's problem, though its name sorts first: the
+/// Envoy refuses nothing, and a subscriber added to the served channel afterwards gets
+/// events.
+#[test]
+fn a_channel_claiming_a_served_channels_host_is_its_own_problem() {
+    let dir = TempDir::new("fanout-control-src", "the source directory");
+    let (a, b, other) = (
+        Subscriber::ok("a"),
+        Subscriber::ok("b"),
+        Subscriber::ok("other"),
+    );
+    write(
+        dir.path(),
+        "orders.yaml",
+        &channel("orders", &[(uri(&a, "/"), "")]),
+    );
+    let control = Control::start(dir.path(), free_ports(1)[0]);
+    let envoy = xds_envoy("e1", control.xds_port).start();
+    let post = || {
+        let client = Client::http1_resolving("orders.example", envoy.addr());
+        let url = format!("http://orders.example:{}/", envoy.port());
+        crate::harness::send(
+            client
+                .post(&url)
+                .header("content-type", "application/json")
+                .body("{}"),
+        )
+    };
+    assert_eq!(post().status, 202);
+    let claimant = channel("orders", &[(uri(&other, "/"), "")])
+        .replace("namespace: default", "namespace: another");
+    write(dir.path(), "another.yaml", &claimant);
+    let state = control.wait_for_state("the claimant reported", WAIT, |s| {
+        channel_state(s, "another/orders")["serving"] == "not-served"
+    });
+    let problem = &channel_state(&state, "another/orders")["problems"][0];
+    assert_eq!(problem["field"], "status.address.url", "{state:#}");
+    assert!(
+        problem["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("default/orders")),
+        "{problem}"
+    );
+    write(
+        dir.path(),
+        "orders.yaml",
+        &channel("orders", &[(uri(&a, "/"), ""), (uri(&b, "/"), "")]),
+    );
+    wait_until("the new subscriber reached", || {
+        assert_eq!(post().status, 202);
+        b.count() >= 1
+    });
+    let state = control.state();
+    assert!(
+        state["envoys"]["e1"]["filter"]["nack"].is_null(),
+        "{state:#}"
+    );
+    assert_eq!(other.count(), 0);
+}
+
 #[test]
 fn a_version_envoy_refuses_is_reported_with_its_text_and_not_resent() {
     let dir = TempDir::new("fanout-control-src", "the source directory");
