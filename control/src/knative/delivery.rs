@@ -172,8 +172,13 @@ fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, Str
     }
     let mut checked = Checked::default();
     if let Some(v) = fields.get("retry").filter(|v| !v.is_null()) {
-        // Its limit is the filter's: the filter refuses more (contract.rs).
+        // The limit is the filter's own; said here at the DeliverySpec's field (the filter
+        // refuses more anyway: contract.rs).
+        let max = fanout::retry::MAX_RETRY;
         match v.as_u64() {
+            Some(n) if n > u64::from(max) => {
+                problem("retry", format!("{n}: fanout retries at most {max} times"))
+            }
             Some(n) => checked.retry = n,
             None => problem("retry", format!("{v}: must be a whole number, 0 or more")),
         }
