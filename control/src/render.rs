@@ -142,20 +142,24 @@ pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOpt
 }
 
 /// Each channel as it is now, its last good version in `previous`, or not at all: a version
-/// is served only if the filter takes it and no channel decided before it has claimed one of
-/// its hosts. The channels served before go first, so a channel that claims another's host
-/// is the one charged with it.
+/// is served only if the filter takes it and none of its hosts is another channel's. A host
+/// stays with the channel that was served with it as long as that channel still names it
+/// (or keeps its last good version), so a channel that claims another's host is the one
+/// charged with it, whatever the names' order.
 fn decide(snapshot: &Snapshot, previous: Option<&Served>) -> BTreeMap<String, ServedChannel> {
     let served_before = |name: &str| {
         previous
             .and_then(|p| p.channels.get(name))
             .filter(|c| c.serving != Serving::NotServed)
     };
-    let mut order: Vec<(&String, &ChannelMapping)> = snapshot.channels.iter().collect();
-    order.sort_by_key(|(name, _)| served_before(name).is_none());
     let mut hosts = Hosts::default();
+    for (name, mapping) in &snapshot.channels {
+        if let Some(last) = served_before(name) {
+            hosts.reserve(object(name, mapping), &last.spec, mapping);
+        }
+    }
     let mut channels = BTreeMap::new();
-    for (name, mapping) in order {
+    for (name, mapping) in &snapshot.channels {
         let channel = choose(name, mapping, served_before(name), &hosts);
         hosts.claim(object(name, mapping), &channel.spec);
         channels.insert(name.clone(), channel);
@@ -225,16 +229,41 @@ fn object<'a>(name: &'a str, mapping: &'a ChannelMapping) -> &'a str {
     }
 }
 
-/// The hosts claimed so far, by the object of their channel, compared as the filter
-/// compares them.
+/// Whose each host is (by the object of its channel), compared as the filter compares them:
+/// claimed by a channel decided already, or reserved for the channel served with it before.
 #[derive(Default)]
-struct Hosts(BTreeMap<String, String>);
+struct Hosts {
+    claimed: BTreeMap<String, String>,
+    reserved: BTreeMap<String, String>,
+}
 
 impl Hosts {
-    /// Whether none of the channel's hosts is claimed by another.
+    /// Reserve the hosts `name` was served with (`last`) that it still names now, or all of
+    /// them if it has problems (it keeps its last good version).
+    fn reserve(&mut self, name: &str, last: &ChannelSpec, now: &ChannelMapping) {
+        let named_now = |host: &str| {
+            now.spec
+                .hosts
+                .iter()
+                .any(|h| normalize_host(h) == normalize_host(host))
+        };
+        for host in &last.hosts {
+            if !now.problems.is_empty() || named_now(host) {
+                let key = normalize_host(host).into_owned();
+                self.reserved.insert(key, name.to_owned());
+            }
+        }
+    }
+
+    /// Whether none of the channel's hosts is another channel's.
     fn free(&self, name: &str, spec: &ChannelSpec) -> Result<(), Problem> {
         for host in &spec.hosts {
-            if let Some(owner) = self.0.get(normalize_host(host).as_ref()) {
+            let key = normalize_host(host);
+            let owner = self
+                .claimed
+                .get(key.as_ref())
+                .or_else(|| self.reserved.get(key.as_ref()));
+            if let Some(owner) = owner.filter(|owner| *owner != name) {
                 let message = format!("host {host} is also {owner}'s");
                 return Err(Problem::new(name, "status.address.url", message));
             }
@@ -244,7 +273,7 @@ impl Hosts {
 
     fn claim(&mut self, name: &str, spec: &ChannelSpec) {
         for host in &spec.hosts {
-            self.0
+            self.claimed
                 .entry(normalize_host(host).into_owned())
                 .or_insert_with(|| name.to_owned());
         }
@@ -451,6 +480,32 @@ mod tests {
         assert_eq!(config["channels"].as_array().map(Vec::len), Some(1));
         let parsed = fanout::config::Config::from_json(config.to_string().as_bytes());
         assert!(parsed.is_ok(), "{parsed:?}");
+        // Both served, and the one whose name sorts first takes the other's host: it is
+        // charged, and keeps its last good version.
+        let mut taker = channel("another", "orders", &["http://a.example/"]);
+        taker["status"]["address"]["url"] = json!("http://another.example");
+        let third = serve(
+            &map(vec![
+                channel("shop", "orders", &["http://a.example/"]),
+                taker.clone(),
+            ]),
+            Some(&second),
+            &options(),
+        );
+        assert_eq!(third.channels["another/orders"].serving, Serving::Current);
+        taker["status"]["addresses"] = json!([{ "url": "http://orders.shop.example" }]);
+        let fourth = serve(
+            &map(vec![
+                channel("shop", "orders", &["http://a.example/"]),
+                taker,
+            ]),
+            Some(&third),
+            &options(),
+        );
+        assert_eq!(fourth.channels["shop/orders"].serving, Serving::Current);
+        let taker = &fourth.channels["another/orders"];
+        assert_eq!(taker.serving, Serving::LastGood, "{:?}", taker.problems);
+        assert_eq!(taker.spec.hosts, vec!["another.example"]);
     }
 
     #[test]
