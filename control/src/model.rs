@@ -96,6 +96,17 @@ pub struct ChannelMapping {
     pub warnings: Vec<Problem>,
 }
 
+impl ChannelMapping {
+    /// The object it comes from, as problems name it; `name` where none is known.
+    pub fn object_or<'a>(&'a self, name: &'a str) -> &'a str {
+        if self.object.is_empty() {
+            name
+        } else {
+            &self.object
+        }
+    }
+}
+
 /// Everything a source says at one moment.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Snapshot {

@@ -108,16 +108,14 @@ pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOpt
         .values()
         .map(|c| (c.host.clone(), c.port))
         .collect();
+    let (resolve, ca) = (&options.resolve, &options.trusted_ca);
     let clusters: BTreeMap<String, Any> = clusters
         .into_iter()
         .map(|(name, spec)| {
-            let cluster = cluster(
-                &spec,
-                &options.resolve,
-                &options.trusted_ca,
-                options.connect_timeout,
-            );
-            (name, any(&cluster))
+            (
+                name,
+                any(&cluster(&spec, resolve, ca, options.connect_timeout)),
+            )
         })
         .collect();
     let cds_version = cds_version(clusters.values());
@@ -155,13 +153,13 @@ fn decide(snapshot: &Snapshot, previous: Option<&Served>) -> BTreeMap<String, Se
     let mut hosts = Hosts::default();
     for (name, mapping) in &snapshot.channels {
         if let Some(last) = served_before(name) {
-            hosts.reserve(object(name, mapping), &last.spec, mapping);
+            hosts.reserve(mapping.object_or(name), &last.spec, mapping);
         }
     }
     let mut channels = BTreeMap::new();
     for (name, mapping) in &snapshot.channels {
         let channel = choose(name, mapping, served_before(name), &hosts);
-        hosts.claim(object(name, mapping), &channel.spec);
+        hosts.claim(mapping.object_or(name), &channel.spec);
         channels.insert(name.clone(), channel);
     }
     channels
@@ -191,7 +189,7 @@ fn choose(
         } else {
             contract::check(name, spec)
         };
-        match taken.and_then(|()| hosts.free(object(name, mapping), spec)) {
+        match taken.and_then(|()| hosts.free(mapping.object_or(name), spec)) {
             Ok(()) => {
                 return ServedChannel {
                     serving,
@@ -218,15 +216,6 @@ fn choose(
 /// A digest of a channel as served: an Envoy whose filter has it has this channel.
 fn channel_digest(name: &str, spec: &ChannelSpec) -> String {
     digest(&json!([contract::channel_json(name, spec), spec.senders]).to_string())
-}
-
-/// The object a channel comes from, as problems name it.
-fn object<'a>(name: &'a str, mapping: &'a ChannelMapping) -> &'a str {
-    if mapping.object.is_empty() {
-        name
-    } else {
-        &mapping.object
-    }
 }
 
 /// Whose each host is (by the object of its channel), compared as the filter compares them:

@@ -174,13 +174,9 @@ fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, Str
     if let Some(v) = fields.get("retry").filter(|v| !v.is_null()) {
         // The limit is the filter's own; said here at the DeliverySpec's field (the filter
         // refuses more anyway: contract.rs).
-        let max = fanout::retry::MAX_RETRY;
-        match v.as_u64() {
-            Some(n) if n > u64::from(max) => {
-                problem("retry", format!("{n}: fanout retries at most {max} times"))
-            }
-            Some(n) => checked.retry = n,
-            None => problem("retry", format!("{v}: must be a whole number, 0 or more")),
+        match retry(v) {
+            Ok(n) => checked.retry = n,
+            Err(message) => problem("retry", message),
         }
     }
     let mut warnings = Vec::new();
@@ -223,6 +219,16 @@ fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, Str
         None => {}
     }
     checked
+}
+
+/// A DeliverySpec's `retry`: a whole number up to the filter's own limit.
+fn retry(v: &Value) -> Result<u64, String> {
+    let max = fanout::retry::MAX_RETRY;
+    match v.as_u64() {
+        Some(n) if n > u64::from(max) => Err(format!("{n}: fanout retries at most {max} times")),
+        Some(n) => Ok(n),
+        None => Err(format!("{v}: must be a whole number, 0 or more")),
+    }
 }
 
 /// Knative waits delay * 2^(n-1) (exponential) or delay * (n-1) (linear) before retry n;
