@@ -22,6 +22,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 const MESSAGING: &str = "messaging.knative.dev";
 const EVENTING: &str = "eventing.knative.dev";
+/// fanout's own channel kind, FanoutChannel (crate::kubernetes::crd).
+const FANOUT: &str = "messaging.fanout.dev";
+/// The channel kinds served at their conventional host `<name>-kn-channel.<namespace>...`.
+const CONVENTIONAL_HOST: [&str; 2] = ["InMemoryChannel", "FanoutChannel"];
 /// fanout's limits (src/config): milliseconds are u32, retries at most 100.
 const MAX_RETRY: u64 = 100;
 const DELIVERY_FIELDS: [&str; 7] = [
@@ -215,7 +219,9 @@ fn sort_objects(documents: Vec<Value>, report: &mut Report) -> Sorted {
         let obj = KObject::new(doc);
         let known = matches!(
             (obj.group.as_str(), obj.kind.as_str()),
-            (MESSAGING, "Channel" | "InMemoryChannel" | "Subscription") | (EVENTING, "EventPolicy")
+            (MESSAGING, "Channel" | "InMemoryChannel" | "Subscription")
+                | (EVENTING, "EventPolicy")
+                | (FANOUT, "FanoutChannel")
         );
         if !known {
             if obj.at(&["spec", "subscribers"]).is_some() {
@@ -224,7 +230,7 @@ fn sort_objects(documents: Vec<Value>, report: &mut Report) -> Sorted {
                     "kind",
                     format!(
                         "{} ({}) is not a kind fanout serves (Channel, InMemoryChannel, \
-                         Subscription): its subscribers get no events from fanout",
+                         FanoutChannel, Subscription): its subscribers get no events from fanout",
                         obj.kind, obj.group
                     ),
                 ));
@@ -351,14 +357,7 @@ fn channel_hosts(group: &Group, options: &MapOptions, report: &mut Report) -> Ve
     if !hosts.is_empty() {
         return hosts.into_iter().map(|(h, _)| h).collect();
     }
-    if let Some(imc) = in_memory_name(group) {
-        let host = format!(
-            "{imc}-kn-channel.{}.svc.cluster.local",
-            group.primary.namespace
-        );
-        let message = format!("missing: matched by the InMemoryChannel's conventional host {host}");
-        let warning = Problem::new(&group.primary.label, "status.address.url", message);
-        report.warn(Some(&group.name), warning);
+    if let Some(host) = conventional_host(group, report) {
         return vec![host];
     }
     report.channel(
@@ -373,10 +372,27 @@ fn channel_hosts(group: &Group, options: &MapOptions, report: &mut Report) -> Ve
     Vec::new()
 }
 
+/// `<name>-kn-channel.<namespace>.svc.cluster.local` for an InMemoryChannel (with a warning:
+/// its address is missing) or a FanoutChannel (whose address that is by definition).
+fn conventional_host(group: &Group, report: &mut Report) -> Option<String> {
+    let name = in_memory_name(group)?;
+    let host = format!(
+        "{name}-kn-channel.{}.svc.cluster.local",
+        group.primary.namespace
+    );
+    if group.members.iter().all(|m| m.kind != "FanoutChannel") {
+        let message = format!("missing: matched by the InMemoryChannel's conventional host {host}");
+        let warning = Problem::new(&group.primary.label, "status.address.url", message);
+        report.warn(Some(&group.name), warning);
+    }
+    Some(host)
+}
+
 /// The name of the InMemoryChannel behind `group`, if it is one: a member, or what a
 /// Channel's status (or template) says backs it.
 fn in_memory_name(group: &Group) -> Option<String> {
-    if let Some(imc) = group.members.iter().find(|m| m.kind == "InMemoryChannel") {
+    let conventional = |kind: &str| CONVENTIONAL_HOST.contains(&kind);
+    if let Some(imc) = group.members.iter().find(|m| conventional(&m.kind)) {
         return Some(imc.name.clone());
     }
     let primary = &group.primary;
@@ -384,7 +400,7 @@ fn in_memory_name(group: &Group) -> Option<String> {
         .at(&["status", "channel"])
         .or_else(|| primary.at(&["spec", "channelTemplate"]));
     let kind = backing.and_then(|b| text(b, &["kind"]));
-    (primary.kind == "Channel" && kind.as_deref().is_none_or(|k| k == "InMemoryChannel"))
+    (primary.kind == "Channel" && kind.as_deref().is_none_or(conventional))
         .then(|| text(&primary.doc, &["status", "channel", "name"]).unwrap_or(primary.name.clone()))
 }
 

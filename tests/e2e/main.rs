@@ -26,6 +26,8 @@ mod alerts;
 mod reload;
 // The control plane (fanout-control) and Envoys on envoy/xds/envoy.yaml.
 mod control;
+// On a real Kubernetes API (make test-k8s; ignored otherwise).
+mod k8s;
 mod replicas_redelivery;
 mod replicas_store;
 mod rollout;
