@@ -52,7 +52,24 @@ struct Memory {
     written: BTreeMap<String, (String, Value)>,
     /// Channels (by uid) whose Service and annotation are in place.
     ensured: HashSet<String>,
+    /// By channel: what its status was last decided from, when the channel had it then
+    /// (decided again only when that changes, and every [`REDECIDE`] ticks: a dead-letter
+    /// sink's address may change on its own).
+    decided: BTreeMap<String, String>,
+    ticks: u64,
 }
+
+impl Memory {
+    fn tick(&mut self) {
+        self.ticks += 1;
+        if self.ticks % REDECIDE == 0 {
+            self.decided.clear();
+        }
+    }
+}
+
+/// Every this many ticks, every channel's status is decided again.
+const REDECIDE: u64 = 150;
 
 fn key(channel: &FanoutChannel) -> String {
     format!(
@@ -60,6 +77,20 @@ fn key(channel: &FanoutChannel) -> String {
         channel.namespace().unwrap_or_default(),
         channel.name_any()
     )
+}
+
+/// The Envoys connected now (the ledger's report), by node id.
+fn connected(report: &Value) -> BTreeSet<String> {
+    at(report, &["envoys"])
+        .as_object()
+        .map(|envoys| {
+            envoys
+                .iter()
+                .filter(|(_, e)| at(e, &["streams"]).as_u64().unwrap_or(0) > 0)
+                .map(|(node, _)| node.clone())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 impl Writer {
@@ -119,31 +150,27 @@ impl Writer {
         memory: &mut Memory,
     ) {
         let report = ledger.report();
-        let connected: BTreeSet<String> = at(&report, &["envoys"])
-            .as_object()
-            .map(|envoys| {
-                envoys
-                    .iter()
-                    .filter(|(_, e)| at(e, &["streams"]).as_u64().unwrap_or(0) > 0)
-                    .map(|(node, _)| node.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let connected = connected(&report);
         let now = Timestamp::now().round(k8s_openapi::jiff::Unit::Second);
         let now = now.map(|t| t.to_string()).unwrap_or_default();
         let mut writes = 0;
+        memory.tick();
         for channel in store.state() {
             if writes >= WRITES_PER_TICK {
                 break;
             }
             self.ensure(&channel, memory).await;
             let name = key(&channel);
-            let mut doc = serde_json::to_value(&*channel).unwrap_or(Value::Null);
-            if let Some(fields) = doc.as_object_mut() {
-                fields.insert("apiVersion".into(), json!(FanoutChannel::api_version(&())));
-                fields.insert("kind".into(), json!("FanoutChannel"));
+            let inputs = format!(
+                "{}|{}|{}|{connected:?}",
+                channel.resource_version().unwrap_or_default(),
+                served.ecds_version,
+                at(&report, &["channels", &name])
+            );
+            if memory.decided.get(&name) == Some(&inputs) {
+                continue;
             }
-            let alone = knative::map(&self.options, vec![doc]);
+            let alone = self.map_alone(&channel);
             let mapping = alone.channels.get(&name);
             let served_channel = served.channels.get(&name);
             let served_is_current = match (mapping, served_channel) {
@@ -166,26 +193,39 @@ impl Writer {
                 dead_letter: self.dead_letter(&channel).await,
                 now: &now,
             };
-            if self.write(&channel, desired(&observed), memory).await {
-                writes += 1;
+            // On a failure it is decided again next tick.
+            if let Some(wrote) = self.write(&channel, desired(&observed), memory).await {
+                writes += usize::from(wrote);
+                memory.decided.insert(name, inputs);
             }
         }
     }
 
-    /// Write `status` when it differs from the channel's; whether a write was made.
+    /// The channel mapped on its own: what this generation of it is served as.
+    fn map_alone(&self, channel: &FanoutChannel) -> crate::model::Snapshot {
+        let mut doc = serde_json::to_value(channel).unwrap_or(Value::Null);
+        if let Some(fields) = doc.as_object_mut() {
+            fields.insert("apiVersion".into(), json!(FanoutChannel::api_version(&())));
+            fields.insert("kind".into(), json!("FanoutChannel"));
+        }
+        knative::map(&self.options, vec![doc])
+    }
+
+    /// Write `status` when it differs from the channel's: whether a write was made, None
+    /// when it failed.
     async fn write(
         &self,
         channel: &FanoutChannel,
         status: FanoutChannelStatus,
         memory: &mut Memory,
-    ) -> bool {
+    ) -> Option<bool> {
         let want = serde_json::to_value(&status).unwrap_or(Value::Null);
         let have =
             serde_json::to_value(channel.status.clone().unwrap_or_default()).unwrap_or(Value::Null);
         let version = channel.resource_version().unwrap_or_default();
         let name = key(channel);
         if want == have || memory.written.get(&name) == Some(&(version.clone(), want.clone())) {
-            return false;
+            return Some(false);
         }
         // A merge patch: what the status no longer has is removed with null.
         let mut patch = want.clone();
@@ -214,12 +254,13 @@ impl Writer {
         {
             Ok(_) => {
                 memory.written.insert(name, (version, want));
-                true
+                Some(true)
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => false,
+            // Written by someone else meanwhile: decided again from the new version.
+            Err(kube::Error::Api(s)) if s.code == 409 => None,
             Err(e) => {
                 log::warn!("FanoutChannel {name}: cannot write its status: {e}");
-                false
+                None
             }
         }
     }
