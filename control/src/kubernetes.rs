@@ -10,8 +10,9 @@ mod writer;
 
 pub use writer::Writer;
 
-use crate::model::MapOptions;
-use crate::source::{Snapshots, Source};
+use crate::source::{Listings, Source};
+use std::future::Future;
+use std::pin::Pin;
 
 /// `NS/NAME`, for the flags that name a namespaced object.
 pub fn namespaced(value: &str) -> Result<(String, String), String> {
@@ -27,12 +28,11 @@ pub fn namespaced(value: &str) -> Result<(String, String), String> {
 /// `~/.kube/config`); the objects of `namespace`, or of every namespace.
 pub struct KubeSource {
     namespace: Option<String>,
-    options: MapOptions,
 }
 
 impl KubeSource {
-    pub fn new(namespace: Option<String>, options: MapOptions) -> KubeSource {
-        KubeSource { namespace, options }
+    pub fn new(namespace: Option<String>) -> KubeSource {
+        KubeSource { namespace }
     }
 }
 
@@ -44,18 +44,8 @@ impl Source for KubeSource {
         }
     }
 
-    fn run(self: Box<Self>, out: Snapshots) {
-        let runtime = match tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
-            Ok(runtime) => runtime,
-            Err(e) => {
-                log::error!("kubernetes source: cannot start its runtime: {e}");
-                return;
-            }
-        };
-        runtime.block_on(async move {
+    fn run(self: Box<Self>, out: Listings) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async move {
             let client = match kube::Client::try_default().await {
                 Ok(client) => client,
                 Err(e) => {
@@ -67,8 +57,8 @@ impl Source for KubeSource {
                     std::process::exit(2);
                 }
             };
-            watch::run(client, self.namespace, self.options, out).await;
-        });
+            watch::run(client, self.namespace, out).await;
+        })
     }
 }
 

@@ -106,11 +106,10 @@ fn main() -> ExitCode {
             .map(|_| args.default_authorization_mode),
     };
     let source = match args.source.as_str() {
-        "kubernetes" => Ok(Box::new(kubernetes::KubeSource::new(
-            args.namespace.clone(),
-            map_options,
-        )) as Box<dyn Source>),
-        _ => source::from_arg(&args.source, map_options),
+        "kubernetes" => {
+            Ok(Box::new(kubernetes::KubeSource::new(args.namespace.clone())) as Box<dyn Source>)
+        }
+        _ => source::from_arg(&args.source),
     };
     let source = match source {
         Ok(source) => source,
@@ -130,7 +129,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(args, source)) {
+    match runtime.block_on(serve(args, source, map_options)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("fanout-control: {e}");
@@ -139,7 +138,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(args: Args, source: Box<dyn Source>) -> Result<(), String> {
+async fn serve(args: Args, source: Box<dyn Source>, map: MapOptions) -> Result<(), String> {
     let options = RenderOptions {
         wasm: args.wasm.clone(),
         trusted_ca: args.trusted_ca.clone(),
@@ -155,12 +154,12 @@ async fn serve(args: Args, source: Box<dyn Source>) -> Result<(), String> {
     log::info!("source {}", source.describe());
     if args.source == "kubernetes" {
         tokio::spawn(write_status(
-            args.clone_status(),
+            args.clone_status(map),
             ledger.clone(),
             served.clone(),
         ));
     }
-    std::thread::spawn(move || source.run(snapshots_tx));
+    tokio::spawn(source::run(source, map, snapshots_tx));
     tokio::spawn(decide(snapshots, served_tx, ledger.clone(), options));
     let xds = tokio::net::TcpListener::bind(args.xds_address)
         .await
@@ -245,13 +244,7 @@ type StatusArgs = (
 );
 
 impl Args {
-    fn clone_status(&self) -> StatusArgs {
-        let options = MapOptions {
-            senders: self
-                .oidc_issuer
-                .as_ref()
-                .map(|_| self.default_authorization_mode),
-        };
+    fn clone_status(&self, options: MapOptions) -> StatusArgs {
         (
             self.namespace.clone(),
             self.lease.clone(),

@@ -1,12 +1,10 @@
 //! The watches: one per kind (FanoutChannels, and Knative's InMemoryChannels, Channels,
 //! Subscriptions and EventPolicies), each a kube-rs watcher that relists after any error,
-//! turned into [`Update`]s for [`Objects`]; the source maps the whole set each time it
-//! changes, with the directory source's mapper.
+//! turned into [`Update`]s for [`Objects`]; each time the whole set changes it is listed to
+//! the loop every source shares, which maps it with the directory source's mapper.
 
 use super::objects::{Objects, Update};
-use crate::knative;
-use crate::model::{MapOptions, Snapshot};
-use crate::source::Snapshots;
+use crate::source::{Listing, Listings};
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::utils::Backoff;
@@ -14,7 +12,6 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Client;
 use serde_json::Value;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -145,46 +142,43 @@ async fn watch_kind(
     }
 }
 
-/// Watch every kind, in `namespace` or in all, and publish a snapshot each time the whole
-/// set changes (once every kind has been listed), until `out` has no receiver.
-pub async fn run(client: Client, namespace: Option<String>, options: MapOptions, out: Snapshots) {
+/// Watch every kind, in `namespace` or in all, and list the whole set each time it changes
+/// (once every kind has been listed whole), until `out` has no receiver.
+pub async fn run(client: Client, namespace: Option<String>, out: Listings) {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let resources = kinds();
     let mut objects = Objects::new(resources.len());
+    let mut watches = Vec::new();
     for (index, resource) in resources.into_iter().enumerate() {
         let api = match &namespace {
             Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
             None => Api::all_with(client.clone(), &resource),
         };
-        tokio::spawn(watch_kind(api, resource, index, tx.clone()));
+        watches.push(tokio::spawn(watch_kind(api, resource, index, tx.clone())));
     }
     drop(tx);
-    let mut last: Option<Snapshot> = None;
-    while let Some((index, update)) = rx.recv().await {
+    loop {
+        let received = tokio::select! {
+            received = rx.recv() => received,
+            () = out.closed() => None,
+        };
+        let Some((index, update)) = received else {
+            break;
+        };
         let mut changed = objects.apply(index, update);
-        // What arrived with it is mapped in the same pass.
+        // What arrived with it is listed in the same pass.
         while let Ok((index, update)) = rx.try_recv() {
             changed |= objects.apply(index, update);
         }
-        if !changed || !objects.complete() {
-            continue;
+        if changed && objects.complete() {
+            let listing = Listing {
+                objects: objects.all(),
+                problems: Vec::new(),
+            };
+            if out.send(Some(listing)).is_err() {
+                break;
+            }
         }
-        let snapshot = knative::map(&options, objects.all());
-        if last.as_ref() == Some(&snapshot) {
-            continue;
-        }
-        log::info!(
-            "kubernetes: {} channel(s), {} with problems",
-            snapshot.channels.len(),
-            snapshot
-                .channels
-                .values()
-                .filter(|c| !c.problems.is_empty())
-                .count()
-        );
-        if out.send(Some(Arc::new(snapshot.clone()))).is_err() {
-            return;
-        }
-        last = Some(snapshot);
     }
+    watches.iter().for_each(tokio::task::JoinHandle::abort);
 }

@@ -62,7 +62,7 @@ struct Memory {
 impl Memory {
     fn tick(&mut self) {
         self.ticks += 1;
-        if self.ticks % REDECIDE == 0 {
+        if self.ticks.is_multiple_of(REDECIDE) {
             self.decided.clear();
         }
     }
