@@ -198,46 +198,6 @@ fn without_knatives_crds_fanout_channels_are_served_and_the_missing_kinds_logged
     first_delivery(&a, Instant::now() - Duration::from_secs(60), "a");
 }
 
-/// A Subscription to a FanoutChannel, with Knative's controller: Knative writes it into the
-/// channel's `spec.subscribers`; fanout serves it. Apply-to-first-delivery times over
-/// several Subscriptions, p50 and p99.
-#[test]
-#[ignore = "needs KUBE_APISERVER_BIN, KNATIVE_CONTROLLER_BIN, KNATIVE_EVENTING_SRC: make test-k8s"]
-fn knative_a_subscription_is_delivered_through_fanout() {
-    let api = cluster();
-    let knative = Knative::start(&api);
-    let control = Control::start_kubernetes(&api.kubeconfig, free_ports(1)[0], &[]);
-    let envoy = xds_envoy("k1", control.xds_port).start();
-    api.apply(&fanout_channel("orders", &[]));
-    let _sender = Sender::start(&host("orders"), &envoy);
-    let mut times = Vec::new();
-    let subscribers: Vec<Subscriber> = (0..5).map(|i| Subscriber::ok(&format!("s{i}"))).collect();
-    for (i, s) in subscribers.iter().enumerate() {
-        let applied = Instant::now();
-        api.apply(&format!(
-            "apiVersion: messaging.knative.dev/v1\nkind: Subscription\nmetadata: {{name: s{i}, \
-             namespace: {NS}}}\nspec:\n  channel: {{apiVersion: messaging.fanout.dev/v1alpha1, \
-             kind: FanoutChannel, name: orders}}\n  subscriber: {{uri: '{}'}}\n",
-            uri(s)
-        ));
-        let took = first_delivery(s, applied, &format!("Subscription s{i}: {}", knative.log()));
-        times.push(took);
-    }
-    times.sort();
-    eprintln!(
-        "k8s: Subscription apply to first delivery with Knative's controller: {:?} (p50 {:?}, \
-         max {:?})",
-        times,
-        times[times.len() / 2],
-        times[times.len() - 1]
-    );
-    let channel = api.get("fanoutchannel", NS, "orders").unwrap();
-    assert_eq!(
-        channel["spec"]["subscribers"].as_array().map(Vec::len),
-        Some(5)
-    );
-}
-
 /// `status.subscribers[]` entry of `uid`.
 fn subscriber_status(channel: &Value, uid: &str) -> Value {
     channel["status"]["subscribers"]
@@ -469,7 +429,12 @@ fn knative_a_channel_with_a_fanout_channel_template() {
          namespace: {NS}}}\nspec:\n  channelTemplate: {{apiVersion: \
          messaging.fanout.dev/v1alpha1, kind: FanoutChannel}}\n"
     ));
-    let channel = api.wait_for(("channel", NS, "events"), "Ready", WAIT, is_ready);
+    let channel = api.wait_for(
+        ("channels.messaging.knative.dev", NS, "events"),
+        "Ready",
+        WAIT,
+        is_ready,
+    );
     assert_eq!(
         channel["status"]["address"]["url"],
         format!("http://{}", host("events"))

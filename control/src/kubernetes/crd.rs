@@ -12,6 +12,17 @@ use std::collections::BTreeMap;
 /// The API group of FanoutChannel.
 pub const GROUP: &str = "messaging.fanout.dev";
 
+/// A FanoutChannel from the API: one Knative creates has no `spec` until it has subscribers.
+pub fn from_object(object: &impl Serialize) -> Result<FanoutChannel, serde_json::Error> {
+    let mut value = serde_json::to_value(object)?;
+    if let Some(fields) = value.as_object_mut() {
+        fields
+            .entry("spec")
+            .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+    }
+    serde_json::from_value(value)
+}
+
 /// A Knative channel whose events fanout delivers: Knative's Channelable spec
 /// (`subscribers`, `delivery`).
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -336,6 +347,24 @@ mod generate {
         }
     }
 
+    /// The CRD as shipped: `spec` is not required, since Knative creates a Channel's
+    /// FanoutChannel without one.
+    pub fn crd() -> serde_json::Value {
+        let mut crd = serde_json::to_value(FanoutChannel::crd()).unwrap_or_default();
+        if let Some(versions) = crd["spec"]["versions"].as_array_mut() {
+            for version in versions {
+                let schema = &mut version["schema"]["openAPIV3Schema"];
+                if let Some(required) = schema["required"].as_array_mut() {
+                    required.retain(|r| r != "spec");
+                    if required.is_empty() {
+                        schema.as_object_mut().map(|s| s.remove("required"));
+                    }
+                }
+            }
+        }
+        crd
+    }
+
     /// The shipped manifest: the CRD, then the ClusterRoles that let Knative's controller
     /// manage FanoutChannels (`duck.knative.dev/channelable`) and resolve their addresses
     /// (`duck.knative.dev/addressable`) once aggregated into its own roles.
@@ -360,7 +389,7 @@ mod generate {
              fanout-control crd::\n",
         );
         let documents = [
-            serde_yaml_ng::to_string(&FanoutChannel::crd())?,
+            serde_yaml_ng::to_string(&crd())?,
             serde_yaml_ng::to_string(&channelable)?,
             serde_yaml_ng::to_string(&addressable)?,
         ];
@@ -371,9 +400,8 @@ mod generate {
 
 #[cfg(test)]
 mod tests {
-    use super::generate::manifest;
+    use super::generate::{crd, manifest};
     use super::*;
-    use kube::CustomResourceExt;
     use serde_json::json;
 
     const SHIPPED: &str = "../deploy/kubernetes/fanoutchannel.yaml";
@@ -397,7 +425,7 @@ mod tests {
 
     #[test]
     fn the_crd_is_knatives_channel_kind() {
-        let crd = serde_json::to_value(FanoutChannel::crd()).unwrap();
+        let crd = crd();
         assert_eq!(
             crd["metadata"]["name"],
             "fanoutchannels.messaging.fanout.dev"
@@ -414,6 +442,11 @@ mod tests {
             json!(["all", "knative", "messaging", "channel"])
         );
         assert_eq!(crd["spec"]["scope"], "Namespaced");
+        let root = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        assert!(
+            !root.to_string().contains("\"required\":[\"spec\"]"),
+            "{root}"
+        );
         let version = &crd["spec"]["versions"][0];
         assert_eq!(version["name"], "v1alpha1");
         assert_eq!(version["subresources"]["status"], json!({}));

@@ -18,7 +18,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, CustomResourceExt, Resource, ResourceExt};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -96,11 +96,14 @@ fn connected(report: &Value) -> BTreeSet<String> {
 impl Writer {
     /// Run until the process ends.
     pub async fn run(self, ledger: Ledger, served: watch::Receiver<Option<Arc<Served>>>) {
-        let channels: Api<FanoutChannel> = match &self.namespace {
-            Some(ns) => Api::namespaced(self.client.clone(), ns),
-            None => Api::all(self.client.clone()),
+        // Dynamic objects: a FanoutChannel Knative creates has no spec at first.
+        let resource = FanoutChannel::api_resource();
+        let channels: Api<DynamicObject> = match &self.namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource),
+            None => Api::all_with(self.client.clone(), &resource),
         };
-        let (store, cache) = reflector::store();
+        let cache = reflector::store::Writer::<DynamicObject>::new(resource);
+        let store = cache.as_reader();
         let stream = watcher(channels, watcher::Config::default()).default_backoff();
         tokio::spawn(reflector::reflector(cache, stream).for_each(|_| async {}));
         let identity = format!(
@@ -144,7 +147,7 @@ impl Writer {
     /// Decide every channel's status; write those that differ.
     async fn sync(
         &self,
-        store: &Store<FanoutChannel>,
+        store: &Store<DynamicObject>,
         ledger: &Ledger,
         served: &Served,
         memory: &mut Memory,
@@ -155,10 +158,17 @@ impl Writer {
         let now = now.map(|t| t.to_string()).unwrap_or_default();
         let mut writes = 0;
         memory.tick();
-        for channel in store.state() {
+        for object in store.state() {
             if writes >= WRITES_PER_TICK {
                 break;
             }
+            let channel = match super::crd::from_object(&*object) {
+                Ok(channel) => channel,
+                Err(e) => {
+                    log::warn!("FanoutChannel {}: {e}", object.name_any());
+                    continue;
+                }
+            };
             self.ensure(&channel, memory).await;
             let name = key(&channel);
             let inputs = format!(
