@@ -391,6 +391,16 @@ fn knative_subscriptions_turn_ready_are_delivered_edited_and_deleted() {
         s["metadata"]["generation"] == 2
     });
     channel_acknowledged(&api, "orders", &sub);
+    // /state agrees within a second: the Envoy's clusters still hold s0's old one (kept for
+    // the cluster grace), and x is live on it all the same.
+    control.wait_for_state("x live on k1", Duration::from_secs(1), |s| {
+        s["channels"][format!("{NS}/orders")]["subscribers"]
+            .as_array()
+            .is_some_and(|subs| {
+                subs.iter()
+                    .any(|e| e["uri"] == uri(&x) && e["live_on"] == serde_json::json!(["k1"]))
+            })
+    });
     first_delivery(&x, Instant::now(), "x after s0 was edited");
     let settled = Instant::now() + Duration::from_millis(500);
     std::thread::sleep(Duration::from_millis(1500));
@@ -545,7 +555,7 @@ fn knative_two_replicas_one_writer_and_the_leader_killed() {
     let api = cluster();
     let _knative = Knative::start(&api);
     let ports = free_ports(2);
-    let mut replicas = vec![
+    let mut replicas = [
         Control::start_kubernetes(&api.kubeconfig, ports[0], &[]),
         Control::start_kubernetes(&api.kubeconfig, ports[1], &[]),
     ];

@@ -1,8 +1,8 @@
 //! The FanoutChannel kind (`fanoutchannels.messaging.fanout.dev`, v1alpha1): a Knative
 //! channel whose data plane is fanout. Its spec and status are Knative's Channelable duck
 //! type, field for field, so that Knative's controller manages it as it manages an
-//! InMemoryChannel; [`manifest`] is the CustomResourceDefinition and the two aggregated
-//! ClusterRoles, as shipped in `deploy/kubernetes/fanoutchannel.yaml`.
+//! InMemoryChannel. `deploy/kubernetes/fanoutchannel.yaml` (the CustomResourceDefinition and
+//! the two aggregated ClusterRoles) is generated from these types by the test that checks it.
 
 use kube::CustomResource;
 use schemars::JsonSchema;

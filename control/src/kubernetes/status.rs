@@ -1,6 +1,6 @@
 //! FanoutChannel status: what Knative's controller reads to turn Subscriptions Ready. The
 //! pure half, [`desired`], says what a channel's status is from the channel, what is served
-//! for it and what every connected Envoy has ACKed; [`run`] (one replica at a time, by
+//! for it and what every connected Envoy has ACKed; [`super::Writer`] (one replica at a time, by
 //! [`super::lease`]) writes it when it differs, and keeps each channel's
 //! `<name>-kn-channel` Service and Knative's `subscribable` annotation.
 
@@ -203,5 +203,111 @@ pub fn desired(o: &Observed) -> FanoutChannelStatus {
         subscribers: subscribers(o, &channel_problems),
         dead_letter_sink_uri: dead_letter.and_then(Result::ok),
         ..FanoutChannelStatus::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ChannelSpec;
+    use serde_json::json;
+
+    fn channel() -> FanoutChannel {
+        serde_json::from_value(json!({
+            "apiVersion": "messaging.fanout.dev/v1alpha1", "kind": "FanoutChannel",
+            "metadata": { "name": "orders", "namespace": "shop", "generation": 3 },
+            "spec": { "subscribers": [
+                { "uid": "a", "generation": 1, "subscriberUri": "http://a.shop/" },
+                { "uid": "b", "generation": 2, "subscriberUri": "http://b.shop/" } ] }
+        }))
+        .unwrap()
+    }
+
+    fn served() -> ServedChannel {
+        ServedChannel {
+            serving: Serving::Current,
+            spec: ChannelSpec::default(),
+            digest: "d".into(),
+            problems: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+
+    fn decide(report: Value, connected: &[&str], problems: &[Problem]) -> FanoutChannelStatus {
+        let channel = channel();
+        let served = served();
+        let connected = connected.iter().map(|s| (*s).to_owned()).collect();
+        desired(&Observed {
+            channel: &channel,
+            problems,
+            served: Some(&served),
+            served_is_current: true,
+            report: &report,
+            connected: &connected,
+            dead_letter: None,
+            now: "2026-01-01T00:00:00Z",
+        })
+    }
+
+    fn ready(status: &FanoutChannelStatus, uid: &str) -> (String, Option<i64>) {
+        let entry = status
+            .subscribers
+            .iter()
+            .find(|s| s.uid.as_deref() == Some(uid));
+        let entry = entry.unwrap();
+        (entry.ready.clone().unwrap(), entry.observed_generation)
+    }
+
+    #[test]
+    fn a_subscriber_is_ready_once_every_connected_envoy_has_it_live() {
+        let report = json!({
+            "envoys": { "e1": { "state": "current" }, "e2": { "state": "current" } },
+            "subscribers": [ { "uri": "http://a.shop/", "live_on": ["e1", "e2"] },
+                             { "uri": "http://b.shop/", "live_on": ["e1"] } ]
+        });
+        let status = decide(report, &["e1", "e2"], &[]);
+        assert_eq!(ready(&status, "a"), ("True".into(), Some(1)));
+        assert_eq!(ready(&status, "b"), ("Unknown".into(), Some(2)));
+        assert_eq!(status.observed_generation, Some(3));
+        let url = "http://orders-kn-channel.shop.svc.cluster.local";
+        assert_eq!(status.address.unwrap().url.as_deref(), Some(url));
+        let types: Vec<(&str, &str)> = status
+            .conditions
+            .iter()
+            .map(|c| (c.type_.as_str(), c.status.as_str()))
+            .collect();
+        assert_eq!(
+            types,
+            [
+                ("Ready", "True"),
+                ("Addressable", "True"),
+                ("DispatcherReady", "True")
+            ]
+        );
+    }
+
+    #[test]
+    fn no_envoy_or_a_problem_is_never_ready() {
+        let report = json!({ "subscribers": [ { "uri": "http://a.shop/", "live_on": ["e1"] } ] });
+        let status = decide(report.clone(), &[], &[]);
+        assert_eq!(ready(&status, "a").0, "Unknown");
+        let reason = status.conditions[0].reason.as_deref();
+        assert_eq!(
+            (status.conditions[0].status.as_str(), reason),
+            ("False", Some("NoEnvoys"))
+        );
+        let problem = Problem::new(
+            "FanoutChannel shop/orders",
+            "spec.subscribers[1].subscriberUri",
+            "bad",
+        );
+        let status = decide(report, &["e1"], &[problem]);
+        assert_eq!(ready(&status, "b").0, "False");
+        let message = status.subscribers[1].message.clone().unwrap();
+        assert!(
+            message.contains("spec.subscribers[1].subscriberUri: bad"),
+            "{message}"
+        );
+        assert_eq!(status.conditions[0].reason.as_deref(), Some("InvalidSpec"));
     }
 }
