@@ -9,8 +9,8 @@ use super::crd::{FanoutChannel, FanoutChannelStatus, KReference};
 use super::lease::{Elector, DURATION, RENEW};
 use super::status::{at, desired, Observed};
 use crate::knative;
-use crate::model::MapOptions;
-use crate::render::{Served, Serving};
+use crate::model::{ChannelMapping, MapOptions};
+use crate::render::{Served, ServedChannel, Serving};
 use crate::state::Ledger;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
@@ -77,6 +77,21 @@ fn key(channel: &FanoutChannel) -> String {
         channel.namespace().unwrap_or_default(),
         channel.name_any()
     )
+}
+
+/// Whether what is served for a channel serves every subscriber of its current generation
+/// (`mapping`, the channel mapped on its own) as it is now.
+fn serves(mapping: Option<&ChannelMapping>, served: Option<&ServedChannel>) -> bool {
+    match (mapping, served) {
+        (Some(m), Some(s)) => {
+            s.serving == Serving::Current
+                && m.spec
+                    .subscribers
+                    .iter()
+                    .all(|x| s.spec.subscribers.contains(x))
+        }
+        _ => false,
+    }
 }
 
 /// The Envoys connected now (the ledger's report), by node id.
@@ -183,21 +198,11 @@ impl Writer {
             let alone = self.map_alone(&channel);
             let mapping = alone.channels.get(&name);
             let served_channel = served.channels.get(&name);
-            let served_is_current = match (mapping, served_channel) {
-                (Some(m), Some(s)) => {
-                    s.serving == Serving::Current
-                        && m.spec
-                            .subscribers
-                            .iter()
-                            .all(|x| s.spec.subscribers.contains(x))
-                }
-                _ => false,
-            };
             let observed = Observed {
                 channel: &channel,
                 problems: mapping.map(|m| m.problems.as_slice()).unwrap_or_default(),
                 served: served_channel,
-                served_is_current,
+                served_is_current: serves(mapping, served_channel),
                 report: at(&report, &["channels", &name]),
                 connected: &connected,
                 dead_letter: self.dead_letter(&channel).await,
