@@ -605,3 +605,31 @@ fn knative_two_replicas_one_writer_and_the_leader_killed() {
         killed.elapsed()
     );
 }
+
+/// The kube-apiserver restarted under Knative's controller and fanout-control: both watch
+/// again, and a Subscription made after the restart is delivered and turns Ready.
+#[test]
+#[ignore = "needs KUBE_APISERVER_BIN, KNATIVE_CONTROLLER_BIN, KNATIVE_EVENTING_SRC: make test-k8s"]
+fn knative_a_subscription_made_after_a_kube_apiserver_restart_turns_ready() {
+    let mut api = cluster();
+    let _knative = Knative::start(&api);
+    let control = Control::start_kubernetes(&api.kubeconfig, free_ports(1)[0], &[]);
+    let envoy = xds_envoy("k1", control.xds_port).start();
+    api.apply(&fanout_channel("orders", &[]));
+    let a = Subscriber::ok("a");
+    api.apply(&subscription("a", FANOUT, &uri(&a)));
+    api.wait_for(("subscription", NS, "a"), "Ready", WAIT, is_ready);
+    let _sender = Sender::start(&host("orders"), &envoy);
+    first_delivery(&a, Instant::now(), "a before the restart");
+    api.restart();
+    first_delivery(&a, Instant::now(), "a right after the restart");
+    let b = Subscriber::ok("b");
+    let applied = Instant::now();
+    api.apply(&subscription("b", FANOUT, &uri(&b)));
+    let took = first_delivery(&b, applied, "b, made after the restart");
+    api.wait_for(("subscription", NS, "b"), "Ready", WAIT, is_ready);
+    eprintln!(
+        "k8s: a Subscription made after an apiserver restart: first delivery {took:?}, Ready {:?}",
+        applied.elapsed()
+    );
+}
