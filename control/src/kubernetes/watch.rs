@@ -52,8 +52,14 @@ pub fn kinds() -> Vec<ApiResource> {
 /// How long a watch waits before it tries again after an error: from 200 ms, doubling, at
 /// most 5 s (an apiserver back from a restart is watched again within seconds), reset by
 /// every event.
-struct Retry {
+pub struct Retry {
     next: Duration,
+}
+
+impl Default for Retry {
+    fn default() -> Retry {
+        Retry { next: FIRST_RETRY }
+    }
 }
 
 const FIRST_RETRY: Duration = Duration::from_millis(200);
@@ -107,7 +113,7 @@ async fn watch_kind(
 ) {
     let name = format!("{}.{}", resource.plural, resource.group);
     let mut stream = watcher::watcher(api, watcher::Config::default())
-        .backoff(Retry { next: FIRST_RETRY })
+        .backoff(Retry::default())
         .boxed();
     let mut absent = false;
     while let Some(event) = stream.next().await {

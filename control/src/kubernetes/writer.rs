@@ -8,6 +8,7 @@
 use super::crd::{FanoutChannel, FanoutChannelStatus, KReference};
 use super::lease::{Elector, DURATION, RENEW};
 use super::status::{at, desired, Observed};
+use super::watch::Retry;
 use crate::knative;
 use crate::model::{ChannelMapping, MapOptions};
 use crate::render::{Served, ServedChannel, Serving};
@@ -119,7 +120,7 @@ impl Writer {
         };
         let cache = reflector::store::Writer::<DynamicObject>::new(resource);
         let store = cache.as_reader();
-        let stream = watcher(channels, watcher::Config::default()).default_backoff();
+        let stream = watcher(channels, watcher::Config::default()).backoff(Retry::default());
         tokio::spawn(reflector::reflector(cache, stream).for_each(|_| async {}));
         let identity = format!(
             "{}-{}",
