@@ -319,6 +319,30 @@ test-wasm: targets
 test-e2e: build envoy sdk js etcd jsonschema kubernetes-validate otlp skopeo registry prometheus control
 	$(CARGO) test --test e2e
 
+# fanout on a real Kubernetes API (tests/e2e/k8s.rs, ignored by `make test`): etcd and the
+# kube-apiserver given as KUBE_APISERVER_BIN (1.24 or later), fanout-control --source
+# kubernetes, real Envoys on envoy/xds/envoy.yaml, objects applied with kubectl; the knative_
+# scenarios also run Knative Eventing's controller, KNATIVE_CONTROLLER_BIN (1.22 or later),
+# with the CRDs and ConfigMaps of its source tree KNATIVE_EVENTING_SRC. What is not given is
+# reported SKIPPED (exit 0).
+KUBE_APISERVER_BIN ?=
+KNATIVE_CONTROLLER_BIN ?=
+KNATIVE_EVENTING_SRC ?=
+export KUBE_APISERVER_BIN KNATIVE_CONTROLLER_BIN KNATIVE_EVENTING_SRC
+.PHONY: test-k8s
+test-k8s:
+	@missing=; \
+	[ -n "$(KUBE_APISERVER_BIN)" ] || missing="$$missing KUBE_APISERVER_BIN (a kube-apiserver binary, 1.24 or later)"; \
+	command -v kubectl >/dev/null || missing="$$missing kubectl"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	if [ -n "$$missing" ]; then echo "SKIPPED: make test-k8s needs$$missing"; exit 0; fi; \
+	$(MAKE) --no-print-directory build envoy etcd control || exit 1; \
+	skip=; if [ -z "$(KNATIVE_CONTROLLER_BIN)" ] || [ -z "$(KNATIVE_EVENTING_SRC)" ]; then \
+	  echo "SKIPPED: the knative_ scenarios need KNATIVE_CONTROLLER_BIN (Knative Eventing's controller, 1.22 or later) and KNATIVE_EVENTING_SRC (its source tree)"; \
+	  skip="--skip k8s::knative_"; \
+	fi; \
+	$(CARGO) test --test e2e k8s:: -- --ignored --test-threads=1 --nocapture $$skip
+
 # The docker-compose demo for real (tools/test-compose.sh): needs Docker and compose v2, so not
 # part of `make test`; .ci/run runs it where `docker info` works.
 .PHONY: test-compose

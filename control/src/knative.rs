@@ -35,6 +35,10 @@ use subscriptions::Source;
 
 const MESSAGING: &str = "messaging.knative.dev";
 const EVENTING: &str = "eventing.knative.dev";
+/// fanout's own channel kind, FanoutChannel (crate::kubernetes::crd).
+const FANOUT: &str = "messaging.fanout.dev";
+/// The channel kinds served at their conventional host `<name>-kn-channel.<namespace>...`.
+const CONVENTIONAL_HOST: [&str; 2] = ["InMemoryChannel", "FanoutChannel"];
 /// The problems and warnings charged so far, by channel (`other`: of no channel).
 #[derive(Default)]
 struct Report {

@@ -8,6 +8,7 @@ mod clusters;
 mod contract;
 mod http;
 mod knative;
+mod kubernetes;
 mod metrics;
 mod model;
 mod render;
@@ -44,8 +45,22 @@ struct Args {
     /// The source of truth. `dir:PATH`: a directory of Knative Channels, InMemoryChannels and
     /// Subscriptions as `kubectl get -o yaml` (or `-o json`) writes them, re-read when a
     /// file changes.
-    #[arg(long, value_name = "dir:PATH")]
+    /// `kubernetes`: FanoutChannels and Knative's InMemoryChannels, Channels, Subscriptions
+    /// and EventPolicies, watched on the Kubernetes API (in-cluster configuration, or
+    /// KUBECONFIG).
+    #[arg(long, value_name = "dir:PATH|kubernetes")]
     source: String,
+    /// With `--source kubernetes`: watch this namespace only (all namespaces by default).
+    #[arg(long, value_name = "NS")]
+    namespace: Option<String>,
+    /// With `--source kubernetes`: the coordination.k8s.io Lease whose holder writes the
+    /// FanoutChannels' status (every replica serves xDS; one writes).
+    #[arg(long, value_name = "NS/NAME", default_value = "default/fanout-control", value_parser = kubernetes::namespaced)]
+    lease: (String, String),
+    /// With `--source kubernetes`: the Service of the fanout Envoys; each FanoutChannel gets
+    /// a Service `<name>-kn-channel` in its namespace, an ExternalName to it.
+    #[arg(long, value_name = "NS/NAME", value_parser = kubernetes::namespaced)]
+    dispatcher_service: Option<(String, String)>,
     /// Where Envoys connect (gRPC, ADS); what envoy/xds/envoy.yaml points at.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:18000")]
     xds_address: SocketAddr,
@@ -75,7 +90,13 @@ fn main() -> ExitCode {
     }
     let args = Args::parse();
     let map_options = args.config.map_options();
-    let source = match source::from_arg(&args.source) {
+    let source = match args.source.as_str() {
+        "kubernetes" => {
+            Ok(Box::new(kubernetes::KubeSource::new(args.namespace.clone())) as Box<dyn Source>)
+        }
+        _ => source::from_arg(&args.source),
+    };
+    let source = match source {
         Ok(source) => source,
         Err(e) => {
             eprintln!("fanout-control: {e}");
@@ -108,6 +129,13 @@ async fn serve(args: Args, source: Box<dyn Source>, map: MapOptions) -> Result<(
     let (snapshots_tx, snapshots) = watch::channel(None);
     let (served_tx, served) = watch::channel(None);
     log::info!("source {}", source.describe());
+    if args.source == "kubernetes" {
+        tokio::spawn(write_status(
+            args.clone_status(map),
+            ledger.clone(),
+            served.clone(),
+        ));
+    }
     tokio::spawn(source::run(source, map, snapshots_tx));
     tokio::spawn(decide(snapshots, served_tx, ledger.clone(), options));
     let xds = tokio::net::TcpListener::bind(args.xds_address)
@@ -177,6 +205,45 @@ async fn decide(
         if served_tx.send(Some(served)).is_err() {
             return;
         }
+    }
+}
+
+/// With `--source kubernetes`: the FanoutChannels' status, written by the Lease's holder.
+async fn write_status(
+    (namespace, lease, dispatcher, options): StatusArgs,
+    ledger: Ledger,
+    served: watch::Receiver<Option<Arc<Served>>>,
+) {
+    match kube::Client::try_default().await {
+        Ok(client) => {
+            let writer = kubernetes::Writer {
+                client,
+                namespace,
+                lease,
+                dispatcher,
+                options,
+            };
+            writer.run(ledger, served).await;
+        }
+        Err(e) => log::error!("status writer: no Kubernetes configuration: {e}"),
+    }
+}
+
+type StatusArgs = (
+    Option<String>,
+    (String, String),
+    Option<(String, String)>,
+    MapOptions,
+);
+
+impl Args {
+    fn clone_status(&self, options: MapOptions) -> StatusArgs {
+        (
+            self.namespace.clone(),
+            self.lease.clone(),
+            self.dispatcher_service.clone(),
+            options,
+        )
     }
 }
 

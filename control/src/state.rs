@@ -134,6 +134,19 @@ impl Ledger {
         prune(&mut inner);
     }
 
+    /// A cluster version one stream sends: it differs from the served one while the stream
+    /// keeps clusters its Envoy's previous filter still calls. Known here, the Envoy's ACK
+    /// of it counts at once (a subscriber is live where its clusters are).
+    pub fn sending_clusters(&self, version: &str, names: &BTreeSet<String>) {
+        let mut inner = self.lock();
+        if inner.cluster_sets.contains_key(version) {
+            return;
+        }
+        inner.cluster_sets.insert(version.to_owned(), names.clone());
+        inner.order.push_back((Kind::Clusters, version.to_owned()));
+        prune(&mut inner);
+    }
+
     /// The cluster names of a filter version the server knows.
     pub fn filter_clusters(&self, version: &str) -> Option<BTreeSet<String>> {
         let inner = self.lock();

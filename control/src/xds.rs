@@ -310,6 +310,7 @@ impl StreamState {
         let stream = self.kind(kind);
         stream.last = Some(version.to_owned());
         if kind == Kind::Clusters {
+            ledger.sending_clusters(version, &clusters);
             stream.last_clusters = clusters.clone();
         }
         stream.in_flight = Some(InFlight {

@@ -27,6 +27,8 @@ mod reload;
 // The control plane (fanout-control) and Envoys on envoy/xds/envoy.yaml.
 mod control;
 mod control_tls;
+// On a real Kubernetes API (make test-k8s; ignored otherwise).
+mod k8s;
 mod replicas_redelivery;
 mod replicas_store;
 mod rollout;

@@ -4,7 +4,7 @@
 
 use super::objects::{text, Group};
 use super::uris::split_host_port;
-use super::Report;
+use super::{Report, CONVENTIONAL_HOST};
 use crate::model::{MapOptions, Problem};
 use serde_json::Value;
 
@@ -56,16 +56,20 @@ pub(super) fn channel_hosts(
 }
 
 /// A channel whose status names no address: an InMemoryChannel's conventional host (a
-/// warning), or none (a problem).
+/// warning: its address is missing), a FanoutChannel's (whose address that is by
+/// definition), or none (a problem).
 fn conventional_host(group: &Group, report: &mut Report) -> Vec<String> {
-    if let Some(imc) = in_memory_name(group) {
+    if let Some(name) = in_memory_name(group) {
         let host = format!(
-            "{imc}-kn-channel.{}.svc.cluster.local",
+            "{name}-kn-channel.{}.svc.cluster.local",
             group.primary.namespace
         );
-        let message = format!("missing: matched by the InMemoryChannel's conventional host {host}");
-        let warning = Problem::new(&group.primary.label, "status.address.url", message);
-        report.warn(Some(&group.name), warning);
+        if group.members.iter().all(|m| m.kind != "FanoutChannel") {
+            let message =
+                format!("missing: matched by the InMemoryChannel's conventional host {host}");
+            let warning = Problem::new(&group.primary.label, "status.address.url", message);
+            report.warn(Some(&group.name), warning);
+        }
         return vec![host];
     }
     report.channel(
@@ -83,7 +87,8 @@ fn conventional_host(group: &Group, report: &mut Report) -> Vec<String> {
 /// The name of the InMemoryChannel behind `group`, if it is one: a member, or what a
 /// Channel's status (or template) says backs it.
 fn in_memory_name(group: &Group) -> Option<String> {
-    if let Some(imc) = group.members.iter().find(|m| m.kind == "InMemoryChannel") {
+    let conventional = |kind: &str| CONVENTIONAL_HOST.contains(&kind);
+    if let Some(imc) = group.members.iter().find(|m| conventional(&m.kind)) {
         return Some(imc.name.clone());
     }
     let primary = &group.primary;
@@ -91,7 +96,7 @@ fn in_memory_name(group: &Group) -> Option<String> {
         .at(&["status", "channel"])
         .or_else(|| primary.at(&["spec", "channelTemplate"]));
     let kind = backing.and_then(|b| text(b, &["kind"]));
-    (primary.kind == "Channel" && kind.as_deref().is_none_or(|k| k == "InMemoryChannel"))
+    (primary.kind == "Channel" && kind.as_deref().is_none_or(conventional))
         .then(|| text(&primary.doc, &["status", "channel", "name"]).unwrap_or(primary.name.clone()))
 }
 

@@ -2,7 +2,7 @@
 //! (Channels, InMemoryChannels, Subscriptions, EventPolicies), and each Channel grouped with
 //! its backing channel. An object of another kind is reported here; nothing is mapped here.
 
-use super::{Report, EVENTING, MESSAGING};
+use super::{Report, EVENTING, FANOUT, MESSAGING};
 use crate::model::Problem;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -90,7 +90,7 @@ fn unknown_kind(obj: &KObject, report: &mut Report) {
             &format!("spec.{field}"),
             format!(
                 "{} ({group}) is not a kind this command imports (Channel, InMemoryChannel, \
-                 Subscription): its subscribers would get no events from fanout",
+                 FanoutChannel, Subscription): its subscribers would get no events from fanout",
                 obj.kind
             ),
         ));
@@ -107,7 +107,9 @@ pub(super) fn sort_objects(documents: Vec<Value>, report: &mut Report) -> Sorted
         let obj = KObject::new(doc);
         let known = matches!(
             (obj.group.as_str(), obj.kind.as_str()),
-            (MESSAGING, "Channel" | "InMemoryChannel" | "Subscription") | (EVENTING, "EventPolicy")
+            (MESSAGING, "Channel" | "InMemoryChannel" | "Subscription")
+                | (EVENTING, "EventPolicy")
+                | (FANOUT, "FanoutChannel")
         );
         if !known {
             unknown_kind(&obj, report);

@@ -38,13 +38,30 @@ impl Control {
 
     /// [`Control::start`] with more options of the server (`--oidc-issuer`, `--resolve`, ...).
     pub fn start_with(source_dir: &Path, xds_port: u16, more: &[&str]) -> Control {
+        let source = format!("dir:{}", source_dir.display());
+        Control::start_on(&source, xds_port, more, &[])
+    }
+
+    /// The server on `--source kubernetes`, with `KUBECONFIG` set to `kubeconfig`.
+    pub fn start_kubernetes(kubeconfig: &Path, xds_port: u16, more: &[&str]) -> Control {
+        let env = [("KUBECONFIG", kubeconfig.as_os_str())];
+        Control::start_on("kubernetes", xds_port, more, &env)
+    }
+
+    /// The server on `--source SOURCE`, with these environment variables set.
+    pub fn start_on(
+        source: &str,
+        xds_port: u16,
+        more: &[&str],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Control {
         let http_port = super::free_ports(1)[0];
         let dir = TempDir::new("fanout-control", "the control plane's log");
         let log = dir.path().join("control.log");
         let mut command = Command::new(control_bin());
         command
-            .arg("--source")
-            .arg(format!("dir:{}", source_dir.display()))
+            .args(["--source", source])
+            .envs(env.iter().copied())
             .args(["--xds-address", &format!("127.0.0.1:{xds_port}")])
             .args(["--http-address", &format!("127.0.0.1:{http_port}")])
             .arg("--wasm")

@@ -42,6 +42,7 @@ mod envoy;
 pub mod etcd;
 pub mod faults;
 pub mod front;
+pub mod kube;
 pub mod otlp;
 pub mod prometheus;
 pub mod reload;

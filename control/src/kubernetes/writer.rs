@@ -1,0 +1,385 @@
+//! The status writer: every replica runs it, the one holding the Lease writes. Each tick it
+//! decides every FanoutChannel's status ([`super::status::desired`]) from the channel, what
+//! is served and what the connected Envoys ACKed, and writes the ones that differ (a merge
+//! patch at the resourceVersion it read: a stale view is a conflict, never an overwrite), at
+//! most [`WRITES_PER_TICK`] per tick. It also gives each channel its `<name>-kn-channel`
+//! Service and Knative's `subscribable` annotation.
+
+use super::crd::{FanoutChannel, FanoutChannelStatus, KReference};
+use super::lease::{Elector, DURATION, RENEW};
+use super::status::{at, desired, Observed};
+use super::watch::Retry;
+use crate::knative;
+use crate::model::{ChannelMapping, MapOptions};
+use crate::render::{Served, ServedChannel, Serving};
+use crate::state::Ledger;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, CustomResourceExt, Resource, ResourceExt};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// How often statuses are decided.
+const TICK: Duration = Duration::from_millis(200);
+/// At most this many status writes per tick.
+const WRITES_PER_TICK: usize = 50;
+/// The annotation Knative's channel conformance asks every channel object to carry.
+const SUBSCRIBABLE: &str = "messaging.knative.dev/subscribable";
+
+/// Who writes, and where.
+pub struct Writer {
+    pub client: Client,
+    /// The namespace watched (all when None).
+    pub namespace: Option<String>,
+    /// The Lease, `(namespace, name)`.
+    pub lease: (String, String),
+    /// The Service of the fanout Envoys, `(namespace, name)`: each channel's
+    /// `<name>-kn-channel` Service is an ExternalName to it.
+    pub dispatcher: Option<(String, String)>,
+    pub options: MapOptions,
+}
+
+/// What the writer remembers between ticks.
+#[derive(Default)]
+struct Memory {
+    /// By channel: the resourceVersion a status was written at, and that status.
+    written: BTreeMap<String, (String, Value)>,
+    /// Channels (by uid) whose Service and annotation are in place.
+    ensured: HashSet<String>,
+    /// By channel: what its status was last decided from, when the channel had it then
+    /// (decided again only when that changes, and every [`REDECIDE`] ticks: a dead-letter
+    /// sink's address may change on its own).
+    decided: BTreeMap<String, String>,
+    ticks: u64,
+}
+
+impl Memory {
+    fn tick(&mut self) {
+        self.ticks += 1;
+        if self.ticks.is_multiple_of(REDECIDE) {
+            self.decided.clear();
+        }
+    }
+}
+
+/// Every this many ticks, every channel's status is decided again.
+const REDECIDE: u64 = 150;
+
+fn key(channel: &FanoutChannel) -> String {
+    format!(
+        "{}/{}",
+        channel.namespace().unwrap_or_default(),
+        channel.name_any()
+    )
+}
+
+/// Whether what is served for a channel serves every subscriber of its current generation
+/// (`mapping`, the channel mapped on its own) as it is now.
+fn serves(mapping: Option<&ChannelMapping>, served: Option<&ServedChannel>) -> bool {
+    match (mapping, served) {
+        (Some(m), Some(s)) => {
+            s.serving == Serving::Current
+                && m.spec
+                    .subscribers
+                    .iter()
+                    .all(|x| s.spec.subscribers.contains(x))
+        }
+        _ => false,
+    }
+}
+
+/// The Envoys connected now (the ledger's report), by node id.
+fn connected(report: &Value) -> BTreeSet<String> {
+    at(report, &["envoys"])
+        .as_object()
+        .map(|envoys| {
+            envoys
+                .iter()
+                .filter(|(_, e)| at(e, &["streams"]).as_u64().unwrap_or(0) > 0)
+                .map(|(node, _)| node.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl Writer {
+    /// Run until the process ends.
+    pub async fn run(self, ledger: Ledger, served: watch::Receiver<Option<Arc<Served>>>) {
+        // Dynamic objects: a FanoutChannel Knative creates has no spec at first.
+        let resource = FanoutChannel::api_resource();
+        let channels: Api<DynamicObject> = match &self.namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource),
+            None => Api::all_with(self.client.clone(), &resource),
+        };
+        let cache = reflector::store::Writer::<DynamicObject>::new(resource);
+        let store = cache.as_reader();
+        let stream = watcher(channels, watcher::Config::default()).backoff(Retry::default());
+        tokio::spawn(reflector::reflector(cache, stream).for_each(|_| async {}));
+        let identity = format!(
+            "{}-{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "fanout-control".into()),
+            std::process::id()
+        );
+        let elector = Elector {
+            api: Api::namespaced(self.client.clone(), &self.lease.0),
+            name: self.lease.1.clone(),
+            identity,
+        };
+        let mut held_until: Option<Instant> = None;
+        let mut memory = Memory::default();
+        let (mut renew, mut tick) = (tokio::time::interval(RENEW), tokio::time::interval(TICK));
+        loop {
+            tokio::select! {
+                _ = renew.tick() => {
+                    let started = Instant::now();
+                    let holds = elector.hold().await;
+                    if holds != held_until.is_some_and(|t| Instant::now() < t) {
+                        log::info!("lease {}/{}: {} ({})", self.lease.0, self.lease.1,
+                            if holds { "this replica writes status" } else { "another replica writes status" },
+                            elector.identity);
+                    }
+                    // Held for its duration from before the write, less a renewal's margin.
+                    held_until = holds.then(|| started + DURATION - RENEW);
+                }
+                _ = tick.tick() => {
+                    if held_until.is_some_and(|t| Instant::now() < t) {
+                        let current = served.borrow().clone();
+                        if let Some(current) = current {
+                            self.sync(&store, &ledger, &current, &mut memory).await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decide every channel's status; write those that differ.
+    async fn sync(
+        &self,
+        store: &Store<DynamicObject>,
+        ledger: &Ledger,
+        served: &Served,
+        memory: &mut Memory,
+    ) {
+        let report = ledger.report();
+        let connected = connected(&report);
+        let now = Timestamp::now().round(k8s_openapi::jiff::Unit::Second);
+        let now = now.map(|t| t.to_string()).unwrap_or_default();
+        let mut writes = 0;
+        memory.tick();
+        for object in store.state() {
+            if writes >= WRITES_PER_TICK {
+                break;
+            }
+            let channel = match super::crd::from_object(&*object) {
+                Ok(channel) => channel,
+                Err(e) => {
+                    log::warn!("FanoutChannel {}: {e}", object.name_any());
+                    continue;
+                }
+            };
+            self.ensure(&channel, memory).await;
+            let name = key(&channel);
+            let inputs = format!(
+                "{}|{}|{}|{connected:?}",
+                channel.resource_version().unwrap_or_default(),
+                served.ecds_version,
+                at(&report, &["channels", &name])
+            );
+            if memory.decided.get(&name) == Some(&inputs) {
+                continue;
+            }
+            let alone = self.map_alone(&channel);
+            let mapping = alone.channels.get(&name);
+            let served_channel = served.channels.get(&name);
+            let observed = Observed {
+                channel: &channel,
+                problems: mapping.map(|m| m.problems.as_slice()).unwrap_or_default(),
+                served: served_channel,
+                served_is_current: serves(mapping, served_channel),
+                report: at(&report, &["channels", &name]),
+                connected: &connected,
+                dead_letter: self.dead_letter(&channel).await,
+                now: &now,
+            };
+            // On a failure it is decided again next tick.
+            if let Some(wrote) = self.write(&channel, desired(&observed), memory).await {
+                writes += usize::from(wrote);
+                memory.decided.insert(name, inputs);
+            }
+        }
+    }
+
+    /// The channel mapped on its own: what this generation of it is served as.
+    fn map_alone(&self, channel: &FanoutChannel) -> crate::model::Snapshot {
+        let mut doc = serde_json::to_value(channel).unwrap_or(Value::Null);
+        if let Some(fields) = doc.as_object_mut() {
+            fields.insert("apiVersion".into(), json!(FanoutChannel::api_version(&())));
+            fields.insert("kind".into(), json!("FanoutChannel"));
+        }
+        knative::map(&self.options, vec![doc])
+    }
+
+    /// Write `status` when it differs from the channel's: whether a write was made, None
+    /// when it failed.
+    async fn write(
+        &self,
+        channel: &FanoutChannel,
+        status: FanoutChannelStatus,
+        memory: &mut Memory,
+    ) -> Option<bool> {
+        let want = serde_json::to_value(&status).unwrap_or(Value::Null);
+        let have =
+            serde_json::to_value(channel.status.clone().unwrap_or_default()).unwrap_or(Value::Null);
+        let version = channel.resource_version().unwrap_or_default();
+        let name = key(channel);
+        if want == have || memory.written.get(&name) == Some(&(version.clone(), want.clone())) {
+            return Some(false);
+        }
+        // A merge patch: what the status no longer has is removed with null.
+        let mut patch = want.clone();
+        if let (Some(patch), Some(have)) = (patch.as_object_mut(), have.as_object()) {
+            for gone in have
+                .keys()
+                .filter(|k| !patch.contains_key(*k))
+                .cloned()
+                .collect::<Vec<_>>()
+            {
+                patch.insert(gone, Value::Null);
+            }
+        }
+        let api: Api<FanoutChannel> = Api::namespaced(
+            self.client.clone(),
+            &channel.namespace().unwrap_or_default(),
+        );
+        let body = json!({ "metadata": { "resourceVersion": version }, "status": patch });
+        match api
+            .patch_status(
+                &channel.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&body),
+            )
+            .await
+        {
+            Ok(_) => {
+                memory.written.insert(name, (version, want));
+                Some(true)
+            }
+            // Written by someone else meanwhile: decided again from the new version.
+            Err(kube::Error::Api(s)) if s.code == 409 => None,
+            Err(e) => {
+                log::warn!("FanoutChannel {name}: cannot write its status: {e}");
+                None
+            }
+        }
+    }
+
+    /// The channel's Service and annotation, once per channel.
+    async fn ensure(&self, channel: &FanoutChannel, memory: &mut Memory) {
+        let Some(uid) = channel.uid() else { return };
+        if memory.ensured.contains(&uid) {
+            return;
+        }
+        let (name, ns) = (channel.name_any(), channel.namespace().unwrap_or_default());
+        let mut ok = true;
+        if channel.annotations().get(SUBSCRIBABLE).map(String::as_str) != Some("v1") {
+            let api: Api<FanoutChannel> = Api::namespaced(self.client.clone(), &ns);
+            let body = json!({ "metadata": { "annotations": { SUBSCRIBABLE: "v1" } } });
+            if let Err(e) = api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
+                .await
+            {
+                log::warn!("FanoutChannel {ns}/{name}: cannot annotate it: {e}");
+                ok = false;
+            }
+        }
+        if let Some((dns, dname)) = &self.dispatcher {
+            let service = json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {
+                    "name": format!("{name}-kn-channel"), "namespace": ns,
+                    "labels": { "messaging.fanout.dev/channel": name },
+                    "ownerReferences": [{
+                        "apiVersion": FanoutChannel::api_version(&()), "kind": "FanoutChannel",
+                        "name": name, "uid": uid, "controller": true, "blockOwnerDeletion": true
+                    }]
+                },
+                "spec": { "type": "ExternalName", "externalName": format!("{dname}.{dns}.svc.cluster.local") }
+            });
+            let api: Api<Service> = Api::namespaced(self.client.clone(), &ns);
+            let apply = PatchParams::apply("fanout-control").force();
+            if let Err(e) = api
+                .patch(
+                    &format!("{name}-kn-channel"),
+                    &apply,
+                    &Patch::Apply(&service),
+                )
+                .await
+            {
+                log::warn!("FanoutChannel {ns}/{name}: cannot apply its Service: {e}");
+                ok = false;
+            }
+        }
+        if ok {
+            memory.ensured.insert(uid);
+        }
+    }
+
+    /// `spec.delivery.deadLetterSink` as a URI, or why not; None when there is none.
+    async fn dead_letter(&self, channel: &FanoutChannel) -> Option<Result<String, String>> {
+        let sink = channel.spec.delivery.as_ref()?.dead_letter_sink.as_ref()?;
+        let ns = channel.namespace().unwrap_or_default();
+        let base = match &sink.reference {
+            None => None,
+            Some(reference) => match self.resolve(reference, &ns).await {
+                Ok(url) => Some(url),
+                Err(e) => return Some(Err(e)),
+            },
+        };
+        Some(match (base, &sink.uri) {
+            (Some(base), Some(uri)) if !uri.contains("://") => Ok(format!(
+                "{}/{}",
+                base.trim_end_matches('/'),
+                uri.trim_start_matches('/')
+            )),
+            (Some(base), None) => Ok(base),
+            (_, Some(uri)) => Ok(uri.clone()),
+            (None, None) => Err("spec.delivery.deadLetterSink: neither ref nor uri".to_owned()),
+        })
+    }
+
+    /// The address of a referenced object: a Service's cluster name, or what the object's
+    /// `status.address.url` says.
+    async fn resolve(&self, reference: &KReference, namespace: &str) -> Result<String, String> {
+        let ns = reference.namespace.as_deref().unwrap_or(namespace);
+        let api_version = reference.api_version.as_deref().unwrap_or("v1");
+        let what = format!(
+            "spec.delivery.deadLetterSink.ref {} {ns}/{}",
+            reference.kind, reference.name
+        );
+        if reference.kind == "Service" && api_version == "v1" {
+            return Ok(format!("http://{}.{ns}.svc.cluster.local", reference.name));
+        }
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let gvk = GroupVersionKind::gvk(group, version, &reference.kind);
+        let (resource, _) = kube::discovery::pinned_kind(&self.client, &gvk)
+            .await
+            .map_err(|e| format!("{what}: {e}"))?;
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &resource);
+        let object = api
+            .get(&reference.name)
+            .await
+            .map_err(|e| format!("{what}: {e}"))?;
+        at(&object.data, &["status", "address", "url"])
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| format!("{what}: has no status.address.url"))
+    }
+}
