@@ -253,7 +253,6 @@ pub fn source_error(reason: &str) {
 }
 
 /// A status write to one of the source's objects (`result`: `ok`, `conflict`, `error`).
-#[allow(dead_code)] // the Kubernetes source's status writer counts here
 pub fn status_written(result: &str) {
     METRICS
         .status_writes

@@ -269,12 +269,17 @@ impl Writer {
             .await
         {
             Ok(_) => {
+                crate::metrics::status_written("ok");
                 memory.written.insert(name, (version, want));
                 Some(true)
             }
             // Written by someone else meanwhile: decided again from the new version.
-            Err(kube::Error::Api(s)) if s.code == 409 => None,
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                crate::metrics::status_written("conflict");
+                None
+            }
             Err(e) => {
+                crate::metrics::status_written("error");
                 log::warn!("FanoutChannel {name}: cannot write its status: {e}");
                 None
             }
