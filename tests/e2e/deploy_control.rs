@@ -312,7 +312,7 @@ fn the_network_policy_admits_only_the_envoys_to_xds_and_monitoring_to_metrics() 
 }
 
 /// Least privilege: read what the Kubernetes source watches, write only FanoutChannels'
-/// status and Services, Leases only in its own namespace; no wildcard, no Secrets.
+/// status and annotation and Services, Leases only in its own namespace; no wildcard, no Secrets.
 #[test]
 fn the_control_plane_holds_only_the_permissions_its_source_needs() {
     let (_, objects) = kustomize(CONTROL);
@@ -355,7 +355,11 @@ fn the_control_plane_holds_only_the_permissions_its_source_needs() {
             .iter()
             .map(|(g, r, _)| format!("{g}/{r}"))
             .collect::<Vec<_>>(),
-        ["messaging.fanout.dev/fanoutchannels/status", "/services"]
+        [
+            "messaging.fanout.dev/fanoutchannels/status",
+            "messaging.fanout.dev/fanoutchannels",
+            "/services"
+        ]
     );
     let leases = rules("Role", "fanout-control-leases");
     assert_eq!(leases.len(), 1);
