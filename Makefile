@@ -388,39 +388,34 @@ clean:
 	$(CARGO) clean
 	rm -rf $(TOOLS)
 
-# Live reconfiguration from a ConfigMap (README, envoy/configmap/envoy.yaml): the two files
-# Envoy watches, written from the plain fan-out JSON by envoy/render-ecds.py.
-#   make ecds CONFIG=fanout.json CLUSTERS="billing=billing.default.svc.cluster.local:80 ..."
-# writes $(ECDS_OUT)/fanout.yaml (ECDS: the filter) and $(ECDS_OUT)/clusters.yaml (CDS); put
-# both into the ConfigMap. ECDS_WASM: where fanout.wasm is inside the Envoy container.
-ECDS_OUT ?= target/configmap
-ECDS_WASM ?= /etc/fanout-wasm/fanout.wasm
-.PHONY: ecds
-ecds:
-	@test -n "$(CONFIG)" || { echo 'usage: make ecds CONFIG=fanout.json CLUSTERS="name=host:port ..." [ECDS_OUT=dir] [ECDS_WASM=path]' >&2; exit 2; }
-	@mkdir -p $(ECDS_OUT)
-	$(PYTHON) envoy/render-ecds.py filter $(CONFIG) --wasm $(ECDS_WASM) -o $(ECDS_OUT)/fanout.yaml
-	$(PYTHON) envoy/render-ecds.py clusters $(CLUSTERS) -o $(ECDS_OUT)/clusters.yaml
-	@echo "wrote $(ECDS_OUT)/fanout.yaml and $(ECDS_OUT)/clusters.yaml"
+# The files Envoy watches for live reconfiguration from a ConfigMap (envoy/configmap/envoy.yaml),
+# or reads as static config: `fanout-control render` (docs/knative.md, "Coming from Knative")
+# maps a directory of Knative objects, e.g. what
+#   kubectl get channels,inmemorychannels,subscriptions,eventpolicies -A -o yaml > objects/all.yaml
+# prints, the way the control plane serves them, and writes $(RENDER_OUT)/fanout.json (the
+# fan-out config, for review), fanout.yaml (ECDS) and clusters.yaml (CDS), with
+# --oidc-issuer also senders-jwt.yaml and senders-rbac.yaml. Errors write nothing and fail.
+# RENDER_WASM: where fanout.wasm is inside the Envoy container. RENDER_ARGS: more options,
+# e.g. "--resolve HOST=127.0.0.1:PORT" to try the result against local servers.
+RENDER_OUT ?= target/configmap
+RENDER_WASM ?= /etc/fanout-wasm/fanout.wasm
+.PHONY: render
+render: control
+	@test -n "$(SOURCE)" || { echo 'usage: make render SOURCE=dir [RENDER_OUT=dir] [RENDER_WASM=path] [RENDER_ARGS="--resolve HOST=ADDRESS:PORT ..."]' >&2; exit 2; }
+	$(CONTROL_BIN) render --source dir:$(SOURCE) --out $(RENDER_OUT) --wasm $(RENDER_WASM) $(RENDER_ARGS)
 
 # The two ConfigMaps of deploy/kubernetes/ (docs/deploying.md: "Kubernetes"): fanout-envoy
-# (the bootstrap and drain.sh, as shipped in envoy/) and fanout-config (K8S_FANOUT, the fan-out
-# JSON, and K8S_CLUSTERS, its clusters, rendered by envoy/render-ecds.py).
-K8S_FANOUT ?= deploy/kubernetes/fanout.json
-K8S_CLUSTERS ?= billing=billing.default.svc.cluster.local:80 shipping=shipping.default.svc.cluster.local:80 \
-  dead-letters=dead-letters.default.svc.cluster.local:80
+# (the bootstrap and drain.sh, as shipped in envoy/) and fanout-config (what render writes for
+# the Knative objects of K8S_SOURCE, whole: https clusters with their TLS, and with
+# K8S_RENDER_ARGS="--oidc-issuer URL" the senders filters; K8S_JWKS=FILE adds the issuer's
+# JWKS as jwks.json).
+K8S_SOURCE ?= deploy/kubernetes/channels
+K8S_RENDER_ARGS ?=
+K8S_JWKS ?=
+K8S_RENDERED := target/k8s-render
 .PHONY: k8s-configmaps
-k8s-configmaps:
-	$(PYTHON) tools/k8s-configmaps.py $(K8S_FANOUT) $(K8S_CLUSTERS) -o deploy/kubernetes
-
-# Knative channels onto fanout (README: "Coming from Knative"): from what
-#   kubectl get channels,inmemorychannels,subscriptions -A -o json > objects.json
-# prints, envoy/knative-import.py writes $(KNATIVE_OUT)/fanout.json (the fan-out config, for
-# review), fanout.yaml (ECDS) and clusters.yaml (CDS). Errors (what would change who gets an
-# event) write nothing and fail. KNATIVE_ARGS: more options, e.g. "--resolve HOST=127.0.0.1:PORT"
-# to try the result against local servers.
-KNATIVE_OUT ?= $(ECDS_OUT)
-.PHONY: knative-import
-knative-import:
-	@test -n "$(KNATIVE)" || { echo 'usage: make knative-import KNATIVE=objects.json [KNATIVE_OUT=dir] [ECDS_WASM=path] [KNATIVE_ARGS="--resolve HOST=ADDRESS:PORT ..."]' >&2; exit 2; }
-	$(PYTHON) envoy/knative-import.py $(KNATIVE) -o $(KNATIVE_OUT) --wasm $(ECDS_WASM) $(KNATIVE_ARGS)
+k8s-configmaps: control
+	@rm -rf $(K8S_RENDERED)
+	$(CONTROL_BIN) render --source dir:$(K8S_SOURCE) --out $(K8S_RENDERED) $(K8S_RENDER_ARGS)
+	$(PYTHON) tools/k8s-configmaps.py $(K8S_RENDERED) --source $(K8S_SOURCE) \
+	  $(if $(K8S_JWKS),--jwks $(K8S_JWKS)) -o deploy/kubernetes

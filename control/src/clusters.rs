@@ -77,8 +77,13 @@ fn resolved<'a>(resolve: &'a [Resolve], host: &str, port: u16) -> Option<&'a Res
 /// One cluster with one endpoint: STATIC for an IP address, STRICT_DNS for a host name; TLS
 /// (SNI and the certificate checked for the host) for https.
 /// `trusted_ca`: the CA bundle an https cluster trusts when the source names no CA
-/// certificates for it.
-pub fn cluster(spec: &ClusterSpec, resolve: &[Resolve], trusted_ca: &str) -> Cluster {
+/// certificates for it; `connect_timeout`: `--connect-timeout`.
+pub fn cluster(
+    spec: &ClusterSpec,
+    resolve: &[Resolve],
+    trusted_ca: &str,
+    connect_timeout: std::time::Duration,
+) -> Cluster {
     let is_ip = spec.host.parse::<std::net::IpAddr>().is_ok();
     let (host, port) = resolved(resolve, &spec.host, spec.port)
         .map_or((spec.host.as_str(), spec.port), |r| {
@@ -107,8 +112,8 @@ pub fn cluster(spec: &ClusterSpec, resolve: &[Resolve], trusted_ca: &str) -> Clu
         name: spec.name.clone(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(kind as i32)),
         connect_timeout: Some(Duration {
-            seconds: 1,
-            nanos: 0,
+            seconds: i64::try_from(connect_timeout.as_secs()).unwrap_or(i64::MAX),
+            nanos: i32::try_from(connect_timeout.subsec_nanos()).unwrap_or(0),
         }),
         load_assignment: Some(ClusterLoadAssignment {
             cluster_name: spec.name.clone(),

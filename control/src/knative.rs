@@ -1,17 +1,18 @@
 //! Knative objects (as `kubectl get -o yaml|json` prints them) -> fanout channels: the pure
-//! mapping, with each problem charged to the channel it concerns. The same mapping as
-//! `envoy/knative-import.py` for what both carry over: Channels and InMemoryChannels matched
-//! by the hosts of their addresses, their `spec.subscribers` and the Subscriptions of the
+//! mapping, with each problem charged to the channel it concerns, for the server and for
+//! `fanout-control render` alike: Channels and InMemoryChannels matched by the hosts of their addresses, their `spec.subscribers` and the Subscriptions of the
 //! input, deliveries (retries, backoff, timeout, dead letter, format), replies, and with
 //! OIDC (the server's `--oidc-issuer`) the EventPolicies: who may send ([`policy`]).
 //!
-//! Unlike the import, a problem does not stop the rest: it is reported for its channel (the
-//! server keeps serving that channel's last good version) and every other channel is served.
-//! What the import reports as a warning is a warning here too: the channel is served. Without
+//! A problem does not stop the rest: it is reported for its channel (the server keeps serving
+//! that channel's last good version; render writes nothing) and every other channel is mapped.
+//! A warning says what is served differently from Knative: the channel is served. Without
 //! OIDC, an EventPolicy is a problem for each channel of its namespace: serving the channel
 //! without its sender checks would let every sender send.
 
 mod delivery;
+mod destination;
+mod duration;
 mod hosts;
 mod objects;
 mod policy;
@@ -101,7 +102,12 @@ pub fn map(options: &MapOptions, documents: Vec<Value>) -> Snapshot {
         .map(|(name, spec)| {
             let problems = report.by_channel.remove(&name).unwrap_or_default();
             let warnings = report.warnings.remove(&name).unwrap_or_default();
+            let object = groups
+                .iter()
+                .find(|g| g.name == name)
+                .map_or_else(|| name.clone(), |g| g.primary.label.clone());
             let mapping = ChannelMapping {
+                object,
                 spec,
                 problems,
                 warnings,
@@ -128,9 +134,8 @@ fn unchecked_policies(groups: &[Group], policies: &[KObject], report: &mut Repor
                 Problem::new(
                     &policy.label,
                     "kind",
-                    "EventPolicy: who may send is enforced only with --oidc-issuer; without \
-                     it every sender could send, so the channels of its namespace stay as they \
-                     were",
+                    "EventPolicy: who may send is enforced only with --oidc-issuer (and \
+                     --jwks); without it every sender could send",
                 ),
             );
         }

@@ -3,13 +3,16 @@
 //! (ECDS) and the subscriber clusters (CDS) from its source of truth; an HTTP endpoint says what each
 //! Envoy has. See docs/control-plane.md.
 
+mod cli;
 mod clusters;
 mod contract;
 mod http;
 mod knative;
 mod model;
 mod render;
+mod render_files;
 mod resource;
+mod resource_json;
 mod senders;
 mod source;
 mod state;
@@ -17,8 +20,8 @@ mod xds;
 
 use clap::Parser;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
-use model::{AuthorizationMode, MapOptions};
-use render::{RenderOptions, Resolve, Served};
+use model::MapOptions;
+use render::{RenderOptions, Served};
 use source::Source;
 use state::Ledger;
 use std::net::SocketAddr;
@@ -29,7 +32,12 @@ use tokio::sync::watch;
 /// Serve fanout's configuration to Envoys over xDS (ADS: ECDS for the filter, CDS for the
 /// subscriber clusters), from a directory of Knative objects.
 #[derive(Parser, Debug)]
-#[command(name = "fanout-control", version)]
+#[command(
+    name = "fanout-control",
+    version,
+    after_help = "`fanout-control render --source dir:PATH --out DIR [...]` writes the same \
+                  configuration to files instead (see `fanout-control render --help`)."
+)]
 struct Args {
     /// The source of truth. `dir:PATH`: a directory of Knative Channels, InMemoryChannels and
     /// Subscriptions as `kubectl get -o yaml` (or `-o json`) writes them, re-read when a
@@ -44,55 +52,21 @@ struct Args {
     /// been read).
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:18001")]
     http_address: SocketAddr,
-    /// fanout.wasm as the Envoys see it (a local file on their machine).
-    #[arg(
-        long,
-        value_name = "PATH",
-        default_value = "/etc/fanout-wasm/fanout.wasm"
-    )]
-    wasm: String,
-    /// The CA bundle an https subscriber's certificate is checked against when the source
-    /// names no CA certificates for it, as the Envoys see it.
-    #[arg(
-        long,
-        value_name = "FILE",
-        default_value = "/etc/ssl/certs/ca-certificates.crt"
-    )]
-    trusted_ca: String,
     /// How long a subscriber's cluster stays on an Envoy after its filter stopped calling it,
     /// so that events already in flight finish their calls (and retries) to it.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     cluster_grace: u64,
-    /// Check senders' OIDC tokens from this issuer and enforce the EventPolicies (Knative's
-    /// OIDC authentication): served over ECDS as the `senders-jwt` and `senders-rbac`
-    /// filters that envoy/xds/envoy.yaml runs before fanout. Without it, those let every
-    /// request through and a channel in a namespace with an EventPolicy is reported and
-    /// kept as it was.
-    #[arg(long, value_name = "URL")]
-    oidc_issuer: Option<String>,
-    /// The issuer's JWKS as the Envoys see it (with --oidc-issuer).
-    #[arg(long, value_name = "FILE", default_value = "/etc/fanout/jwks.json")]
-    jwks: String,
-    /// Who may send to a channel no EventPolicy applies to (with --oidc-issuer): Knative's
-    /// default-authorization-mode, same words, same default.
-    #[arg(long, value_name = "MODE", value_enum, default_value_t = AuthorizationMode::AllowSameNamespace)]
-    default_authorization_mode: AuthorizationMode,
-    /// Reach HOST (on PORT only, when given) at ADDRESS:PORT instead of its DNS name
-    /// (repeatable); calls keep the URI's authority, and https its SNI and certificate
-    /// check on HOST.
-    #[arg(long, value_name = "HOST[:PORT]=ADDRESS:PORT")]
-    resolve: Vec<Resolve>,
+    #[command(flatten)]
+    config: cli::ConfigArgs,
 }
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    if std::env::args_os().nth(1).is_some_and(|a| a == "render") {
+        return render_files::main(std::env::args_os().skip(1));
+    }
     let args = Args::parse();
-    let map_options = MapOptions {
-        senders: args
-            .oidc_issuer
-            .as_ref()
-            .map(|_| args.default_authorization_mode),
-    };
+    let map_options = args.config.map_options();
     let source = match source::from_arg(&args.source) {
         Ok(source) => source,
         Err(e) => {
@@ -121,15 +95,7 @@ fn main() -> ExitCode {
 }
 
 async fn serve(args: Args, source: Box<dyn Source>, map: MapOptions) -> Result<(), String> {
-    let options = RenderOptions {
-        wasm: args.wasm.clone(),
-        trusted_ca: args.trusted_ca.clone(),
-        oidc: args.oidc_issuer.clone().map(|issuer| senders::Oidc {
-            issuer,
-            jwks: args.jwks.clone(),
-        }),
-        resolve: args.resolve.clone(),
-    };
+    let options = args.config.render_options();
     let ledger = Ledger::default();
     let (snapshots_tx, snapshots) = watch::channel(None);
     let (served_tx, served) = watch::channel(None);

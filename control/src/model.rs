@@ -89,9 +89,23 @@ pub struct ChannelSpec {
 /// warning says what is served differently from Knative, and the channel is served.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ChannelMapping {
+    /// The object it comes from, as problems name it (`InMemoryChannel namespace/name`).
+    #[serde(skip)]
+    pub object: String,
     pub spec: ChannelSpec,
     pub problems: Vec<Problem>,
     pub warnings: Vec<Problem>,
+}
+
+impl ChannelMapping {
+    /// The object it comes from, as problems name it; `name` where none is known.
+    pub fn object_or<'a>(&'a self, name: &'a str) -> &'a str {
+        if self.object.is_empty() {
+            name
+        } else {
+            &self.object
+        }
+    }
 }
 
 /// Everything a source says at one moment.

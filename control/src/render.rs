@@ -35,6 +35,8 @@ pub struct RenderOptions {
     pub oidc: Option<Oidc>,
     /// Where a cluster's endpoint is instead of its host (`--resolve`).
     pub resolve: Vec<Resolve>,
+    /// Every cluster's `connect_timeout` (`--connect-timeout`).
+    pub connect_timeout: std::time::Duration,
 }
 
 /// Whether a channel is served as the source has it now.
@@ -106,11 +108,14 @@ pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOpt
         .values()
         .map(|c| (c.host.clone(), c.port))
         .collect();
+    let (resolve, ca) = (&options.resolve, &options.trusted_ca);
     let clusters: BTreeMap<String, Any> = clusters
         .into_iter()
         .map(|(name, spec)| {
-            let cluster = cluster(&spec, &options.resolve, &options.trusted_ca);
-            (name, any(&cluster))
+            (
+                name,
+                any(&cluster(&spec, resolve, ca, options.connect_timeout)),
+            )
         })
         .collect();
     let cds_version = cds_version(clusters.values());
@@ -120,7 +125,7 @@ pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOpt
             .iter()
             .any(|(host, port)| r.host == *host && r.port.is_none_or(|p| p == *port))
     }) {
-        let message = "no URI of the served channels names this host (and port)";
+        let message = "no URI in the input names this host (and port)";
         warnings.push(Problem::new("--resolve", &unused.spec, message));
     }
     Served {
@@ -148,13 +153,13 @@ fn decide(snapshot: &Snapshot, previous: Option<&Served>) -> BTreeMap<String, Se
     let mut hosts = Hosts::default();
     for (name, mapping) in &snapshot.channels {
         if let Some(last) = served_before(name) {
-            hosts.reserve(name, &last.spec, mapping);
+            hosts.reserve(mapping.object_or(name), &last.spec, mapping);
         }
     }
     let mut channels = BTreeMap::new();
     for (name, mapping) in &snapshot.channels {
         let channel = choose(name, mapping, served_before(name), &hosts);
-        hosts.claim(name, &channel.spec);
+        hosts.claim(mapping.object_or(name), &channel.spec);
         channels.insert(name.clone(), channel);
     }
     channels
@@ -184,7 +189,7 @@ fn choose(
         } else {
             contract::check(name, spec)
         };
-        match taken.and_then(|()| hosts.free(name, spec)) {
+        match taken.and_then(|()| hosts.free(mapping.object_or(name), spec)) {
             Ok(()) => {
                 return ServedChannel {
                     serving,
@@ -213,8 +218,8 @@ fn channel_digest(name: &str, spec: &ChannelSpec) -> String {
     digest(&json!([contract::channel(name, spec), spec.senders]).to_string())
 }
 
-/// Whose each host is, compared as the filter compares them: claimed by a channel decided
-/// already, or reserved for the channel served with it before.
+/// Whose each host is (by the object of its channel), compared as the filter compares them:
+/// claimed by a channel decided already, or reserved for the channel served with it before.
 #[derive(Default)]
 struct Hosts {
     claimed: BTreeMap<String, String>,
@@ -301,7 +306,7 @@ fn hex16(bytes: &[u8]) -> String {
     bytes.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
-/// The fanout filter as an ECDS resource: the same wasm config as envoy/render-ecds.py's.
+/// The fanout filter as an ECDS resource (`fanout-control render` writes it as `fanout.yaml`).
 fn filter_config(plugin: &str, wasm: &str) -> TypedExtensionConfig {
     let code = AsyncDataSource {
         specifier: Some(async_data_source::Specifier::Local(DataSource {
@@ -354,6 +359,7 @@ mod tests {
             trusted_ca: "/ca.crt".into(),
             oidc: None,
             resolve: Vec::new(),
+            connect_timeout: std::time::Duration::from_secs(1),
         }
     }
 

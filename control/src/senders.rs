@@ -2,8 +2,8 @@
 //! `jwt_authn` (a provider per channel: the issuer, the channel's audience, the JWKS; a rule
 //! per channel by its hosts) and `rbac` (per channel, the subjects of the token's `sub` that
 //! may send), served over ECDS as `senders-jwt` and `senders-rbac`; `envoy/xds/envoy.yaml`
-//! runs both before fanout. The same resources as `envoy/knative-import.py --oidc-issuer`
-//! writes. Without an issuer both are served empty: they let every request through.
+//! runs both before fanout (`fanout-control render --oidc-issuer` writes them to files).
+//! Without an issuer both are served empty: they let every request through.
 
 use crate::model::{Allowed, ChannelSpec, Senders};
 use crate::resource::any;

@@ -119,32 +119,19 @@ fn the_configmaps_are_what_their_sources_make() {
         read_shipped("envoy/drain.sh"),
         "run `make k8s-configmaps`"
     );
-    // fanout-config again from deploy/kubernetes/fanout.json and the clusters it holds.
-    let clusters = yaml_to_json(
-        &configmap_key("deploy/kubernetes/fanout-config.yaml", "clusters.yaml"),
-        "clusters.yaml",
-    );
-    let specs: Vec<String> = clusters["resources"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| {
-            let address = &c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
-                ["address"]["socket_address"];
-            format!(
-                "{}={}:{}",
-                c["name"].as_str().unwrap(),
-                address["address"].as_str().unwrap(),
-                address["port_value"]
-            )
-        })
-        .collect();
+    // fanout-config again: render on deploy/kubernetes/channels/, packaged whole.
     let dir = TempDir::new("fanout-k8s-configmaps", "the ConfigMaps written again");
+    let rendered = dir.path().join("rendered");
+    let (code, _, stderr) = crate::harness::control::render(
+        &manifest_dir().join("deploy/kubernetes/channels"),
+        &rendered,
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
     let out = Command::new("python3")
         .arg(manifest_dir().join("tools/k8s-configmaps.py"))
-        .arg(manifest_dir().join("deploy/kubernetes/fanout.json"))
-        .args(&specs)
-        .arg("-o")
+        .arg(&rendered)
+        .args(["--source", "deploy/kubernetes/channels", "-o"])
         .arg(dir.path())
         .output()
         .unwrap();
@@ -304,9 +291,9 @@ fn a_real_envoy_runs_the_configmaps_on_the_names_and_ports_the_manifests_use() {
     let scrape = send(Client::http1().get(&format!("{read_only}/stats/prometheus")));
     assert_eq!(scrape.status, 200);
     assert!(
-        scrape
-            .text()
-            .contains("fanout_subscriber_calls{fanout_cluster=\"billing\"}"),
+        scrape.text().contains(
+            "fanout_subscriber_calls{fanout_cluster=\"http_billing_default_svc_cluster_local_80\"}"
+        ),
         "{}",
         scrape.text()
     );

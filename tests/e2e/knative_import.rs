@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! `envoy/knative-import.py`: Knative Channels, InMemoryChannels and Subscriptions
+//! `fanout-control render`: Knative Channels, InMemoryChannels and Subscriptions
 //! as `kubectl get channels,inmemorychannels,subscriptions -A -o json` prints them, into the
 //! files fanout's live reconfiguration reads.
 //!
@@ -22,14 +22,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use harness::reload::{run_script, ReloadEnvoy, ECDS, RENDER_SCRIPT};
+use harness::control::{render_objects, RENDER_PREFIX};
+use harness::reload::{ReloadEnvoy, ECDS};
 use harness::timing::assert_waited_at_least;
 use harness::{
     assert_202, assert_status, send, wasm_path, Behavior, Client, Envoy, Subscriber, TempDir,
 };
 use serde_json::{json, Value};
 
-const SCRIPT: &str = "envoy/knative-import.py";
+const SCRIPT: &str = "fanout-control render";
 const ORDERS: &str = "tests/fixtures/knative/orders.json";
 const UNRESOLVED: &str = "tests/fixtures/knative/unresolved.json";
 
@@ -42,22 +43,16 @@ struct Import {
 }
 
 impl Import {
-    /// `input`: a file (relative to the crate root) or, for `-`, `stdin`.
+    /// `input`: a file (relative to the crate root) or, for `-`, `stdin`: the objects.
     fn run(input: &str, stdin: &str, extra: &[&str]) -> Import {
         let dir = TempDir::new("fanout-knative-import", "the import's output");
         let out = dir.path().join("out");
-        let input = if input == "-" {
-            "-".to_owned()
+        let objects = if input == "-" {
+            stdin.to_owned()
         } else {
-            harness::manifest_dir()
-                .join(input)
-                .to_string_lossy()
-                .into_owned()
+            fs::read_to_string(harness::manifest_dir().join(input)).unwrap()
         };
-        let out_arg = out.to_string_lossy().into_owned();
-        let mut args = vec![input.as_str(), "-o", out_arg.as_str()];
-        args.extend_from_slice(extra);
-        let (code, stdout, stderr) = run_script(SCRIPT, &args, stdin);
+        let (code, stdout, stderr) = render_objects(dir.path(), &objects, &out, extra);
         Import {
             code,
             stdout,
@@ -94,7 +89,7 @@ impl Import {
     }
 
     fn lines(&self, kind: &str) -> Vec<String> {
-        let prefix = format!("knative-import: {kind}: ");
+        let prefix = format!("{RENDER_PREFIX}: {kind}: ");
         self.stderr
             .lines()
             .filter_map(|l| l.strip_prefix(&prefix).map(str::to_owned))
@@ -348,20 +343,15 @@ fn every_uri_becomes_one_cluster_per_scheme_host_and_port() {
 }
 
 #[test]
-fn fanout_yaml_carries_fanout_json_as_render_ecds_writes_it() {
+fn fanout_yaml_carries_fanout_json() {
     let wasm = "/opt/fanout/fanout.wasm";
     let import = Import::run(ORDERS, "", &["--wasm", wasm]);
     import.succeeded();
-    let fanout_json = import.out().join("fanout.json");
-    let (code, rendered, err) = run_script(
-        RENDER_SCRIPT,
-        &["filter", &fanout_json.to_string_lossy(), "--wasm", wasm],
-        "",
-    );
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(import.file("fanout.yaml"), rendered);
     let filter = import.json("fanout.yaml");
     let config = &filter["resources"][0]["typed_config"]["config"];
+    let carried: Value =
+        serde_json::from_str(config["configuration"]["value"].as_str().unwrap()).unwrap();
+    assert_eq!(carried, import.json("fanout.json"));
     assert_eq!(
         config["vm_config"]["code"]["local"]["filename"],
         json!(wasm)
@@ -476,7 +466,7 @@ fn an_unresolved_ref_is_an_error_and_nothing_is_written() {
     assert!(
         import
             .stderr
-            .contains("knative-import: 5 error(s); nothing written"),
+            .contains(&format!("{RENDER_PREFIX}: 5 error(s); nothing written")),
         "{}",
         import.stderr
     );
@@ -495,9 +485,8 @@ fn errors_leave_files_already_in_the_output_directory_alone() {
         .iter()
         .map(|n| good.file(n))
         .collect();
-    let out = good.out().to_string_lossy().into_owned();
-    let input = harness::manifest_dir().join(UNRESOLVED);
-    let (code, _, stderr) = run_script(SCRIPT, &[&input.to_string_lossy(), "-o", &out], "");
+    let input = fs::read_to_string(harness::manifest_dir().join(UNRESOLVED)).unwrap();
+    let (code, _, stderr) = render_objects(good.dir.path(), &input, &good.out(), &[]);
     assert_eq!(code, 1, "{stderr}");
     let after: Vec<String> = ["fanout.json", "fanout.yaml", "clusters.yaml"]
         .iter()

@@ -1,4 +1,4 @@
-//! Who may send, imported from Knative: `envoy/knative-import.py --oidc-issuer` turns the
+//! Who may send, imported from Knative: `fanout-control render --oidc-issuer` turns the
 //! EventPolicies of `tests/fixtures/knative/senders.json` into Envoy's jwt_authn and rbac
 //! (senders-jwt.yaml, senders-rbac.yaml), and the real Envoy runs them before fanout on the
 //! shipped `envoy/configmap/envoy-senders.yaml`, from a ConfigMap volume.
@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use crate::harness;
 
-use harness::reload::{run_script, shipped_bootstrap_from, ConfigMapVolume};
+use harness::reload::{shipped_bootstrap_from, ConfigMapVolume};
 use harness::sdk::sdk_python;
 use harness::{send, Client, Envoy, Subscriber, TempDir};
 use serde_json::{json, Value};
@@ -63,8 +63,11 @@ pub(crate) fn mint(
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn import(args: &[&str]) -> (i32, String, String) {
-    run_script("envoy/knative-import.py", args, "")
+/// `fanout-control render` on the objects of the file `input`, into `out`.
+fn import(input: &std::path::Path, out: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    let objects = std::fs::read_to_string(input).unwrap();
+    let dir = TempDir::new("fanout-senders-source", "the objects rendered");
+    harness::control::render_objects(dir.path(), &objects, out, args)
 }
 
 #[test]
@@ -86,9 +89,6 @@ fn event_policies_decide_who_may_send_to_each_imported_channel() {
         })
         .collect();
     let mut args = vec![
-        FIXTURE.to_owned(),
-        "-o".to_owned(),
-        out.path().display().to_string(),
         "--wasm".to_owned(),
         harness::wasm_path().display().to_string(),
         "--oidc-issuer".to_owned(),
@@ -100,7 +100,8 @@ fn event_policies_decide_who_may_send_to_each_imported_channel() {
         args.extend(["--resolve".to_owned(), r.clone()]);
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (code, stdout, stderr) = import(&args);
+    let fixture = harness::manifest_dir().join(FIXTURE);
+    let (code, stdout, stderr) = import(&fixture, out.path(), &args);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert!(stdout.contains("3 EventPolicy(ies)"), "{stdout}");
 
@@ -250,9 +251,7 @@ fn what_cannot_be_enforced_is_an_error_naming_the_policy_and_field() {
         )
         .unwrap();
         let out = dir.path().join("out");
-        let mut args = vec![input.to_str().unwrap(), "-o", out.to_str().unwrap()];
-        args.extend_from_slice(extra);
-        let (code, _, stderr) = import(&args);
+        let (code, _, stderr) = import(&input, &out, extra);
         (code, stderr, out.join("fanout.json").exists())
     };
     let oidc = ["--oidc-issuer", ISSUER];

@@ -1,8 +1,8 @@
 //! Live reconfiguration the way a mounted ConfigMap delivers it: the real Envoy on
 //! the shipped `envoy/configmap/envoy.yaml` gets the filter's config through ECDS and the
 //! clusters through CDS, both from files in a watched directory, and each test replaces those
-//! files with the kubelet's atomic `..data` symlink flip. Files are written by the shipped
-//! `envoy/render-ecds.py`.
+//! files with the kubelet's atomic `..data` symlink flip. The filter's file is the one
+//! `fanout-control render` writes, with each test's fan-out config in it.
 //!
 //! Every wait polls Envoy's stats (or the subscribers) up to a generous deadline; timings are
 //! printed, not asserted tightly, so a loaded machine does not fail these tests.
@@ -13,11 +13,11 @@ use crate::harness;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use harness::control::render;
 use harness::reload::{
-    render_filter, render_filter_with_script, run_render, until_consecutive, Load, ReloadEnvoy,
-    Update, ECDS,
+    render_filter, rendered_filter, until_consecutive, Load, ReloadEnvoy, Update, ECDS,
 };
-use harness::{assert_202, send, Behavior, Client, Reply, Subscriber};
+use harness::{assert_202, send, Behavior, Client, Reply, Subscriber, TempDir};
 use serde_json::{json, Value};
 
 /// Envoy picks up a file change, then applies it on every worker.
@@ -545,27 +545,32 @@ fn fifty_quick_swaps_leave_no_more_wasm_vms_and_no_memory_growth() {
 // The shipped pieces.
 
 #[test]
-fn the_render_script_writes_the_ecds_file_the_tests_use() {
-    let config = r#"{"subscribers": [{"cluster": "billing", "path": "/events"}]}"#;
-    let mut by_script: Value = serde_json::from_str(&render_filter_with_script(config)).unwrap();
-    let mut by_harness: Value = serde_json::from_str(&render_filter(config)).unwrap();
-    by_script["version_info"] = json!("");
+fn render_writes_the_ecds_file_the_tests_use() {
+    let (mut by_render, config) = rendered_filter();
+    let mut by_harness: Value = serde_json::from_str(&render_filter(&config)).unwrap();
+    by_render["version_info"] = json!("");
     by_harness["version_info"] = json!("");
-    assert_eq!(by_script, by_harness);
-    let wasm = &by_script["resources"][0]["typed_config"]["config"];
+    assert_eq!(by_render, by_harness);
+    let wasm = &by_render["resources"][0]["typed_config"]["config"];
     assert_eq!(wasm["allow_on_headers_stop_iteration"], json!(true));
     assert_eq!(
         wasm["configuration"]["value"],
         json!(config),
         "passed on as written"
     );
-    assert_eq!(by_script["resources"][0]["name"], "fanout");
+    assert_eq!(by_render["resources"][0]["name"], "fanout");
 
-    // Not JSON: refused before Envoy ever sees it.
-    let (code, _, err) = run_render(&["filter", "-"], "{not json");
+    // No source, or a malformed option: refused before Envoy ever sees a file.
+    let dir = TempDir::new("fanout-render-refused", "render's output");
+    let missing = dir.path().join("missing");
+    let (code, _, err) = render(&missing, &dir.path().join("out"), &[]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("not JSON"), "{err}");
-    let (code, _, err) = run_render(&["clusters", "broken"], "");
+    assert!(err.contains("cannot read"), "{err}");
+    let (code, _, err) = render(
+        dir.path(),
+        &dir.path().join("out"),
+        &["--resolve", "broken"],
+    );
     assert_eq!(code, 2, "{err}");
 }
 

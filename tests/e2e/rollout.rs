@@ -652,8 +652,17 @@ fn as_u64(v: &Value) -> u64 {
 #[test]
 fn the_kubernetes_example_drains_with_drain_sh_and_its_grace_period_covers_the_longest_delivery() {
     use crate::harness::{read_shipped, read_shipped_yaml};
-    // What fanout-config holds (tests/e2e/deploy.rs checks it is this file rendered).
-    let longest_ms = longest_delivery_ms(&read_shipped("deploy/kubernetes/fanout.json"));
+    // What fanout-config holds (tests/e2e/deploy.rs checks it is what render writes for
+    // deploy/kubernetes/channels/).
+    let filter = read_shipped_yaml("deploy/kubernetes/fanout-config.yaml")["data"]["fanout.yaml"]
+        .as_str()
+        .map(|f| serde_json::from_str::<Value>(f).unwrap())
+        .unwrap();
+    let fanout_json = filter["resources"][0]["typed_config"]["config"]["configuration"]["value"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let longest_ms = longest_delivery_ms(&fanout_json);
     assert_eq!(
         longest_ms, 50_000,
         "the longest delivery the comments compute"

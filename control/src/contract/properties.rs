@@ -269,6 +269,7 @@ fn options() -> impl Strategy<Value = (MapOptions, RenderOptions)> {
                 jwks: "/jwks.json".into(),
             }),
             resolve: Vec::new(),
+            connect_timeout: std::time::Duration::from_secs(1),
         };
         (MapOptions { senders }, render)
     })

@@ -5,7 +5,7 @@
 use super::objects::{dig, text, Group};
 use super::subscriptions::{Reply, Source};
 use super::uris::target;
-use super::{warnings, Report};
+use super::{destination, duration, warnings, Report};
 use crate::model::{ChannelSpec, Problem};
 use fanout::config::{RawDelivery, RawTarget};
 use fanout::retry::BackoffPolicy;
@@ -82,6 +82,10 @@ pub(super) fn map_delivery(
         return (None, None);
     };
     let checked = check_delivery(fields, &mut problem);
+    for (field, message) in &checked.warnings {
+        let warning = Problem::new(source.object, &format!("{at}.{field}"), message.clone());
+        report.warn(Some(source.channel), warning);
+    }
     out.format = checked.format;
     if checked.retry > 0 {
         let (policy, delay, cap) = (checked.policy, checked.delay, checked.retry_after_max);
@@ -105,12 +109,38 @@ pub(super) fn map_delivery(
             ..t
         });
     } else if delivery.get("deadLetterSink").is_some() {
-        let message = "not resolved to a URI: fanout takes an absolute deadLetterSink.uri";
-        let problem = Problem::new(source.object, &format!("{at}.deadLetterSink"), message);
-        report.channel(source.channel, problem);
+        unresolved_dead_letter(source, at, delivery, report);
     }
     let set = out != RawDelivery::default();
     (set.then_some(out), checked.timeout)
+}
+
+/// A DeliverySpec's `deadLetterSink` that nothing resolved: an error naming where Knative
+/// would have resolved it.
+fn unresolved_dead_letter(source: &Source, at: &str, delivery: &Value, report: &mut Report) {
+    // Where Knative resolves this delivery's sink: a channel's and a Subscription's
+    // statuses; a channel's subscriber entry has it resolved already.
+    let (kind, namespace) = source
+        .object
+        .split_once(' ')
+        .and_then(|(kind, rest)| rest.split_once('/').map(|(ns, _)| (kind, ns)))
+        .unwrap_or(("", "default"));
+    let status_path = match (at, kind) {
+        ("spec.delivery", "Subscription") => Some("status.physicalSubscription"),
+        ("spec.delivery", _) => Some("status"),
+        _ => None,
+    };
+    let resolved_field = status_path.map_or_else(
+        || format!("{at}.deadLetterSink.uri"),
+        |path| format!("{path}.deadLetterSinkUri"),
+    );
+    let (field, message) = destination::unresolved(
+        delivery.get("deadLetterSink"),
+        namespace,
+        &format!("{at}.deadLetterSink"),
+        &resolved_field,
+    );
+    report.channel(source.channel, Problem::new(source.object, &field, message));
 }
 
 /// A DeliverySpec's fields, checked.
@@ -122,6 +152,8 @@ struct Checked {
     retry_after_max: Option<u32>,
     policy: Option<BackoffPolicy>,
     format: Option<String>,
+    /// (field, message): what is carried over other than as Knative has it.
+    warnings: Vec<(String, String)>,
 }
 
 fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, String)) -> Checked {
@@ -135,22 +167,25 @@ fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, Str
         );
     }
     let mut checked = Checked::default();
-    if let Some(v) = fields.get("retry") {
-        // Its limit is the filter's: the filter refuses more (contract.rs).
-        match v.as_u64() {
-            Some(n) => checked.retry = n,
-            None => problem("retry", format!("{v}: a whole number of retries")),
+    if let Some(v) = fields.get("retry").filter(|v| !v.is_null()) {
+        // The limit is the filter's own; said here at the DeliverySpec's field (the filter
+        // refuses more anyway: contract.rs).
+        match retry(v) {
+            Ok(n) => checked.retry = n,
+            Err(message) => problem("retry", message),
         }
     }
+    let mut warnings = Vec::new();
     let mut duration = |name: &str, zero: bool| {
-        let v = fields.get(name)?;
-        match v.as_str().map(duration_ms) {
-            Some(Some(ms)) if zero || ms > 0 => Some(ms),
-            _ => {
-                problem(
-                    name,
-                    format!("{v}: not an ISO-8601 duration fanout takes (e.g. PT0.2S, PT1M)"),
-                );
+        let v = fields.get(name).filter(|v| !v.is_null())?;
+        match duration::parse(v, zero) {
+            Ok(parsed) => {
+                let warning = parsed.unlike_knative(v);
+                warnings.extend(warning.map(|message| (name.to_owned(), message)));
+                Some(parsed.ms)
+            }
+            Err(message) => {
+                problem(name, message);
                 None
             }
         }
@@ -158,6 +193,7 @@ fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, Str
     checked.timeout = duration("timeout", false);
     checked.delay = duration("backoffDelay", true);
     checked.retry_after_max = duration("retryAfterMax", true);
+    checked.warnings.extend(warnings);
     match fields.get("backoffPolicy") {
         Some(Value::String(p)) if p == "linear" => checked.policy = Some(BackoffPolicy::Linear),
         Some(Value::String(p)) if p == "exponential" => {
@@ -173,11 +209,21 @@ fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, Str
         Some(Value::String(f)) if f == "json" || f == "binary" => checked.format = Some(f.clone()),
         Some(f) => problem(
             "format",
-            format!("{f}: Knative's formats are json and binary"),
+            format!("{f}: Knative's formats are json (structured mode) and binary"),
         ),
         None => {}
     }
     checked
+}
+
+/// A DeliverySpec's `retry`: a whole number up to the filter's own limit.
+fn retry(v: &Value) -> Result<u64, String> {
+    let max = fanout::retry::MAX_RETRY;
+    match v.as_u64() {
+        Some(n) if n > u64::from(max) => Err(format!("{n}: fanout retries at most {max} times")),
+        Some(n) => Ok(n),
+        None => Err(format!("{v}: must be a whole number, 0 or more")),
+    }
 }
 
 /// Knative waits delay * 2^(n-1) (exponential) or delay * (n-1) (linear) before retry n;
@@ -207,58 +253,4 @@ fn retries(
     let longest = u32::try_from(longest).unwrap_or(u32::MAX);
     out.backoff_max_ms = Some(cap.filter(|c| *c >= longest).unwrap_or(longest));
     longest
-}
-
-/// An ISO-8601 duration (`PT0.2S`, `PT1M`, `PT1H30M`, `P1D`) in whole milliseconds.
-pub fn duration_ms(value: &str) -> Option<u32> {
-    let rest = value.strip_prefix('P')?;
-    let (days, time) = match rest.split_once('T') {
-        Some((d, t)) if !t.is_empty() => (d, t),
-        Some(_) => return None,
-        None => (rest, ""),
-    };
-    let mut total = 0f64;
-    let mut any = false;
-    for (part, units) in [
-        (days, &[('W', 604_800_000f64), ('D', 86_400_000f64)][..]),
-        (
-            time,
-            &[('H', 3_600_000f64), ('M', 60_000f64), ('S', 1000f64)][..],
-        ),
-    ] {
-        let mut number = String::new();
-        let mut next = 0;
-        for c in part.chars() {
-            if c.is_ascii_digit() || c == '.' || c == ',' {
-                number.push(if c == ',' { '.' } else { c });
-                continue;
-            }
-            let at = units.iter().skip(next).position(|(u, _)| *u == c)? + next;
-            let (_, ms) = units.get(at)?;
-            total += number.parse::<f64>().ok()? * ms;
-            number.clear();
-            next = at + 1;
-            any = true;
-        }
-        if !number.is_empty() {
-            return None;
-        }
-    }
-    let ms = (total + 0.5).floor();
-    (any && ms <= f64::from(u32::MAX)).then_some(ms as u32)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(duration_ms("PT0.2S"), Some(200));
-        assert_eq!(duration_ms("PT1H30M"), Some(5_400_000));
-        assert_eq!(duration_ms("P1D"), Some(86_400_000));
-        assert_eq!(duration_ms("PT"), None);
-        assert_eq!(duration_ms("1s"), None);
-        assert_eq!(duration_ms("PT1S1M"), None);
-    }
 }

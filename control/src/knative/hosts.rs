@@ -34,8 +34,8 @@ pub(super) fn channel_hosts(
         let audience = text(&member.doc, &["status", "address", "audience"]);
         if let Some(audience) = audience.filter(|_| options.senders.is_none()) {
             let message = format!(
-                "senders' OIDC tokens (audience {audience:?}) are not checked: run the server \
-                 with --oidc-issuer to enforce who may send"
+                "senders' OIDC tokens (audience {audience:?}) are not checked: run with \
+                 --oidc-issuer to enforce who may send"
             );
             let warning = Problem::new(&member.label, "status.address.audience", message);
             report.warn(Some(&group.name), warning);

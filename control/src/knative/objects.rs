@@ -4,7 +4,7 @@
 
 use super::{Report, EVENTING, MESSAGING};
 use crate::model::Problem;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::collections::BTreeSet;
 
 /// One Kubernetes object of the input.
@@ -69,6 +69,37 @@ pub fn objects_of(document: Value, out: &mut Vec<Value>) {
 
 type Sorted = (Vec<KObject>, Vec<KObject>, Vec<KObject>);
 
+/// An object of a kind fanout does not map: an error when it has subscribers (they would get
+/// nothing), else a warning.
+fn unknown_kind(obj: &KObject, report: &mut Report) {
+    let group = if obj.group.is_empty() {
+        "core"
+    } else {
+        &obj.group
+    };
+    let present = |field: &str| {
+        obj.at(&["spec", field])
+            .is_some_and(|v| !v.is_null() && v != &json!([]) && v != &json!({}))
+    };
+    let field = ["subscribers", "subscriber"]
+        .into_iter()
+        .find(|f| present(f));
+    if let Some(field) = field {
+        report.other.push(Problem::new(
+            &obj.label,
+            &format!("spec.{field}"),
+            format!(
+                "{} ({group}) is not a kind this command imports (Channel, InMemoryChannel, \
+                 Subscription): its subscribers would get no events from fanout",
+                obj.kind
+            ),
+        ));
+    } else {
+        let message = format!("{} ({group}) is not imported; ignored", obj.kind);
+        report.warn(None, Problem::new(&obj.label, "kind", message));
+    }
+}
+
 pub(super) fn sort_objects(documents: Vec<Value>, report: &mut Report) -> Sorted {
     let (mut channels, mut subscriptions, mut policies) = (Vec::new(), Vec::new(), Vec::new());
     let mut seen = BTreeSet::new();
@@ -79,25 +110,7 @@ pub(super) fn sort_objects(documents: Vec<Value>, report: &mut Report) -> Sorted
             (MESSAGING, "Channel" | "InMemoryChannel" | "Subscription") | (EVENTING, "EventPolicy")
         );
         if !known {
-            if obj.at(&["spec", "subscribers"]).is_some() {
-                report.other.push(Problem::new(
-                    &obj.label,
-                    "kind",
-                    format!(
-                        "{} ({}) is not a kind fanout serves (Channel, InMemoryChannel, \
-                         Subscription): its subscribers get no events from fanout",
-                        obj.kind, obj.group
-                    ),
-                ));
-            } else {
-                let group = if obj.group.is_empty() {
-                    "core"
-                } else {
-                    &obj.group
-                };
-                let message = format!("{} ({group}) is not served; ignored", obj.kind);
-                report.warn(None, Problem::new(&obj.label, "kind", message));
-            }
+            unknown_kind(&obj, report);
             continue;
         }
         if obj.name.is_empty() {

@@ -1,5 +1,5 @@
-//! Who may send: EventPolicies -> each channel's [`Senders`], the way
-//! `envoy/knative-import.py --oidc-issuer` maps them (docs/knative.md, "Who may send").
+//! Who may send: EventPolicies -> each channel's [`Senders`], as Knative applies them
+//! (docs/knative.md, "Who may send").
 //!
 //! Knative's rules (knative/eventing `pkg/auth/verifier.go`, `pkg/auth/event_policy.go`): with
 //! OIDC authentication on, every request needs a token for the channel's audience; the

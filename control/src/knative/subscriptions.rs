@@ -5,7 +5,7 @@
 use super::delivery::{channel_delivery, map_delivery, resolved_dead_letter, Delivery};
 use super::objects::{text, Group, KObject};
 use super::uris::{parse_uri, target};
-use super::{warnings, Report};
+use super::{destination, warnings, Report};
 use crate::model::{ChannelSpec, Problem, SubscriberSpec};
 use fanout::config::{RawSubscriber, RawTarget};
 use serde_json::Value;
@@ -33,8 +33,11 @@ pub(super) fn channel_subscribers(
                 continue; // the same Subscription, listed by the Channel and its backing channel
             }
             let Some(uri) = text(entry, &["subscriberUri"]) else {
-                let problem =
-                    Problem::new(&member.label, &format!("{at}.subscriberUri"), "missing");
+                let problem = Problem::new(
+                    &member.label,
+                    &format!("{at}.subscriberUri"),
+                    no_subscriber_uri(entry),
+                );
                 report.channel(&group.name, problem);
                 continue;
             };
@@ -119,12 +122,21 @@ pub(super) fn attach_subscription(
     };
     warnings::subscription(report, &source, &sub.doc);
     let Some((uri, uri_field, ca)) = subscription_uri(sub, "subscriber") else {
-        let message = "not resolved to a URI: neither status.physicalSubscription.subscriberUri \
-                       nor an absolute spec.subscriber.uri";
-        report.channel(
-            &group.name,
-            Problem::new(&sub.label, "spec.subscriber", message),
-        );
+        let (field, message) = match sub.at(&["spec", "subscriber"]) {
+            None | Some(Value::Null) => (
+                "spec.subscriber".to_owned(),
+                "missing: the Knative spec requires a subscriber, and fanout has no reply-only \
+                 subscriber"
+                    .to_owned(),
+            ),
+            destination => destination::unresolved(
+                destination,
+                &sub.namespace,
+                "spec.subscriber",
+                "status.physicalSubscription.subscriberUri",
+            ),
+        };
+        report.channel(&group.name, Problem::new(&sub.label, &field, message));
         return;
     };
     let reply = subscription_uri(sub, "reply");
@@ -223,13 +235,39 @@ fn subscription_channel<'a>(
     };
     let group = groups.iter().find(|g| g.has(&kind, &ns, &name));
     if group.is_none() {
-        let message =
-            format!("{kind} {ns}/{name} is not in the source: the Subscription is not served");
-        report
-            .other
-            .push(Problem::new(&sub.label, "spec.channel", message));
+        // A channel missing beside others of its namespace would lose this subscriber; one of
+        // a namespace the source leaves out is somebody else's.
+        let beside = groups
+            .iter()
+            .any(|g| g.members.iter().any(|m| m.namespace == ns));
+        if beside && matches!(kind.as_str(), "Channel" | "InMemoryChannel") {
+            let message = format!(
+                "{kind} {ns}/{name} is not in the input, though other channels of namespace \
+                 {ns} are: its subscriber would be left out. Add the channel, or leave the \
+                 Subscription out of the input"
+            );
+            report
+                .other
+                .push(Problem::new(&sub.label, "spec.channel", message));
+        } else {
+            let message =
+                format!("{kind} {ns}/{name} is not in the input; the Subscription is not imported");
+            report.warn(None, Problem::new(&sub.label, "spec.channel", message));
+        }
     }
     group
+}
+
+/// Why a channel's subscriber entry without a `subscriberUri` cannot be delivered to.
+fn no_subscriber_uri(entry: &Value) -> String {
+    let why = if text(entry, &["replyUri"]).is_some() {
+        "the subscriber has only a replyUri: Knative's dispatcher cannot deliver to it either, \
+         and fanout has no reply-only subscriber"
+    } else {
+        "no URI to deliver to"
+    };
+    let name = text(entry, &["name"]).unwrap_or_else(|| "unnamed".into());
+    format!("missing ({name}): {why}")
 }
 
 /// Where a subscriber comes from, for its problems.

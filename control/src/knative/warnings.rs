@@ -1,5 +1,5 @@
 //! What the mapping serves differently from Knative, said as warnings (the channel is
-//! served): the same warnings as `envoy/knative-import.py` gives.
+//! served), by the server and by `fanout-control render` alike.
 
 use super::{text, Report, Source};
 use crate::model::Problem;

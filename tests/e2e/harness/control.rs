@@ -203,3 +203,38 @@ pub fn cpu_time(pid: u32) -> Duration {
         .sum();
     Duration::from_millis(ticks * 10)
 }
+
+/// How `fanout-control render` starts each line it prints.
+pub const RENDER_PREFIX: &str = "fanout-control render";
+
+/// `fanout-control render --source dir:<source_dir> --out <out> <more>`: (exit code, stdout,
+/// stderr).
+pub fn render(source_dir: &Path, out: &Path, more: &[&str]) -> (i32, String, String) {
+    let output = Command::new(control_bin())
+        .arg("render")
+        .arg(format!("--source=dir:{}", source_dir.display()))
+        .arg(format!("--out={}", out.display()))
+        .args(more)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run fanout-control render: {e}"));
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// [`render`] on one file of Knative objects (`objects`, its text), in a source directory
+/// of its own under `dir`.
+pub fn render_objects(
+    dir: &Path,
+    objects: &str,
+    out: &Path,
+    more: &[&str],
+) -> (i32, String, String) {
+    let source = dir.join("source");
+    std::fs::create_dir_all(&source).expect("create the source directory");
+    std::fs::write(source.join("objects.json"), objects).expect("write the objects");
+    render(&source, out, more)
+}

@@ -27,8 +27,8 @@
 //! | scrape Envoy with a real Prometheus and evaluate rules; query it, read its alerts | [`prometheus::Prometheus::start`]`(&`[`prometheus::Setup`]`)`, [`prometheus::Prometheus::query`], [`prometheus::Prometheus::alerts`] |
 //! | run N fanout replicas behind a front Envoy (the shipped `envoy/front-affinity.yaml`, or round robin) | [`front::Front::start`]`(`[`front::Balance`]`, &ports)`, a replica on a fixed port: [`front::start_replica`]`(builder, port)` |
 //! | reload the filter the way a ConfigMap does (ECDS, CDS) | [`reload::ReloadEnvoy`] (derefs to [`Envoy`]), [`reload::ConfigMapVolume`], [`reload::Load`] |
-//! | run Envoy on ConfigMap files written elsewhere (e.g. by `envoy/knative-import.py`) | [`reload::ReloadEnvoy::start_on_files`] |
-//! | run a shipped Python script | [`reload::run_script`], [`reload::run_render`] |
+//! | run Envoy on ConfigMap files written elsewhere (e.g. by `fanout-control render`) | [`reload::ReloadEnvoy::start_on_files`] |
+//! | run `fanout-control render` | [`control::render`], [`control::render_objects`] |
 //! | send or read events with the CloudEvents SDK | [`sdk::run_sdk`] |
 //! | receive OTLP/HTTP traces, decoded with the official protos; one trace as a tree | [`otlp::OtlpReceiver::start`], [`otlp::SpanTree`] |
 //! | read a shipped file | [`manifest_dir`], [`read_shipped`], [`read_shipped_yaml`], [`yaml_to_json`] |

@@ -1,8 +1,8 @@
 //! Live reconfiguration the way a mounted ConfigMap delivers it: Envoy runs the shipped
 //! `envoy/configmap/envoy.yaml` (the filter through ECDS, the clusters through CDS, both from
 //! files in a watched directory), and the test replaces those files the way the kubelet does,
-//! with an atomic flip of the `..data` symlink. The files are written by the shipped
-//! `envoy/render-ecds.py`.
+//! with an atomic flip of the `..data` symlink. The filter's file is the one
+//! `fanout-control render` writes, with the test's fan-out config in it.
 //!
 //! Waits poll Envoy's admin stats with a deadline; nothing sleeps a fixed time for Envoy.
 
@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -20,9 +19,8 @@ use serde_json::{json, Value};
 
 use super::{manifest_dir, read_shipped_yaml, wasm_path, Client, Envoy, TempDir};
 
-/// The shipped bootstrap and render script.
+/// The shipped bootstrap.
 pub const SHIPPED_BOOTSTRAP: &str = "envoy/configmap/envoy.yaml";
-pub const RENDER_SCRIPT: &str = "envoy/render-ecds.py";
 /// Where the shipped bootstrap expects the ConfigMap volume.
 const SHIPPED_VOLUME: &str = "/etc/fanout";
 
@@ -94,49 +92,15 @@ impl Default for ConfigMapVolume {
     }
 }
 
-/// Runs the render script with `args`, `stdin` on its standard input: (exit code, stdout,
-/// stderr).
-pub fn run_render(args: &[&str], stdin: &str) -> (i32, String, String) {
-    run_script(RENDER_SCRIPT, args, stdin)
-}
-
-/// Runs one of the shipped Python scripts (`script` relative to the crate root) with `args`,
-/// `stdin` on its standard input: (exit code, stdout, stderr).
-pub fn run_script(script: &str, args: &[&str], stdin: &str) -> (i32, String, String) {
-    use std::io::Write;
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    let mut child = Command::new(&python)
-        .arg(manifest_dir().join(script))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {python} {script}: {e}"));
-    let mut input = child.stdin.take().expect("stdin");
-    input
-        .write_all(stdin.as_bytes())
-        .expect("write to the script");
-    drop(input);
-    let out = child.wait_with_output().expect("wait for the script");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// The ECDS file for a fan-out config (JSON text, passed as is), pointing at the built filter.
 ///
-/// The render script runs once per test process (starting Python costs up to a second on a
-/// loaded machine); its output is the template, and each config goes into the one field that
-/// carries it, with `version_info` made unique for it. `the_render_script_writes_...` checks
-/// that this equals what the script writes for the same config.
+/// `fanout-control render` runs once per test process; the `fanout.yaml` it writes is the
+/// template, and each config goes into the one field that carries it, with `version_info`
+/// made unique for it. `render_writes_the_ecds_file_the_tests_use` checks that this equals
+/// what render writes for the same config.
 pub fn render_filter(fanout_config: &str) -> String {
     static TEMPLATE: OnceLock<Value> = OnceLock::new();
-    let template = TEMPLATE.get_or_init(|| {
-        serde_json::from_str(&render_filter_with_script("{}")).expect("the script writes JSON")
-    });
+    let template = TEMPLATE.get_or_init(|| rendered_filter().0);
     let mut document = template.clone();
     document["resources"][0]["typed_config"]["config"]["configuration"]["value"] =
         json!(fanout_config.trim());
@@ -146,26 +110,50 @@ pub fn render_filter(fanout_config: &str) -> String {
     serde_json::to_string_pretty(&document).expect("serialize")
 }
 
-/// The ECDS file exactly as `envoy/render-ecds.py filter - --wasm <built filter>` writes it.
-pub fn render_filter_with_script(fanout_config: &str) -> String {
+/// `fanout.yaml` as `fanout-control render --wasm <built filter>` writes it for one small
+/// InMemoryChannel, and the fan-out config it carries.
+pub fn rendered_filter() -> (Value, String) {
+    let dir = TempDir::new("fanout-render-template", "the rendered filter");
+    let channel = json!({
+        "apiVersion": "messaging.knative.dev/v1", "kind": "InMemoryChannel",
+        "metadata": { "name": "template", "namespace": "default" },
+        "spec": { "subscribers": [{ "subscriberUri": "http://billing.default.svc.cluster.local/events" }] },
+        "status": { "address": { "url": "http://template-kn-channel.default.svc.cluster.local" } }
+    });
+    let out = dir.path().join("out");
     let wasm = wasm_path();
     let wasm = wasm.to_string_lossy();
-    let (code, out, err) = run_render(&["filter", "-", "--wasm", &wasm], fanout_config);
-    assert_eq!(code, 0, "{RENDER_SCRIPT} filter failed: {err}");
-    out
+    let (code, _, err) =
+        super::control::render_objects(dir.path(), &channel.to_string(), &out, &["--wasm", &wasm]);
+    assert_eq!(code, 0, "fanout-control render failed: {err}");
+    let text = fs::read_to_string(out.join("fanout.yaml")).expect("render wrote fanout.yaml");
+    let document: Value = serde_json::from_str(&text).expect("render writes JSON");
+    let config = document["resources"][0]["typed_config"]["config"]["configuration"]["value"]
+        .as_str()
+        .expect("the filter carries its config")
+        .to_owned();
+    (document, config)
 }
 
-/// The CDS file: one cluster per (name, port) on 127.0.0.1.
+/// The CDS file: one STATIC cluster per (name, port) on 127.0.0.1.
 pub fn render_clusters(clusters: &[(&str, u16)]) -> String {
-    let specs: Vec<String> = clusters
+    let resources: Vec<Value> = clusters
         .iter()
-        .map(|(name, port)| format!("{name}=127.0.0.1:{port}"))
+        .map(|(name, port)| {
+            json!({
+                "@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+                "name": name,
+                "type": "STATIC",
+                "connect_timeout": "1s",
+                "load_assignment": { "cluster_name": name, "endpoints": [{ "lb_endpoints": [{
+                    "endpoint": { "address": { "socket_address": {
+                        "address": "127.0.0.1", "port_value": port } } } }] }] }
+            })
+        })
         .collect();
-    let mut args = vec!["clusters"];
-    args.extend(specs.iter().map(String::as_str));
-    let (code, out, err) = run_render(&args, "");
-    assert_eq!(code, 0, "{RENDER_SCRIPT} clusters failed: {err}");
-    out
+    let document =
+        json!({ "version_info": format!("{:x}", resources.len()), "resources": resources });
+    serde_json::to_string_pretty(&document).expect("serialize")
 }
 
 /// The shipped bootstrap, as JSON, with the ConfigMap paths moved to `volume`, the listener
@@ -274,7 +262,7 @@ impl ReloadEnvoy {
     }
 
     /// Publish these two files as they are (the ECDS `fanout.yaml` and the CDS `clusters.yaml`,
-    /// e.g. as `envoy/knative-import.py` wrote them), then start Envoy on them. As with
+    /// e.g. as `fanout-control render` wrote them), then start Envoy on them. As with
     /// `start_unconfigured`, whether Envoy took the filter's file is for the caller to check.
     pub fn start_on_files(filter: String, clusters: String) -> ReloadEnvoy {
         let mut volume = ConfigMapVolume::new();

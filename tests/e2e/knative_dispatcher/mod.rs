@@ -16,7 +16,7 @@
 //! How Knative's Go values become HTTP: its handler's `202` or error is fanout's `202` or
 //! `500` (sync mode); a dispatcher's error is a `500` (no dead letter) and a dead-lettered
 //! event its `202` with `x-fanout-dead-lettered`; the delivery settings are what
-//! `envoy/knative-import.py` writes for Knative's `DeliverySpec`; backoff durations are scaled
+//! `fanout-control render` writes for Knative's `DeliverySpec`; backoff durations are scaled
 //! down and only their counts, order and lower bounds are asserted (with
 //! [`harness::timing`]'s slack; upper bounds only where the wrong value is seconds away).
 //! `docs/knative.md` "Knative's dispatcher tests, replayed" is the table of all of it; the test
@@ -42,7 +42,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use base64::Engine;
 use harness::faults::{Fault, FaultServer};
-use harness::reload::run_script;
 use harness::sdk::b64;
 use harness::timing::{assert_waited_about, assert_waited_at_least};
 use harness::{send, Behavior, Client, Envoy, EnvoyBuilder, Recorded, Subscriber, TempDir};
@@ -72,7 +71,7 @@ const NOT_REPLAYED: &[NotReplayed] = &[
     NotReplayed {
         file: HANDLER_TEST,
         case: "TestSubscriberSpecToFanoutConfig",
-        why: "a Go conversion of Knative's SubscriberSpec; fanout's is envoy/knative-import.py, \
+        why: "a Go conversion of Knative's SubscriberSpec; fanout's is the control plane's Knative mapping, \
               tested in tests/e2e/knative_import.rs",
     },
     NotReplayed {

@@ -199,7 +199,7 @@ fn retries_selective_retry_and_no_retries() {
     }
 }
 
-/// `envoy/knative-import.py` on one InMemoryChannel whose subscribers have these `delivery`
+/// `fanout-control render` on one InMemoryChannel whose subscribers have these `delivery`
 /// specs: the exit code, stderr and, when it succeeded, each subscriber as fanout's config has
 /// it.
 pub(super) fn import_deliveries(deliveries: &[Value]) -> (i32, String, Vec<Value>) {
@@ -219,12 +219,8 @@ pub(super) fn import_deliveries(deliveries: &[Value]) -> (i32, String, Vec<Value
     }] });
     let dir = TempDir::new("fanout-knative-replay", "the import's output");
     let out = dir.path().join("out");
-    let out = out.to_string_lossy();
-    let (code, _, stderr) = run_script(
-        "envoy/knative-import.py",
-        &["-", "-o", &out],
-        &objects.to_string(),
-    );
+    let (code, _, stderr) =
+        harness::control::render_objects(dir.path(), &objects.to_string(), &out, &[]);
     if code != 0 {
         return (code, stderr, Vec::new());
     }
@@ -418,6 +414,7 @@ fn retries_retry_config_from_delivery_spec_through_the_import() {
     let (code, stderr, _) =
         import_deliveries(&invalid.iter().map(|c| (c.spec)()).collect::<Vec<_>>());
     assert_eq!(code, 1, "{stderr}");
+    let error_prefix = format!("{}: error: ", harness::control::RENDER_PREFIX);
     for (i, case) in invalid.iter().enumerate() {
         let Err(field) = (case.fanout)() else {
             unreachable!()
@@ -426,7 +423,7 @@ fn retries_retry_config_from_delivery_spec_through_the_import() {
         assert!(
             stderr
                 .lines()
-                .any(|l| l.starts_with("knative-import: error: ") && l.contains(&named)),
+                .any(|l| l.starts_with(&error_prefix) && l.contains(&named)),
             "{}: no error naming {named}: {stderr}",
             case.knative
         );
