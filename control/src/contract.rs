@@ -1,26 +1,33 @@
 //! The filter's configuration is the contract: the document fanout-control serves (the
-//! served channels as the filter's `channels`) and, per channel, the filter's own validation
-//! of it (`fanout::config`, the code Envoy runs). A channel the filter would refuse is that
-//! channel's problem, named by the object and field of the source it comes from; it never
-//! reaches the one resource every channel shares.
+//! served channels as the filter's `channels`, built as the filter's own types,
+//! `fanout::config::RawChannel` and `RawSubscriber`) and, per channel, the filter's own
+//! validation of it (`fanout::config`, the code Envoy runs). A channel the filter would
+//! refuse is that channel's problem, named by the object and field of the source it comes
+//! from; it never reaches the one resource every channel shares.
 
 use crate::model::{ChannelSpec, Problem};
-use serde_json::{json, Value};
+use fanout::config::RawChannel;
+use serde_json::json;
 
 /// One channel as an entry of the filter's `channels`.
-pub fn channel_json(name: &str, spec: &ChannelSpec) -> Value {
-    let subscribers: Vec<&Value> = spec.subscribers.iter().map(|s| &s.config).collect();
-    json!({ "name": name, "hosts": spec.hosts, "subscribers": subscribers })
+pub fn channel(name: &str, spec: &ChannelSpec) -> RawChannel {
+    RawChannel {
+        name: Some(name.to_owned()),
+        hosts: Some(spec.hosts.clone()),
+        subscribers: spec.subscribers.iter().map(|s| s.config.clone()).collect(),
+    }
 }
 
-/// The filter's plugin configuration of these channels (entries of [`channel_json`]).
-pub fn document(channels: Vec<Value>) -> String {
+/// The filter's plugin configuration of these channels (entries of [`channel`]). Written
+/// through serde_json's `Value`, whose objects keep their keys sorted: the same text (and so
+/// the same versions) for the same channels, whatever the order of the types' fields.
+pub fn document(channels: Vec<RawChannel>) -> String {
     json!({ "channels": channels }).to_string()
 }
 
 /// Whether the filter takes `spec` served alone; its refusal as a problem of the channel.
 pub fn check(name: &str, spec: &ChannelSpec) -> Result<(), Problem> {
-    let text = document(vec![channel_json(name, spec)]);
+    let text = document(vec![channel(name, spec)]);
     match fanout::config::Config::from_json(text.as_bytes()) {
         Ok(_) => Ok(()),
         Err(e) => Err(refused(name, spec, &e.path, &e.message)),
@@ -55,8 +62,10 @@ mod properties;
 mod tests {
     use super::*;
     use crate::model::SubscriberSpec;
+    use fanout::config::{Node, RawDelivery, RawHeaders, RawSubscriber, RawTarget};
+    use fanout::retry::BackoffPolicy;
 
-    fn subscriber(config: Value) -> SubscriberSpec {
+    fn subscriber(config: RawSubscriber) -> SubscriberSpec {
         SubscriberSpec {
             uri: "http://a.example/".into(),
             config,
@@ -67,17 +76,28 @@ mod tests {
 
     #[test]
     fn what_the_filter_refuses_is_charged_to_where_it_comes_from() {
-        let spec = |hosts: Vec<&str>, config: Value| ChannelSpec {
+        let spec = |hosts: Vec<&str>, config: RawSubscriber| ChannelSpec {
             hosts: hosts.into_iter().map(str::to_owned).collect(),
             subscribers: vec![subscriber(config)],
             ..ChannelSpec::default()
         };
-        let good = json!({ "cluster": "http|a.example|80", "path": "/" });
+        let good = RawSubscriber {
+            cluster: "http|a.example|80".into(),
+            path: Some("/".into()),
+            ..RawSubscriber::default()
+        };
         assert_eq!(
             check("default/a", &spec(vec!["a.example"], good.clone())),
             Ok(())
         );
-        let retry = json!({ "cluster": "c", "delivery": { "retry": 101 } });
+        let retry = RawSubscriber {
+            cluster: "c".into(),
+            delivery: Some(RawDelivery {
+                retry: Some(101),
+                ..RawDelivery::default()
+            }),
+            ..RawSubscriber::default()
+        };
         let problem = check("default/a", &spec(vec!["a.example"], retry)).unwrap_err();
         assert_eq!(
             (problem.object.as_str(), problem.field.as_str()),
@@ -95,5 +115,123 @@ mod tests {
             ("default/a", "status.address.url")
         );
         assert!(problem.message.contains("hosts[0]"), "{problem:?}");
+    }
+
+    fn target(cluster: &str, path: &str, timeout_ms: Option<u32>) -> RawTarget {
+        RawTarget {
+            cluster: cluster.into(),
+            authority: Some("a.example".into()),
+            path: Some(path.into()),
+            timeout_ms,
+            ..RawTarget::default()
+        }
+    }
+
+    /// The served text is the filter's types written with their keys sorted, the fields
+    /// not set left out: the same bytes as when control built it as JSON values.
+    #[test]
+    fn the_document_is_the_filters_types_with_sorted_keys() {
+        let config = RawSubscriber {
+            timeout_ms: Some(2000),
+            delivery: Some(RawDelivery {
+                retry: Some(2),
+                backoff_policy: Some(BackoffPolicy::Linear),
+                backoff_delay_ms: Some(100),
+                backoff_max_ms: Some(200),
+                dead_letter: Some(target("http|d.example|80", "/d", Some(2000))),
+                format: Some("json".into()),
+                ..RawDelivery::default()
+            }),
+            reply: Some(target("http|r.example|80", "/r", None)),
+            ..RawSubscriber::from(target("http|a.example|80", "/", None))
+        };
+        let spec = ChannelSpec {
+            hosts: vec!["a.example".into()],
+            subscribers: vec![subscriber(config)],
+            ..ChannelSpec::default()
+        };
+        assert_eq!(
+            document(vec![channel("default/a", &spec)]),
+            concat!(
+                r#"{"channels":[{"hosts":["a.example"],"name":"default/a","subscribers":[{"#,
+                r#""authority":"a.example","cluster":"http|a.example|80","delivery":{"#,
+                r#""backoff_delay_ms":100,"backoff_max_ms":200,"backoff_policy":"linear","#,
+                r#""dead_letter":{"authority":"a.example","cluster":"http|d.example|80","#,
+                r#""path":"/d","timeout_ms":2000},"format":"json","retry":2},"path":"/","#,
+                r#""reply":{"authority":"a.example","cluster":"http|r.example|80","path":"/r"},"#,
+                r#""timeout_ms":2000}]}]}"#
+            )
+        );
+        assert_eq!(
+            document(vec![channel("default/b", &ChannelSpec::default())]),
+            r#"{"channels":[{"hosts":[],"name":"default/b","subscribers":[]}]}"#
+        );
+    }
+
+    /// Every field of the types, written, is read back by the filter as it was set.
+    #[test]
+    fn the_filter_reads_every_field_written() {
+        let exact = Node::Object(vec![(
+            "exact".into(),
+            Node::Object(vec![("type".into(), Node::Str("order.created".into()))]),
+        )]);
+        let config = RawSubscriber {
+            timeout_ms: Some(1500),
+            headers: RawHeaders(vec![("x-team".into(), "billing".into())]),
+            delivery: Some(RawDelivery {
+                retry: Some(3),
+                backoff_policy: Some(BackoffPolicy::Linear),
+                backoff_delay_ms: Some(50),
+                backoff_max_ms: Some(400),
+                backoff_jitter: Some(0.5),
+                dead_letter: Some(target("dlq", "/d", Some(700))),
+                format: Some("structured".into()),
+            }),
+            reply: Some(target("reply", "/r", Some(900))),
+            filters: Some(vec![exact]),
+            required: Some(false),
+            max_concurrent_calls: Some(4),
+            max_queued_calls: Some(8),
+            ..RawSubscriber::from(target("sub", "/s", None))
+        };
+        let spec = ChannelSpec {
+            hosts: vec!["a.example".into()],
+            subscribers: vec![subscriber(config)],
+            ..ChannelSpec::default()
+        };
+        let text = document(vec![channel("default/a", &spec)]);
+        let read = fanout::config::Config::from_json(text.as_bytes()).unwrap();
+        let s = &read.channel(0).unwrap().subscribers[0];
+        assert_eq!((s.cluster.as_str(), s.path.as_str()), ("sub", "/s"));
+        assert_eq!(s.timeout.as_millis(), 1500);
+        assert!(s
+            .call_headers
+            .contains(&("x-team".into(), "billing".into())));
+        assert_eq!(
+            (
+                s.retry.retry,
+                s.retry.policy,
+                s.retry.delay_ms,
+                s.retry.max_ms
+            ),
+            (3, BackoffPolicy::Linear, 50, 400)
+        );
+        let dead_letter = s.dead_letter.as_ref().unwrap();
+        assert_eq!(
+            (
+                dead_letter.cluster.as_str(),
+                dead_letter.timeout.as_millis()
+            ),
+            ("dlq", 700)
+        );
+        let reply = s.reply.as_ref().unwrap();
+        assert_eq!(
+            (reply.cluster.as_str(), reply.path.as_str()),
+            ("reply", "/r")
+        );
+        assert!(s.format.is_some() && s.filter.is_some() && !s.required);
+        let cap = s.call_cap.unwrap();
+        assert_eq!((cap.max_concurrent_calls, cap.max_queued_calls), (4, 8));
+        assert!(text.contains(r#""backoff_jitter":0.5"#), "{text}");
     }
 }

@@ -180,7 +180,7 @@ mod tests {
             orders.spec.hosts,
             vec!["orders-kn-channel.default.svc.cluster.local"]
         );
-        let first = &orders.spec.subscribers[0].config;
+        let first = serde_json::to_value(&orders.spec.subscribers[0].config).unwrap();
         assert_eq!(
             first["cluster"],
             "http|billing.default.svc.cluster.local|80"
@@ -194,7 +194,7 @@ mod tests {
             "https|dlq.example.com|8443"
         );
         assert_eq!(first["delivery"]["dead_letter"]["timeout_ms"], 2000);
-        let second = &orders.spec.subscribers[1].config;
+        let second = serde_json::to_value(&orders.spec.subscribers[1].config).unwrap();
         assert_eq!(second["authority"], "127.0.0.1:9000");
         assert_eq!(second["reply"]["path"], "/r");
         let names: Vec<_> = orders.spec.clusters.keys().cloned().collect();
@@ -328,7 +328,12 @@ mod tests {
         ]);
         let orders = &snapshot.channels["default/orders"];
         assert!(orders.problems.is_empty(), "{:?}", orders.problems);
-        let configs: Vec<&Value> = orders.spec.subscribers.iter().map(|s| &s.config).collect();
+        let configs: Vec<Value> = orders
+            .spec
+            .subscribers
+            .iter()
+            .map(|s| serde_json::to_value(&s.config).unwrap())
+            .collect();
         assert_eq!(configs.len(), 3, "{configs:?}");
         assert_eq!(
             configs[0]["delivery"]["dead_letter"]["cluster"],

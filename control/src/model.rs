@@ -1,8 +1,8 @@
 //! What a source says fanout should serve: channels with their subscribers and the clusters
 //! those call, or, per channel, why it could not be mapped. No I/O here.
 
+use fanout::config::RawSubscriber;
 use serde::Serialize;
-use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// Something of the source that could not be carried over, named by object and field.
@@ -42,8 +42,9 @@ pub struct ClusterSpec {
 pub struct SubscriberSpec {
     /// The URI it is called at (for people: the state endpoint shows it).
     pub uri: String,
-    /// Its entry of the filter's `subscribers` (docs/configuration.md).
-    pub config: Value,
+    /// Its entry of the filter's `subscribers` (docs/configuration.md), as the filter's own
+    /// type.
+    pub config: RawSubscriber,
     /// The object of the source it comes from, and where in it (what the filter refuses of
     /// `config` is charged there).
     #[serde(skip)]

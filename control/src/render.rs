@@ -89,7 +89,7 @@ pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOpt
     let plugin = contract::document(
         served
             .iter()
-            .map(|(n, c)| contract::channel_json(n, &c.spec))
+            .map(|(n, c)| contract::channel(n, &c.spec))
             .collect(),
     );
     let specs: Vec<(&String, &ChannelSpec)> = served.iter().map(|(n, c)| (*n, &c.spec)).collect();
@@ -215,7 +215,7 @@ fn choose(
 
 /// A digest of a channel as served: an Envoy whose filter has it has this channel.
 fn channel_digest(name: &str, spec: &ChannelSpec) -> String {
-    digest(&json!([contract::channel_json(name, spec), spec.senders]).to_string())
+    digest(&json!([contract::channel(name, spec), spec.senders]).to_string())
 }
 
 /// Whose each host is (by the object of its channel), compared as the filter compares them:

@@ -4,6 +4,7 @@
 
 use crate::model::Problem;
 use crate::render::{Served, Serving};
+use fanout::config::RawSubscriber;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -341,22 +342,16 @@ fn nacked_now(record: &KindRecord, current: &str) -> bool {
 }
 
 /// Every `cluster` a subscriber's config calls (the subscriber, its reply, its dead letter).
-fn clusters_of(config: &Value) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut stack = vec![config];
-    while let Some(value) = stack.pop() {
-        if let Value::Object(fields) = value {
-            for (key, v) in fields {
-                match (key.as_str(), v) {
-                    ("cluster", Value::String(name)) => {
-                        out.insert(name.clone());
-                    }
-                    _ => stack.push(v),
-                }
-            }
-        }
-    }
-    out
+fn clusters_of(config: &RawSubscriber) -> BTreeSet<String> {
+    let dead_letter = config
+        .delivery
+        .as_ref()
+        .and_then(|d| d.dead_letter.as_ref());
+    let targets = config.reply.iter().chain(dead_letter);
+    std::iter::once(&config.cluster)
+        .chain(targets.map(|t| &t.cluster))
+        .cloned()
+        .collect()
 }
 
 /// Forget old versions no Envoy has and the server no longer serves.

@@ -31,6 +31,9 @@ mod dedupe;
 mod json_path;
 /// The raw types read from it.
 mod read;
+/// The raw types written as JSON (for a control plane building the configuration).
+#[cfg(feature = "serialize")]
+mod write;
 pub use json_path::Node;
 /// `tracing`: its raw and validated settings.
 mod tracing;
@@ -131,53 +134,94 @@ pub enum ReportDetail {
     Full,
 }
 
+/// One entry of `channels`.
 #[derive(Debug, Default)]
 #[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
-struct RawChannel {
-    name: Option<String>,
-    hosts: Option<Vec<String>>,
+#[cfg_attr(feature = "serialize", derive(Clone, PartialEq, serde::Serialize))]
+pub struct RawChannel {
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub name: Option<String>,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub hosts: Option<Vec<String>>,
     #[cfg_attr(test, serde(default))]
-    subscribers: Vec<RawSubscriber>,
+    pub subscribers: Vec<RawSubscriber>,
 }
 
+/// One subscriber, of a channel or of the top-level `subscribers`.
 #[derive(Debug, Default)]
 #[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
-struct RawSubscriber {
-    cluster: String,
-    authority: Option<String>,
-    path: Option<String>,
-    timeout_ms: Option<u32>,
+#[cfg_attr(feature = "serialize", derive(Clone, PartialEq, serde::Serialize))]
+pub struct RawSubscriber {
+    pub cluster: String,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub authority: Option<String>,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub path: Option<String>,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub timeout_ms: Option<u32>,
     #[cfg_attr(test, serde(default))]
-    headers: RawHeaders,
-    delivery: Option<RawDelivery>,
-    reply: Option<RawTarget>,
+    #[cfg_attr(
+        feature = "serialize",
+        serde(skip_serializing_if = "RawHeaders::is_empty")
+    )]
+    pub headers: RawHeaders,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub delivery: Option<RawDelivery>,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub reply: Option<RawTarget>,
     /// The filter dialect, compiled by [`event_filter::compile_list`].
-    filters: Option<Vec<Node>>,
+    #[cfg_attr(
+        feature = "serialize",
+        serde(
+            skip_serializing_if = "Option::is_none",
+            serialize_with = "write::nodes"
+        )
+    )]
+    pub filters: Option<Vec<Node>>,
     /// The older `{"attributes": {...}}` form, compiled by [`event_filter::compile_legacy`].
-    filter: Option<Node>,
+    #[cfg_attr(
+        feature = "serialize",
+        serde(
+            skip_serializing_if = "Option::is_none",
+            serialize_with = "write::node"
+        )
+    )]
+    pub filter: Option<Node>,
     /// `false`: best-effort, the sender's answer does not wait for it (default true).
-    required: Option<bool>,
-    max_concurrent_calls: Option<u32>,
-    max_queued_calls: Option<u32>,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub required: Option<bool>,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub max_concurrent_calls: Option<u32>,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub max_queued_calls: Option<u32>,
 }
 
 /// Where a dead letter or a reply goes: a call target like a subscriber.
 #[derive(Debug, Clone, Default)]
 #[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
-struct RawTarget {
-    cluster: String,
-    authority: Option<String>,
-    path: Option<String>,
-    timeout_ms: Option<u32>,
+#[cfg_attr(feature = "serialize", derive(PartialEq, serde::Serialize))]
+pub struct RawTarget {
+    pub cluster: String,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub authority: Option<String>,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub path: Option<String>,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub timeout_ms: Option<u32>,
     #[cfg_attr(test, serde(default))]
-    headers: RawHeaders,
+    #[cfg_attr(
+        feature = "serialize",
+        serde(skip_serializing_if = "RawHeaders::is_empty")
+    )]
+    pub headers: RawHeaders,
 }
 
 /// A target's `headers` object: names and values in document order, a name given twice
 /// keeping its last value (as a map would). A list, not a `BTreeMap`: a target has few
 /// headers, and a map's code costs module size.
 #[derive(Debug, Clone, Default)]
-struct RawHeaders(Vec<(String, String)>);
+#[cfg_attr(feature = "serialize", derive(PartialEq))]
+pub struct RawHeaders(pub Vec<(String, String)>);
 
 #[cfg(test)]
 impl<'de> Deserialize<'de> for RawHeaders {
@@ -213,15 +257,29 @@ impl<'de> serde::de::Visitor<'de> for RawHeadersVisitor {
 /// Retries and dead letters. A subscriber's own fields win over the top-level ones.
 #[derive(Debug, Clone, Default)]
 #[cfg_attr(test, derive(Deserialize), serde(deny_unknown_fields))]
-struct RawDelivery {
-    retry: Option<u32>,
-    backoff_policy: Option<BackoffPolicy>,
-    backoff_delay_ms: Option<u32>,
-    backoff_max_ms: Option<u32>,
-    backoff_jitter: Option<f64>,
-    dead_letter: Option<RawTarget>,
+#[cfg_attr(feature = "serialize", derive(PartialEq, serde::Serialize))]
+pub struct RawDelivery {
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub retry: Option<u32>,
+    #[cfg_attr(
+        feature = "serialize",
+        serde(
+            skip_serializing_if = "Option::is_none",
+            serialize_with = "write::policy"
+        )
+    )]
+    pub backoff_policy: Option<BackoffPolicy>,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub backoff_delay_ms: Option<u32>,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub backoff_max_ms: Option<u32>,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub backoff_jitter: Option<f64>,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub dead_letter: Option<RawTarget>,
     /// `binary`, `structured` or `json`: the content mode the subscriber gets.
-    format: Option<String>,
+    #[cfg_attr(feature = "serialize", serde(skip_serializing_if = "Option::is_none"))]
+    pub format: Option<String>,
 }
 
 /// Whether the 202/500 answer waits for the deliveries.

@@ -7,7 +7,9 @@ use super::subscriptions::{Reply, Source};
 use super::uris::target;
 use super::{destination, duration, warnings, Report};
 use crate::model::{ChannelSpec, Problem};
-use serde_json::{json, Map, Value};
+use fanout::config::{RawDelivery, RawTarget};
+use fanout::retry::BackoffPolicy;
+use serde_json::{Map, Value};
 
 const DELIVERY_FIELDS: [&str; 7] = [
     "deadLetterSink",
@@ -62,36 +64,31 @@ pub(super) fn resolved_dead_letter(
 /// resolved it (URI, field, CA certificates), if it did.
 pub(super) type Delivery<'a> = Option<(&'a Value, String, String, Option<Reply>)>;
 
-/// Knative's DeliverySpec -> fanout's `delivery` and the per-call timeout.
+/// Knative's DeliverySpec -> fanout's `delivery` (`None`: nothing to set) and the per-call
+/// timeout.
 pub(super) fn map_delivery(
     source: &Source,
     (delivery, at, resolved): (&Value, &str, Option<Reply>),
     spec: &mut ChannelSpec,
     report: &mut Report,
-) -> (Map<String, Value>, Option<u32>) {
-    let mut out = Map::new();
+) -> (Option<RawDelivery>, Option<u32>) {
+    let mut out = RawDelivery::default();
     let mut problem = |field: &str, message: String| {
         let problem = Problem::new(source.object, &format!("{at}.{field}"), message);
         report.channel(source.channel, problem);
     };
     let Some(fields) = delivery.as_object() else {
         problem("", "is not a DeliverySpec".into());
-        return (out, None);
+        return (None, None);
     };
     let checked = check_delivery(fields, &mut problem);
     for (field, message) in &checked.warnings {
         let warning = Problem::new(source.object, &format!("{at}.{field}"), message.clone());
         report.warn(Some(source.channel), warning);
     }
-    if let Some(format) = checked.format {
-        out.insert("format".into(), format);
-    }
+    out.format = checked.format;
     if checked.retry > 0 {
-        let (policy, delay, cap) = (
-            checked.policy.as_deref(),
-            checked.delay,
-            checked.retry_after_max,
-        );
+        let (policy, delay, cap) = (checked.policy, checked.delay, checked.retry_after_max);
         let longest = retries(&mut out, checked.retry, policy, delay, cap);
         let given = (policy.is_some(), delay.is_some(), cap);
         warnings::backoff(report, source, at, given, longest);
@@ -107,16 +104,15 @@ pub(super) fn map_delivery(
         warnings::audience(report, source, &field, audience);
     }
     if let Some((uri, field, ca)) = resolved.or_else(own) {
-        if let Some(mut t) = target(source, &uri, &field, ca, spec, report) {
-            if let Some(ms) = checked.timeout {
-                t.insert("timeout_ms".into(), json!(ms));
-            }
-            out.insert("dead_letter".into(), Value::Object(t));
-        }
+        out.dead_letter = target(source, &uri, &field, ca, spec, report).map(|t| RawTarget {
+            timeout_ms: checked.timeout,
+            ..t
+        });
     } else if delivery.get("deadLetterSink").is_some() {
         unresolved_dead_letter(source, at, delivery, report);
     }
-    (out, checked.timeout)
+    let set = out != RawDelivery::default();
+    (set.then_some(out), checked.timeout)
 }
 
 /// A DeliverySpec's `deadLetterSink` that nothing resolved: an error naming where Knative
@@ -154,8 +150,8 @@ struct Checked {
     timeout: Option<u32>,
     delay: Option<u32>,
     retry_after_max: Option<u32>,
-    policy: Option<String>,
-    format: Option<Value>,
+    policy: Option<BackoffPolicy>,
+    format: Option<String>,
     /// (field, message): what is carried over other than as Knative has it.
     warnings: Vec<(String, String)>,
 }
@@ -199,8 +195,9 @@ fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, Str
     checked.retry_after_max = duration("retryAfterMax", true);
     checked.warnings.extend(warnings);
     match fields.get("backoffPolicy") {
-        Some(Value::String(p)) if p == "linear" || p == "exponential" => {
-            checked.policy = Some(p.clone())
+        Some(Value::String(p)) if p == "linear" => checked.policy = Some(BackoffPolicy::Linear),
+        Some(Value::String(p)) if p == "exponential" => {
+            checked.policy = Some(BackoffPolicy::Exponential)
         }
         Some(p) => problem(
             "backoffPolicy",
@@ -209,9 +206,7 @@ fn check_delivery(fields: &Map<String, Value>, problem: &mut dyn FnMut(&str, Str
         None => {}
     }
     match fields.get("format") {
-        Some(f) if matches!(f.as_str(), Some("json" | "binary")) => {
-            checked.format = Some(f.clone())
-        }
+        Some(Value::String(f)) if f == "json" || f == "binary" => checked.format = Some(f.clone()),
         Some(f) => problem(
             "format",
             format!("{f}: Knative's formats are json (structured mode) and binary"),
@@ -234,30 +229,28 @@ fn retry(v: &Value) -> Result<u64, String> {
 /// Knative waits delay * 2^(n-1) (exponential) or delay * (n-1) (linear) before retry n;
 /// fanout waits delay * 2^n or delay * n: exponential maps with half the delay. Returns the
 /// longest backoff (ms).
+/// A `retry` past u32 is written as u32::MAX: the filter refuses both, with its own limit.
 fn retries(
-    out: &mut Map<String, Value>,
+    out: &mut RawDelivery,
     retry: u64,
-    policy: Option<&str>,
+    policy: Option<BackoffPolicy>,
     delay: Option<u32>,
     cap: Option<u32>,
 ) -> u32 {
-    out.insert("retry".into(), json!(retry));
+    out.retry = Some(u32::try_from(retry).unwrap_or(u32::MAX));
     let (delay, longest) = match (policy, delay) {
-        (Some("exponential"), Some(d)) => {
+        (Some(BackoffPolicy::Exponential), Some(d)) => {
             let half = d.div_ceil(2);
             (half, u64::from(half).saturating_mul(1u64 << retry.min(62)))
         }
-        (Some("linear"), Some(d)) => (d, u64::from(d).saturating_mul(retry)),
+        (Some(BackoffPolicy::Linear), Some(d)) => (d, u64::from(d).saturating_mul(retry)),
         _ => (0, 0),
     };
     if delay > 0 {
-        out.insert("backoff_policy".into(), json!(policy));
+        out.backoff_policy = policy;
     }
-    out.insert("backoff_delay_ms".into(), json!(delay));
+    out.backoff_delay_ms = Some(delay);
     let longest = u32::try_from(longest).unwrap_or(u32::MAX);
-    out.insert(
-        "backoff_max_ms".into(),
-        json!(cap.filter(|c| *c >= longest).unwrap_or(longest)),
-    );
+    out.backoff_max_ms = Some(cap.filter(|c| *c >= longest).unwrap_or(longest));
     longest
 }

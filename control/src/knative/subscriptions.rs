@@ -7,7 +7,8 @@ use super::objects::{text, Group, KObject};
 use super::uris::{parse_uri, target};
 use super::{destination, warnings, Report};
 use crate::model::{ChannelSpec, Problem, SubscriberSpec};
-use serde_json::{json, Value};
+use fanout::config::{RawSubscriber, RawTarget};
+use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// The channel's `spec.subscribers`: what Knative's dispatcher delivers to.
@@ -285,28 +286,21 @@ fn subscriber(
     report: &mut Report,
 ) -> Option<SubscriberSpec> {
     let before = report.by_channel.get(source.channel).map_or(0, Vec::len);
-    let mut config = target(source, uri, field, ca, spec, report)?;
-    let mut timeout = None;
+    let mut config = RawSubscriber::from(target(source, uri, field, ca, spec, report)?);
     if let Some((value, object, at, dead_letter)) = delivery {
         let here = Source {
             channel: source.channel,
             object: &object,
         };
-        let (mapped, t) = map_delivery(&here, (value, &at, dead_letter), spec, report);
-        timeout = t;
-        if let Some(t) = t {
-            config.insert("timeout_ms".into(), json!(t));
-        }
-        if !mapped.is_empty() {
-            config.insert("delivery".into(), Value::Object(mapped));
-        }
+        (config.delivery, config.timeout_ms) =
+            map_delivery(&here, (value, &at, dead_letter), spec, report);
     }
     if let Some((reply_uri, reply_field, reply_ca)) = reply {
-        let mut reply_target = target(source, &reply_uri, &reply_field, reply_ca, spec, report)?;
-        if let Some(t) = timeout {
-            reply_target.insert("timeout_ms".into(), json!(t));
-        }
-        config.insert("reply".into(), Value::Object(reply_target));
+        let reply_target = target(source, &reply_uri, &reply_field, reply_ca, spec, report)?;
+        config.reply = Some(RawTarget {
+            timeout_ms: config.timeout_ms,
+            ..reply_target
+        });
     }
     let after = report.by_channel.get(source.channel).map_or(0, Vec::len);
     // A channel's entry is charged as a whole (`spec.subscribers[0]`), a Subscription by
@@ -314,7 +308,7 @@ fn subscriber(
     let entry = field.strip_suffix(".subscriberUri").unwrap_or("spec");
     (after == before).then(|| SubscriberSpec {
         uri: uri.to_owned(),
-        config: Value::Object(config),
+        config,
         object: source.object.to_owned(),
         field: entry.to_owned(),
     })

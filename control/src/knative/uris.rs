@@ -4,7 +4,7 @@
 use super::subscriptions::Source;
 use super::Report;
 use crate::model::{ChannelSpec, ClusterSpec, Problem};
-use serde_json::{json, Map, Value};
+use fanout::config::RawTarget;
 use std::collections::BTreeSet;
 
 type Place = (String, String, String);
@@ -54,7 +54,7 @@ pub(super) fn target(
     ca: Option<String>,
     spec: &mut ChannelSpec,
     report: &mut Report,
-) -> Option<Map<String, Value>> {
+) -> Option<RawTarget> {
     let parsed = match parse_uri(uri) {
         Ok(parsed) => parsed,
         Err(why) => {
@@ -95,11 +95,12 @@ pub(super) fn target(
             cluster.ca_certs.push(ca);
         }
     }
-    let mut out = Map::new();
-    out.insert("cluster".into(), json!(name));
-    out.insert("authority".into(), json!(parsed.authority));
-    out.insert("path".into(), json!(parsed.path));
-    Some(out)
+    Some(RawTarget {
+        cluster: name,
+        authority: Some(parsed.authority),
+        path: Some(parsed.path),
+        ..RawTarget::default()
+    })
 }
 
 /// An http(s) URI as fanout calls it.
