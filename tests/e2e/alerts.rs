@@ -323,8 +323,13 @@ fn the_control_plane_is_scraped_and_a_nack_fires_its_alert() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    // The Envoy's series carry the subscriber's cluster as a label (the bootstrap's tags).
-    let calls = prometheus.query("fanout_subscriber_calls");
+    // The Envoy's series carry the subscriber's cluster as a label (the bootstrap's tags),
+    // once Prometheus has scraped the Envoy after the event (its own scrape interval).
+    let mut calls = prometheus.query("fanout_subscriber_calls");
+    while calls.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        calls = prometheus.query("fanout_subscriber_calls");
+    }
     assert!(
         calls
             .iter()
