@@ -31,7 +31,7 @@ use uris::{check_tls, TlsUse};
 pub use objects::objects_of;
 // What the submodules share (warnings.rs, policy.rs).
 use objects::{dig, text};
-use subscriptions::Source;
+use uris::Source;
 
 const MESSAGING: &str = "messaging.knative.dev";
 const EVENTING: &str = "eventing.knative.dev";

@@ -155,7 +155,7 @@ async fn serve(args: Args, source: Box<dyn Source>, map: MapOptions) -> Result<(
         cluster_grace: std::time::Duration::from_secs(args.cluster_grace),
     });
     let tls = args.tls.acceptor()?;
-    tokio::spawn(state::forget_gone(
+    tokio::spawn(forget_gone(
         ledger.clone(),
         std::time::Duration::from_secs(args.forget_after),
     ));
@@ -244,6 +244,22 @@ impl Args {
             self.dispatcher_service.clone(),
             options,
         )
+    }
+}
+
+/// Every minute, forget the Envoys gone for longer than `after` (`--forget-after`): a node
+/// id seen once does not stay in the ledger, `/state` and the metrics for ever.
+async fn forget_gone(ledger: Ledger, after: std::time::Duration) {
+    let every = after.min(std::time::Duration::from_secs(60));
+    loop {
+        tokio::time::sleep(every).await;
+        for node in ledger.forget(after) {
+            log::info!(
+                "{node}: forgotten, gone for more than {} s",
+                after.as_secs()
+            );
+            crate::metrics::forget(&node);
+        }
     }
 }
 

@@ -266,22 +266,6 @@ impl Ledger {
     }
 }
 
-/// Every minute, forget the Envoys gone for longer than `after` (`--forget-after`): a node
-/// id seen once does not stay in the ledger, `/state` and the metrics for ever.
-pub async fn forget_gone(ledger: Ledger, after: std::time::Duration) {
-    let every = after.min(std::time::Duration::from_secs(60));
-    loop {
-        tokio::time::sleep(every).await;
-        for node in ledger.forget(after) {
-            log::info!(
-                "{node}: forgotten, gone for more than {} s",
-                after.as_secs()
-            );
-            crate::metrics::forget(&node);
-        }
-    }
-}
-
 fn channel_report(
     inner: &Inner,
     served: &Served,

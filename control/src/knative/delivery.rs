@@ -3,8 +3,7 @@
 //! its own absolute URI), the format.
 
 use super::objects::{dig, text, Group};
-use super::subscriptions::{Reply, Source};
-use super::uris::target;
+use super::uris::{target, Reply, Source};
 use super::{destination, duration, warnings, Report};
 use crate::model::{ChannelSpec, Problem};
 use fanout::config::{RawDelivery, RawTarget};

@@ -4,7 +4,7 @@
 
 use super::delivery::{channel_delivery, map_delivery, resolved_dead_letter, Delivery};
 use super::objects::{text, Group, KObject};
-use super::uris::{parse_uri, target};
+use super::uris::{parse_uri, target, Reply, Source};
 use super::{destination, warnings, Report};
 use crate::model::{ChannelSpec, Problem, SubscriberSpec};
 use fanout::config::{RawSubscriber, RawTarget};
@@ -270,13 +270,6 @@ fn no_subscriber_uri(entry: &Value) -> String {
     format!("missing ({name}): {why}")
 }
 
-/// Where a subscriber comes from, for its problems.
-pub(super) struct Source<'a> {
-    pub(super) channel: &'a str,
-    pub(super) object: &'a str,
-}
-
-pub(super) type Reply = (String, String, Option<String>);
 fn subscriber(
     source: &Source,
     (uri, field, ca): (&str, &str, Option<String>),

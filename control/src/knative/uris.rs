@@ -1,11 +1,19 @@
 //! URIs and TLS: an http(s) URI as fanout calls it (its cluster, authority and path), the
 //! clusters the channel's calls need, and the CA certificates an https cluster trusts.
 
-use super::subscriptions::Source;
 use super::Report;
 use crate::model::{ChannelSpec, ClusterSpec, Problem};
 use fanout::config::RawTarget;
 use std::collections::BTreeSet;
+
+/// Where a subscriber comes from, for its problems.
+pub(super) struct Source<'a> {
+    pub(super) channel: &'a str,
+    pub(super) object: &'a str,
+}
+
+/// A reply address: its URI, the field it came from, its CA certificates.
+pub(super) type Reply = (String, String, Option<String>);
 
 type Place = (String, String, String);
 
