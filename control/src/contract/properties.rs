@@ -87,7 +87,44 @@ fn retry() -> impl Strategy<Value = Value> {
     ])
 }
 
+/// A delivery spec: one whose every field is valid (so that channels with deliveries are
+/// served, and what is served is checked), or one of odd and hostile values.
 fn delivery() -> impl Strategy<Value = Value> {
+    prop_oneof![valid_delivery(), any_delivery()]
+}
+
+fn valid_delivery() -> impl Strategy<Value = Value> {
+    let durations = |d: &[&str]| select(d.iter().map(|d| json!(d)).collect::<Vec<_>>());
+    (
+        prop::option::of(select(vec![json!(0), json!(1), json!(3), json!(100)])),
+        prop::option::of(select(vec![json!("linear"), json!("exponential")])),
+        prop::option::of(durations(&["PT0.2S", "PT1S", "PT2.5S", "P1D"])),
+        prop::option::of(durations(&["PT0.5S", "PT1S", "PT30S"])),
+        prop::option::of(durations(&["PT1S", "PT5S"])),
+        prop::option::of(select(vec![json!("json"), json!("binary")])),
+        prop::option::of(Just(
+            json!({ "uri": "http://dlq.example.svc.cluster.local/dead" }),
+        )),
+    )
+        .prop_map(|(retry, policy, delay, timeout, after, format, dlq)| {
+            let mut d = serde_json::Map::new();
+            let mut put = |k: &str, v: Option<Value>| {
+                if let Some(v) = v {
+                    d.insert(k.into(), v);
+                }
+            };
+            put("retry", retry);
+            put("backoffPolicy", policy);
+            put("backoffDelay", delay);
+            put("timeout", timeout);
+            put("retryAfterMax", after);
+            put("format", format);
+            put("deadLetterSink", dlq);
+            Value::Object(d)
+        })
+}
+
+fn any_delivery() -> impl Strategy<Value = Value> {
     let policy = select(vec![
         json!("linear"),
         json!("exponential"),
@@ -136,10 +173,21 @@ fn delivery() -> impl Strategy<Value = Value> {
         )
 }
 
+/// A subscriber's URI: mostly one fanout calls, else anything [`uri`] makes.
+fn subscriber_uri() -> impl Strategy<Value = String> {
+    let valid = select(vec![
+        "http://billing.shop.svc.cluster.local/in",
+        "http://a.example:8080/",
+        "https://b.example/x?y=1",
+    ])
+    .prop_map(str::to_owned);
+    prop_oneof![valid, uri()]
+}
+
 fn subscriber_entry() -> impl Strategy<Value = Value> {
     (
-        uri(),
-        prop::option::of(uri()),
+        subscriber_uri(),
+        prop::option::of(subscriber_uri()),
         prop::option::of(delivery()),
         select(vec!["u1", "u2", "u3"]),
         prop::option::of(Just("CA")),
@@ -316,4 +364,24 @@ proptest! {
         let two = render::serve(&knative::map(&map, then), Some(&one), &render);
         check(&two)?;
     }
+}
+
+/// The generator reaches what it is for: among its cases, channels served with a delivery
+/// (retries, backoff, a dead letter), not only ones refused for a hostile value.
+#[test]
+fn the_generated_objects_serve_deliveries_too() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = (options(), objects());
+    let with_delivery = (0..256)
+        .filter(|_| {
+            let ((map, render), objects) = strategy.new_tree(&mut runner).unwrap().current();
+            plugin(&render::serve(&knative::map(&map, objects), None, &render))
+                .contains("\"delivery\"")
+        })
+        .count();
+    assert!(
+        with_delivery >= 10,
+        "{with_delivery} of 256 served a delivery"
+    );
 }
