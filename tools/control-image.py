@@ -16,7 +16,6 @@ must be static (`make image-control` links it with `-C target-feature=+crt-stati
 Reproducible as tools/oci-image.py's image is (its layout writer is the one used here).
 """
 import argparse
-import hashlib
 import importlib.util
 import io
 import os
@@ -95,58 +94,26 @@ def main() -> int:
         print(f"{args.binary}: not a static 64-bit ELF executable (it names a loader)", file=sys.stderr)
         return 1
 
-    if os.path.isdir(args.out):
-        for dirpath, _, files in os.walk(args.out, topdown=False):
-            for name in files:
-                os.remove(os.path.join(dirpath, name))
-            os.rmdir(dirpath)
-    os.makedirs(args.out)
-    layout = oci.Layout(args.out)
-
-    tar = layer_tar(binary)
-    layer = layout.blob(oci.LAYER_MEDIA_TYPE, oci.gzipped(tar))
-    config = layout.blob(
-        oci.CONFIG_MEDIA_TYPE,
-        oci.canonical(
-            {
-                "architecture": "amd64",
-                "os": "linux",
-                "config": {
-                    "User": f"{USER}:{USER}",
-                    "Entrypoint": ["/" + BINARY_PATH],
-                    "ExposedPorts": {port: {} for port in PORTS},
-                    "WorkingDir": "/",
-                },
-                "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(tar).hexdigest()]},
-            }
+    manifest, _ = oci.write_image(
+        args.out,
+        args.tag,
+        layer_tar(binary),
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {
+                "User": f"{USER}:{USER}",
+                "Entrypoint": ["/" + BINARY_PATH],
+                "ExposedPorts": {port: {} for port in PORTS},
+                "WorkingDir": "/",
+            },
+        },
+        oci.annotations(
+            args,
+            "fanout-control",
+            "fanout-control: serves fanout's configuration to Envoys over xDS",
         ),
     )
-    annotations = {
-        "org.opencontainers.image.title": "fanout-control",
-        "org.opencontainers.image.description": "fanout-control: serves fanout's configuration to Envoys over xDS",
-        "org.opencontainers.image.version": args.version,
-        "org.opencontainers.image.revision": args.revision,
-        "org.opencontainers.image.licenses": args.licenses,
-    }
-    if args.source:
-        annotations["org.opencontainers.image.source"] = args.source
-    manifest = layout.blob(
-        oci.MANIFEST_MEDIA_TYPE,
-        oci.canonical(
-            {
-                "schemaVersion": 2,
-                "mediaType": oci.MANIFEST_MEDIA_TYPE,
-                "config": config,
-                "layers": [layer],
-                "annotations": annotations,
-            }
-        ),
-        annotations={"org.opencontainers.image.ref.name": args.tag},
-    )
-    layout.write("oci-layout", {"imageLayoutVersion": "1.0.0"})
-    layout.write("index.json", {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [manifest]})
-    with open(args.out.rstrip("/") + ".digest", "w") as f:
-        f.write(manifest["digest"] + "\n")
     print(f"image {args.out}:{args.tag} {manifest['digest']} (fanout-control {len(binary)} bytes)")
     return 0
 

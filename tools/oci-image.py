@@ -77,6 +77,59 @@ class Layout:
             f.write(canonical(doc))
 
 
+def write_image(out: str, tag: str, tar: bytes, platform: dict, annotations: dict) -> tuple:
+    """Replace the OCI layout `out` with one image: the layer `tar` (gzipped), a config of
+    `platform` (architecture, os, config) and the manifest's `annotations`; also `out`.digest.
+    Returns the manifest's and the layer's descriptors."""
+    if os.path.isdir(out):
+        for dirpath, _, files in os.walk(out, topdown=False):
+            for name in files:
+                os.remove(os.path.join(dirpath, name))
+            os.rmdir(dirpath)
+    os.makedirs(out)
+    layout = Layout(out)
+    layer = layout.blob(LAYER_MEDIA_TYPE, gzipped(tar))
+    # No "created" or "history": they would only be dates.
+    config = layout.blob(
+        CONFIG_MEDIA_TYPE,
+        canonical({**platform, "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(tar).hexdigest()]}}),
+    )
+    manifest = layout.blob(
+        MANIFEST_MEDIA_TYPE,
+        canonical(
+            {
+                "schemaVersion": 2,
+                "mediaType": MANIFEST_MEDIA_TYPE,
+                "config": config,
+                "layers": [layer],
+                "annotations": annotations,
+            }
+        ),
+        annotations={"org.opencontainers.image.ref.name": tag},
+    )
+    layout.write("oci-layout", {"imageLayoutVersion": "1.0.0"})
+    layout.write("index.json", {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [manifest]})
+    # Beside the layout (not in it): what `make push` and the tests compare with.
+    with open(out.rstrip("/") + ".digest", "w") as f:
+        f.write(manifest["digest"] + "\n")
+    return manifest, layer
+
+
+def annotations(args, title: str, description: str) -> dict:
+    """The manifest's annotations from the command line's --version, --revision, --licenses
+    and --source (left out when empty)."""
+    out = {
+        "org.opencontainers.image.title": title,
+        "org.opencontainers.image.description": description,
+        "org.opencontainers.image.version": args.version,
+        "org.opencontainers.image.revision": args.revision,
+        "org.opencontainers.image.licenses": args.licenses,
+    }
+    if args.source:
+        out["org.opencontainers.image.source"] = args.source
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--wasm", required=True, help="the module to ship")
@@ -94,56 +147,19 @@ def main() -> int:
         print(f"{args.wasm}: not a WebAssembly module", file=sys.stderr)
         return 1
 
-    if os.path.isdir(args.out):
-        for dirpath, _, files in os.walk(args.out, topdown=False):
-            for name in files:
-                os.remove(os.path.join(dirpath, name))
-            os.rmdir(dirpath)
-    os.makedirs(args.out)
-    layout = Layout(args.out)
-
-    tar = layer_tar(module)
-    layer = layout.blob(LAYER_MEDIA_TYPE, gzipped(tar))
     # The OCI platform names for WebAssembly System Interface modules (what `docker build
-    # --platform wasip1/wasm` writes). No "created" or "history": they would only be dates.
-    config = layout.blob(
-        CONFIG_MEDIA_TYPE,
-        canonical(
-            {
-                "architecture": "wasm",
-                "os": "wasip1",
-                "config": {},
-                "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(tar).hexdigest()]},
-            }
+    # --platform wasip1/wasm` writes).
+    manifest, layer = write_image(
+        args.out,
+        args.tag,
+        layer_tar(module),
+        {"architecture": "wasm", "os": "wasip1", "config": {}},
+        annotations(
+            args,
+            "fanout",
+            "fanout: a proxy-wasm HTTP filter for Envoy that fans one event out to every subscriber of a channel",
         ),
     )
-    annotations = {
-        "org.opencontainers.image.title": "fanout",
-        "org.opencontainers.image.description": "fanout: a proxy-wasm HTTP filter for Envoy that fans one event out to every subscriber of a channel",
-        "org.opencontainers.image.version": args.version,
-        "org.opencontainers.image.revision": args.revision,
-        "org.opencontainers.image.licenses": args.licenses,
-    }
-    if args.source:
-        annotations["org.opencontainers.image.source"] = args.source
-    manifest = layout.blob(
-        MANIFEST_MEDIA_TYPE,
-        canonical(
-            {
-                "schemaVersion": 2,
-                "mediaType": MANIFEST_MEDIA_TYPE,
-                "config": config,
-                "layers": [layer],
-                "annotations": annotations,
-            }
-        ),
-        annotations={"org.opencontainers.image.ref.name": args.tag},
-    )
-    layout.write("oci-layout", {"imageLayoutVersion": "1.0.0"})
-    layout.write("index.json", {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [manifest]})
-    # Beside the layout (not in it): what `make push` and the tests compare with.
-    with open(args.out.rstrip("/") + ".digest", "w") as f:
-        f.write(manifest["digest"] + "\n")
     print(f"image {args.out}:{args.tag} {manifest['digest']} (layer {layer['digest']}, plugin.wasm {len(module)} bytes)")
     return 0
 
