@@ -107,22 +107,42 @@ fn valid_delivery() -> impl Strategy<Value = Value> {
         )),
     )
         .prop_map(|(retry, policy, delay, timeout, after, format, dlq)| {
-            let mut d = serde_json::Map::new();
-            let mut put = |k: &str, v: Option<Value>| {
-                if let Some(v) = v {
-                    d.insert(k.into(), v);
-                }
-            };
-            put("retry", retry);
-            put("backoffPolicy", policy);
-            put("backoffDelay", delay);
-            put("timeout", timeout);
-            put("retryAfterMax", after);
-            put("format", format);
-            put("deadLetterSink", dlq);
-            Value::Object(d)
+            delivery_of((retry, policy, delay, timeout, after, format, dlq), None)
         })
 }
+
+/// A delivery spec of the fields that are given (and `unknown`, a field Knative has not).
+fn delivery_of(
+    (retry, policy, delay, timeout, after, format, dlq): DeliveryFields,
+    unknown: Option<Value>,
+) -> Value {
+    let fields = [
+        ("retry", retry),
+        ("backoffPolicy", policy),
+        ("backoffDelay", delay),
+        ("timeout", timeout),
+        ("retryAfterMax", after),
+        ("format", format),
+        ("deadLetterSink", dlq),
+        ("retries", unknown),
+    ];
+    Value::Object(
+        fields
+            .into_iter()
+            .filter_map(|(k, v)| Some((k.to_owned(), v?)))
+            .collect(),
+    )
+}
+
+type DeliveryFields = (
+    Option<Value>,
+    Option<Value>,
+    Option<Value>,
+    Option<Value>,
+    Option<Value>,
+    Option<Value>,
+    Option<Value>,
+);
 
 fn any_delivery() -> impl Strategy<Value = Value> {
     let policy = select(vec![
@@ -154,21 +174,8 @@ fn any_delivery() -> impl Strategy<Value = Value> {
     )
         .prop_map(
             |(retry, policy, delay, timeout, after, format, dlq, unknown)| {
-                let mut d = serde_json::Map::new();
-                let mut put = |k: &str, v: Option<Value>| {
-                    if let Some(v) = v {
-                        d.insert(k.into(), v);
-                    }
-                };
-                put("retry", retry);
-                put("backoffPolicy", policy);
-                put("backoffDelay", delay);
-                put("timeout", timeout);
-                put("retryAfterMax", after);
-                put("format", format);
-                put("deadLetterSink", dlq);
-                put("retries", unknown.then(|| json!(2)));
-                Value::Object(d)
+                let fields = (retry, policy, delay, timeout, after, format, dlq);
+                delivery_of(fields, unknown.then(|| json!(2)))
             },
         )
 }
