@@ -7,7 +7,10 @@
 
 use crate::model::{ChannelSpec, Problem};
 use fanout::config::RawChannel;
+use serde::Serialize;
 use serde_json::json;
+use serde_json::value::RawValue;
+use std::sync::Arc;
 
 /// One channel as an entry of the filter's `channels`.
 pub fn channel(name: &str, spec: &ChannelSpec) -> RawChannel {
@@ -18,16 +21,43 @@ pub fn channel(name: &str, spec: &ChannelSpec) -> RawChannel {
     }
 }
 
-/// The filter's plugin configuration of these channels (entries of [`channel`]). Written
-/// through serde_json's `Value`, whose objects keep their keys sorted: the same text (and so
-/// the same versions) for the same channels, whatever the order of the types' fields.
-pub fn document(channels: Vec<RawChannel>) -> String {
-    json!({ "channels": channels }).to_string()
+/// One channel's entry of the filter's `channels` ([`channel`]), written: through
+/// serde_json's `Value`, whose objects keep their keys sorted, so that the same channel is
+/// the same text (and so the same versions) whatever the order of the types' fields.
+/// Written once per version of a channel, and served as it is written.
+pub fn entry(name: &str, spec: &ChannelSpec) -> Result<Arc<RawValue>, Problem> {
+    written(&channel(name, spec))
+        .map_err(|e| Problem::new(name, "", format!("cannot be written: {e}")))
+}
+
+fn written(channel: &RawChannel) -> Result<Arc<RawValue>, serde_json::Error> {
+    serde_json::value::to_raw_value(&json!(channel)).map(Arc::from)
+}
+
+/// The filter's plugin configuration: its `channels`, written entries ([`entry`]).
+#[derive(Serialize)]
+struct Document<'a> {
+    channels: &'a [&'a RawValue],
+}
+
+/// The filter's plugin configuration of these channels (entries of [`entry`]).
+pub fn document(channels: &[&RawValue]) -> Result<String, Problem> {
+    serde_json::to_string(&Document { channels }).map_err(|e| {
+        let message = format!("the filter's configuration cannot be written: {e}");
+        Problem::new("fanout", "", message)
+    })
 }
 
 /// Whether the filter takes `spec` served alone; its refusal as a problem of the channel.
+#[cfg(test)]
 pub fn check(name: &str, spec: &ChannelSpec) -> Result<(), Problem> {
-    let text = document(vec![channel(name, spec)]);
+    check_entry(name, spec, &*entry(name, spec)?)
+}
+
+/// Whether the filter takes `spec`, written as `entry`, served alone; its refusal as a
+/// problem of the channel.
+pub fn check_entry(name: &str, spec: &ChannelSpec, entry: &RawValue) -> Result<(), Problem> {
+    let text = document(&[entry])?;
     match fanout::config::Config::from_json(text.as_bytes()) {
         Ok(_) => Ok(()),
         Err(e) => Err(refused(name, spec, &e.path, &e.message)),
@@ -64,6 +94,13 @@ mod tests {
     use crate::model::SubscriberSpec;
     use fanout::config::{Node, RawDelivery, RawHeaders, RawSubscriber, RawTarget};
     use fanout::retry::BackoffPolicy;
+
+    /// The document of these channels, written as the server writes each.
+    fn document(channels: Vec<RawChannel>) -> String {
+        let entries: Vec<_> = channels.iter().map(|c| written(c).unwrap()).collect();
+        let entries: Vec<&RawValue> = entries.iter().map(|e| &**e).collect();
+        super::document(&entries).unwrap()
+    }
 
     fn subscriber(config: RawSubscriber) -> SubscriberSpec {
         SubscriberSpec {

@@ -84,7 +84,9 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format_timestamp_millis()
+        .init();
     if std::env::args_os().nth(1).is_some_and(|a| a == "render") {
         return render_files::main(std::env::args_os().skip(1));
     }
@@ -194,11 +196,13 @@ async fn decide(
         let Some(snapshot) = snapshots.borrow_and_update().clone() else {
             continue;
         };
+        let started = std::time::Instant::now();
         let served = Arc::new(render::serve(&snapshot, previous.as_deref(), &options));
         log::info!(
-            "serving filter version {}, clusters version {}",
+            "serving filter version {}, clusters version {} (decided in {:?})",
             served.ecds_version,
-            served.cds_version
+            served.cds_version,
+            started.elapsed()
         );
         ledger.serving(served.clone());
         previous = Some(served.clone());

@@ -18,8 +18,10 @@ use envoy_types::pb::google::protobuf::{Any, BoolValue, StringValue};
 use fanout::routing::normalize_host;
 use serde::Serialize;
 use serde_json::json;
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// The ECDS resource's name: what the bootstrap's `config_discovery` asks for.
 pub const FILTER_NAME: &str = "fanout";
@@ -76,54 +78,45 @@ pub struct Served {
     pub ecds_version: String,
     pub clusters: BTreeMap<String, Any>,
     pub cds_version: String,
+    /// What was written for it, for the next state to reuse.
+    written: Written,
+}
+
+/// What was written for a state, kept for the next one: one change among a thousand
+/// channels rewrites (and the filter checks) that one channel, not the thousand. Each served
+/// channel's entry of the filter's `channels`, and the spec each cluster was rendered from.
+#[derive(Clone, Debug, Default)]
+struct Written {
+    entries: BTreeMap<String, Arc<RawValue>>,
+    clusters: BTreeMap<String, ClusterSpec>,
 }
 
 /// Decide what to serve from `snapshot`, falling back for a channel with problems to its
-/// version in `previous`.
+/// version in `previous` (served with the same `options`: what it wrote is reused for what
+/// did not change).
 pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOptions) -> Served {
-    let channels = decide(snapshot, previous);
-    let served: Vec<_> = channels
+    let (channels, entries) = decide(snapshot, previous);
+    let written: Vec<&RawValue> = entries.values().map(|e| &**e).collect();
+    let plugin = match contract::document(&written) {
+        Ok(plugin) => plugin,
+        Err(problem) => return unwritten(previous, problem),
+    };
+    let specs: Vec<(&String, &ChannelSpec)> = channels
         .iter()
         .filter(|(_, c)| c.serving != Serving::NotServed)
+        .map(|(n, c)| (n, &c.spec))
         .collect();
-    let plugin = contract::document(
-        served
-            .iter()
-            .map(|(n, c)| contract::channel(n, &c.spec))
-            .collect(),
-    );
-    let specs: Vec<(&String, &ChannelSpec)> = served.iter().map(|(n, c)| (*n, &c.spec)).collect();
     let (mut ecds, who) = senders::filters(&specs, options.oidc.as_ref());
     let ecds_version = digest(&format!("{plugin}\n{}\n{who}", options.wasm));
     ecds.insert(0, any(&filter_config(&plugin, &options.wasm)));
-    let mut clusters = BTreeMap::new();
-    for (_, channel) in served {
-        for cluster in channel.spec.clusters.values() {
-            clusters
-                .entry(cluster.name.clone())
-                .or_insert_with(|| cluster_spec_merge(cluster, &channels));
-        }
-    }
-    let clusters_named: Vec<(String, u16)> = clusters
-        .values()
-        .map(|c| (c.host.clone(), c.port))
-        .collect();
-    let (resolve, ca) = (&options.resolve, &options.trusted_ca);
-    let clusters: BTreeMap<String, Any> = clusters
-        .into_iter()
-        .map(|(name, spec)| {
-            (
-                name,
-                any(&cluster(&spec, resolve, ca, options.connect_timeout)),
-            )
-        })
-        .collect();
+    let specs = cluster_specs(&channels);
+    let clusters = render_clusters(&specs, previous, options);
     let cds_version = cds_version(clusters.values());
     let mut warnings = snapshot.warnings.clone();
     for unused in options.resolve.iter().filter(|r| {
-        !clusters_named
-            .iter()
-            .any(|(host, port)| r.host == *host && r.port.is_none_or(|p| p == *port))
+        !specs
+            .values()
+            .any(|c| r.host == c.host && r.port.is_none_or(|p| p == c.port))
     }) {
         let message = "no URI in the input names this host (and port)";
         warnings.push(Problem::new("--resolve", &unused.spec, message));
@@ -136,43 +129,116 @@ pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOpt
         ecds_version,
         clusters,
         cds_version,
+        written: Written {
+            entries,
+            clusters: specs,
+        },
     }
+}
+
+/// The filter's configuration could not be written (serde_json writing text it made itself:
+/// not expected): what was served stays, with the problem.
+fn unwritten(previous: Option<&Served>, problem: Problem) -> Served {
+    log::error!("{}: {}", problem.object, problem.message);
+    let mut served = previous.cloned().unwrap_or_else(|| Served {
+        channels: BTreeMap::new(),
+        problems: Vec::new(),
+        warnings: Vec::new(),
+        ecds: Vec::new(),
+        ecds_version: String::new(),
+        clusters: BTreeMap::new(),
+        cds_version: String::new(),
+        written: Written::default(),
+    });
+    served.problems.push(problem);
+    served
+}
+
+/// Every cluster the served channels call; one named by several channels trusts the CA
+/// certificates any of them names.
+fn cluster_specs(channels: &BTreeMap<String, ServedChannel>) -> BTreeMap<String, ClusterSpec> {
+    let mut specs: BTreeMap<String, ClusterSpec> = BTreeMap::new();
+    for cluster in channels.values().flat_map(|c| c.spec.clusters.values()) {
+        match specs.get_mut(&cluster.name) {
+            Some(merged) => {
+                for ca in &cluster.ca_certs {
+                    if !merged.ca_certs.contains(ca) {
+                        merged.ca_certs.push(ca.clone());
+                    }
+                }
+            }
+            None => {
+                specs.insert(cluster.name.clone(), cluster.clone());
+            }
+        }
+    }
+    specs
+}
+
+/// Each cluster as a resource: the one `previous` has where its spec did not change.
+fn render_clusters(
+    specs: &BTreeMap<String, ClusterSpec>,
+    previous: Option<&Served>,
+    options: &RenderOptions,
+) -> BTreeMap<String, Any> {
+    let (resolve, ca) = (&options.resolve, &options.trusted_ca);
+    let rendered = |name: &String, spec: &ClusterSpec| {
+        let previous = previous?;
+        (previous.written.clusters.get(name)? == spec)
+            .then(|| previous.clusters.get(name).cloned())
+            .flatten()
+    };
+    specs
+        .iter()
+        .map(|(name, spec)| {
+            let cluster = rendered(name, spec)
+                .unwrap_or_else(|| any(&cluster(spec, resolve, ca, options.connect_timeout)));
+            (name.clone(), cluster)
+        })
+        .collect()
 }
 
 /// Each channel as it is now, its last good version in `previous`, or not at all: a version
 /// is served only if the filter takes it and none of its hosts is another channel's. A host
 /// stays with the channel that was served with it as long as that channel still names it
 /// (or keeps its last good version), so a channel that claims another's host is the one
-/// charged with it, whatever the names' order.
-fn decide(snapshot: &Snapshot, previous: Option<&Served>) -> BTreeMap<String, ServedChannel> {
+/// charged with it, whatever the names' order. With them, each served channel's entry of
+/// the filter's `channels`.
+fn decide(snapshot: &Snapshot, previous: Option<&Served>) -> (Channels, Entries) {
     let served_before = |name: &str| {
-        previous
-            .and_then(|p| p.channels.get(name))
-            .filter(|c| c.serving != Serving::NotServed)
+        let previous = previous?;
+        let channel = previous.channels.get(name)?;
+        let entry = previous.written.entries.get(name)?;
+        (channel.serving != Serving::NotServed).then_some((channel, entry))
     };
     let mut hosts = Hosts::default();
     for (name, mapping) in &snapshot.channels {
-        if let Some(last) = served_before(name) {
+        if let Some((last, _)) = served_before(name) {
             hosts.reserve(mapping.object_or(name), &last.spec, mapping);
         }
     }
-    let mut channels = BTreeMap::new();
+    let (mut channels, mut entries) = (BTreeMap::new(), BTreeMap::new());
     for (name, mapping) in &snapshot.channels {
-        let channel = choose(name, mapping, served_before(name), &hosts);
+        let (channel, entry) = choose(name, mapping, served_before(name), &hosts);
         hosts.claim(mapping.object_or(name), &channel.spec);
+        entries.extend(entry.map(|e| (name.clone(), e)));
         channels.insert(name.clone(), channel);
     }
-    channels
+    (channels, entries)
 }
 
+type Channels = BTreeMap<String, ServedChannel>;
+type Entries = BTreeMap<String, Arc<RawValue>>;
+
 /// The channel as it is now if it has no problems, the filter takes it and its hosts are
-/// free; else its last good version `last` on the same terms; else not served.
+/// free; else its last good version `last` (with its entry) on the same terms; else not
+/// served.
 fn choose(
     name: &str,
     mapping: &ChannelMapping,
-    last: Option<&ServedChannel>,
+    last: Option<(&ServedChannel, &Arc<RawValue>)>,
     hosts: &Hosts,
-) -> ServedChannel {
+) -> (ServedChannel, Option<Arc<RawValue>>) {
     let mut problems = mapping.problems.clone();
     let current = mapping
         .problems
@@ -180,42 +246,58 @@ fn choose(
         .then_some((Serving::Current, &mapping.spec));
     let candidates = current
         .into_iter()
-        .chain(last.map(|l| (Serving::LastGood, &l.spec)));
+        .chain(last.map(|(l, _)| (Serving::LastGood, &l.spec)));
     for (serving, spec) in candidates {
-        let digest = channel_digest(name, spec);
-        // What was served is known to be taken.
-        let taken = if last.is_some_and(|l| l.digest == digest) {
-            Ok(())
-        } else {
-            contract::check(name, spec)
-        };
-        match taken.and_then(|()| hosts.free(mapping.object_or(name), spec)) {
-            Ok(()) => {
-                return ServedChannel {
+        let taken = written(name, spec, last)
+            .and_then(|w| hosts.free(mapping.object_or(name), spec).map(|()| w));
+        match taken {
+            Ok((digest, entry)) => {
+                let channel = ServedChannel {
                     serving,
                     spec: spec.clone(),
                     digest,
                     problems,
                     warnings: mapping.warnings.clone(),
-                }
+                };
+                return (channel, Some(entry));
             }
             Err(problem) if !problems.contains(&problem) => problems.push(problem),
             Err(_) => {}
         }
     }
     let spec = ChannelSpec::default();
-    ServedChannel {
+    let channel = ServedChannel {
         serving: Serving::NotServed,
-        digest: channel_digest(name, &spec),
+        digest: channel_digest(&json!(contract::channel(name, &spec)).to_string(), &spec),
         spec,
         problems,
         warnings: mapping.warnings.clone(),
-    }
+    };
+    (channel, None)
 }
 
-/// A digest of a channel as served: an Envoy whose filter has it has this channel.
-fn channel_digest(name: &str, spec: &ChannelSpec) -> String {
-    digest(&json!([contract::channel(name, spec), spec.senders]).to_string())
+/// `spec` written as the filter's entry, with its digest, if the filter takes it. What was
+/// served (`last`) is known to be taken: unchanged, it is not written or checked again.
+fn written(
+    name: &str,
+    spec: &ChannelSpec,
+    last: Option<(&ServedChannel, &Arc<RawValue>)>,
+) -> Result<(String, Arc<RawValue>), Problem> {
+    if let Some((last, entry)) = last.filter(|(l, _)| l.spec == *spec) {
+        return Ok((last.digest.clone(), entry.clone()));
+    }
+    let entry = contract::entry(name, spec)?;
+    let digest = channel_digest(entry.get(), spec);
+    if !last.is_some_and(|(l, _)| l.digest == digest) {
+        contract::check_entry(name, spec, &entry)?;
+    }
+    Ok((digest, entry))
+}
+
+/// A digest of a channel as served (its entry of the filter's `channels`, written, and who
+/// may send to it): an Envoy whose filter has it has this channel.
+fn channel_digest(entry: &str, spec: &ChannelSpec) -> String {
+    digest(&format!("[{entry},{}]", json!(spec.senders)))
 }
 
 /// Whose each host is (by the object of its channel), compared as the filter compares them:
@@ -267,25 +349,6 @@ impl Hosts {
                 .or_insert_with(|| name.to_owned());
         }
     }
-}
-
-/// A cluster named by several channels trusts the CA certificates any of them names.
-fn cluster_spec_merge(
-    first: &ClusterSpec,
-    channels: &BTreeMap<String, ServedChannel>,
-) -> ClusterSpec {
-    let mut merged = first.clone();
-    for other in channels
-        .values()
-        .filter_map(|c| c.spec.clusters.get(&first.name))
-    {
-        for ca in &other.ca_certs {
-            if !merged.ca_certs.contains(ca) {
-                merged.ca_certs.push(ca.clone());
-            }
-        }
-    }
-    merged
 }
 
 /// The version of a set of clusters: a digest of their encoding.
@@ -341,260 +404,4 @@ fn filter_config(plugin: &str, wasm: &str) -> TypedExtensionConfig {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::knative;
-    use crate::model::MapOptions;
-    use envoy_types::pb::envoy::config::cluster::v3::{
-        cluster::ClusterDiscoveryType, cluster::DiscoveryType, Cluster,
-    };
-    use envoy_types::pb::envoy::config::core::v3::transport_socket;
-    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
-    use prost::Message;
-    use serde_json::Value;
-
-    fn options() -> RenderOptions {
-        RenderOptions {
-            wasm: "/w/fanout.wasm".into(),
-            trusted_ca: "/ca.crt".into(),
-            oidc: None,
-            resolve: Vec::new(),
-            connect_timeout: std::time::Duration::from_secs(1),
-        }
-    }
-
-    fn imc(name: &str, uri: &str) -> Value {
-        json!({
-            "apiVersion": "messaging.knative.dev/v1", "kind": "InMemoryChannel",
-            "metadata": { "name": name, "namespace": "default" },
-            "spec": { "subscribers": [{ "subscriberUri": uri }] },
-            "status": { "address": { "url": format!("http://{name}.example") } }
-        })
-    }
-
-    fn plugin(served: &Served) -> Value {
-        let filter = TypedExtensionConfig::decode(served.ecds[0].value.as_slice()).unwrap();
-        let wasm = Wasm::decode(filter.typed_config.unwrap().value.as_slice()).unwrap();
-        let config = wasm.config.unwrap().configuration.unwrap();
-        serde_json::from_str(&StringValue::decode(config.value.as_slice()).unwrap().value).unwrap()
-    }
-
-    #[test]
-    fn a_bad_channel_keeps_its_last_good_version_and_the_rest_moves() {
-        let first = serve(
-            &knative::map(
-                &MapOptions::default(),
-                vec![imc("a", "http://x.example/"), imc("b", "http://y.example/")],
-            ),
-            None,
-            &options(),
-        );
-        assert_eq!(first.clusters.len(), 2);
-        let second = serve(
-            &knative::map(
-                &MapOptions::default(),
-                vec![imc("a", "ftp://x.example/"), imc("b", "http://z.example/")],
-            ),
-            Some(&first),
-            &options(),
-        );
-        assert_eq!(second.channels["default/a"].serving, Serving::LastGood);
-        assert_eq!(
-            second.channels["default/a"].digest,
-            first.channels["default/a"].digest
-        );
-        assert_eq!(second.channels["default/b"].serving, Serving::Current);
-        let config = plugin(&second);
-        assert_eq!(
-            config["channels"][0]["subscribers"][0]["cluster"],
-            "http|x.example|80"
-        );
-        assert_eq!(
-            config["channels"][1]["subscribers"][0]["cluster"],
-            "http|z.example|80"
-        );
-        let new = serve(
-            &knative::map(&MapOptions::default(), vec![imc("c", "ftp://x.example/")]),
-            None,
-            &options(),
-        );
-        assert_eq!(new.channels["default/c"].serving, Serving::NotServed);
-        assert_eq!(plugin(&new)["channels"], json!([]));
-    }
-
-    /// A channel of another namespace whose address names a served channel's host (the
-    /// filter refuses a host claimed twice) is that channel's problem: the served one keeps
-    /// its host and its changes are served, whichever name sorts first.
-    #[test]
-    fn a_host_claimed_again_is_the_claimants_problem() {
-        let channel = |namespace: &str, name: &str, subscribers: &[&str]| {
-            let entries: Vec<Value> = subscribers
-                .iter()
-                .map(|u| json!({ "subscriberUri": u }))
-                .collect();
-            json!({
-                "apiVersion": "messaging.knative.dev/v1", "kind": "InMemoryChannel",
-                "metadata": { "name": name, "namespace": namespace },
-                "spec": { "subscribers": entries },
-                "status": { "address": { "url": "http://orders.shop.example" } }
-            })
-        };
-        let map = |objects| knative::map(&MapOptions::default(), objects);
-        let first = serve(
-            &map(vec![channel("shop", "orders", &["http://a.example/"])]),
-            None,
-            &options(),
-        );
-        let both = vec![
-            channel(
-                "shop",
-                "orders",
-                &["http://a.example/", "http://b.example/"],
-            ),
-            channel("another", "orders", &["http://evil.example/"]),
-        ];
-        let second = serve(&map(both), Some(&first), &options());
-        let orders = &second.channels["shop/orders"];
-        assert_eq!(orders.serving, Serving::Current);
-        assert_eq!(orders.spec.subscribers.len(), 2);
-        let claimant = &second.channels["another/orders"];
-        assert_eq!(claimant.serving, Serving::NotServed);
-        assert_eq!(claimant.problems[0].field, "status.address.url");
-        assert!(
-            claimant.problems[0].message.contains("shop/orders"),
-            "{:?}",
-            claimant.problems
-        );
-        let config = plugin(&second);
-        assert_eq!(config["channels"].as_array().map(Vec::len), Some(1));
-        let parsed = fanout::config::Config::from_json(config.to_string().as_bytes());
-        assert!(parsed.is_ok(), "{parsed:?}");
-        // Both served, and the one whose name sorts first takes the other's host: it is
-        // charged, and keeps its last good version.
-        let mut taker = channel("another", "orders", &["http://a.example/"]);
-        taker["status"]["address"]["url"] = json!("http://another.example");
-        let third = serve(
-            &map(vec![
-                channel("shop", "orders", &["http://a.example/"]),
-                taker.clone(),
-            ]),
-            Some(&second),
-            &options(),
-        );
-        assert_eq!(third.channels["another/orders"].serving, Serving::Current);
-        taker["status"]["addresses"] = json!([{ "url": "http://orders.shop.example" }]);
-        let fourth = serve(
-            &map(vec![
-                channel("shop", "orders", &["http://a.example/"]),
-                taker,
-            ]),
-            Some(&third),
-            &options(),
-        );
-        assert_eq!(fourth.channels["shop/orders"].serving, Serving::Current);
-        let taker = &fourth.channels["another/orders"];
-        assert_eq!(taker.serving, Serving::LastGood, "{:?}", taker.problems);
-        assert_eq!(taker.spec.hosts, vec!["another.example"]);
-    }
-
-    #[test]
-    fn resolve_points_a_cluster_elsewhere_and_keeps_its_tls_name() {
-        let parse = |s: &str| s.parse::<Resolve>();
-        assert_eq!(
-            parse("x.example:443=127.0.0.1:8443").unwrap(),
-            Resolve {
-                spec: "x.example:443=127.0.0.1:8443".into(),
-                host: "x.example".into(),
-                port: Some(443),
-                address: "127.0.0.1".into(),
-                address_port: 8443,
-            }
-        );
-        assert_eq!(parse("[::1]=[::1]:9").unwrap().host, "::1");
-        assert_eq!(parse("X.example=h:9").unwrap().port, None);
-        assert!(parse("x.example").is_err());
-        assert!(parse("x.example=127.0.0.1").is_err());
-        assert!(parse("x.example=127.0.0.1:0").is_err());
-        assert!(parse("x.example:http=127.0.0.1:9").is_err());
-        let options = RenderOptions {
-            resolve: vec![
-                parse("x.example=127.0.0.1:8443").unwrap(),
-                parse("y.example:80=127.0.0.1:9").unwrap(),
-                parse("nobody.example=127.0.0.1:9").unwrap(),
-            ],
-            ..options()
-        };
-        let served = serve(
-            &knative::map(
-                &MapOptions::default(),
-                vec![
-                    imc("a", "https://x.example/"),
-                    imc("b", "http://y.example:81/"),
-                ],
-            ),
-            None,
-            &options,
-        );
-        let x = Cluster::decode(served.clusters["https|x.example|443"].value.as_slice()).unwrap();
-        assert_eq!(
-            x.cluster_discovery_type,
-            Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32))
-        );
-        let endpoint = format!("{:?}", x.load_assignment.unwrap().endpoints);
-        assert!(endpoint.contains("\"127.0.0.1\"") && endpoint.contains("PortValue(8443)"));
-        let Some(transport_socket::ConfigType::TypedConfig(tls)) =
-            x.transport_socket.unwrap().config_type
-        else {
-            panic!("no TLS")
-        };
-        let tls = UpstreamTlsContext::decode(tls.value.as_slice()).unwrap();
-        assert_eq!(tls.sni, "x.example", "the SNI stays the URI's host");
-        // y.example:80 does not resolve y.example:81.
-        let y = Cluster::decode(served.clusters["http|y.example|81"].value.as_slice()).unwrap();
-        assert!(format!("{:?}", y.load_assignment).contains("\"y.example\""));
-        let unused: Vec<_> = served.warnings.iter().map(|w| w.field.as_str()).collect();
-        assert_eq!(
-            unused,
-            vec!["y.example:80=127.0.0.1:9", "nobody.example=127.0.0.1:9"]
-        );
-    }
-
-    #[test]
-    fn versions_are_digests_of_the_content() {
-        let objects = vec![imc("a", "https://x.example/")];
-        let one = serve(
-            &knative::map(&MapOptions::default(), objects.clone()),
-            None,
-            &options(),
-        );
-        let two = serve(
-            &knative::map(&MapOptions::default(), objects),
-            None,
-            &options(),
-        );
-        assert_eq!(
-            (one.ecds_version.clone(), one.cds_version.clone()),
-            (two.ecds_version, two.cds_version)
-        );
-        let other = serve(
-            &knative::map(&MapOptions::default(), vec![imc("a", "https://y.example/")]),
-            None,
-            &options(),
-        );
-        assert_ne!(one.ecds_version, other.ecds_version);
-        assert_ne!(one.cds_version, other.cds_version);
-        let cluster =
-            Cluster::decode(one.clusters["https|x.example|443"].value.as_slice()).unwrap();
-        let Some(transport_socket::ConfigType::TypedConfig(tls)) =
-            cluster.transport_socket.unwrap().config_type
-        else {
-            panic!("no TLS")
-        };
-        assert_eq!(
-            UpstreamTlsContext::decode(tls.value.as_slice())
-                .unwrap()
-                .sni,
-            "x.example"
-        );
-    }
-}
+mod tests;

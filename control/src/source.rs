@@ -58,7 +58,7 @@ pub async fn run(source: Box<dyn Source>, options: MapOptions, out: Snapshots) {
     let describe = source.describe();
     let (listings_tx, mut listings) = watch::channel(None);
     let listing = tokio::spawn(source.run(listings_tx));
-    let mut last: Option<Snapshot> = None;
+    let mut last: Option<Arc<Snapshot>> = None;
     loop {
         tokio::select! {
             changed = listings.changed() => if changed.is_err() { break },
@@ -68,11 +68,13 @@ pub async fn run(source: Box<dyn Source>, options: MapOptions, out: Snapshots) {
             continue;
         };
         // Mapping a thousand channels takes a while: not on the runtime's workers.
+        let started = std::time::Instant::now();
         let mapped = tokio::task::spawn_blocking(move || mapped(&options, listing)).await;
+        log::debug!("{describe}: mapped in {:?}", started.elapsed());
         let Ok(snapshot) = mapped else {
             break;
         };
-        if last.as_ref() == Some(&snapshot) {
+        if last.as_deref() == Some(&snapshot) {
             continue;
         }
         log::info!(
@@ -84,7 +86,8 @@ pub async fn run(source: Box<dyn Source>, options: MapOptions, out: Snapshots) {
                 .filter(|c| !c.problems.is_empty())
                 .count()
         );
-        if out.send(Some(Arc::new(snapshot.clone()))).is_err() {
+        let snapshot = Arc::new(snapshot);
+        if out.send(Some(snapshot.clone())).is_err() {
             break;
         }
         last = Some(snapshot);
@@ -195,6 +198,7 @@ impl DirSource {
                 return;
             };
             self = source;
+            log::debug!("{}: read, changed: {}", self.describe(), listing.is_some());
             let gone = match listing {
                 Some(listing) => out.send(Some(listing)).is_err(),
                 None => out.is_closed(),

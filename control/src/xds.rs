@@ -108,6 +108,8 @@ pub struct StreamState {
     cluster_grace: Duration,
     /// Every cluster sent on this stream, for keeping one the current filter still calls.
     sent_clusters: BTreeMap<String, Any>,
+    /// The served cluster version `sent_clusters` has taken in last.
+    clusters_of: Option<String>,
     /// Who connected, with mutual TLS (crate::tls).
     peer: Option<crate::tls::Peer>,
 }
@@ -222,7 +224,13 @@ impl StreamState {
             return; // an answer to an older response: superseded
         };
         let refused = request.error_detail.is_some();
-        crate::metrics::answered(&node, kind, in_flight.sent.elapsed(), refused);
+        let answer = if refused { "refused" } else { "acked" };
+        let after = in_flight.sent.elapsed();
+        log::debug!(
+            "{node}: {answer} {kind:?} {} after {after:?}",
+            in_flight.version
+        );
+        crate::metrics::answered(&node, kind, after, refused);
         match &request.error_detail {
             Some(error) => ledger.nacked(&node, kind, &in_flight.version, &error.message),
             None => {
@@ -239,21 +247,33 @@ impl StreamState {
     /// What to send now, given what is served.
     pub fn step(&mut self, served: &Served, ledger: &Ledger) -> Vec<DiscoveryResponse> {
         let mut out = Vec::new();
-        for (name, cluster) in &served.clusters {
-            self.sent_clusters.insert(name.clone(), cluster.clone());
+        if self.clusters_of.as_ref() != Some(&served.cds_version) {
+            for (name, cluster) in &served.clusters {
+                self.sent_clusters.insert(name.clone(), cluster.clone());
+            }
+            self.clusters_of = Some(served.cds_version.clone());
         }
         if self.clusters.subscribed && self.clusters.in_flight.is_none() {
             let mut want: BTreeMap<&String, &Any> = served.clusters.iter().collect();
+            let mut kept = false;
             for name in self
                 .filter_calls
                 .iter()
                 .chain(self.retired.iter().flat_map(|(_, names)| names))
             {
-                if let Some(cluster) = self.sent_clusters.get_key_value(name) {
-                    want.entry(cluster.0).or_insert(cluster.1);
+                let cluster = self.sent_clusters.get_key_value(name);
+                if let Some((name, cluster)) = cluster.filter(|(n, _)| !want.contains_key(n)) {
+                    want.insert(name, cluster);
+                    kept = true;
                 }
             }
-            let version = cds_version(want.values().copied());
+            // Only the served clusters: their version is the served one, no need to hash
+            // them again (each step, on every answer of every Envoy).
+            let version = if kept {
+                cds_version(want.values().copied())
+            } else {
+                served.cds_version.clone()
+            };
             if self.clusters.last.as_ref() != Some(&version) {
                 let names: BTreeSet<String> = want.keys().map(|n| (*n).clone()).collect();
                 let resources = want.into_values().cloned().collect();
@@ -305,6 +325,10 @@ impl StreamState {
         self.nonce += 1;
         let nonce = self.nonce.to_string();
         let node = self.node_id().to_owned();
+        log::debug!(
+            "{node}: sent {kind:?} {version} ({} resources)",
+            resources.len()
+        );
         ledger.sent(&node, kind, version);
         crate::metrics::pushed(kind);
         let stream = self.kind(kind);
@@ -328,3 +352,6 @@ impl StreamState {
         }
     }
 }
+
+#[cfg(test)]
+mod push_cost;

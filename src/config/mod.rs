@@ -504,4 +504,6 @@ impl Config {
 }
 
 #[cfg(test)]
+mod served_corpus;
+#[cfg(test)]
 mod tests;

@@ -392,3 +392,40 @@ fn the_generated_objects_serve_deliveries_too() {
         "{with_delivery} of 256 served a delivery"
     );
 }
+
+/// What the server serves, for the filter's tests in wasm32 (`make test-wasm`: the filter's
+/// own reader, compiled as Envoy runs it, parses each line; src/config/served_corpus.rs).
+const CORPUS: &str = "../tests/fixtures/control/served.jsonl";
+
+/// The corpus is what the server serves for the generator's first 256 cases (deterministic:
+/// each served from nothing, then changed to other objects), each distinct configuration
+/// once; when the mapping changes, `FANOUT_WRITE_CORPUS=1` writes it again.
+#[test]
+fn the_served_corpus_is_what_the_server_serves() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = (options(), objects(), objects());
+    let mut documents = std::collections::BTreeSet::new();
+    for _ in 0..256 {
+        let ((map, render), first, then) = strategy.new_tree(&mut runner).unwrap().current();
+        let one = render::serve(&knative::map(&map, first), None, &render);
+        let two = render::serve(&knative::map(&map, then), Some(&one), &render);
+        for served in [&one, &two] {
+            check(served).unwrap();
+            documents.insert(plugin(served));
+        }
+    }
+    let lines: String = documents.iter().map(|d| format!("{d}\n")).collect();
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(CORPUS);
+    if std::env::var_os("FANOUT_WRITE_CORPUS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &lines).unwrap();
+    }
+    let shipped = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        shipped == lines,
+        "{} is not what the server serves: run \
+         FANOUT_WRITE_CORPUS=1 cargo test -p fanout-control served_corpus",
+        path.display()
+    );
+}
