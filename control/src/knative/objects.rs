@@ -6,6 +6,7 @@ use super::{Report, EVENTING, FANOUT, MESSAGING};
 use crate::model::Problem;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 /// One Kubernetes object of the input.
 #[derive(Clone, Debug)]
@@ -141,9 +142,10 @@ pub(super) fn sort_objects(documents: Vec<Value>, report: &mut Report) -> Sorted
 /// A fanout channel: a Channel or InMemoryChannel, or a Channel with its backing channel.
 pub(super) struct Group {
     pub(super) name: String,
-    pub(super) primary: KObject,
+    /// Shared with `members` (a channel's objects are read, never changed, by the mapping).
+    pub(super) primary: Arc<KObject>,
     /// The backing channel (what the dispatcher delivers from) first.
-    pub(super) members: Vec<KObject>,
+    pub(super) members: Vec<Arc<KObject>>,
 }
 
 impl Group {
@@ -165,15 +167,16 @@ pub(super) fn group_channels(channels: Vec<KObject>) -> Vec<Group> {
         Some((kind, ns, name))
     };
     let key = |c: &KObject| (c.kind.clone(), c.namespace.clone(), c.name.clone());
-    let keys: BTreeSet<_> = channels.iter().map(key).collect();
+    let channels: Vec<Arc<KObject>> = channels.into_iter().map(Arc::new).collect();
+    let keys: BTreeSet<_> = channels.iter().map(|c| key(c)).collect();
     let backed: BTreeSet<_> = channels
         .iter()
-        .filter_map(backing_key)
+        .filter_map(|c| backing_key(c))
         .filter(|k| keys.contains(k))
         .collect();
     let mut groups = Vec::new();
     for obj in channels.iter().filter(|c| !backed.contains(&key(c))) {
-        let mut members: Vec<KObject> = backing_key(obj)
+        let mut members: Vec<Arc<KObject>> = backing_key(obj)
             .and_then(|k| channels.iter().find(|c| key(c) == k))
             .into_iter()
             .cloned()
