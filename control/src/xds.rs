@@ -223,6 +223,18 @@ impl StreamState {
         else {
             return; // an answer to an older response: superseded
         };
+        self.answered(&node, kind, in_flight, request, ledger);
+    }
+
+    /// The Envoy's answer to `in_flight`.
+    fn answered(
+        &mut self,
+        node: &str,
+        kind: Kind,
+        in_flight: InFlight,
+        request: &DiscoveryRequest,
+        ledger: &Ledger,
+    ) {
         let refused = request.error_detail.is_some();
         let answer = if refused { "refused" } else { "acked" };
         let after = in_flight.sent.elapsed();
@@ -230,11 +242,11 @@ impl StreamState {
             "{node}: {answer} {kind:?} {} after {after:?}",
             in_flight.version
         );
-        crate::metrics::answered(&node, kind, after, refused);
+        crate::metrics::answered(node, kind, after, refused);
         match &request.error_detail {
-            Some(error) => ledger.nacked(&node, kind, &in_flight.version, &error.message),
+            Some(error) => ledger.nacked(node, kind, &in_flight.version, &error.message),
             None => {
-                ledger.acked(&node, kind, &in_flight.version);
+                ledger.acked(node, kind, &in_flight.version);
                 if kind == Kind::Filter {
                     let previous = std::mem::replace(&mut self.filter_calls, in_flight.clusters);
                     self.retired
@@ -254,26 +266,7 @@ impl StreamState {
             self.clusters_of = Some(served.cds_version.clone());
         }
         if self.clusters.subscribed && self.clusters.in_flight.is_none() {
-            let mut want: BTreeMap<&String, &Any> = served.clusters.iter().collect();
-            let mut kept = false;
-            for name in self
-                .filter_calls
-                .iter()
-                .chain(self.retired.iter().flat_map(|(_, names)| names))
-            {
-                let cluster = self.sent_clusters.get_key_value(name);
-                if let Some((name, cluster)) = cluster.filter(|(n, _)| !want.contains_key(n)) {
-                    want.insert(name, cluster);
-                    kept = true;
-                }
-            }
-            // Only the served clusters: their version is the served one, no need to hash
-            // them again (each step, on every answer of every Envoy).
-            let version = if kept {
-                cds_version(want.values().copied())
-            } else {
-                served.cds_version.clone()
-            };
+            let (version, want) = self.clusters_wanted(served);
             if self.clusters.last.as_ref() != Some(&version) {
                 let names: BTreeSet<String> = want.keys().map(|n| (*n).clone()).collect();
                 let resources = want.into_values().cloned().collect();
@@ -311,6 +304,35 @@ impl StreamState {
             ));
         }
         out
+    }
+
+    /// The clusters this Envoy should have, with their version: the served ones, and those
+    /// its current (or a retiring) filter still calls.
+    fn clusters_wanted<'a>(
+        &'a self,
+        served: &'a Served,
+    ) -> (String, BTreeMap<&'a String, &'a Any>) {
+        let mut want: BTreeMap<&String, &Any> = served.clusters.iter().collect();
+        let mut kept = false;
+        for name in self
+            .filter_calls
+            .iter()
+            .chain(self.retired.iter().flat_map(|(_, names)| names))
+        {
+            let cluster = self.sent_clusters.get_key_value(name);
+            if let Some((name, cluster)) = cluster.filter(|(n, _)| !want.contains_key(n)) {
+                want.insert(name, cluster);
+                kept = true;
+            }
+        }
+        // Only the served clusters: their version is the served one, not hashed again (each
+        // step, on every answer of every Envoy).
+        let version = if kept {
+            cds_version(want.values().copied())
+        } else {
+            served.cds_version.clone()
+        };
+        (version, want)
     }
 
     fn respond(

@@ -3,7 +3,7 @@
 //! subscriber cluster, three Envoys), without the noise of a shared machine: the whole path
 //! of the change (the file parsed, mapped, decided, rendered, recorded, sent to each Envoy
 //! and encoded, each ACK taken) in one function, [`one_change`], whose instructions
-//! valgrind counts:
+//! valgrind counts (and one `GET /state`, [`one_report`]):
 //!
 //! ```text
 //! cargo test --release -p fanout-control --no-run
@@ -107,6 +107,12 @@ fn one_change(
     (served, bytes)
 }
 
+/// One `GET /state` (what the bench asks every 50 ms while it waits for the ACKs).
+#[inline(never)]
+fn one_report(ledger: &Ledger) -> usize {
+    ledger.report().to_string().len()
+}
+
 #[test]
 #[ignore = "a measurement: run under valgrind (see the module's doc)"]
 fn one_change_among_1000_channels() {
@@ -129,5 +135,8 @@ fn one_change_among_1000_channels() {
     let (after, bytes) = one_change(&channels(1), &first, &served, &ledger, &mut streams);
     assert_eq!(after.channels["default/c500"].spec.subscribers.len(), 2);
     assert!(bytes > 0);
-    println!("sent {bytes} bytes to 3 Envoys");
+    println!(
+        "sent {bytes} bytes to 3 Envoys; the state is {} bytes",
+        one_report(&ledger)
+    );
 }
