@@ -51,7 +51,7 @@ pub fn document(channels: &[&RawValue]) -> Result<String, Problem> {
 /// Whether the filter takes `spec` served alone; its refusal as a problem of the channel.
 #[cfg(test)]
 pub fn check(name: &str, spec: &ChannelSpec) -> Result<(), Problem> {
-    check_entry(name, spec, &*entry(name, spec)?)
+    check_entry(name, spec, &entry(name, spec)?)
 }
 
 /// Whether the filter takes `spec`, written as `entry`, served alone; its refusal as a

@@ -288,7 +288,7 @@ fn written(
     }
     let entry = contract::entry(name, spec)?;
     let digest = channel_digest(entry.get(), spec);
-    if !last.is_some_and(|(l, _)| l.digest == digest) {
+    if last.is_none_or(|(l, _)| l.digest != digest) {
         contract::check_entry(name, spec, &entry)?;
     }
     Ok((digest, entry))
