@@ -6,8 +6,8 @@
 //! valgrind counts (and one `GET /state`, [`one_report`]):
 //!
 //! ```text
-//! cargo test --release -p fanout-control --no-run
-//! valgrind --tool=callgrind --toggle-collect='*push_cost::one_change*' \
+//! CARGO_PROFILE_RELEASE_STRIP=false cargo test --release -p fanout-control --no-run
+//! valgrind --tool=callgrind --toggle-collect='*push_cost*one_change*' \
 //!   target/release/deps/fanout_control-HASH --ignored --exact \
 //!   xds::push_cost::one_change_among_1000_channels
 //! callgrind_annotate --inclusive=yes callgrind.out.PID
