@@ -21,6 +21,7 @@ use super::etcd::{self, Family, Leases, SettleOp, StoreError, MAX_SETTLES_PER_TX
 use super::settle::RemoteSettle;
 use super::CLAIM_MARGIN_MS;
 use crate::call::Failure;
+use crate::call_table::{CallTable, Continuation};
 use crate::config::{Config, EtcdStore, Store};
 use crate::host::Host;
 
@@ -64,14 +65,6 @@ impl Sent {
             hold: settle.hold,
         }
     }
-}
-
-/// What an answer to one of the root's etcd calls came to.
-pub enum StoreAnswer {
-    /// A lease grant: nothing to count.
-    Grant,
-    /// A settle txn: the settles in it, applied, or (`failed`) each a store error.
-    Settles { settles: Vec<Sent>, failed: bool },
 }
 
 /// What sending the settles queued came to: the txns sent (their tokens), and the settles
@@ -163,6 +156,7 @@ impl Remote {
     pub fn grant<H: Host>(
         &mut self,
         host: &H,
+        calls: &mut CallTable,
         now_ms: u64,
         store: &EtcdStore,
     ) -> Result<(), crate::call::Failure> {
@@ -171,7 +165,10 @@ impl Remote {
             let headers = etcd::call_headers(&store.cluster, etcd::GRANT_PATH);
             let timeout = Duration::from_millis(u64::from(store.timeout_ms));
             match host.dispatch(&store.cluster, headers, &grant.body, timeout) {
-                Ok(token) => self.leases.asked(grant.until_ms, token),
+                Ok(token) => {
+                    calls.insert(token, Continuation::Grant, None);
+                    self.leases.asked(grant.until_ms, token);
+                }
                 Err(failure) => {
                     self.leases.not_sent(now_ms);
                     return Err(failure);
@@ -272,39 +269,40 @@ impl Remote {
         }
     }
 
-    /// The answer to call `token`, if it is one of the root's etcd calls (`reply` reads it).
-    pub fn answered(
+    /// The answer to lease grant `token` (`reply` reads it).
+    pub fn grant_answered(
         &mut self,
         token: u32,
         reply: impl FnOnce() -> etcd::Reply,
         now: impl FnOnce() -> u64,
-    ) -> Option<StoreAnswer> {
-        if self.leases.is_grant(token) {
-            let result = etcd::read_answer(&reply()).and_then(etcd::read_grant);
-            if let Err(error) = &result {
-                log::debug!("dedupe: etcd lease grant failed: {error}");
-            }
-            let failed = result.is_err();
-            self.leases
-                .granted(token, result, if failed { now() } else { 0 });
-            return Some(StoreAnswer::Grant);
+    ) {
+        let result = etcd::read_answer(&reply()).and_then(etcd::read_grant);
+        if let Err(error) = &result {
+            log::debug!("dedupe: etcd lease grant failed: {error}");
         }
+        let failed = result.is_err();
+        self.leases
+            .granted(token, result, if failed { now() } else { 0 });
+    }
+
+    /// The answer to settle txn `token` (`reply` reads it): the settles in it, applied, or
+    /// (`true`) each a store error; `None` if it was given up on already.
+    pub fn settle_answered(
+        &mut self,
+        token: u32,
+        reply: impl FnOnce() -> etcd::Reply,
+        now: impl FnOnce() -> u64,
+    ) -> Option<(Vec<Sent>, bool)> {
         let at = self.in_flight.iter().position(|(t, _, _)| *t == token)?;
         let (_, _, settles) = self.in_flight.swap_remove(at);
         match etcd::read_answer(&reply()).and_then(etcd::read_txn_ok) {
-            Ok(()) => Some(StoreAnswer::Settles {
-                settles,
-                failed: false,
-            }),
+            Ok(()) => Some((settles, false)),
             Err(error) => {
                 let now = now();
                 for sent in &settles {
                     self.settle_failed(sent.log_id, &error, now);
                 }
-                Some(StoreAnswer::Settles {
-                    settles,
-                    failed: true,
-                })
+                Some((settles, true))
             }
         }
     }
@@ -360,11 +358,17 @@ pub fn prepare(remote: &mut Remote, config: &Config) {
 /// The root context's timer (the root is the current context): the leases due. Nothing
 /// unless `config` uses the etcd store. (The settles are the deliveries': they hold the
 /// answers that wait for them.)
-pub fn tick<H: Host>(host: &H, now: u64, config: Option<&Config>, remote: &mut Remote) {
+pub fn tick<H: Host>(
+    host: &H,
+    calls: &mut CallTable,
+    now: u64,
+    config: Option<&Config>,
+    remote: &mut Remote,
+) {
     let Some(Store::Etcd(store)) = config.and_then(|c| c.dedupe.as_ref()).map(|d| &d.store) else {
         return;
     };
-    if let Err(Failure::DispatchError { detail }) = remote.grant(host, now, store) {
+    if let Err(Failure::DispatchError { detail }) = remote.grant(host, calls, now, store) {
         if remote.warn(now).is_some() {
             log::error!(
                 "dedupe.store.etcd.cluster: Envoy refused a call to \"{}\" ({detail}); \

@@ -21,7 +21,7 @@ impl Deliveries {
         let mut job = self.jobs.remove(&id)?;
         let claims = job.claims.take();
         let answer = labelled(job.fanout.verdict(&job.channel), job.unrecorded);
-        self.trace_end(clock, &mut job, Some(&answer));
+        self.traces.end(clock, &mut job, Some(&answer));
         let duration = if job.config.metrics {
             clock.now().saturating_sub(job.started_ms)
         } else {

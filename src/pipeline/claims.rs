@@ -7,11 +7,11 @@
 //! error. However a claim went out, its answer (or the store's failure) continues the request
 //! in one place, [`Pipeline::continue_claim`]: launched, or answered now.
 //!
-//! [`Coalescer`] is the bookkeeping: the txns in flight (until when their answer may come),
-//! the requests parked, and what the root made of a parked request (for its stream to pick
-//! up at its next callback).
+//! [`Coalescer`] is the bookkeeping: the txns in flight (until when their answer may come;
+//! each is a [`Continuation::Claim`] of the call table) and the requests parked.
 
 use super::{Actor, Pipeline};
+use crate::call_table::Continuation;
 use crate::dedupe::claim::{self, Ask};
 use crate::dedupe::etcd::{self, Found, StoreError, MAX_CLAIMS_PER_TXN, TXN_PATH};
 use crate::dedupe::remote;
@@ -24,15 +24,20 @@ pub struct Pending {
     pub stream: u32,
     pub ask: Ask,
     pub job: Job,
+    /// Its stream ended (or Envoy answered it) while its claim was in a txn in flight:
+    /// nobody to answer.
+    pub sender_left: bool,
 }
 
-/// What the root made of a parked request, for its stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Continued {
-    /// Answered (a 202 in async mode, a 409, a 503).
-    Answered,
-    /// A sync fan-out under way: the deliveries' job.
-    Delivering(u64),
+impl Pending {
+    pub fn new(stream: u32, ask: Ask, job: Job) -> Pending {
+        Pending {
+            stream,
+            ask,
+            job,
+            sender_left: false,
+        }
+    }
 }
 
 /// A claim txn in flight.
@@ -60,12 +65,6 @@ pub struct Coalescer {
     parked: Vec<Pending>,
     /// Requests that could not be sent, for the root's timer to continue as store errors.
     failed: Vec<(Vec<Pending>, StoreError)>,
-    /// (Few at a time: a stream picks its entry up at its next callback. Vectors, not maps:
-    /// each map type costs the module kilobytes.)
-    continued: Vec<(u32, Continued)>,
-    /// Streams that ended (or were answered by Envoy) while their request was in a txn in
-    /// flight: nobody to answer.
-    gone: Vec<u32>,
 }
 
 /// Claim txns a worker has in flight at most: the others wait to go out together. (Two in
@@ -176,35 +175,23 @@ impl Coalescer {
             .iter()
             .find(|f| !f.of_root && f.requests.iter().any(|p| p.stream == stream));
         let cancelled = own.filter(|_| ended).map(|f| f.token);
-        let waiting = self
-            .flights
-            .iter()
-            .flat_map(|f| &f.requests)
-            .chain(self.failed.iter().flat_map(|(b, _)| b))
-            .any(|p| p.stream == stream);
-        if !unsent && cancelled.is_none() && waiting && !self.gone.contains(&stream) {
-            self.gone.push(stream);
+        if !unsent && cancelled.is_none() {
+            let waiting = self.flights.iter_mut().flat_map(|f| &mut f.requests);
+            let failed = self.failed.iter_mut().flat_map(|(b, _)| b);
+            for pending in waiting.chain(failed).filter(|p| p.stream == stream) {
+                pending.sender_left = true;
+            }
         }
         Forgotten { unsent, cancelled }
     }
 
-    /// Whether the stream of a request being continued is gone (once).
-    pub fn take_gone(&mut self, stream: u32) -> bool {
-        let before = self.gone.len();
-        self.gone.retain(|s| *s != stream);
-        self.gone.len() != before
-    }
-
-    /// The parked request of `stream` was continued (by the root, or its own stream).
-    pub fn continued(&mut self, stream: u32, what: Continued) {
-        self.continued.retain(|(s, _)| *s != stream);
-        self.continued.push((stream, what));
-    }
-
-    /// What became of `stream`'s request, if it was continued (once).
-    pub fn adopt(&mut self, stream: u32) -> Option<Continued> {
-        let at = self.continued.iter().position(|(s, _)| *s == stream)?;
-        Some(self.continued.swap_remove(at).1)
+    /// Whether the request of `stream` still waits for its claim.
+    pub fn holds(&self, stream: u32) -> bool {
+        self.parked
+            .iter()
+            .chain(self.flights.iter().flat_map(|f| &f.requests))
+            .chain(self.failed.iter().flat_map(|(b, _)| b))
+            .any(|p| p.stream == stream)
     }
 
     /// Whether the root's timer must run soon: requests that could not be sent, or that wait
@@ -234,21 +221,20 @@ impl Pipeline {
         match host.dispatch(&ask.cluster, ask.headers(), &ask.body(), ask.timeout) {
             Ok(token) => {
                 let now = pending.job.started_ms;
+                self.calls.insert(token, Continuation::Claim, None);
                 self.claims.sent(token, false, vec![pending], now);
                 Vec::new()
             }
             Err(failure) => {
                 let error = StoreError::new(format!("refused at dispatch: {failure}"));
                 self.continue_claim(host, actor, pending, Err(error))
-                    .into_iter()
-                    .collect()
             }
         }
     }
 
     /// Sends the requests parked (if no claim txn is in flight) as one txn of the root
     /// context, from whichever context runs: its answer goes to the root, which continues
-    /// them ([`Pipeline::claim_answered`]).
+    /// them (`claim_answered`).
     pub(super) fn send_parked<H: Host>(&mut self, host: &H, actor: Actor) {
         if self.claims.waits_for_a_lease() {
             let leases = &self.etcd.leases;
@@ -269,7 +255,7 @@ impl Pipeline {
         let root = actor.root();
         match host.dispatch_for(root, &cluster, headers, &body, timeout) {
             Ok(token) => {
-                self.deliveries.owned_by_root(token, root);
+                self.calls.insert(token, Continuation::Claim, Some(root));
                 self.claims.sent(token, true, batch, host.now_ms());
             }
             Err(failure) => {
@@ -280,19 +266,19 @@ impl Pipeline {
         }
     }
 
-    /// The answer to call `token`, if it is a claim txn's: continues every request in it
-    /// (read before anything else is sent from this callback), and sends the claims parked
-    /// since. `None` if `token` is no claim txn.
+    /// The continuation of claim txn `token`: continues every request in it (its answer
+    /// read before anything else is sent from this callback), and sends the claims parked
+    /// since.
     pub(super) fn claim_answered<H: Host>(
         &mut self,
         host: &H,
         actor: Actor,
         token: u32,
-        num_headers: usize,
-        body_size: usize,
-    ) -> Option<Vec<Finished>> {
-        let requests = self.claims.landed(token)?;
-        self.deliveries.root_call_ended(token);
+        (num_headers, body_size): (usize, usize),
+    ) -> Vec<Finished> {
+        let Some(requests) = self.claims.landed(token) else {
+            return Vec::new();
+        };
         let reply = claim::etcd_reply(host, num_headers, body_size);
         let results = claim::read_batch(&reply, requests.len());
         self.send_parked(host, actor);
@@ -309,7 +295,7 @@ impl Pipeline {
                 }
             }
         }
-        Some(finished)
+        finished
     }
 
     /// The root's timer: claim txns that could not be sent, whose answer is overdue, or
@@ -329,7 +315,7 @@ impl Pipeline {
                 }
             }
             for token in self.claims.overdue(now) {
-                self.deliveries.root_call_ended(token);
+                self.calls.take(token);
                 if let Some(batch) = self.claims.landed(token) {
                     let error =
                         StoreError::new("no answer to the claim txn, long past its timeout");
@@ -350,18 +336,19 @@ impl Pipeline {
     /// The one continuation of a claim: etcd found what it found (the job's fan-out marked,
     /// its claims kept to settle) and the fan-out starts; or the store failed, and
     /// `on_store_error` decides: everyone is called, unrecorded, or the 503. What the stream
-    /// must answer is returned (counted); what became of the request is kept for its stream.
+    /// must answer is returned (counted where it is sent).
     pub(super) fn continue_claim<H: Host>(
         &mut self,
         host: &H,
         actor: Actor,
         pending: Pending,
         result: Result<Found, StoreError>,
-    ) -> Option<Finished> {
+    ) -> Vec<Finished> {
         let Pending {
             stream,
             ask,
             mut job,
+            sender_left,
         } = pending;
         let counter = self.counter(&job.config);
         match result {
@@ -377,15 +364,14 @@ impl Pipeline {
                         etcd.warn(now)
                     });
                 if let Err(answer) = failed {
-                    if self.claims.take_gone(stream) {
-                        return None;
+                    if sender_left {
+                        return Vec::new();
                     }
-                    self.claims.continued(stream, Continued::Answered);
-                    return Some(super::answer_now(stream, answer));
+                    return vec![Finished::now(stream, answer)];
                 }
                 job.unrecorded = true;
             }
         }
-        self.launch(host, actor.acting_root(), stream, job)
+        self.launch(host, actor.acting_root(), (stream, sender_left), job)
     }
 }

@@ -12,26 +12,29 @@
 //!    ([`Finished`]) to the context that runs, which sends it (no `RefCell` borrowed while
 //!    Envoy runs the local reply).
 //!
-//! Every entry point says which context runs ([`Actor`]): the calls made from a root
-//! context's callbacks are the root's, those from a stream's the stream's (Envoy cancels them
-//! when it ends).
+//! A stage that calls out enters the call's token in the worker's one [`CallTable`] with its
+//! continuation (a delivery attempt, a claim txn, a settle txn, a lease grant, an export);
+//! whichever context Envoy hands the answer to, [`Pipeline::on_response`] looks the token up
+//! once and runs that continuation. Every entry point says which context runs ([`Actor`]):
+//! the calls made from a root context's callbacks are the root's, those from a stream's the
+//! stream's (Envoy cancels them when it ends).
 
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
 use crate::answer::Answer;
+use crate::call_table::{CallTable, Continuation};
 use crate::config::Config;
 use crate::dedupe::claim::Claim;
 use crate::dedupe::remote::{self, Remote};
-use crate::deliveries::{Deliveries, Finished, Job, JobSpans, Launched, Owed};
+use crate::deliveries::{Deliveries, Finished, Job, JobSpans, Owed, Step};
 use crate::headers::HeaderMap;
 use crate::host::Host;
 use crate::jitter::Jitter;
 use crate::recipients::Room;
 use crate::telemetry::{Counter, Telemetry};
 use crate::timer::Timers;
-pub use claims::Continued;
 use claims::{Coalescer, Pending};
 
 mod claims;
@@ -62,17 +65,11 @@ impl Actor {
     }
 }
 
-/// What [`Pipeline::begin`] made of a request: the answers to send now (its own among
-/// them, if it is answered at once), and its sync fan-out under way, if that started.
-#[derive(Default)]
-pub struct Begun {
-    pub finished: Vec<Finished>,
-    pub delivering: Option<u64>,
-}
-
 /// Every request of one worker past its recipients: the claims, the deliveries, the
 /// settles, the answers held for them. Shared by the VM's root contexts and their streams.
 pub struct Pipeline {
+    /// The worker's calls in flight, each with what its answer continues.
+    calls: CallTable,
     deliveries: Deliveries,
     /// The claim stage: claim txns in flight, requests parked, what the root made of them.
     claims: Coalescer,
@@ -89,6 +86,7 @@ pub struct Pipeline {
 impl Pipeline {
     pub fn new(telemetry: Rc<RefCell<Telemetry>>) -> Self {
         Pipeline {
+            calls: CallTable::default(),
             deliveries: Deliveries::new(telemetry.clone()),
             claims: Coalescer::default(),
             etcd: Remote::default(),
@@ -117,28 +115,29 @@ impl Pipeline {
     }
 
     /// The request of stream `actor`, its recipients chosen (`job`) and its claims made or to
-    /// ask (`claim`): straight to the deliveries, or into the claim stage. Claimed already,
-    /// the stream learns at once what became of it ([`Begun`]); waiting for its claim, from
-    /// the answers returned later and [`Pipeline::adopt`].
-    pub fn begin<H: Host>(&mut self, host: &H, actor: Actor, mut job: Job, claim: Claim) -> Begun {
+    /// ask (`claim`): straight to the deliveries, or into the claim stage. What it made of
+    /// the request ([`Step`]): a sync fan-out under way, the answers due now; waiting for its
+    /// claim, neither (the claim's answer continues it).
+    pub fn begin<H: Host>(&mut self, host: &H, actor: Actor, mut job: Job, claim: Claim) -> Step {
         let stream = job.log_id;
-        let (mut finished, delivering) = match claim {
+        let mut step = match claim {
             Claim::Done(claims) => {
                 job.claims = claims;
-                let (finished, delivering) = self.start(host, actor.acting_root(), stream, job);
-                (one(finished), delivering)
+                let root = actor.acting_root();
+                self.deliveries
+                    .launch(host, &mut self.calls, root, job, stream)
             }
-            Claim::Ask(ask) => (self.claim(host, actor, Pending { stream, ask, job }), None),
+            Claim::Ask(ask) => Step {
+                delivering: None,
+                finished: self.claim(host, actor, Pending::new(stream, ask, job)),
+            },
         };
-        self.settle_ended(host, actor, &mut finished);
-        Begun {
-            finished,
-            delivering,
-        }
+        self.settle_ended(host, actor, &mut step.finished);
+        step
     }
 
-    /// The answer to call `token`, delivered to `actor`: a lease grant or settle txn of the
-    /// etcd store, a claim txn, or a delivery's call.
+    /// The answer to call `token`, delivered to `actor`: its continuation, looked up once in
+    /// the call table, runs (a call nobody waits for any more finds none).
     pub fn on_response<H: Host>(
         &mut self,
         host: &H,
@@ -147,18 +146,28 @@ impl Pipeline {
         num_headers: usize,
         body_size: usize,
     ) -> Vec<Finished> {
-        let mut finished = match self.store_answered(host, actor, token, num_headers, body_size) {
-            Some(finished) => finished,
-            None => match self.claim_answered(host, actor, token, num_headers, body_size) {
-                Some(finished) => finished,
-                None => one(self.deliveries.on_response(
-                    host,
-                    actor.acting_root(),
-                    token,
-                    num_headers,
-                    body_size,
-                )),
-            },
+        let Some(then) = self.calls.take(token) else {
+            return Vec::new();
+        };
+        let answer = (num_headers, body_size);
+        let mut finished = match then {
+            Continuation::Delivery(attempt) => {
+                let (calls, root) = (&mut self.calls, actor.acting_root());
+                let done = self
+                    .deliveries
+                    .answered(host, calls, root, (attempt, token), answer);
+                match done {
+                    Some(finished) => vec![finished],
+                    None => Vec::new(),
+                }
+            }
+            Continuation::Claim => self.claim_answered(host, actor, token, answer),
+            Continuation::Settle => self.settle_answered(host, actor, token, answer),
+            Continuation::Grant => self.grant_answered(host, actor, token, answer),
+            Continuation::Export => {
+                self.deliveries.export_answered(host, token);
+                Vec::new()
+            }
         };
         self.settle_ended(host, actor, &mut finished);
         finished
@@ -167,7 +176,7 @@ impl Pipeline {
     /// Root context `root`'s timer: what is due in every fan-out, claim and settle.
     pub fn tick<H: Host>(&mut self, host: &H, root: u32) -> Vec<Finished> {
         let actor = Actor::Root(root);
-        let mut finished = self.deliveries.tick(host, root);
+        let mut finished = self.deliveries.tick(host, &mut self.calls, root);
         finished.extend(self.tick_claims(host, actor));
         self.queue_ended(host, actor, &mut finished);
         finished.extend(self.tick_settles(host, actor));
@@ -176,7 +185,7 @@ impl Pipeline {
 
     /// Root context `root`'s timer, every tick: the etcd store's leases due.
     pub fn tick_leases<H: Host>(&mut self, host: &H, now_ms: u64, config: Option<&Config>) {
-        remote::tick(host, now_ms, config, &mut self.etcd);
+        remote::tick(host, &mut self.calls, now_ms, config, &mut self.etcd);
     }
 
     /// The spans of a new request on `channel`, if it is traced (`tracing`).
@@ -192,13 +201,7 @@ impl Pipeline {
 
     /// Root context `root` goes away: the spans held leave now.
     pub fn flush_spans<H: Host>(&mut self, host: &H, root: u32) {
-        self.deliveries.export(host, root, true);
-    }
-
-    /// What the root made of `stream`'s request while the stream waited for its claim, if it
-    /// did (once).
-    pub fn adopt(&mut self, stream: u32) -> Option<Continued> {
-        self.claims.adopt(stream)
+        self.deliveries.export(host, &mut self.calls, root, true);
     }
 
     /// The stream of a request waiting for its claim ended (`ended`) or was answered by
@@ -211,16 +214,29 @@ impl Pipeline {
         if let Some(token) = forgotten.cancelled {
             // Its own claim txn: Envoy cancels it with the stream; the claims parked
             // meanwhile go out.
+            self.calls.take(token);
             self.claims.landed(token);
             self.send_parked(host, actor);
         }
         forgotten.unsent
     }
 
+    /// Where the request of `stream`, handed to the pipeline to wait for its claim, is now:
+    /// its sync fan-out under way (the job), or `None` (still claiming, or answered).
+    pub fn job_of(&self, stream: u32) -> Option<u64> {
+        self.deliveries.job_of(stream)
+    }
+
+    /// Whether the request of `stream` still waits for its claim (parked, in a claim txn,
+    /// or failing).
+    pub fn claiming(&self, stream: u32) -> bool {
+        self.claims.holds(stream)
+    }
+
     /// The sender of sync fan-out `job` went away (its stream is `actor`): its calls are
     /// cancelled and its claims settled. Returns whether it still waited for its answer.
     pub fn abandon<H: Host>(&mut self, host: &H, actor: Actor, job: u64) -> Vec<Finished> {
-        self.deliveries.abandon(host, job);
+        self.deliveries.abandon(host, &mut self.calls, job);
         let mut finished = Vec::new();
         self.settle_ended(host, actor, &mut finished);
         finished
@@ -248,12 +264,12 @@ impl Pipeline {
 
     /// Everything this worker still owes.
     pub fn owed(&self) -> Owed {
-        self.deliveries.owed()
+        self.deliveries.owed(&self.calls)
     }
 
     /// Calls root context `root` made that are still in flight.
     pub fn open_calls_of(&self, root: u32) -> usize {
-        self.deliveries.open_calls_of(root)
+        self.calls.of_root(root)
     }
 
     /// Whether the root's timer has work soon: calls to send, retries, settles owed, claims
@@ -284,69 +300,27 @@ impl Pipeline {
     }
 
     /// The fan-out `job` of `stream`, continued after its claim (by the root, or by its own
-    /// stream): started, and what became of it kept for the stream. A stream gone meanwhile:
-    /// an async fan-out goes on; a sync one is dropped as when its client leaves.
+    /// stream): started. A stream gone meanwhile (`gone`): an async fan-out goes on; a sync
+    /// one is dropped as when its client leaves.
     fn launch<H: Host>(
         &mut self,
         host: &H,
         root: Option<u32>,
-        stream: u32,
+        (stream, gone): (u32, bool),
         job: Job,
-    ) -> Option<Finished> {
-        if self.claims.take_gone(stream) {
-            if let Launched::Delivering(id, _) = self.deliveries.launch(host, root, job, stream) {
-                self.deliveries.abandon(host, id);
-            }
-            return None;
+    ) -> Vec<Finished> {
+        let calls = &mut self.calls;
+        let step = self.deliveries.launch(host, calls, root, job, stream);
+        if !gone {
+            return step.finished;
         }
-        let (finished, delivering) = self.start(host, root, stream, job);
-        let what = delivering.map_or(Continued::Answered, Continued::Delivering);
-        self.claims.continued(stream, what);
-        finished
-    }
-
-    /// Hands the fan-out `job` of `stream` to the deliveries: its answer now (logged if it is
-    /// a refusal), or a sync fan-out under way (its job), with its answer if it already
-    /// ended.
-    fn start<H: Host>(
-        &mut self,
-        host: &H,
-        root: Option<u32>,
-        stream: u32,
-        job: Job,
-    ) -> (Option<Finished>, Option<u64>) {
-        match self.deliveries.launch(host, root, job, stream) {
-            Launched::Answer(answer) => (Some(answer_now(stream, answer)), None),
-            Launched::Delivering(id, finished) => (finished, Some(id)),
+        if let Some(id) = step.delivering {
+            self.deliveries.abandon(host, calls, id);
         }
+        Vec::new()
     }
 
     fn counter(&self, config: &Config) -> Counter {
         Counter::new(config.metrics.then(|| self.telemetry.clone()))
-    }
-}
-
-/// `stream` is answered at once (logged if it is a refusal; counted where it is sent).
-fn answer_now(stream: u32, answer: Answer) -> Finished {
-    if answer.status >= 400 {
-        log::info!(
-            "[#{stream}] answered {}: {}",
-            answer.status,
-            String::from_utf8_lossy(&answer.body)
-        );
-    }
-    Finished {
-        answer_to: Some(stream),
-        answer,
-    }
-}
-
-/// The answer list of an entry point that has at most one answer of its own (no allocation
-/// when it has none, as for most calls' answers).
-#[inline]
-fn one(finished: Option<Finished>) -> Vec<Finished> {
-    match finished {
-        Some(finished) => vec![finished],
-        None => Vec::new(),
     }
 }

@@ -16,8 +16,9 @@
 //! `500` (the sender must redeliver; the subscribers that took it may be called again).
 
 use super::{Actor, Pipeline};
+use crate::call_table::Continuation;
 use crate::dedupe::claim::etcd_reply;
-use crate::dedupe::remote::{self, Sent, StoreAnswer};
+use crate::dedupe::remote::{self, Sent};
 use crate::dedupe::settle::{self, NOT_RECORDED_HEADER};
 use crate::deliveries::Finished;
 use crate::host::Host;
@@ -118,7 +119,7 @@ impl Pipeline {
         }
         let mut finished = Vec::new();
         for (token, settles) in self.etcd.overdue(host.now_ms()) {
-            self.deliveries.root_call_ended(token);
+            self.calls.take(token);
             finished.extend(self.settles_ended(host, &settles, true));
         }
         finished.extend(self.send_settles(host, actor));
@@ -129,35 +130,52 @@ impl Pipeline {
         let root = actor.root();
         let outcome = self.etcd.send_settles(host, host.now_ms(), root);
         for token in outcome.sent {
-            self.deliveries.owned_by_root(token, root);
+            self.calls.insert(token, Continuation::Settle, Some(root));
         }
         self.settles_ended(host, &outcome.failed, true)
     }
 
-    /// The answer to call `token`, if it is one of the etcd store's root calls: a lease
-    /// grant (the claims waiting for one go out), or a settle txn (the answers it held go
-    /// out, and the settles queued since). `None` if it is not.
-    pub(super) fn store_answered<H: Host>(
+    /// The continuation of settle txn `token`: the answers it held go out, and the settles
+    /// queued since, and the claims parked.
+    pub(super) fn settle_answered<H: Host>(
         &mut self,
         host: &H,
         actor: Actor,
         token: u32,
-        num_headers: usize,
-        body_size: usize,
-    ) -> Option<Vec<Finished>> {
-        let answered = self.etcd.answered(
+        (num_headers, body_size): (usize, usize),
+    ) -> Vec<Finished> {
+        let answered = self.etcd.settle_answered(
             token,
             || etcd_reply(host, num_headers, body_size),
             || host.now_ms(),
-        )?;
-        self.deliveries.root_call_ended(token);
+        );
         let mut finished = match answered {
-            StoreAnswer::Grant => Vec::new(),
-            StoreAnswer::Settles { settles, failed } => self.settles_ended(host, &settles, failed),
+            Some((settles, failed)) => self.settles_ended(host, &settles, failed),
+            None => Vec::new(),
         };
         self.flush_settles(host, actor, &mut finished);
         self.send_parked(host, actor);
-        Some(finished)
+        finished
+    }
+
+    /// The continuation of lease grant `token`: the lease is held (or asked again later);
+    /// the settles and the claims waiting for one go out.
+    pub(super) fn grant_answered<H: Host>(
+        &mut self,
+        host: &H,
+        actor: Actor,
+        token: u32,
+        (num_headers, body_size): (usize, usize),
+    ) -> Vec<Finished> {
+        self.etcd.grant_answered(
+            token,
+            || etcd_reply(host, num_headers, body_size),
+            || host.now_ms(),
+        );
+        let mut finished = Vec::new();
+        self.flush_settles(host, actor, &mut finished);
+        self.send_parked(host, actor);
+        finished
     }
 
     /// `settles` ended, applied or (`failed`) not: counted, and the answers they held let go.
