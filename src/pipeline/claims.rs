@@ -4,18 +4,17 @@
 //! *parked*, and when the txn in flight is answered the claims parked meanwhile go out as one
 //! txn, a call of the root context (so under load an event costs a share of a claim txn).
 //! Without a lease a request waits for one up to the store's timeout, then it is a store
-//! error. However a claim went out, its answer (or the store's failure) continues the request
-//! in one place, [`Pipeline::continue_claim`]: launched, or answered now.
+//! error. However a claim went out, its answer (or the store's failure) is returned to the
+//! pipeline as [`Claimed`], which continues each request in one place: launched, or answered
+//! now.
 //!
 //! [`Coalescer`] is the bookkeeping: the txns in flight (until when their answer may come;
 //! each is a [`Continuation::Claim`] of the call table) and the requests parked.
 
-use super::{Actor, Pipeline};
-use crate::call_table::Continuation;
+use crate::call_table::{CallTable, Continuation};
 use crate::dedupe::claim::{self, Ask};
-use crate::dedupe::etcd::{self, Found, StoreError, MAX_CLAIMS_PER_TXN, TXN_PATH};
-use crate::dedupe::remote;
-use crate::deliveries::{Finished, Job};
+use crate::dedupe::etcd::{self, Found, Leases, StoreError, MAX_CLAIMS_PER_TXN, TXN_PATH};
+use crate::deliveries::Job;
 use crate::host::Host;
 
 /// A request waiting for its claim: its stream, its claim, and its fan-out, ready to start
@@ -202,176 +201,132 @@ impl Coalescer {
     }
 }
 
-impl Pipeline {
-    /// The claim stage takes the request `pending` of stream `actor`: its claim goes out
-    /// now, alone, from the stream if it can, else it is parked.
-    pub(super) fn claim<H: Host>(
+/// What the claim stage made of requests: each to be continued with what etcd found, or
+/// with the store's failure ([`Pipeline::continue_claim`](super::Pipeline)).
+pub type Claimed = Vec<(Pending, Result<Found, StoreError>)>;
+
+impl Coalescer {
+    /// Takes the request `pending`: its claim goes out now, alone, as the stream's call if it
+    /// can (its answer continues it), else it is parked. A claim Envoy refuses to send is
+    /// returned, to go on as a store error.
+    pub fn claim<H: Host>(
         &mut self,
         host: &H,
-        actor: Actor,
+        calls: &mut CallTable,
+        leases: &Leases,
         mut pending: Pending,
-    ) -> Vec<Finished> {
-        let leases = &self.etcd.leases;
+    ) -> Claimed {
         let leased = pending.ask.lease_from(|until| leases.pick(until));
-        if !leased || self.claims.must_park() {
-            self.claims.parked.push(pending);
+        if !leased || self.must_park() {
+            self.parked.push(pending);
             return Vec::new();
         }
         let ask = &pending.ask;
         match host.dispatch(&ask.cluster, ask.headers(), &ask.body(), ask.timeout) {
             Ok(token) => {
                 let now = pending.job.started_ms;
-                self.calls.insert(token, Continuation::Claim, None);
-                self.claims.sent(token, false, vec![pending], now);
+                calls.insert(token, Continuation::Claim, None);
+                self.sent(token, false, vec![pending], now);
                 Vec::new()
             }
             Err(failure) => {
                 let error = StoreError::new(format!("refused at dispatch: {failure}"));
-                self.continue_claim(host, actor, pending, Err(error))
+                vec![(pending, Err(error))]
             }
         }
     }
 
-    /// Sends the requests parked (if no claim txn is in flight) as one txn of the root
-    /// context, from whichever context runs: its answer goes to the root, which continues
-    /// them (`claim_answered`).
-    pub(super) fn send_parked<H: Host>(&mut self, host: &H, actor: Actor) {
-        if self.claims.waits_for_a_lease() {
-            let leases = &self.etcd.leases;
-            for parked in self.claims.parked.iter_mut() {
+    /// Sends the requests parked (if no claim txn is in flight) as one txn of root context
+    /// `root`, from whichever context runs: its answer goes to the root. `false`: Envoy
+    /// refused it, and the root's timer must continue them soon as store errors.
+    pub fn send_parked<H: Host>(
+        &mut self,
+        host: &H,
+        calls: &mut CallTable,
+        leases: &Leases,
+        root: u32,
+    ) -> bool {
+        if self.waits_for_a_lease() {
+            for parked in self.parked.iter_mut() {
                 parked.ask.lease_from(|until| leases.pick(until));
             }
         }
-        let Some(batch) = self.claims.next_batch() else {
-            return;
+        let Some(batch) = self.next_batch() else {
+            return true;
         };
         let Some(first) = batch.first() else {
-            return;
+            return true;
         };
         let (cluster, timeout) = (first.ask.cluster.clone(), first.ask.timeout);
         let asks: Vec<&Ask> = batch.iter().map(|p| &p.ask).collect();
         let body = claim::batch_body(&asks);
         let headers = etcd::call_headers(&cluster, TXN_PATH);
-        let root = actor.root();
         match host.dispatch_for(root, &cluster, headers, &body, timeout) {
             Ok(token) => {
-                self.calls.insert(token, Continuation::Claim, Some(root));
-                self.claims.sent(token, true, batch, host.now_ms());
+                calls.insert(token, Continuation::Claim, Some(root));
+                self.sent(token, true, batch, host.now_ms());
+                true
             }
             Err(failure) => {
                 let error = StoreError::new(format!("refused at dispatch: {failure}"));
-                self.claims.failed.push((batch, error));
-                self.timers.hurry(host, root, remote::SETTLE_TICK);
+                self.failed.push((batch, error));
+                false
             }
         }
     }
 
-    /// The continuation of claim txn `token`: continues every request in it (its answer
-    /// read before anything else is sent from this callback), and sends the claims parked
-    /// since.
-    pub(super) fn claim_answered<H: Host>(
+    /// The continuation of claim txn `token`: its answer read (before anything else is sent
+    /// from this callback), each of its requests with what etcd found for it.
+    pub fn answered<H: Host>(
         &mut self,
         host: &H,
-        actor: Actor,
         token: u32,
         (num_headers, body_size): (usize, usize),
-    ) -> Vec<Finished> {
-        let Some(requests) = self.claims.landed(token) else {
+    ) -> Claimed {
+        let Some(requests) = self.landed(token) else {
             return Vec::new();
         };
         let reply = claim::etcd_reply(host, num_headers, body_size);
-        let results = claim::read_batch(&reply, requests.len());
-        self.send_parked(host, actor);
-        let mut finished = Vec::new();
-        match results {
-            Ok(found) => {
-                for (pending, found) in requests.into_iter().zip(found) {
-                    finished.extend(self.continue_claim(host, actor, pending, Ok(found)));
-                }
-            }
-            Err(error) => {
-                for pending in requests {
-                    finished.extend(self.continue_claim(host, actor, pending, Err(error.clone())));
-                }
-            }
+        match claim::read_batch(&reply, requests.len()) {
+            Ok(found) => requests
+                .into_iter()
+                .zip(found.into_iter().map(Ok))
+                .collect(),
+            Err(error) => requests
+                .into_iter()
+                .map(|pending| (pending, Err(error.clone())))
+                .collect(),
         }
-        finished
     }
 
     /// The root's timer: claim txns that could not be sent, whose answer is overdue, or
-    /// that waited for a lease as long as a claim may take go on as store errors; then the
-    /// claims parked since go out. (The clock is read only while a claim txn is in flight
-    /// or a request waits for a lease: every tick runs this, with the etcd store or not.)
-    pub(super) fn tick_claims<H: Host>(&mut self, host: &H, actor: Actor) -> Vec<Finished> {
-        let waits = self.claims.waits_for_a_lease();
-        let in_flight = !self.claims.flights.is_empty();
-        if in_flight || waits {
+    /// that waited for a lease as long as a claim may take, to go on as store errors. (The
+    /// clock is read only while a claim txn is in flight or a request waits for a lease:
+    /// every tick runs this, with the etcd store or not.)
+    pub fn tick<H: Host>(&mut self, host: &H, calls: &mut CallTable) -> Claimed {
+        let waits = self.waits_for_a_lease();
+        if !self.flights.is_empty() || waits {
             let now = host.now_ms();
             if waits {
-                let late = self.claims.unleased_past(now);
+                let late = self.unleased_past(now);
                 if !late.is_empty() {
                     let error = StoreError::new("no etcd lease granted within the store's timeout");
-                    self.claims.failed.push((late, error));
+                    self.failed.push((late, error));
                 }
             }
-            for token in self.claims.overdue(now) {
-                self.calls.take(token);
-                if let Some(batch) = self.claims.landed(token) {
+            for token in self.overdue(now) {
+                calls.take(token);
+                if let Some(batch) = self.landed(token) {
                     let error =
                         StoreError::new("no answer to the claim txn, long past its timeout");
-                    self.claims.failed.push((batch, error));
+                    self.failed.push((batch, error));
                 }
             }
         }
-        let mut finished = Vec::new();
-        for (batch, error) in std::mem::take(&mut self.claims.failed) {
-            for pending in batch {
-                finished.extend(self.continue_claim(host, actor, pending, Err(error.clone())));
-            }
+        let mut claimed = Vec::new();
+        for (batch, error) in std::mem::take(&mut self.failed) {
+            claimed.extend(batch.into_iter().map(|p| (p, Err(error.clone()))));
         }
-        self.send_parked(host, actor);
-        finished
-    }
-
-    /// The one continuation of a claim: etcd found what it found (the job's fan-out marked,
-    /// its claims kept to settle) and the fan-out starts; or the store failed, and
-    /// `on_store_error` decides: everyone is called, unrecorded, or the 503. What the stream
-    /// must answer is returned (counted where it is sent).
-    pub(super) fn continue_claim<H: Host>(
-        &mut self,
-        host: &H,
-        actor: Actor,
-        pending: Pending,
-        result: Result<Found, StoreError>,
-    ) -> Vec<Finished> {
-        let Pending {
-            stream,
-            ask,
-            mut job,
-            sender_left,
-        } = pending;
-        let counter = self.counter(&job.config);
-        match result {
-            Ok(found) => job.claims = claim::claimed(host, &counter, ask, &found, &mut job.fanout),
-            Err(error) => {
-                let now = job.started_ms;
-                let etcd = &mut self.etcd;
-                if error.lease_lost() {
-                    etcd.leases.forget();
-                }
-                let failed =
-                    claim::store_failed(host, &counter, &job.config, stream, &error, || {
-                        etcd.warn(now)
-                    });
-                if let Err(answer) = failed {
-                    if sender_left {
-                        return Vec::new();
-                    }
-                    return vec![Finished::now(stream, answer)];
-                }
-                job.unrecorded = true;
-            }
-        }
-        self.launch(host, actor.acting_root(), (stream, sender_left), job)
+        claimed
     }
 }

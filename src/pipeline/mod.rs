@@ -26,7 +26,9 @@ use std::time::Duration;
 use crate::answer::Answer;
 use crate::call_table::{CallTable, Continuation};
 use crate::config::Config;
+use crate::dedupe::claim as dedupe_claim;
 use crate::dedupe::claim::Claim;
+use crate::dedupe::etcd::{Found, StoreError};
 use crate::dedupe::remote::{self, Remote};
 use crate::deliveries::{Deliveries, Finished, Job, JobSpans, Owed, Step};
 use crate::headers::HeaderMap;
@@ -35,7 +37,7 @@ use crate::jitter::Jitter;
 use crate::recipients::Room;
 use crate::telemetry::{Counter, Telemetry};
 use crate::timer::Timers;
-use claims::{Coalescer, Pending};
+use claims::{Claimed, Coalescer, Pending};
 
 mod claims;
 mod settles;
@@ -127,10 +129,15 @@ impl Pipeline {
                 self.deliveries
                     .launch(host, &mut self.calls, root, job, stream)
             }
-            Claim::Ask(ask) => Step {
-                delivering: None,
-                finished: self.claim(host, actor, Pending::new(stream, ask, job)),
-            },
+            Claim::Ask(ask) => {
+                let (calls, leases) = (&mut self.calls, &self.etcd.leases);
+                let pending = Pending::new(stream, ask, job);
+                let claimed = self.claims.claim(host, calls, leases, pending);
+                Step {
+                    delivering: None,
+                    finished: self.continue_claims(host, actor, claimed),
+                }
+            }
         };
         self.settle_ended(host, actor, &mut step.finished);
         step
@@ -161,7 +168,11 @@ impl Pipeline {
                     None => Vec::new(),
                 }
             }
-            Continuation::Claim => self.claim_answered(host, actor, token, answer),
+            Continuation::Claim => {
+                let claimed = self.claims.answered(host, token, answer);
+                self.send_parked(host, actor);
+                self.continue_claims(host, actor, claimed)
+            }
             Continuation::Settle => self.settle_answered(host, actor, token, answer),
             Continuation::Grant => self.grant_answered(host, actor, token, answer),
             Continuation::Export => {
@@ -177,7 +188,9 @@ impl Pipeline {
     pub fn tick<H: Host>(&mut self, host: &H, root: u32) -> Vec<Finished> {
         let actor = Actor::Root(root);
         let mut finished = self.deliveries.tick(host, &mut self.calls, root);
-        finished.extend(self.tick_claims(host, actor));
+        let claimed = self.claims.tick(host, &mut self.calls);
+        finished.extend(self.continue_claims(host, actor, claimed));
+        self.send_parked(host, actor);
         self.queue_ended(host, actor, &mut finished);
         finished.extend(self.tick_settles(host, actor));
         finished
@@ -318,6 +331,73 @@ impl Pipeline {
             self.deliveries.abandon(host, calls, id);
         }
         Vec::new()
+    }
+
+    /// Sends the claims parked, if they can go (as one txn of `actor`'s root); one Envoy
+    /// refused quickens the root's timer, which continues them as store errors.
+    fn send_parked<H: Host>(&mut self, host: &H, actor: Actor) {
+        let (calls, leases) = (&mut self.calls, &self.etcd.leases);
+        if !self.claims.send_parked(host, calls, leases, actor.root()) {
+            self.timers.hurry(host, actor.root(), remote::SETTLE_TICK);
+        }
+    }
+
+    /// Continues each request the claim stage returned ([`Pipeline::continue_claim`]).
+    fn continue_claims<H: Host>(
+        &mut self,
+        host: &H,
+        actor: Actor,
+        claimed: Claimed,
+    ) -> Vec<Finished> {
+        let mut finished = Vec::new();
+        for (pending, result) in claimed {
+            finished.extend(self.continue_claim(host, actor, pending, result));
+        }
+        finished
+    }
+
+    /// The one continuation of a claim: etcd found what it found (the job's fan-out marked,
+    /// its claims kept to settle) and the fan-out starts; or the store failed, and
+    /// `on_store_error` decides: everyone is called, unrecorded, or the 503. What the stream
+    /// must answer is returned (counted where it is sent).
+    fn continue_claim<H: Host>(
+        &mut self,
+        host: &H,
+        actor: Actor,
+        pending: Pending,
+        result: Result<Found, StoreError>,
+    ) -> Vec<Finished> {
+        let Pending {
+            stream,
+            ask,
+            mut job,
+            sender_left,
+        } = pending;
+        let counter = self.counter(&job.config);
+        match result {
+            Ok(found) => {
+                job.claims = dedupe_claim::claimed(host, &counter, ask, &found, &mut job.fanout)
+            }
+            Err(error) => {
+                let now = job.started_ms;
+                let etcd = &mut self.etcd;
+                if error.lease_lost() {
+                    etcd.leases.forget();
+                }
+                let failed =
+                    dedupe_claim::store_failed(host, &counter, &job.config, stream, &error, || {
+                        etcd.warn(now)
+                    });
+                if let Err(answer) = failed {
+                    if sender_left {
+                        return Vec::new();
+                    }
+                    return vec![Finished::now(stream, answer)];
+                }
+                job.unrecorded = true;
+            }
+        }
+        self.launch(host, actor.acting_root(), (stream, sender_left), job)
     }
 
     fn counter(&self, config: &Config) -> Counter {
