@@ -106,8 +106,8 @@ pub struct Deliveries {
     gate: SlotGate,
     /// Fan-outs that ended with `dedupe` claims, for the settle stage (the pipeline's).
     ended: Vec<Unsettled>,
-    /// `tracing`: the VM's spans and their exporter.
-    traces: Traces,
+    /// `tracing`: the VM's spans and their exporter (`None`: off).
+    traces: Option<Traces>,
 }
 
 impl Deliveries {
@@ -119,7 +119,7 @@ impl Deliveries {
             jitter_rng: JitterRng::with_seed(0),
             gate: SlotGate::new(),
             ended: Vec::new(),
-            traces: Traces::default(),
+            traces: None,
         }
     }
 
@@ -138,7 +138,7 @@ impl Deliveries {
         metrics: bool,
         root: u32,
     ) {
-        self.traces.configure(host, config, metrics, root);
+        Traces::configure(&mut self.traces, host, config, metrics, root);
     }
 
     /// The spans of a new request on `channel`, if it is traced.
@@ -149,18 +149,23 @@ impl Deliveries {
         channel: &str,
         subscribers: usize,
     ) -> Option<Box<JobSpans>> {
-        self.traces.request(host, headers, channel, subscribers)
+        self.traces
+            .as_mut()?
+            .request(host, headers, channel, subscribers)
     }
 
     /// The exporter's batch due (`flush`: whatever is held), as root context `root`'s call.
     pub fn export<H: Host>(&mut self, host: &H, calls: &mut CallTable, root: u32, flush: bool) {
-        self.traces
-            .export(host, calls, &self.telemetry, root, flush);
+        if let Some(traces) = self.traces.as_mut() {
+            traces.export(host, calls, &self.telemetry, root, flush);
+        }
     }
 
     /// The continuation of a span export: the collector's answer to call `token`.
     pub fn export_answered<H: Host>(&mut self, host: &H, token: u32) {
-        self.traces.export_answered(host, token);
+        if let Some(traces) = self.traces.as_mut() {
+            traces.export_answered(host, token);
+        }
     }
 
     /// Starts the fan-out `job` of the request on `stream`: answered at once (async mode, a
@@ -215,7 +220,7 @@ impl Deliveries {
 
     /// The clock of one callback: in nanoseconds if spans may need them.
     fn clock<'h, H: Host>(&self, host: &'h H) -> Clock<'h, H> {
-        Clock::new(host, self.traces.on())
+        Clock::new(host, self.traces.is_some())
     }
 
     /// Takes a new fan-out. With `send_now` its first calls go out at once, from the calling
@@ -258,7 +263,9 @@ impl Deliveries {
             self.gate.cancel_job(id);
             self.forget_calls(calls, id);
             let clock = self.clock(host);
-            self.traces.end(&clock, &mut job, None);
+            if let Some(traces) = self.traces.as_mut() {
+                traces.end(&clock, &mut job, None);
+            }
             if let Some(claims) = job.claims.take() {
                 self.ended(&clock, id, &job, claims, None);
             }
@@ -382,7 +389,10 @@ impl Deliveries {
             self.gate.release(slot);
             return;
         };
-        let context = self.traces.call(clock, job, index, leg);
+        let context = match self.traces.as_mut() {
+            Some(traces) if job.spans.is_some() => traces.call(clock, job, index, leg),
+            _ => None,
+        };
         let config = job.config.clone();
         let channel = job.channel.clone();
         let Some(sub) = channel.subscribers.get(index) else {
@@ -419,9 +429,8 @@ impl Deliveries {
                     tally.call_ended(stats, &Err(failure.clone()), None)
                 });
                 self.gate.release(slot);
-                if let Some(job) = self.jobs.get_mut(&id) {
-                    self.traces
-                        .call_ended(clock, job, index, &CallOutcome::failed(failure));
+                if let (Some(traces), Some(job)) = (self.traces.as_mut(), self.jobs.get_mut(&id)) {
+                    traces.call_ended(clock, job, index, &CallOutcome::failed(failure));
                 }
             }
         }
@@ -495,8 +504,10 @@ impl Deliveries {
         let traced = job.spans.is_some().then(|| CallOutcome::of(&ended));
         let recorded = job.record(index, token, leg, ended, now)?;
         self.count(host, &config, |tally| recorded.count(tally, sub, leg));
-        if let (Some(outcome), Some(job)) = (traced, self.jobs.get_mut(&id)) {
-            self.traces.call_ended(&clock, job, index, &outcome);
+        if let (Some(outcome), Some(traces), Some(job)) =
+            (traced, self.traces.as_mut(), self.jobs.get_mut(&id))
+        {
+            traces.call_ended(&clock, job, index, &outcome);
         }
         // A leg that just changed (reply, dead letter) goes out at once.
         self.pump(host, calls, &clock, root, id)

@@ -50,39 +50,40 @@ impl CallOutcome {
     }
 }
 
-/// The VM's tracing as the deliveries use it: ids, sampling and the exporter (`None`: off),
-/// and whether spans dropped are counted (metrics on).
-#[derive(Default)]
+/// The VM's tracing as the deliveries use it, while `tracing` is configured: ids, sampling
+/// and the exporter, and whether spans dropped are counted (metrics on).
 pub(super) struct Traces {
-    tracing: Option<Tracing>,
+    tracing: Tracing,
     count_span_drops: bool,
 }
 
 impl Traces {
-    /// Whether `tracing` is configured (spans may need the clock in nanoseconds).
-    pub(super) fn on(&self) -> bool {
-        self.tracing.is_some()
-    }
-
-    /// The tracing of a (new) configuration (`None`: off; spans of fan-outs under way are
-    /// then dropped as they end).
+    /// The tracing of a (new) configuration into `traces` (`None`: off; spans of fan-outs
+    /// under way are then dropped as they end).
     pub(super) fn configure<H: Host>(
-        &mut self,
+        traces: &mut Option<Traces>,
         host: &H,
         config: Option<&TracingConfig>,
         metrics: bool,
         root: u32,
     ) {
         let Some(config) = config else {
-            self.tracing = None;
+            *traces = None;
             return;
         };
         let seed = jitter::seed(&[host.now_nanos(), u64::from(root), 0x0074_7261_6365]);
-        match &mut self.tracing {
-            Some(tracing) => tracing.reconfigure(config, seed),
-            None => self.tracing = Some(Tracing::new(config, seed)),
+        match traces {
+            Some(traces) => {
+                traces.tracing.reconfigure(config, seed);
+                traces.count_span_drops = metrics;
+            }
+            None => {
+                *traces = Some(Traces {
+                    tracing: Tracing::new(config, seed),
+                    count_span_drops: metrics,
+                })
+            }
         }
-        self.count_span_drops = metrics;
     }
 
     /// The spans of a new request on `channel` (`headers` its headers), if tracing is on and
@@ -94,8 +95,8 @@ impl Traces {
         channel: &str,
         subscribers: usize,
     ) -> Option<Box<JobSpans>> {
-        let tracing = self.tracing.as_mut()?;
-        tracing.request(headers, channel, subscribers, || host.now_nanos())
+        self.tracing
+            .request(headers, channel, subscribers, || host.now_nanos())
     }
 
     /// `job`'s call to subscriber `index` (`leg`) goes out: its attempt's span, and the
@@ -107,10 +108,9 @@ impl Traces {
         index: usize,
         leg: Leg,
     ) -> Option<CallContext> {
-        let tracing = self.tracing.as_mut()?;
         let spans = job.spans.as_mut()?;
         let sub = job.channel.subscribers.get(index)?;
-        spans.call(tracing, sub, index, leg, clock.now_ns())
+        spans.call(&mut self.tracing, sub, index, leg, clock.now_ns())
     }
 
     /// `job`'s call to subscriber `index` ended (recorded in its fan-out already).
@@ -121,14 +121,11 @@ impl Traces {
         index: usize,
         ended: &CallOutcome,
     ) {
-        let Some(tracing) = self.tracing.as_mut() else {
-            return;
-        };
         let (Some(spans), Some(progress)) = (job.spans.as_mut(), job.fanout.progress(index)) else {
             return;
         };
         spans.call_ended(
-            tracing,
+            &mut self.tracing,
             index,
             ended.status,
             ended.failure.as_ref(),
@@ -146,7 +143,7 @@ impl Traces {
         job: &mut Job,
         answer: Option<&Answer>,
     ) {
-        let (Some(tracing), Some(spans)) = (self.tracing.as_mut(), job.spans.take()) else {
+        let Some(spans) = job.spans.take() else {
             return;
         };
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
@@ -157,14 +154,17 @@ impl Traces {
             dead_lettered: count(job.fanout.dead_lettered()),
         };
         let fanout = &job.fanout;
-        spans.end(tracing, &verdict, |i| fanout.progress(i), clock.now_ns());
+        spans.end(
+            &mut self.tracing,
+            &verdict,
+            |i| fanout.progress(i),
+            clock.now_ns(),
+        );
     }
 
     /// The continuation of an export: the collector's answer to call `token`.
     pub(super) fn export_answered<H: Host>(&mut self, host: &H, token: u32) {
-        if let Some(tracing) = self.tracing.as_mut() {
-            tracing.export_answered(token, || host.call_status());
-        }
+        self.tracing.export_answered(token, || host.call_status());
     }
 
     /// The root context's timer: the batch of spans due goes to the collector (`flush`:
@@ -179,9 +179,7 @@ impl Traces {
         root: u32,
         flush: bool,
     ) {
-        let Some(tracing) = self.tracing.as_mut() else {
-            return;
-        };
+        let tracing = &mut self.tracing;
         let now = host.now_ms();
         if let Some(export) = tracing.export_due(now, flush) {
             let headers = export

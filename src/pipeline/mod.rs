@@ -184,6 +184,22 @@ impl Pipeline {
         finished
     }
 
+    /// The settle stage for the fan-outs that ended holding claims since the last stage
+    /// ran; then the etcd settles queued go out (if none is in flight). Adds to `finished`
+    /// the answers that go out now: those whose claims are settled already (Envoy's store,
+    /// async, no etcd settle), and those whose etcd settle failed at once. (Into the caller's
+    /// list, and both checks in line: every call's answer passes here, and mostly nothing
+    /// ended and nothing is queued.)
+    #[inline]
+    fn settle_ended<H: Host>(&mut self, host: &H, actor: Actor, finished: &mut Vec<Finished>) {
+        if self.deliveries.has_ended() {
+            self.queue_ended(host, actor, finished);
+        }
+        if self.etcd.ready_to_send() {
+            self.flush_settles(host, actor, finished);
+        }
+    }
+
     /// Root context `root`'s timer: what is due in every fan-out, claim and settle.
     pub fn tick<H: Host>(&mut self, host: &H, root: u32) -> Vec<Finished> {
         let actor = Actor::Root(root);

@@ -25,27 +25,6 @@ use crate::host::Host;
 use crate::telemetry::{count_into, Counter};
 
 impl Pipeline {
-    /// The settle stage for the fan-outs that ended holding claims since the last stage
-    /// ran; then the etcd settles queued go out (if none is in flight). Adds to `finished`
-    /// the answers that go out now: those whose claims are settled already (Envoy's store,
-    /// async, no etcd settle), and those whose etcd settle failed at once. (Into the caller's
-    /// list, and both checks in line: every call's answer passes here, and mostly nothing
-    /// ended and nothing is queued.)
-    #[inline]
-    pub(super) fn settle_ended<H: Host>(
-        &mut self,
-        host: &H,
-        actor: Actor,
-        finished: &mut Vec<Finished>,
-    ) {
-        if self.deliveries.has_ended() {
-            self.queue_ended(host, actor, finished);
-        }
-        if self.etcd.ready_to_send() {
-            self.flush_settles(host, actor, finished);
-        }
-    }
-
     /// Settles the claims of the fan-outs that ended (an etcd settle is queued, holding back
     /// a sync sender's answer); adds the answers not held to `finished`.
     pub(super) fn queue_ended<H: Host>(
@@ -105,7 +84,12 @@ impl Pipeline {
     /// Sends the settles queued if no settle txn is in flight (from any context, as calls of
     /// the acting root); those queued while one is in flight go out when it is answered.
     /// Adds the answers of fan-outs whose settle failed at once to `finished`.
-    fn flush_settles<H: Host>(&mut self, host: &H, actor: Actor, finished: &mut Vec<Finished>) {
+    pub(super) fn flush_settles<H: Host>(
+        &mut self,
+        host: &H,
+        actor: Actor,
+        finished: &mut Vec<Finished>,
+    ) {
         if self.etcd.ready_to_send() {
             finished.extend(self.send_settles(host, actor));
         }
