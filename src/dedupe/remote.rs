@@ -67,14 +67,6 @@ impl Sent {
     }
 }
 
-/// What sending the settles queued came to: the txns sent (their tokens), and the settles
-/// that ended at once (no lease, refused at dispatch), each a store error.
-#[derive(Default)]
-pub struct SendOutcome {
-    pub sent: Vec<u32>,
-    pub failed: Vec<Sent>,
-}
-
 /// How long after its timeout a settle txn's answer is given up on (Envoy answers a
 /// timed-out call itself; this is for an answer that never comes at all).
 const OVERDUE_MARGIN_MS: u64 = 1_000;
@@ -179,9 +171,17 @@ impl Remote {
     }
 
     /// Sends the settles queued as calls of root context `root` (from whichever context
-    /// runs), as few txns as their leases, clusters and etcd's limits allow.
-    pub fn send_settles<H: Host>(&mut self, host: &H, now_ms: u64, root: u32) -> SendOutcome {
-        let mut outcome = SendOutcome::default();
+    /// runs), as few txns as their leases, clusters and etcd's limits allow; each txn is a
+    /// [`Continuation::Settle`] of `calls`. Returns the settles that ended at once (no lease,
+    /// refused at dispatch), each a store error.
+    pub fn send_settles<H: Host>(
+        &mut self,
+        host: &H,
+        calls: &mut CallTable,
+        now_ms: u64,
+        root: u32,
+    ) -> Vec<Sent> {
+        let mut failed = Vec::new();
         let mut batches: Vec<Batch> = Vec::new();
         for settle in std::mem::take(&mut self.queued) {
             let lease = if settle.records.is_none() {
@@ -192,7 +192,7 @@ impl Remote {
             let Some(lease) = lease else {
                 let error = StoreError::new("no etcd lease for the records");
                 self.settle_failed(settle.log_id, &error, now_ms);
-                outcome.failed.push(Sent::of(&settle));
+                failed.push(Sent::of(&settle));
                 continue;
             };
             match batches.iter_mut().find(|b| b.takes(&settle, lease)) {
@@ -204,21 +204,24 @@ impl Remote {
             }
         }
         for batch in batches {
-            self.send_batch(host, now_ms, root, batch, &mut outcome);
+            if let Err(refused) = self.send_batch(host, calls, now_ms, root, batch) {
+                failed.extend(refused);
+            }
         }
-        outcome
+        failed
     }
 
+    /// Sends one txn of settles; `Err`: Envoy refused it, its settles each a store error.
     fn send_batch<H: Host>(
         &mut self,
         host: &H,
+        calls: &mut CallTable,
         now_ms: u64,
         root: u32,
         batch: Batch,
-        outcome: &mut SendOutcome,
-    ) {
+    ) -> Result<(), Vec<Sent>> {
         let Some(first) = batch.settles.first() else {
-            return;
+            return Ok(());
         };
         let (cluster, timeout_ms) = (first.cluster.clone(), first.timeout_ms);
         let ops: Vec<SettleOp<'_>> = batch
@@ -240,14 +243,15 @@ impl Remote {
                     .saturating_add(u64::from(timeout_ms))
                     .saturating_add(OVERDUE_MARGIN_MS);
                 self.in_flight.push((token, due, settles));
-                outcome.sent.push(token);
+                calls.insert(token, Continuation::Settle, Some(root));
+                Ok(())
             }
             Err(failure) => {
                 let error = StoreError::new(format!("refused at dispatch: {failure}"));
-                for sent in settles {
+                for sent in &settles {
                     self.settle_failed(sent.log_id, &error, now_ms);
-                    outcome.failed.push(sent);
                 }
+                Err(settles)
             }
         }
     }

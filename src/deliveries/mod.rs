@@ -16,7 +16,7 @@ use std::rc::Rc;
 use hashbrown::HashMap;
 
 use crate::answer::Answer;
-use crate::call::Leg;
+use crate::call::{Failure, Leg};
 use crate::call_slots::{CallCap, Slot};
 use crate::call_table::{Attempt, CallTable, Continuation};
 use crate::config::{AnswerMode, Config};
@@ -418,20 +418,8 @@ impl Deliveries {
                 calls.insert(token, Continuation::Delivery(attempt), root);
             }
             Err(failure) => {
-                job.fanout
-                    .dispatch_failed(index, failure.clone(), clock.now(), &channel);
-                job.log_failure(index, leg, &failure);
-                let reply_gave_up = leg == Leg::Reply && !job.fanout.is_retrying(index);
-                self.count(host, &config, |tally| {
-                    if reply_gave_up {
-                        tally.reply_failed(&sub.cluster, &failure);
-                    }
-                    tally.call_ended(stats, &Err(failure.clone()), None)
-                });
                 self.gate.release(slot);
-                if let (Some(traces), Some(job)) = (self.traces.as_mut(), self.jobs.get_mut(&id)) {
-                    traces.call_ended(clock, job, index, &CallOutcome::failed(failure));
-                }
+                self.refused(host, clock, (id, index, leg), failure);
             }
         }
         self.count(host, &config, |tally| {
@@ -440,6 +428,38 @@ impl Deliveries {
                 tally.retried(sub.stats.event);
             }
         });
+    }
+
+    /// Envoy refused to send the `leg` call of subscriber `index` of job `id`: recorded as
+    /// that attempt's end (a retry may wait, a dead letter may follow), counted, traced.
+    fn refused<H: Host>(
+        &mut self,
+        host: &H,
+        clock: &Clock<'_, H>,
+        (id, index, leg): (u64, usize, Leg),
+        failure: Failure,
+    ) {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let channel = job.channel.clone();
+        let Some(sub) = channel.subscribers.get(index) else {
+            return;
+        };
+        job.fanout
+            .dispatch_failed(index, failure.clone(), clock.now(), &channel);
+        job.log_failure(index, leg, &failure);
+        let reply_gave_up = leg == Leg::Reply && !job.fanout.is_retrying(index);
+        let (config, stats) = (job.config.clone(), leg_stats(sub, leg));
+        self.count(host, &config, |tally| {
+            if reply_gave_up {
+                tally.reply_failed(&sub.cluster, &failure);
+            }
+            tally.call_ended(stats, &Err(failure.clone()), None)
+        });
+        if let (Some(traces), Some(job)) = (self.traces.as_mut(), self.jobs.get_mut(&id)) {
+            traces.call_ended(clock, job, index, &CallOutcome::failed(failure));
+        }
     }
 
     /// Forgets job `id`'s calls in flight (abandoned, or lost): their slots are free.

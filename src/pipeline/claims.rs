@@ -50,14 +50,6 @@ struct Flight {
     requests: Vec<Pending>,
 }
 
-/// What [`Coalescer::forget`] did.
-pub struct Forgotten {
-    /// The request was parked, not sent: taken out.
-    pub unsent: bool,
-    /// Its stream's own claim txn, which Envoy cancels with the stream.
-    pub cancelled: Option<u32>,
-}
-
 #[derive(Default)]
 pub struct Coalescer {
     flights: Vec<Flight>,
@@ -164,8 +156,9 @@ impl Coalescer {
     }
 
     /// The stream of a request waiting for its claim ended (`ended`), or Envoy answered it:
-    /// taken out if its claim is not sent yet; else marked, so that nobody answers it.
-    pub fn forget(&mut self, stream: u32, ended: bool) -> Forgotten {
+    /// taken out if its claim is not sent yet (returns `true`); its own claim txn, which
+    /// Envoy cancels with the stream, forgotten; else marked, so that nobody answers it.
+    pub fn forget(&mut self, calls: &mut CallTable, stream: u32, ended: bool) -> bool {
         let before = self.parked.len();
         self.parked.retain(|p| p.stream != stream);
         let unsent = self.parked.len() != before;
@@ -181,7 +174,11 @@ impl Coalescer {
                 pending.sender_left = true;
             }
         }
-        Forgotten { unsent, cancelled }
+        if let Some(token) = cancelled {
+            calls.take(token);
+            self.landed(token);
+        }
+        unsent
     }
 
     /// Whether the request of `stream` still waits for its claim.

@@ -239,15 +239,10 @@ impl Pipeline {
         let Actor::Stream { id, .. } = actor else {
             return false;
         };
-        let forgotten = self.claims.forget(id, ended);
-        if let Some(token) = forgotten.cancelled {
-            // Its own claim txn: Envoy cancels it with the stream; the claims parked
-            // meanwhile go out.
-            self.calls.take(token);
-            self.claims.landed(token);
-            self.send_parked(host, actor);
-        }
-        forgotten.unsent
+        let unsent = self.claims.forget(&mut self.calls, id, ended);
+        // Its own claim txn forgotten, the claims parked meanwhile go out.
+        self.send_parked(host, actor);
+        unsent
     }
 
     /// Where the request of `stream`, handed to the pipeline to wait for its claim, is now:

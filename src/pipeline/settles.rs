@@ -16,7 +16,6 @@
 //! `500` (the sender must redeliver; the subscribers that took it may be called again).
 
 use super::{Actor, Pipeline};
-use crate::call_table::Continuation;
 use crate::dedupe::claim::etcd_reply;
 use crate::dedupe::remote::{self, Sent};
 use crate::dedupe::settle::{self, NOT_RECORDED_HEADER};
@@ -112,11 +111,10 @@ impl Pipeline {
 
     fn send_settles<H: Host>(&mut self, host: &H, actor: Actor) -> Vec<Finished> {
         let root = actor.root();
-        let outcome = self.etcd.send_settles(host, host.now_ms(), root);
-        for token in outcome.sent {
-            self.calls.insert(token, Continuation::Settle, Some(root));
-        }
-        self.settles_ended(host, &outcome.failed, true)
+        let failed = self
+            .etcd
+            .send_settles(host, &mut self.calls, host.now_ms(), root);
+        self.settles_ended(host, &failed, true)
     }
 
     /// The continuation of settle txn `token`: the answers it held go out, and the settles
