@@ -363,12 +363,12 @@ impl<H: Host> Stream<H> {
     fn begin(&mut self, job: Job, claim: Claim) {
         self.stage = Stage::Claiming;
         let actor = self.actor();
-        let step = with_mut(&self.pipeline, |p| p.begin(&self.host, actor, job, claim));
-        let step = step.unwrap_or_default();
-        if let Some(job) = step.delivering {
+        let outcome = with_mut(&self.pipeline, |p| p.begin(&self.host, actor, job, claim));
+        let outcome = outcome.unwrap_or_default();
+        if let Some(job) = outcome.delivering {
             self.stage = Stage::Delivering { job };
         }
-        self.finished(step.finished);
+        self.finished(outcome.finished);
     }
 
     /// Answers sent from this stream's callback: its own, and those of other streams whose

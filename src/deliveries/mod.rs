@@ -74,7 +74,7 @@ impl Finished {
 /// the answers due now (its own among them if it is answered at once). The one outcome of
 /// every stage a request passes: launched here, begun by the pipeline.
 #[derive(Default)]
-pub struct Step {
+pub struct Outcome {
     pub delivering: Option<u64>,
     pub finished: Vec<Finished>,
 }
@@ -180,7 +180,7 @@ impl Deliveries {
         root: Option<u32>,
         job: Job,
         stream: u32,
-    ) -> Step {
+    ) -> Outcome {
         let in_progress = job.fanout.in_progress();
         // Subscribers to call: in a channel of best-effort ones, all still pending at the 202.
         let to_call = job.fanout.open();
@@ -202,7 +202,7 @@ impl Deliveries {
                     .with_header(crate::answer::PENDING_HEADER, to_call.to_string()),
                 None => Answer::accepted(),
             };
-            return Step {
+            return Outcome {
                 delivering: None,
                 finished: vec![Finished::now(stream, labelled(answer, unrecorded))],
             };
@@ -212,7 +212,7 @@ impl Deliveries {
             ..job
         };
         let (id, finished) = self.start(host, calls, root, job, true);
-        Step {
+        Outcome {
             delivering: Some(id),
             finished: finished.into_iter().collect(),
         }

@@ -30,7 +30,7 @@ use crate::dedupe::claim as dedupe_claim;
 use crate::dedupe::claim::Claim;
 use crate::dedupe::etcd::{Found, StoreError};
 use crate::dedupe::remote::{self, Remote};
-use crate::deliveries::{Deliveries, Finished, Job, JobSpans, Owed, Step};
+use crate::deliveries::{Deliveries, Finished, Job, JobSpans, Outcome, Owed};
 use crate::headers::HeaderMap;
 use crate::host::Host;
 use crate::jitter::Jitter;
@@ -118,11 +118,17 @@ impl Pipeline {
 
     /// The request of stream `actor`, its recipients chosen (`job`) and its claims made or to
     /// ask (`claim`): straight to the deliveries, or into the claim stage. What it made of
-    /// the request ([`Step`]): a sync fan-out under way, the answers due now; waiting for its
+    /// the request ([`Outcome`]): a sync fan-out under way, the answers due now; waiting for its
     /// claim, neither (the claim's answer continues it).
-    pub fn begin<H: Host>(&mut self, host: &H, actor: Actor, mut job: Job, claim: Claim) -> Step {
+    pub fn begin<H: Host>(
+        &mut self,
+        host: &H,
+        actor: Actor,
+        mut job: Job,
+        claim: Claim,
+    ) -> Outcome {
         let stream = job.log_id;
-        let mut step = match claim {
+        let mut outcome = match claim {
             Claim::Done(claims) => {
                 job.claims = claims;
                 let root = actor.acting_root();
@@ -133,14 +139,14 @@ impl Pipeline {
                 let (calls, leases) = (&mut self.calls, &self.etcd.leases);
                 let pending = Pending::new(stream, ask, job);
                 let claimed = self.claims.claim(host, calls, leases, pending);
-                Step {
+                Outcome {
                     delivering: None,
                     finished: self.continue_claims(host, actor, claimed),
                 }
             }
         };
-        self.settle_ended(host, actor, &mut step.finished);
-        step
+        self.settle_ended(host, actor, &mut outcome.finished);
+        outcome
     }
 
     /// The answer to call `token`, delivered to `actor`: its continuation, looked up once in
@@ -334,11 +340,11 @@ impl Pipeline {
         job: Job,
     ) -> Vec<Finished> {
         let calls = &mut self.calls;
-        let step = self.deliveries.launch(host, calls, root, job, stream);
+        let outcome = self.deliveries.launch(host, calls, root, job, stream);
         if !gone {
-            return step.finished;
+            return outcome.finished;
         }
-        if let Some(id) = step.delivering {
+        if let Some(id) = outcome.delivering {
             self.deliveries.abandon(host, calls, id);
         }
         Vec::new()
