@@ -179,8 +179,8 @@ impl Pipeline {
                 self.send_parked(host, actor);
                 self.continue_claims(host, actor, claimed)
             }
-            Continuation::Settle => self.settle_answered(host, actor, token, answer),
-            Continuation::Grant => self.grant_answered(host, actor, token, answer),
+            Continuation::Settle => self.store_answered(host, actor, (token, false), answer),
+            Continuation::Grant => self.store_answered(host, actor, (token, true), answer),
             Continuation::Export => {
                 self.deliveries.export_answered(host, token);
                 Vec::new()

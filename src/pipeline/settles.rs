@@ -117,44 +117,25 @@ impl Pipeline {
         self.settles_ended(host, &failed, true)
     }
 
-    /// The continuation of settle txn `token`: the answers it held go out, and the settles
-    /// queued since, and the claims parked.
-    pub(super) fn settle_answered<H: Host>(
+    /// The continuation of the etcd store's calls of a root: lease grant `token` (`grant`;
+    /// the lease is held, or asked again later) or settle txn `token` (the answers it held
+    /// go out); then the settles queued since and the claims waiting go out.
+    pub(super) fn store_answered<H: Host>(
         &mut self,
         host: &H,
         actor: Actor,
-        token: u32,
+        (token, grant): (u32, bool),
         (num_headers, body_size): (usize, usize),
     ) -> Vec<Finished> {
-        let answered = self.etcd.settle_answered(
-            token,
-            || etcd_reply(host, num_headers, body_size),
-            || host.now_ms(),
-        );
-        let mut finished = match answered {
-            Some((settles, failed)) => self.settles_ended(host, &settles, failed),
-            None => Vec::new(),
-        };
-        self.flush_settles(host, actor, &mut finished);
-        self.send_parked(host, actor);
-        finished
-    }
-
-    /// The continuation of lease grant `token`: the lease is held (or asked again later);
-    /// the settles and the claims waiting for one go out.
-    pub(super) fn grant_answered<H: Host>(
-        &mut self,
-        host: &H,
-        actor: Actor,
-        token: u32,
-        (num_headers, body_size): (usize, usize),
-    ) -> Vec<Finished> {
-        self.etcd.grant_answered(
-            token,
-            || etcd_reply(host, num_headers, body_size),
-            || host.now_ms(),
-        );
+        let reply = || etcd_reply(host, num_headers, body_size);
         let mut finished = Vec::new();
+        if grant {
+            self.etcd.grant_answered(token, reply, || host.now_ms());
+        } else if let Some((settles, failed)) =
+            self.etcd.settle_answered(token, reply, || host.now_ms())
+        {
+            finished = self.settles_ended(host, &settles, failed);
+        }
         self.flush_settles(host, actor, &mut finished);
         self.send_parked(host, actor);
         finished
