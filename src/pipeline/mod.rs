@@ -26,10 +26,10 @@ use std::time::Duration;
 use crate::answer::Answer;
 use crate::call_table::{CallTable, Continuation};
 use crate::config::Config;
-use crate::dedupe::claim as dedupe_claim;
-use crate::dedupe::claim::Claim;
+use crate::dedupe::claim::{self as dedupe_claim, Claim};
 use crate::dedupe::etcd::{Found, StoreError};
 use crate::dedupe::remote::{self, Remote};
+use crate::dedupe::settle;
 use crate::deliveries::{Deliveries, Finished, Job, JobSpans, Outcome, Owed};
 use crate::headers::HeaderMap;
 use crate::host::Host;
@@ -98,9 +98,11 @@ impl Pipeline {
         }
     }
 
-    /// A (new) configuration of root context `root`: the etcd store's lease kinds, the call
-    /// caps, the retry jitter's seed.
+    /// A (new) configuration of root context `root`: `dedupe`'s store (the shard keys
+    /// created in Envoy's shared data, or the etcd store's lease kinds), the call caps, the
+    /// tracing, the retry jitter's seed.
     pub fn configure<H: Host>(&mut self, host: &H, config: &Config, root: u32) {
+        settle::prepare(host, config);
         remote::prepare(&mut self.etcd, config);
         self.deliveries.set_caps(&config.call_caps);
         let tracing = config.tracing.as_ref();
