@@ -5,10 +5,11 @@
 //! Who makes a call decides who hears back, and how long the call may live: Envoy cancels a
 //! stream's calls when the stream ends, while calls made from the root context live as long as
 //! the plugin. So a sync fan-out sends its first attempts from its stream (no timer delay),
-//! and everything sent from the timer (retries, async deliveries) belongs to the root. Either
-//! context hands the answers to [`Deliveries`], which owns the state; it never answers a
-//! sender itself but returns the answer to the plugin or the stream, so no `RefCell` is
-//! borrowed while Envoy runs the local reply.
+//! and everything sent from the timer (retries, async deliveries) belongs to the root. Each
+//! call is entered in the worker's [`CallTable`] as a delivery attempt; whichever context gets
+//! its answer, the pipeline hands that continuation to [`Deliveries::answered`]. The
+//! deliveries never answer a sender themselves but return the answer to the plugin or the
+//! stream, so no `RefCell` is borrowed while Envoy runs the local reply.
 
 use std::cell::RefCell;
 use std::rc::Rc;

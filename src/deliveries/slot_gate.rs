@@ -1,6 +1,5 @@
-//! The gate every call of the deliveries passes (`max_concurrent_calls`): which call holds
-//! which slot, the calls that got a slot and wait for the root context's next tick, and the
-//! gauges last reported. (Each job counts its own calls in line: [`super::InLine`].)
+//! The gate every call of the deliveries passes (`max_concurrent_calls`): the calls that got
+//! a slot and wait for the root context's next tick, and the gauges last reported. (Each job counts its own calls in line: [`super::InLine`].)
 //!
 //! The policy (caps, the FIFO line, the admission of an event) is [`crate::call_slots`]'s;
 //! this is the deliveries' bookkeeping around it, by job. It sends nothing: a slot handed
