@@ -37,6 +37,7 @@ pub mod trace;
 pub mod config;
 // Per-request state, pure: admission, the fan-out state and its verdict, dedupe's records,
 // the counts.
+pub mod call_table;
 pub mod dedupe;
 pub mod fan_out_state;
 pub mod metrics;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::cell::with_mut;
 use crate::config::Config;
-use crate::dedupe::{remote, settle};
+use crate::dedupe::remote;
 use crate::deliveries::{Finished, Owed};
 use crate::host::Host;
 use crate::pipeline::{Actor, Pipeline};
@@ -133,7 +133,6 @@ impl<H: Host + Clone> Plugin<H> {
                 if config.metrics {
                     self.define_metrics(&mut config);
                 }
-                settle::prepare(&self.host, &config);
                 with_mut(&self.pipeline, |p| {
                     p.configure(&self.host, &config, self.id)
                 });

@@ -8,9 +8,10 @@
 //! [`recipients::choose`] (who gets it), [`Pipeline::admit`] (whether it fits the worker),
 //! its claims ([`recipients::Chosen::claim`]), and [`Pipeline::begin`] (claim, deliver,
 //! settle).
-//! The answer comes back from the [`Pipeline`] as a [`Finished`], and `Stream::answer` sends
-//! it, once. With `dedupe`'s etcd store the stream waits for its claim (`Stage::Claiming`)
-//! before the subscribers are called.
+//! The answer comes back from the [`Pipeline`] as a [`Finished`] (to this stream's callback,
+//! or from the root context's, `answer_stream`), and `Stream::answer` sends it, once. With
+//! `dedupe`'s etcd store the stream waits for its claim (`Stage::Claiming`) before the
+//! subscribers are called; the pipeline holds the request until then.
 //!
 //! How Envoy behaves here: the body reaches a filter that paused in the headers callback only
 //! with `allow_on_headers_stop_iteration: true`; a call to a cluster Envoy does not know fails
@@ -26,7 +27,7 @@ use crate::config::{BodyWait, Config};
 use crate::dedupe::claim::Claim;
 use crate::deliveries::{Finished, InLine, Job, JobSpans, Variant};
 use crate::host::Host;
-use crate::pipeline::{Actor, Continued, Pipeline};
+use crate::pipeline::{Actor, Pipeline};
 use crate::recipients::{self, Incoming};
 use crate::request::{admit, Admitted, Event};
 use crate::telemetry::Counter;
@@ -46,9 +47,9 @@ enum Stage {
     Headers,
     /// Admitted; buffering the body until end of stream.
     Body { admitted: Admitted, received: usize },
-    /// Waiting for its `dedupe` claim in the etcd store (its own claim txn, or parked to go
-    /// out with others'); what became of it is learnt at its next callback
-    /// ([`Stream::adopt`]).
+    /// Handed to the pipeline to wait for its `dedupe` claim in the etcd store (its own
+    /// claim txn, or parked to go out with others'). Its answer comes as any other; should
+    /// the stream end first, the pipeline says where the request is (`Stream::waiting_job`).
     Claiming,
     /// A sync fan-out in the deliveries, answered when it ends.
     Delivering { job: u64 },
@@ -183,47 +184,41 @@ impl<H: Host> Stream<H> {
         }
     }
 
-    /// What became of this request while it waited for its claim, if it is known now.
-    fn adopt(&mut self) {
-        if !matches!(self.stage, Stage::Claiming) {
-            return;
-        }
-        let continued = with_mut(&self.pipeline, |p| p.adopt(self.id)).flatten();
-        match continued {
-            Some(Continued::Answered) => self.stage = Stage::Answered,
-            Some(Continued::Delivering(job)) => self.stage = Stage::Delivering { job },
-            None => {}
+    /// The sync fan-out whose answer this stream still waits for, if one is under way:
+    /// the one it began, or, for a request that waited for its claim, the one the claim's
+    /// answer started (wherever that answer came).
+    fn waiting_job(&self) -> Option<u64> {
+        let pipeline = self.pipeline.try_borrow().ok()?;
+        match self.stage {
+            Stage::Delivering { job } => pipeline.awaits_answer(job).then_some(job),
+            Stage::Claiming => pipeline.job_of(self.id),
+            _ => None,
         }
     }
 
     /// The stream ended (its client may have left before the answer).
     pub fn on_done(&mut self) -> bool {
-        self.adopt();
-        match self.stage {
-            // Not claimed yet: nothing to undo. (In a batch in flight, the root continues it,
-            // and finds nobody to answer.)
-            Stage::Claiming => {
-                let actor = self.actor();
-                let unsent = with_mut(&self.pipeline, |p| p.forget(&self.host, actor, true));
-                if unsent == Some(true) {
-                    log::info!(
-                        "[#{}] the client went away before the fan-out started; nothing was \
-                         claimed or called",
-                        self.id
-                    );
-                }
-            }
-            Stage::Delivering { job } if self.pipeline.borrow().awaits_answer(job) => {
+        if let Some(job) = self.waiting_job() {
+            log::info!(
+                "[#{}] the client went away before the fan-out ended; its calls are \
+                 cancelled",
+                self.id
+            );
+            let actor = self.actor();
+            let finished = with_mut(&self.pipeline, |p| p.abandon(&self.host, actor, job));
+            self.finished(finished.unwrap_or_default());
+        } else if matches!(self.stage, Stage::Claiming) {
+            // Not claimed yet: nothing to undo. (In a batch in flight, its claim's answer
+            // continues it, and finds nobody to answer.)
+            let actor = self.actor();
+            let unsent = with_mut(&self.pipeline, |p| p.forget(&self.host, actor, true));
+            if unsent == Some(true) {
                 log::info!(
-                    "[#{}] the client went away before the fan-out ended; its calls are \
-                     cancelled",
+                    "[#{}] the client went away before the fan-out started; nothing was \
+                     claimed or called",
                     self.id
                 );
-                let actor = self.actor();
-                let finished = with_mut(&self.pipeline, |p| p.abandon(&self.host, actor, job));
-                self.finished(finished.unwrap_or_default());
             }
-            _ => {}
         }
         true
     }
@@ -234,16 +229,19 @@ impl<H: Host> Stream<H> {
     /// Envoy itself (a stream timeout). Either way the sender got another answer: do not fan
     /// out after it, and say why.
     pub fn on_response_headers(&mut self) -> Flow {
-        self.adopt();
+        let job = self.waiting_job();
         match self.stage {
             Stage::Answered => {}
             // The root context answered for this stream: the fan-out is over, or goes on
-            // with best-effort deliveries only.
-            Stage::Delivering { job }
-                if self
-                    .pipeline
-                    .try_borrow()
-                    .is_ok_and(|pipeline| !pipeline.awaits_answer(job)) =>
+            // with best-effort deliveries only; or the request that waited for its claim was
+            // answered.
+            Stage::Delivering { .. } if job.is_none() => self.stage = Stage::Answered,
+            Stage::Claiming
+                if job.is_none()
+                    && self
+                        .pipeline
+                        .try_borrow()
+                        .is_ok_and(|pipeline| !pipeline.claiming(self.id)) =>
             {
                 self.stage = Stage::Answered;
             }
@@ -259,28 +257,29 @@ impl<H: Host> Stream<H> {
                 self.count(|tally| tally.reached_router());
                 self.stage = Stage::Answered;
             }
-            _ => {
-                log::info!(
-                    "[#{}] Envoy answered the request before fanout did (e.g. a stream timeout)",
-                    self.id
-                );
-                let (host, actor) = (&self.host, self.actor());
-                let abandoned = match self.stage {
-                    Stage::Delivering { job } => {
-                        with_mut(&self.pipeline, |p| p.abandon(host, actor, job))
-                    }
-                    Stage::Claiming => {
-                        with_mut(&self.pipeline, |p| p.forget(host, actor, false));
-                        None
-                    }
-                    _ => None,
-                };
-                self.stage = Stage::Answered;
-                self.finished(abandoned.unwrap_or_default());
-                self.stage = Stage::Answered;
-            }
+            _ => self.answered_by_envoy(job),
         }
         Flow::Continue
+    }
+
+    /// Envoy answered the request before fanout did (e.g. a stream timeout): its sync
+    /// fan-out (`job`) is abandoned, or its claim forgotten.
+    fn answered_by_envoy(&mut self, job: Option<u64>) {
+        log::info!(
+            "[#{}] Envoy answered the request before fanout did (e.g. a stream timeout)",
+            self.id
+        );
+        let (host, actor) = (&self.host, self.actor());
+        let abandoned = match (job, &self.stage) {
+            (Some(job), _) => with_mut(&self.pipeline, |p| p.abandon(host, actor, job)),
+            (None, Stage::Claiming) => {
+                with_mut(&self.pipeline, |p| p.forget(host, actor, false));
+                None
+            }
+            _ => None,
+        };
+        self.stage = Stage::Answered;
+        self.finished(abandoned.unwrap_or_default());
     }
 
     fn body_complete(&mut self, config: &Rc<Config>) {
@@ -359,41 +358,30 @@ impl<H: Host> Stream<H> {
         Some(spans)
     }
 
-    /// Hands the request to the pipeline (claim, deliver, settle, answer): the stream waits
-    /// for its claim, or learns at once what became of it.
+    /// Hands the request to the pipeline (claim, deliver, settle, answer): the stream
+    /// delivers, or waits for its claim, or is answered at once.
     fn begin(&mut self, job: Job, claim: Claim) {
         self.stage = Stage::Claiming;
         let actor = self.actor();
-        let begun = with_mut(&self.pipeline, |p| p.begin(&self.host, actor, job, claim));
-        let begun = begun.unwrap_or_default();
-        if let Some(job) = begun.delivering {
+        let outcome = with_mut(&self.pipeline, |p| p.begin(&self.host, actor, job, claim));
+        let outcome = outcome.unwrap_or_default();
+        if let Some(job) = outcome.delivering {
             self.stage = Stage::Delivering { job };
         }
-        self.finished(begun.finished);
+        self.finished(outcome.finished);
     }
 
-    /// Answers sent from this stream's callback: its own (counted by the pipeline), and
-    /// those of other streams whose fan-outs ended here. (The check in line: most calls'
-    /// answers end nothing.)
+    /// Answers sent from this stream's callback: its own, and those of other streams whose
+    /// fan-outs ended here. (The check in line: most calls' answers end nothing.)
     #[inline(always)]
     fn finished(&mut self, finished: Vec<Finished>) {
         if !finished.is_empty() {
             self.answer_finished(finished);
-        } else if matches!(self.stage, Stage::Claiming) {
-            self.adopt();
         }
     }
 
     /// Sends the answers of fan-outs that ended (at least one).
     fn answer_finished(&mut self, finished: Vec<Finished>) {
-        if finished.iter().any(|done| done.answer_to == Some(self.id)) {
-            // Its own answer is here: what the pipeline kept for it is stale.
-            if matches!(self.stage, Stage::Claiming) {
-                with_mut(&self.pipeline, |p| p.adopt(self.id));
-            }
-        } else {
-            self.adopt();
-        }
         for done in finished {
             match done.answer_to {
                 Some(stream) if stream == self.id => self.answer(done.answer),

@@ -21,6 +21,7 @@ use super::etcd::{self, Family, Leases, SettleOp, StoreError, MAX_SETTLES_PER_TX
 use super::settle::RemoteSettle;
 use super::CLAIM_MARGIN_MS;
 use crate::call::Failure;
+use crate::call_table::{CallTable, Continuation};
 use crate::config::{Config, EtcdStore, Store};
 use crate::host::Host;
 
@@ -64,22 +65,6 @@ impl Sent {
             hold: settle.hold,
         }
     }
-}
-
-/// What an answer to one of the root's etcd calls came to.
-pub enum StoreAnswer {
-    /// A lease grant: nothing to count.
-    Grant,
-    /// A settle txn: the settles in it, applied, or (`failed`) each a store error.
-    Settles { settles: Vec<Sent>, failed: bool },
-}
-
-/// What sending the settles queued came to: the txns sent (their tokens), and the settles
-/// that ended at once (no lease, refused at dispatch), each a store error.
-#[derive(Default)]
-pub struct SendOutcome {
-    pub sent: Vec<u32>,
-    pub failed: Vec<Sent>,
 }
 
 /// How long after its timeout a settle txn's answer is given up on (Envoy answers a
@@ -163,6 +148,7 @@ impl Remote {
     pub fn grant<H: Host>(
         &mut self,
         host: &H,
+        calls: &mut CallTable,
         now_ms: u64,
         store: &EtcdStore,
     ) -> Result<(), crate::call::Failure> {
@@ -171,7 +157,10 @@ impl Remote {
             let headers = etcd::call_headers(&store.cluster, etcd::GRANT_PATH);
             let timeout = Duration::from_millis(u64::from(store.timeout_ms));
             match host.dispatch(&store.cluster, headers, &grant.body, timeout) {
-                Ok(token) => self.leases.asked(grant.until_ms, token),
+                Ok(token) => {
+                    calls.insert(token, Continuation::Grant, None);
+                    self.leases.asked(grant.until_ms, token);
+                }
                 Err(failure) => {
                     self.leases.not_sent(now_ms);
                     return Err(failure);
@@ -182,9 +171,17 @@ impl Remote {
     }
 
     /// Sends the settles queued as calls of root context `root` (from whichever context
-    /// runs), as few txns as their leases, clusters and etcd's limits allow.
-    pub fn send_settles<H: Host>(&mut self, host: &H, now_ms: u64, root: u32) -> SendOutcome {
-        let mut outcome = SendOutcome::default();
+    /// runs), as few txns as their leases, clusters and etcd's limits allow; each txn is a
+    /// [`Continuation::Settle`] of `calls`. Returns the settles that ended at once (no lease,
+    /// refused at dispatch), each a store error.
+    pub fn send_settles<H: Host>(
+        &mut self,
+        host: &H,
+        calls: &mut CallTable,
+        now_ms: u64,
+        root: u32,
+    ) -> Vec<Sent> {
+        let mut failed = Vec::new();
         let mut batches: Vec<Batch> = Vec::new();
         for settle in std::mem::take(&mut self.queued) {
             let lease = if settle.records.is_none() {
@@ -195,7 +192,7 @@ impl Remote {
             let Some(lease) = lease else {
                 let error = StoreError::new("no etcd lease for the records");
                 self.settle_failed(settle.log_id, &error, now_ms);
-                outcome.failed.push(Sent::of(&settle));
+                failed.push(Sent::of(&settle));
                 continue;
             };
             match batches.iter_mut().find(|b| b.takes(&settle, lease)) {
@@ -207,21 +204,24 @@ impl Remote {
             }
         }
         for batch in batches {
-            self.send_batch(host, now_ms, root, batch, &mut outcome);
+            if let Err(refused) = self.send_batch(host, calls, now_ms, root, batch) {
+                failed.extend(refused);
+            }
         }
-        outcome
+        failed
     }
 
+    /// Sends one txn of settles; `Err`: Envoy refused it, its settles each a store error.
     fn send_batch<H: Host>(
         &mut self,
         host: &H,
+        calls: &mut CallTable,
         now_ms: u64,
         root: u32,
         batch: Batch,
-        outcome: &mut SendOutcome,
-    ) {
+    ) -> Result<(), Vec<Sent>> {
         let Some(first) = batch.settles.first() else {
-            return;
+            return Ok(());
         };
         let (cluster, timeout_ms) = (first.cluster.clone(), first.timeout_ms);
         let ops: Vec<SettleOp<'_>> = batch
@@ -243,14 +243,15 @@ impl Remote {
                     .saturating_add(u64::from(timeout_ms))
                     .saturating_add(OVERDUE_MARGIN_MS);
                 self.in_flight.push((token, due, settles));
-                outcome.sent.push(token);
+                calls.insert(token, Continuation::Settle, Some(root));
+                Ok(())
             }
             Err(failure) => {
                 let error = StoreError::new(format!("refused at dispatch: {failure}"));
-                for sent in settles {
+                for sent in &settles {
                     self.settle_failed(sent.log_id, &error, now_ms);
-                    outcome.failed.push(sent);
                 }
+                Err(settles)
             }
         }
     }
@@ -272,39 +273,40 @@ impl Remote {
         }
     }
 
-    /// The answer to call `token`, if it is one of the root's etcd calls (`reply` reads it).
-    pub fn answered(
+    /// The answer to lease grant `token` (`reply` reads it).
+    pub fn grant_answered(
         &mut self,
         token: u32,
         reply: impl FnOnce() -> etcd::Reply,
         now: impl FnOnce() -> u64,
-    ) -> Option<StoreAnswer> {
-        if self.leases.is_grant(token) {
-            let result = etcd::read_answer(&reply()).and_then(etcd::read_grant);
-            if let Err(error) = &result {
-                log::debug!("dedupe: etcd lease grant failed: {error}");
-            }
-            let failed = result.is_err();
-            self.leases
-                .granted(token, result, if failed { now() } else { 0 });
-            return Some(StoreAnswer::Grant);
+    ) {
+        let result = etcd::read_answer(&reply()).and_then(etcd::read_grant);
+        if let Err(error) = &result {
+            log::debug!("dedupe: etcd lease grant failed: {error}");
         }
+        let failed = result.is_err();
+        self.leases
+            .granted(token, result, if failed { now() } else { 0 });
+    }
+
+    /// The answer to settle txn `token` (`reply` reads it): the settles in it, applied, or
+    /// (`true`) each a store error; `None` if it was given up on already.
+    pub fn settle_answered(
+        &mut self,
+        token: u32,
+        reply: impl FnOnce() -> etcd::Reply,
+        now: impl FnOnce() -> u64,
+    ) -> Option<(Vec<Sent>, bool)> {
         let at = self.in_flight.iter().position(|(t, _, _)| *t == token)?;
         let (_, _, settles) = self.in_flight.swap_remove(at);
         match etcd::read_answer(&reply()).and_then(etcd::read_txn_ok) {
-            Ok(()) => Some(StoreAnswer::Settles {
-                settles,
-                failed: false,
-            }),
+            Ok(()) => Some((settles, false)),
             Err(error) => {
                 let now = now();
                 for sent in &settles {
                     self.settle_failed(sent.log_id, &error, now);
                 }
-                Some(StoreAnswer::Settles {
-                    settles,
-                    failed: true,
-                })
+                Some((settles, true))
             }
         }
     }
@@ -360,11 +362,17 @@ pub fn prepare(remote: &mut Remote, config: &Config) {
 /// The root context's timer (the root is the current context): the leases due. Nothing
 /// unless `config` uses the etcd store. (The settles are the deliveries': they hold the
 /// answers that wait for them.)
-pub fn tick<H: Host>(host: &H, now: u64, config: Option<&Config>, remote: &mut Remote) {
+pub fn tick<H: Host>(
+    host: &H,
+    calls: &mut CallTable,
+    now: u64,
+    config: Option<&Config>,
+    remote: &mut Remote,
+) {
     let Some(Store::Etcd(store)) = config.and_then(|c| c.dedupe.as_ref()).map(|d| &d.store) else {
         return;
     };
-    if let Err(Failure::DispatchError { detail }) = remote.grant(host, now, store) {
+    if let Err(Failure::DispatchError { detail }) = remote.grant(host, calls, now, store) {
         if remote.warn(now).is_some() {
             log::error!(
                 "dedupe.store.etcd.cluster: Envoy refused a call to \"{}\" ({detail}); \

@@ -21,7 +21,9 @@ impl Deliveries {
         let mut job = self.jobs.remove(&id)?;
         let claims = job.claims.take();
         let answer = labelled(job.fanout.verdict(&job.channel), job.unrecorded);
-        self.trace_end(clock, &mut job, Some(&answer));
+        if let (Some(traces), true) = (self.traces.as_mut(), job.spans.is_some()) {
+            traces.end(clock, &mut job, Some(&answer));
+        }
         let duration = if job.config.metrics {
             clock.now().saturating_sub(job.started_ms)
         } else {

@@ -5,10 +5,11 @@
 //! Who makes a call decides who hears back, and how long the call may live: Envoy cancels a
 //! stream's calls when the stream ends, while calls made from the root context live as long as
 //! the plugin. So a sync fan-out sends its first attempts from its stream (no timer delay),
-//! and everything sent from the timer (retries, async deliveries) belongs to the root. Either
-//! context hands the answers to [`Deliveries`], which owns the state; it never answers a
-//! sender itself but returns the answer to the plugin or the stream, so no `RefCell` is
-//! borrowed while Envoy runs the local reply.
+//! and everything sent from the timer (retries, async deliveries) belongs to the root. Each
+//! call is entered in the worker's [`CallTable`] as a delivery attempt; whichever context gets
+//! its answer, the pipeline hands that continuation to [`Deliveries::answered`]. The
+//! deliveries never answer a sender themselves but return the answer to the plugin or the
+//! stream, so no `RefCell` is borrowed while Envoy runs the local reply.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -16,10 +17,12 @@ use std::rc::Rc;
 use hashbrown::HashMap;
 
 use crate::answer::Answer;
-use crate::call::Leg;
-use crate::call_slots::Slot;
+use crate::call::{Failure, Leg};
+use crate::call_slots::{CallCap, Slot};
+use crate::call_table::{Attempt, CallTable, Continuation};
 use crate::config::{AnswerMode, Config};
 use crate::dedupe::settle::Claims;
+use crate::headers::HeaderMap;
 use crate::host::Host;
 use crate::jitter::{self, JitterRng};
 use crate::telemetry::{count_into, Telemetry};
@@ -32,12 +35,10 @@ pub use job::{InLine, Job, Variant};
 pub use owed::Owed;
 use slot_gate::{Pass, SlotGate};
 pub use spans::JobSpans;
-use spans::Tracing;
-use traced::CallOutcome;
+use traced::{CallOutcome, Traces};
 
 mod call_end;
 mod call_plan;
-mod caps;
 mod clock;
 mod end;
 mod job;
@@ -46,10 +47,37 @@ mod slot_gate;
 mod spans;
 mod traced;
 
-/// A fan-out that ended: the answer for its sender, if one is waiting.
+/// An answer due: a fan-out that ended (or a request answered at once), and the stream
+/// waiting for it, if one is. The context running sends it.
 pub struct Finished {
     pub answer_to: Option<u32>,
     pub answer: Answer,
+}
+
+impl Finished {
+    /// `stream` is answered at once (logged if it is a refusal; counted where it is sent).
+    pub fn now(stream: u32, answer: Answer) -> Finished {
+        if answer.status >= 400 {
+            log::info!(
+                "[#{stream}] answered {}: {}",
+                answer.status,
+                String::from_utf8_lossy(&answer.body)
+            );
+        }
+        Finished {
+            answer_to: Some(stream),
+            answer,
+        }
+    }
+}
+
+/// What a stage made of a request: its sync fan-out under way (the job), if one is, and
+/// the answers due now (its own among them if it is answered at once). The one outcome of
+/// every stage a request passes: launched here, begun by the pipeline.
+#[derive(Default)]
+pub struct Outcome {
+    pub delivering: Option<u64>,
+    pub finished: Vec<Finished>,
 }
 
 /// A fan-out that ended holding `dedupe` claims: what its settle needs, and its answer (held
@@ -67,21 +95,9 @@ pub struct Unsettled {
     pub answer: Option<Finished>,
 }
 
-/// A new fan-out, started ([`Deliveries::launch`]).
-pub enum Launched {
-    /// Its sender is answered now: async mode, a channel of best-effort subscribers, or
-    /// nothing to send (202, with the report when every subscriber had the event; 409 when
-    /// another request is delivering to the rest).
-    Answer(Answer),
-    /// A sync fan-out under way (job id), and its answer if it already ended.
-    Delivering(u64, Option<Finished>),
-}
-
 /// Every fan-out of one worker still under way, and the calls it waits for.
 pub struct Deliveries {
     jobs: HashMap<u64, Job>,
-    /// Pending call token -> job and subscriber index.
-    tokens: HashMap<u32, (u64, usize)>,
     next_job: u64,
     telemetry: Rc<RefCell<Telemetry>>,
     /// The VM's generator for retry jitter: each fan-out draws its own seed from it. Seeded
@@ -89,30 +105,22 @@ pub struct Deliveries {
     jitter_rng: JitterRng,
     /// `max_concurrent_calls`: the slot each call holds, the calls waiting for one.
     gate: SlotGate,
-    /// Calls in flight made from a root context, and which one: a retired root lives until
-    /// its own calls are answered (Envoy cancels a context's calls when it is deleted).
-    root_of: HashMap<u32, u32>,
     /// Fan-outs that ended with `dedupe` claims, for the settle stage (the pipeline's).
     ended: Vec<Unsettled>,
-    /// `tracing`: the VM's ids, sampling and exporter (`None`: off).
-    tracing: Option<Tracing>,
-    /// Whether spans dropped are counted (metrics on).
-    count_span_drops: bool,
+    /// `tracing`: the VM's spans and their exporter (`None`: off).
+    traces: Option<Traces>,
 }
 
 impl Deliveries {
     pub fn new(telemetry: Rc<RefCell<Telemetry>>) -> Self {
         Deliveries {
             jobs: HashMap::new(),
-            tokens: HashMap::new(),
             next_job: 1,
             telemetry,
             jitter_rng: JitterRng::with_seed(0),
             gate: SlotGate::new(),
-            root_of: HashMap::new(),
             ended: Vec::new(),
-            tracing: None,
-            count_span_drops: false,
+            traces: None,
         }
     }
 
@@ -123,17 +131,57 @@ impl Deliveries {
         self.jitter_rng = JitterRng::with_seed(seed);
     }
 
+    /// The tracing of a (new) configuration (`None`: off).
+    pub fn configure_tracing<H: Host>(
+        &mut self,
+        host: &H,
+        config: Option<&crate::config::TracingConfig>,
+        metrics: bool,
+        root: u32,
+    ) {
+        Traces::configure(&mut self.traces, host, config, metrics, root);
+    }
+
+    /// The spans of a new request on `channel`, if it is traced.
+    pub fn traced<H: Host>(
+        &mut self,
+        host: &H,
+        headers: &HeaderMap,
+        channel: &str,
+        subscribers: usize,
+    ) -> Option<Box<JobSpans>> {
+        self.traces
+            .as_mut()?
+            .request(host, headers, channel, subscribers)
+    }
+
+    /// The exporter's batch due (`flush`: whatever is held), as root context `root`'s call.
+    pub fn export<H: Host>(&mut self, host: &H, calls: &mut CallTable, root: u32, flush: bool) {
+        if let Some(traces) = self.traces.as_mut() {
+            traces.export(host, calls, &self.telemetry, root, flush);
+        }
+    }
+
+    /// The continuation of a span export: the collector's answer to call `token`.
+    pub fn export_answered<H: Host>(&mut self, host: &H, token: u32) {
+        if let Some(traces) = self.traces.as_mut() {
+            traces.export_answered(host, token);
+        }
+    }
+
     /// Starts the fan-out `job` of the request on `stream`: answered at once (async mode, a
-    /// channel of best-effort subscribers, or nothing to send) or a sync fan-out that answers
-    /// when it ends. Its first calls are the acting context's: root context `root`, or
-    /// (`None`) the stream's.
+    /// channel of best-effort subscribers, or nothing to send: 202, with the report when
+    /// every subscriber had the event; 409 when another request is delivering to the rest)
+    /// or a sync fan-out that answers when it ends. Its first calls are the acting
+    /// context's: root context `root`, or (`None`) the stream's.
     pub fn launch<H: Host>(
         &mut self,
         host: &H,
+        calls: &mut CallTable,
         root: Option<u32>,
         job: Job,
         stream: u32,
-    ) -> Launched {
+    ) -> Outcome {
         let in_progress = job.fanout.in_progress();
         // Subscribers to call: in a channel of best-effort ones, all still pending at the 202.
         let to_call = job.fanout.open();
@@ -144,7 +192,7 @@ impl Deliveries {
         let best_effort = job.channel.all_best_effort();
         if job.config.mode == AnswerMode::Async || best_effort {
             let unrecorded = job.unrecorded;
-            let (_, finished) = self.start(host, root, job, nothing_to_send);
+            let (_, finished) = self.start(host, calls, root, job, nothing_to_send);
             let answer = match finished {
                 Some(finished) => finished.answer,
                 // What this request claimed is delivered in the background; the
@@ -155,19 +203,25 @@ impl Deliveries {
                     .with_header(crate::answer::PENDING_HEADER, to_call.to_string()),
                 None => Answer::accepted(),
             };
-            return Launched::Answer(labelled(answer, unrecorded));
+            return Outcome {
+                delivering: None,
+                finished: vec![Finished::now(stream, labelled(answer, unrecorded))],
+            };
         }
         let job = Job {
             answer_to: Some(stream),
             ..job
         };
-        let (id, finished) = self.start(host, root, job, true);
-        Launched::Delivering(id, finished)
+        let (id, finished) = self.start(host, calls, root, job, true);
+        Outcome {
+            delivering: Some(id),
+            finished: finished.into_iter().collect(),
+        }
     }
 
     /// The clock of one callback: in nanoseconds if spans may need them.
     fn clock<'h, H: Host>(&self, host: &'h H) -> Clock<'h, H> {
-        Clock::new(host, self.tracing.is_some())
+        Clock::new(host, self.traces.is_some())
     }
 
     /// Takes a new fan-out. With `send_now` its first calls go out at once, from the calling
@@ -175,6 +229,7 @@ impl Deliveries {
     fn start<H: Host>(
         &mut self,
         host: &H,
+        calls: &mut CallTable,
         root: Option<u32>,
         job: Job,
         send_now: bool,
@@ -186,7 +241,7 @@ impl Deliveries {
         self.count(host, &job.config, |tally| tally.fanout_started());
         self.jobs.insert(id, job);
         let finished = if send_now {
-            self.pump(host, &self.clock(host), root, id)
+            self.pump(host, calls, &self.clock(host), root, id)
         } else {
             None
         };
@@ -196,7 +251,7 @@ impl Deliveries {
     /// The sender went away: a sync fan-out is dropped (its stream's calls are cancelled by
     /// Envoy; answers to the root's calls for it are ignored from now on). Its `dedupe`
     /// claims are settled: what was delivered so far is recorded, the rest released.
-    pub fn abandon<H: Host>(&mut self, host: &H, id: u64) {
+    pub fn abandon<H: Host>(&mut self, host: &H, calls: &mut CallTable, id: u64) {
         if let Some(job) = self.jobs.get(&id) {
             // Async, or answered already with best-effort deliveries still going on.
             if job.config.mode == AnswerMode::Async || job.answer_to.is_none() {
@@ -207,9 +262,11 @@ impl Deliveries {
             // Its waiting calls leave the line before its calls in flight free their slots,
             // so that none of them takes one.
             self.gate.cancel_job(id);
-            self.forget_calls(id);
+            self.forget_calls(calls, id);
             let clock = self.clock(host);
-            self.trace_end(&clock, &mut job, None);
+            if let Some(traces) = self.traces.as_mut() {
+                traces.end(&clock, &mut job, None);
+            }
             if let Some(claims) = job.claims.take() {
                 self.ended(&clock, id, &job, claims, None);
             }
@@ -217,9 +274,17 @@ impl Deliveries {
         }
     }
 
+    /// The sync fan-out whose sender is `stream`, if one is under way.
+    pub fn job_of(&self, stream: u32) -> Option<u64> {
+        self.jobs
+            .iter()
+            .find(|(_, job)| job.answer_to == Some(stream))
+            .map(|(id, _)| *id)
+    }
+
     /// The root context's timer: sends what is due in every fan-out, and gives up on those
     /// whose answers can no longer come: root context `root` acts.
-    pub fn tick<H: Host>(&mut self, host: &H, root: u32) -> Vec<Finished> {
+    pub fn tick<H: Host>(&mut self, host: &H, calls: &mut CallTable, root: u32) -> Vec<Finished> {
         let clock = self.clock(host);
         let now = clock.now();
         let lost: Vec<u64> = self
@@ -239,7 +304,7 @@ impl Deliveries {
                 );
                 job.fanout.give_up(now);
             }
-            self.forget_calls(id);
+            self.forget_calls(calls, id);
             finished.extend(self.finish_if_done(&clock, id));
         }
         let due: Vec<u64> = self
@@ -250,13 +315,12 @@ impl Deliveries {
             })
             .map(|(id, _)| *id)
             .collect();
-        finished.extend(
-            due.into_iter()
-                .filter_map(|id| self.pump(host, &clock, Some(root), id)),
-        );
-        finished.extend(self.send_released(host, &clock, root));
+        for id in due {
+            finished.extend(self.pump(host, calls, &clock, Some(root), id));
+        }
+        finished.extend(self.send_released(host, calls, &clock, root));
         self.report_gauges(host);
-        self.export(host, root, false);
+        self.export(host, calls, root, false);
         finished
     }
 
@@ -267,6 +331,7 @@ impl Deliveries {
     fn pump<H: Host>(
         &mut self,
         host: &H,
+        calls: &mut CallTable,
         clock: &Clock<'_, H>,
         root: Option<u32>,
         id: u64,
@@ -296,10 +361,9 @@ impl Deliveries {
             }
             for send in sends {
                 let cluster = leg_cluster(channel.subscribers.get(send.index)?, send.leg);
-                match self.gate.pass(capped, cluster, (id, send.index, send.leg)) {
-                    Pass::Now(slot) => {
-                        self.send_one(host, clock, root, (id, send.index, send.leg), slot)
-                    }
+                let call = (id, send.index, send.leg);
+                match self.gate.pass(capped, cluster, call) {
+                    Pass::Now(slot) => self.send_one(host, calls, clock, root, call, slot),
                     Pass::Queued => {
                         if let Some(job) = self.jobs.get_mut(&id) {
                             job.line.calls = job.line.calls.saturating_add(1);
@@ -312,19 +376,23 @@ impl Deliveries {
     }
 
     /// Sends the `leg` call of subscriber `index` of job `id`, which holds `slot`, as root
-    /// context `root`'s call (`None`: the stream's).
+    /// context `root`'s call (`None`: the stream's); its answer continues as that attempt.
     fn send_one<H: Host>(
         &mut self,
         host: &H,
+        calls: &mut CallTable,
         clock: &Clock<'_, H>,
         root: Option<u32>,
         (id, index, leg): (u64, usize, Leg),
         slot: Slot,
     ) {
-        let context = self.trace_call(clock, id, index, leg);
         let Some(job) = self.jobs.get_mut(&id) else {
             self.gate.release(slot);
             return;
+        };
+        let context = match self.traces.as_mut() {
+            Some(traces) if job.spans.is_some() => traces.call(clock, job, index, leg),
+            _ => None,
         };
         let config = job.config.clone();
         let channel = job.channel.clone();
@@ -343,25 +411,16 @@ impl Deliveries {
         match result {
             Ok(token) => {
                 job.fanout.dispatched(index, token);
-                self.tokens.insert(token, (id, index));
-                if let Some(root) = root {
-                    self.root_of.insert(token, root);
-                }
-                self.gate.hold(token, slot);
+                let attempt = Attempt {
+                    job: id,
+                    index,
+                    slot,
+                };
+                calls.insert(token, Continuation::Delivery(attempt), root);
             }
             Err(failure) => {
-                job.fanout
-                    .dispatch_failed(index, failure.clone(), clock.now(), &channel);
-                job.log_failure(index, leg, &failure);
-                let reply_gave_up = leg == Leg::Reply && !job.fanout.is_retrying(index);
-                self.count(host, &config, |tally| {
-                    if reply_gave_up {
-                        tally.reply_failed(&sub.cluster, &failure);
-                    }
-                    tally.call_ended(stats, &Err(failure.clone()), None)
-                });
                 self.gate.release(slot);
-                self.trace_ended(clock, id, index, &CallOutcome::failed(failure));
+                self.refused(host, clock, (id, index, leg), failure);
             }
         }
         self.count(host, &config, |tally| {
@@ -372,37 +431,62 @@ impl Deliveries {
         });
     }
 
-    /// Forgets job `id`'s calls in flight (abandoned, or lost): their slots are free.
-    fn forget_calls(&mut self, id: u64) {
-        let tokens: Vec<u32> = self
-            .tokens
-            .iter()
-            .filter(|(_, (job, _))| *job == id)
-            .map(|(token, _)| *token)
-            .collect();
-        for token in tokens {
-            self.tokens.remove(&token);
-            self.root_of.remove(&token);
-            self.gate.call_ended(token);
+    /// Envoy refused to send the `leg` call of subscriber `index` of job `id`: recorded as
+    /// that attempt's end (a retry may wait, a dead letter may follow), counted, traced.
+    fn refused<H: Host>(
+        &mut self,
+        host: &H,
+        clock: &Clock<'_, H>,
+        (id, index, leg): (u64, usize, Leg),
+        failure: Failure,
+    ) {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let channel = job.channel.clone();
+        let Some(sub) = channel.subscribers.get(index) else {
+            return;
+        };
+        job.fanout
+            .dispatch_failed(index, failure.clone(), clock.now(), &channel);
+        job.log_failure(index, leg, &failure);
+        let reply_gave_up = leg == Leg::Reply && !job.fanout.is_retrying(index);
+        let (config, stats) = (job.config.clone(), leg_stats(sub, leg));
+        self.count(host, &config, |tally| {
+            if reply_gave_up {
+                tally.reply_failed(&sub.cluster, &failure);
+            }
+            tally.call_ended(stats, &Err(failure.clone()), None)
+        });
+        if let (Some(traces), Some(job)) = (self.traces.as_mut(), self.jobs.get_mut(&id)) {
+            traces.call_ended(clock, job, index, &CallOutcome::failed(failure));
         }
     }
 
-    /// The answer to call `token` is being delivered (to whichever context made the call):
-    /// to root context `root`, or (`None`) to the stream that made it.
-    pub fn on_response<H: Host>(
+    /// Forgets job `id`'s calls in flight (abandoned, or lost): their slots are free.
+    fn forget_calls(&mut self, calls: &mut CallTable, id: u64) {
+        for slot in calls.forget_job(id) {
+            self.gate.release(slot);
+        }
+    }
+
+    /// The continuation of a delivery's call (`attempt`, call `token`), answered to
+    /// whichever context made it: root context `root`, or (`None`) the stream that made it.
+    /// Its slot is handed back, its end read and recorded, and what is due next goes out.
+    pub fn answered<H: Host>(
         &mut self,
         host: &H,
+        calls: &mut CallTable,
         root: Option<u32>,
-        token: u32,
-        num_headers: usize,
-        body_size: usize,
+        (attempt, token): (Attempt, u32),
+        (num_headers, body_size): (usize, usize),
     ) -> Option<Finished> {
-        self.root_of.remove(&token);
-        self.gate.call_ended(token);
-        if self.export_answered(host, token) {
-            return None;
-        }
-        let (id, index) = self.tokens.remove(&token)?;
+        let Attempt {
+            job: id,
+            index,
+            slot,
+        } = attempt;
+        self.gate.release(slot);
         let clock = self.clock(host);
         let job = self.jobs.get_mut(&id)?;
         let leg = job.fanout.leg_at(index, token)?;
@@ -441,11 +525,113 @@ impl Deliveries {
         let traced = job.spans.is_some().then(|| CallOutcome::of(&ended));
         let recorded = job.record(index, token, leg, ended, now)?;
         self.count(host, &config, |tally| recorded.count(tally, sub, leg));
-        if let Some(outcome) = traced {
-            self.trace_ended(&clock, id, index, &outcome);
+        if let (Some(outcome), Some(traces), Some(job)) =
+            (traced, self.traces.as_mut(), self.jobs.get_mut(&id))
+        {
+            traces.call_ended(&clock, job, index, &outcome);
         }
         // A leg that just changed (reply, dead letter) goes out at once.
-        self.pump(host, &clock, root, id)
+        self.pump(host, calls, &clock, root, id)
+    }
+
+    /// Whether a new event whose first calls go to `clusters` fits every capped cluster's
+    /// line (`max_queued_calls`); else the 503 naming the subscriber, counted and warned of
+    /// (at most once per cluster per 10 s).
+    pub fn admit<H: Host>(
+        &mut self,
+        host: &H,
+        config: &Config,
+        clusters: &[&str],
+    ) -> Result<(), Answer> {
+        let Err((refusal, warn)) = self.gate.admit(clusters, || host.now_ms()) else {
+            return Ok(());
+        };
+        if let Some(unlogged) = warn {
+            let earlier = if unlogged > 0 {
+                format!(" ({unlogged} more since the last warning)")
+            } else {
+                String::new()
+            };
+            log::warn!("request refused: {}{earlier}", refusal.message());
+        }
+        self.count(host, config, |tally| tally.refused(&refusal.key));
+        Err(refusal.answer())
+    }
+
+    /// Sends the calls that got a slot since the last tick, in the order they got it; each
+    /// leaves its job's line as it goes.
+    fn send_released<H: Host>(
+        &mut self,
+        host: &H,
+        calls: &mut CallTable,
+        clock: &Clock<'_, H>,
+        root: u32,
+    ) -> Vec<Finished> {
+        let mut finished = Vec::new();
+        while let Some(((id, index, leg), slot)) = self.gate.next_released() {
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.line.calls = job.line.calls.saturating_sub(1);
+                job.line.left_at = Some(clock.now());
+            }
+            self.send_one(host, calls, clock, Some(root), (id, index, leg), slot);
+            finished.extend(self.pump(host, calls, clock, Some(root), id));
+        }
+        finished
+    }
+
+    /// Counts how the capped clusters' calls in flight and waiting changed since the last tick.
+    fn report_gauges<H: Host>(&mut self, host: &H) {
+        let gate = &mut self.gate;
+        count_into(&self.telemetry, host, |tally| {
+            gate.report_gauges(|change| {
+                tally.call_gauges(change.cluster, change.in_flight, change.queued)
+            });
+        });
+    }
+
+    /// The caps of a (new) configuration; calls that now have room go out at the next tick.
+    pub fn set_caps(&mut self, caps: &[(String, CallCap)]) {
+        self.gate.set_caps(caps);
+    }
+
+    /// Everything this worker still owes (`calls`: its calls in flight).
+    pub fn owed(&self, calls: &CallTable) -> Owed {
+        Owed {
+            fanouts: self.jobs.len(),
+            answered: self.async_in_flight(),
+            retrying: self
+                .jobs
+                .values()
+                .filter(|job| job.fanout.waiting() > 0)
+                .count(),
+            calls: calls.deliveries(),
+            queued: self.jobs.values().map(|job| job.line.calls).sum(),
+        }
+    }
+
+    /// Fan-outs delivering in the background, their sender answered (async mode, channels
+    /// of best-effort subscribers, best-effort deliveries after the answer): what
+    /// `max_in_flight` bounds.
+    pub fn async_in_flight(&self) -> usize {
+        self.jobs
+            .values()
+            .filter(|job| job.answer_to.is_none())
+            .count()
+    }
+
+    /// Whether job `id`'s sender still waits for its answer.
+    pub fn awaits_answer(&self, id: u64) -> bool {
+        self.jobs
+            .get(&id)
+            .is_some_and(|job| job.answer_to.is_some())
+    }
+
+    /// Whether the root context's timer has work: calls to send or retries waiting.
+    pub fn has_timed_work(&self) -> bool {
+        self.jobs
+            .values()
+            .any(|job| job.fanout.has_ready() || job.fanout.waiting() > 0)
+            || self.gate.has_released()
     }
 
     /// Counts, unless `config` turns metrics off: the one way to count ([`count_into`]).

@@ -1,10 +1,11 @@
-//! The gate every call of the deliveries passes (`max_concurrent_calls`): which call holds
-//! which slot, the calls that got a slot and wait for the root context's next tick, and the
-//! gauges last reported. (Each job counts its own calls in line: [`super::InLine`].)
+//! The gate every call of the deliveries passes (`max_concurrent_calls`): the calls that got
+//! a slot and wait for the root context's next tick, and the gauges last reported. (Each job counts its own calls in line: [`super::InLine`].)
 //!
 //! The policy (caps, the FIFO line, the admission of an event) is [`crate::call_slots`]'s;
-//! this is the deliveries' bookkeeping around it, by call token and by job. It sends nothing:
-//! a slot handed out is returned to the caller, who sends the call.
+//! this is the deliveries' bookkeeping around it, by job. It sends nothing: a slot handed
+//! out is returned to the caller, who sends the call (the slot travels with the call's
+//! entry in the [`CallTable`](crate::call_table::CallTable), and comes back here when it
+//! ends).
 
 use std::collections::VecDeque;
 
@@ -37,8 +38,6 @@ pub struct GaugeChange<'a> {
 pub struct SlotGate {
     /// Calls in flight and waiting per cluster, keyed by cluster.
     slots: CallSlots<String, Waiting>,
-    /// The slot each call in flight holds, by call token.
-    slot_of: HashMap<u32, Slot>,
     /// Calls that got a slot, to be sent by the root context's next tick, in that order.
     released: VecDeque<(Waiting, Slot)>,
     /// The capped clusters' calls in flight and waiting as last reported.
@@ -79,18 +78,6 @@ impl SlotGate {
         }
     }
 
-    /// Call `token` went out holding `slot`.
-    pub fn hold(&mut self, token: u32, slot: Slot) {
-        self.slot_of.insert(token, slot);
-    }
-
-    /// Call `token` ended (answered, or never to be): its slot, if it held one, is free.
-    pub fn call_ended(&mut self, token: u32) {
-        if let Some(slot) = self.slot_of.remove(&token) {
-            self.release(slot);
-        }
-    }
-
     /// A slot not (or no longer) held by a call is free: the next call waiting for its
     /// cluster, if any, takes it and is sent by the root context's next tick (Envoy ties a
     /// call to the context that makes it, and the root's calls outlive every stream).
@@ -101,8 +88,8 @@ impl SlotGate {
     }
 
     /// Job `id` is given up: its waiting calls leave the line. Call this before its calls
-    /// in flight end ([`SlotGate::call_ended`]), so that none of its own waiting calls takes
-    /// a freed slot.
+    /// in flight hand their slots back ([`SlotGate::release`]), so that none of its own
+    /// waiting calls takes a freed slot.
     pub fn cancel_job(&mut self, id: u64) {
         self.slots.cancel(|waiting| waiting.0 == id);
         self.released.retain(|(waiting, _)| waiting.0 != id);
@@ -192,8 +179,7 @@ mod tests {
         let first = slot(gate.pass(true, "a", (1, 0, Leg::Event)));
         assert_eq!(gate.pass(true, "a", (2, 0, Leg::Event)), Pass::Queued);
         assert_eq!(gate.pass(true, "a", (2, 1, Leg::Event)), Pass::Queued);
-        gate.hold(7, first);
-        gate.call_ended(7);
+        gate.release(first);
         // The slot went to the first in line, to be sent at the next tick.
         assert!(gate.has_released());
         let (waiting, next) = gate.next_released().unwrap();
@@ -223,11 +209,10 @@ mod tests {
     fn a_cancelled_job_takes_no_freed_slot() {
         let mut gate = capped("a", 1, 10);
         let held = slot(gate.pass(true, "a", (1, 0, Leg::Event)));
-        gate.hold(3, held);
         assert_eq!(gate.pass(true, "a", (1, 1, Leg::Event)), Pass::Queued);
         assert_eq!(gate.pass(true, "a", (2, 0, Leg::Event)), Pass::Queued);
         gate.cancel_job(1);
-        gate.call_ended(3);
+        gate.release(held);
         let (waiting, _) = gate.next_released().unwrap();
         assert_eq!(waiting, (2, 0, Leg::Event));
         assert!(

@@ -1,21 +1,24 @@
-//! Where the deliveries meet their spans ([`spans`](super::spans)): the VM's tracing set by
-//! the configuration, a traced request's spans made, each call's attempt opened and ended,
-//! a fan-out's spans ended with it, and the exporter's batches sent from the root context's
-//! timer. With `tracing` off every entry here returns at its first line.
+//! Where the deliveries meet their spans ([`spans`](super::spans)): [`Traces`], the VM's
+//! tracing set by the configuration, a traced request's spans made, each call's attempt
+//! opened and ended, a fan-out's spans ended with it, and the exporter's batches sent from
+//! the root context's timer (an export is a call of the [`CallTable`]). With `tracing` off
+//! every entry here returns at its first line.
 
 use std::time::Duration;
 
 use super::call_end::AnsweredCall;
 use super::spans::{CallContext, JobSpans, Tracing};
-use super::{Clock, Deliveries, Job};
+use super::{Clock, Job};
 use crate::answer::Answer;
 use crate::call::{Failure, Leg};
+use crate::call_table::{CallTable, Continuation};
 use crate::config::TracingConfig;
 use crate::headers::HeaderMap;
 use crate::host::Host;
 use crate::jitter;
-use crate::telemetry::count_into;
+use crate::telemetry::{count_into, Telemetry};
 use crate::trace::Verdict;
+use std::cell::RefCell;
 
 /// The status a fan-out's span ends with when its sender went away before the answer
 /// (nginx's "client closed request": no answer was sent).
@@ -47,73 +50,82 @@ impl CallOutcome {
     }
 }
 
-impl Deliveries {
-    /// The tracing of a (new) configuration (`None`: off; spans of fan-outs under way are
-    /// then dropped as they end).
-    pub fn configure_tracing<H: Host>(
-        &mut self,
+/// The VM's tracing as the deliveries use it, while `tracing` is configured: ids, sampling
+/// and the exporter, and whether spans dropped are counted (metrics on).
+pub(super) struct Traces {
+    tracing: Tracing,
+    count_span_drops: bool,
+}
+
+impl Traces {
+    /// The tracing of a (new) configuration into `traces` (`None`: off; spans of fan-outs
+    /// under way are then dropped as they end).
+    pub(super) fn configure<H: Host>(
+        traces: &mut Option<Traces>,
         host: &H,
         config: Option<&TracingConfig>,
         metrics: bool,
         root: u32,
     ) {
         let Some(config) = config else {
-            self.tracing = None;
+            *traces = None;
             return;
         };
         let seed = jitter::seed(&[host.now_nanos(), u64::from(root), 0x0074_7261_6365]);
-        match &mut self.tracing {
-            Some(tracing) => tracing.reconfigure(config, seed),
-            None => self.tracing = Some(Tracing::new(config, seed)),
+        match traces {
+            Some(traces) => {
+                traces.tracing.reconfigure(config, seed);
+                traces.count_span_drops = metrics;
+            }
+            None => {
+                *traces = Some(Traces {
+                    tracing: Tracing::new(config, seed),
+                    count_span_drops: metrics,
+                })
+            }
         }
-        self.count_span_drops = metrics;
     }
 
     /// The spans of a new request on `channel` (`headers` its headers), if tracing is on and
     /// the request is traced.
-    pub fn traced<H: Host>(
+    pub(super) fn request<H: Host>(
         &mut self,
         host: &H,
         headers: &HeaderMap,
         channel: &str,
         subscribers: usize,
     ) -> Option<Box<JobSpans>> {
-        let tracing = self.tracing.as_mut()?;
-        tracing.request(headers, channel, subscribers, || host.now_nanos())
+        self.tracing
+            .request(headers, channel, subscribers, || host.now_nanos())
     }
 
-    /// Job `id`'s call to subscriber `index` (`leg`) goes out: its attempt's span, and the
+    /// `job`'s call to subscriber `index` (`leg`) goes out: its attempt's span, and the
     /// context the call carries.
-    pub(super) fn trace_call<H: Host>(
+    pub(super) fn call<H: Host>(
         &mut self,
         clock: &Clock<'_, H>,
-        id: u64,
+        job: &mut Job,
         index: usize,
         leg: Leg,
     ) -> Option<CallContext> {
-        let tracing = self.tracing.as_mut()?;
-        let job = self.jobs.get_mut(&id)?;
         let spans = job.spans.as_mut()?;
         let sub = job.channel.subscribers.get(index)?;
-        spans.call(tracing, sub, index, leg, clock.now_ns())
+        spans.call(&mut self.tracing, sub, index, leg, clock.now_ns())
     }
 
-    /// Job `id`'s call to subscriber `index` ended (recorded in its fan-out already).
-    pub(super) fn trace_ended<H: Host>(
+    /// `job`'s call to subscriber `index` ended (recorded in its fan-out already).
+    pub(super) fn call_ended<H: Host>(
         &mut self,
         clock: &Clock<'_, H>,
-        id: u64,
+        job: &mut Job,
         index: usize,
         ended: &CallOutcome,
     ) {
-        let (Some(tracing), Some(job)) = (self.tracing.as_mut(), self.jobs.get_mut(&id)) else {
-            return;
-        };
         let (Some(spans), Some(progress)) = (job.spans.as_mut(), job.fanout.progress(index)) else {
             return;
         };
         spans.call_ended(
-            tracing,
+            &mut self.tracing,
             index,
             ended.status,
             ended.failure.as_ref(),
@@ -125,13 +137,13 @@ impl Deliveries {
 
     /// `job` ended (removed from the deliveries) with `answer` (`None`: its sender went
     /// away): its spans end.
-    pub(super) fn trace_end<H: Host>(
+    pub(super) fn end<H: Host>(
         &mut self,
         clock: &Clock<'_, H>,
         job: &mut Job,
         answer: Option<&Answer>,
     ) {
-        let (Some(tracing), Some(spans)) = (self.tracing.as_mut(), job.spans.take()) else {
+        let Some(spans) = job.spans.take() else {
             return;
         };
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
@@ -142,24 +154,32 @@ impl Deliveries {
             dead_lettered: count(job.fanout.dead_lettered()),
         };
         let fanout = &job.fanout;
-        spans.end(tracing, &verdict, |i| fanout.progress(i), clock.now_ns());
+        spans.end(
+            &mut self.tracing,
+            &verdict,
+            |i| fanout.progress(i),
+            clock.now_ns(),
+        );
     }
 
-    /// The answer to call `token`, if it is the exporter's: taken, and `true`.
-    pub(super) fn export_answered<H: Host>(&mut self, host: &H, token: u32) -> bool {
-        self.tracing
-            .as_mut()
-            .is_some_and(|tracing| tracing.export_answered(token, || host.call_status()))
+    /// The continuation of an export: the collector's answer to call `token`.
+    pub(super) fn export_answered<H: Host>(&mut self, host: &H, token: u32) {
+        self.tracing.export_answered(token, || host.call_status());
     }
 
     /// The root context's timer: the batch of spans due goes to the collector (`flush`:
     /// whatever is held, the VM is going away), a warning for spans lost is logged when due,
     /// and the losses are counted (`fanout.tracing.spans_dropped`). The export is root
     /// context `root`'s call.
-    pub fn export<H: Host>(&mut self, host: &H, root: u32, flush: bool) {
-        let Some(tracing) = self.tracing.as_mut() else {
-            return;
-        };
+    pub(super) fn export<H: Host>(
+        &mut self,
+        host: &H,
+        calls: &mut CallTable,
+        telemetry: &RefCell<Telemetry>,
+        root: u32,
+        flush: bool,
+    ) {
+        let tracing = &mut self.tracing;
         let now = host.now_ms();
         if let Some(export) = tracing.export_due(now, flush) {
             let headers = export
@@ -180,7 +200,7 @@ impl Deliveries {
                 }
             };
             if let Some(token) = token {
-                self.root_of.insert(token, root);
+                calls.insert(token, Continuation::Export, Some(root));
             }
             tracing.exported(token);
         }
@@ -189,12 +209,7 @@ impl Deliveries {
             log::warn!("{warning}");
         }
         if dropped > 0 && self.count_span_drops {
-            count_into(&self.telemetry, host, |tally| tally.spans_dropped(dropped));
+            count_into(telemetry, host, |tally| tally.spans_dropped(dropped));
         }
-    }
-
-    /// Whether the exporter holds spans or waits for the collector.
-    pub fn tracing_busy(&self) -> bool {
-        self.tracing.as_ref().is_some_and(Tracing::busy)
     }
 }

@@ -4,18 +4,17 @@
 //! *parked*, and when the txn in flight is answered the claims parked meanwhile go out as one
 //! txn, a call of the root context (so under load an event costs a share of a claim txn).
 //! Without a lease a request waits for one up to the store's timeout, then it is a store
-//! error. However a claim went out, its answer (or the store's failure) continues the request
-//! in one place, [`Pipeline::continue_claim`]: launched, or answered now.
+//! error. However a claim went out, its answer (or the store's failure) is returned to the
+//! pipeline as [`Claimed`], which continues each request in one place: launched, or answered
+//! now.
 //!
-//! [`Coalescer`] is the bookkeeping: the txns in flight (until when their answer may come),
-//! the requests parked, and what the root made of a parked request (for its stream to pick
-//! up at its next callback).
+//! [`Coalescer`] is the bookkeeping: the txns in flight (until when their answer may come;
+//! each is a [`Continuation::Claim`] of the call table) and the requests parked.
 
-use super::{Actor, Pipeline};
+use crate::call_table::{CallTable, Continuation};
 use crate::dedupe::claim::{self, Ask};
-use crate::dedupe::etcd::{self, Found, StoreError, MAX_CLAIMS_PER_TXN, TXN_PATH};
-use crate::dedupe::remote;
-use crate::deliveries::{Finished, Job};
+use crate::dedupe::etcd::{self, Found, Leases, StoreError, MAX_CLAIMS_PER_TXN, TXN_PATH};
+use crate::deliveries::Job;
 use crate::host::Host;
 
 /// A request waiting for its claim: its stream, its claim, and its fan-out, ready to start
@@ -24,15 +23,20 @@ pub struct Pending {
     pub stream: u32,
     pub ask: Ask,
     pub job: Job,
+    /// Its stream ended (or Envoy answered it) while its claim was in a txn in flight:
+    /// nobody to answer.
+    pub sender_left: bool,
 }
 
-/// What the root made of a parked request, for its stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Continued {
-    /// Answered (a 202 in async mode, a 409, a 503).
-    Answered,
-    /// A sync fan-out under way: the deliveries' job.
-    Delivering(u64),
+impl Pending {
+    pub fn new(stream: u32, ask: Ask, job: Job) -> Pending {
+        Pending {
+            stream,
+            ask,
+            job,
+            sender_left: false,
+        }
+    }
 }
 
 /// A claim txn in flight.
@@ -46,26 +50,12 @@ struct Flight {
     requests: Vec<Pending>,
 }
 
-/// What [`Coalescer::forget`] did.
-pub struct Forgotten {
-    /// The request was parked, not sent: taken out.
-    pub unsent: bool,
-    /// Its stream's own claim txn, which Envoy cancels with the stream.
-    pub cancelled: Option<u32>,
-}
-
 #[derive(Default)]
 pub struct Coalescer {
     flights: Vec<Flight>,
     parked: Vec<Pending>,
     /// Requests that could not be sent, for the root's timer to continue as store errors.
     failed: Vec<(Vec<Pending>, StoreError)>,
-    /// (Few at a time: a stream picks its entry up at its next callback. Vectors, not maps:
-    /// each map type costs the module kilobytes.)
-    continued: Vec<(u32, Continued)>,
-    /// Streams that ended (or were answered by Envoy) while their request was in a txn in
-    /// flight: nobody to answer.
-    gone: Vec<u32>,
 }
 
 /// Claim txns a worker has in flight at most: the others wait to go out together. (Two in
@@ -166,8 +156,9 @@ impl Coalescer {
     }
 
     /// The stream of a request waiting for its claim ended (`ended`), or Envoy answered it:
-    /// taken out if its claim is not sent yet; else marked, so that nobody answers it.
-    pub fn forget(&mut self, stream: u32, ended: bool) -> Forgotten {
+    /// taken out if its claim is not sent yet (returns `true`); its own claim txn, which
+    /// Envoy cancels with the stream, forgotten; else marked, so that nobody answers it.
+    pub fn forget(&mut self, calls: &mut CallTable, stream: u32, ended: bool) -> bool {
         let before = self.parked.len();
         self.parked.retain(|p| p.stream != stream);
         let unsent = self.parked.len() != before;
@@ -176,35 +167,27 @@ impl Coalescer {
             .iter()
             .find(|f| !f.of_root && f.requests.iter().any(|p| p.stream == stream));
         let cancelled = own.filter(|_| ended).map(|f| f.token);
-        let waiting = self
-            .flights
-            .iter()
-            .flat_map(|f| &f.requests)
-            .chain(self.failed.iter().flat_map(|(b, _)| b))
-            .any(|p| p.stream == stream);
-        if !unsent && cancelled.is_none() && waiting && !self.gone.contains(&stream) {
-            self.gone.push(stream);
+        if !unsent && cancelled.is_none() {
+            let waiting = self.flights.iter_mut().flat_map(|f| &mut f.requests);
+            let failed = self.failed.iter_mut().flat_map(|(b, _)| b);
+            for pending in waiting.chain(failed).filter(|p| p.stream == stream) {
+                pending.sender_left = true;
+            }
         }
-        Forgotten { unsent, cancelled }
+        if let Some(token) = cancelled {
+            calls.take(token);
+            self.landed(token);
+        }
+        unsent
     }
 
-    /// Whether the stream of a request being continued is gone (once).
-    pub fn take_gone(&mut self, stream: u32) -> bool {
-        let before = self.gone.len();
-        self.gone.retain(|s| *s != stream);
-        self.gone.len() != before
-    }
-
-    /// The parked request of `stream` was continued (by the root, or its own stream).
-    pub fn continued(&mut self, stream: u32, what: Continued) {
-        self.continued.retain(|(s, _)| *s != stream);
-        self.continued.push((stream, what));
-    }
-
-    /// What became of `stream`'s request, if it was continued (once).
-    pub fn adopt(&mut self, stream: u32) -> Option<Continued> {
-        let at = self.continued.iter().position(|(s, _)| *s == stream)?;
-        Some(self.continued.swap_remove(at).1)
+    /// Whether the request of `stream` still waits for its claim.
+    pub fn holds(&self, stream: u32) -> bool {
+        self.parked
+            .iter()
+            .chain(self.flights.iter().flat_map(|f| &f.requests))
+            .chain(self.failed.iter().flat_map(|(b, _)| b))
+            .any(|p| p.stream == stream)
     }
 
     /// Whether the root's timer must run soon: requests that could not be sent, or that wait
@@ -215,177 +198,132 @@ impl Coalescer {
     }
 }
 
-impl Pipeline {
-    /// The claim stage takes the request `pending` of stream `actor`: its claim goes out
-    /// now, alone, from the stream if it can, else it is parked.
-    pub(super) fn claim<H: Host>(
+/// What the claim stage made of requests: each to be continued with what etcd found, or
+/// with the store's failure ([`Pipeline::continue_claim`](super::Pipeline)).
+pub type Claimed = Vec<(Pending, Result<Found, StoreError>)>;
+
+impl Coalescer {
+    /// Takes the request `pending`: its claim goes out now, alone, as the stream's call if it
+    /// can (its answer continues it), else it is parked. A claim Envoy refuses to send is
+    /// returned, to go on as a store error.
+    pub fn claim<H: Host>(
         &mut self,
         host: &H,
-        actor: Actor,
+        calls: &mut CallTable,
+        leases: &Leases,
         mut pending: Pending,
-    ) -> Vec<Finished> {
-        let leases = &self.etcd.leases;
+    ) -> Claimed {
         let leased = pending.ask.lease_from(|until| leases.pick(until));
-        if !leased || self.claims.must_park() {
-            self.claims.parked.push(pending);
+        if !leased || self.must_park() {
+            self.parked.push(pending);
             return Vec::new();
         }
         let ask = &pending.ask;
         match host.dispatch(&ask.cluster, ask.headers(), &ask.body(), ask.timeout) {
             Ok(token) => {
                 let now = pending.job.started_ms;
-                self.claims.sent(token, false, vec![pending], now);
+                calls.insert(token, Continuation::Claim, None);
+                self.sent(token, false, vec![pending], now);
                 Vec::new()
             }
             Err(failure) => {
                 let error = StoreError::new(format!("refused at dispatch: {failure}"));
-                self.continue_claim(host, actor, pending, Err(error))
-                    .into_iter()
-                    .collect()
+                vec![(pending, Err(error))]
             }
         }
     }
 
-    /// Sends the requests parked (if no claim txn is in flight) as one txn of the root
-    /// context, from whichever context runs: its answer goes to the root, which continues
-    /// them ([`Pipeline::claim_answered`]).
-    pub(super) fn send_parked<H: Host>(&mut self, host: &H, actor: Actor) {
-        if self.claims.waits_for_a_lease() {
-            let leases = &self.etcd.leases;
-            for parked in self.claims.parked.iter_mut() {
+    /// Sends the requests parked (if no claim txn is in flight) as one txn of root context
+    /// `root`, from whichever context runs: its answer goes to the root. `false`: Envoy
+    /// refused it, and the root's timer must continue them soon as store errors.
+    pub fn send_parked<H: Host>(
+        &mut self,
+        host: &H,
+        calls: &mut CallTable,
+        leases: &Leases,
+        root: u32,
+    ) -> bool {
+        if self.waits_for_a_lease() {
+            for parked in self.parked.iter_mut() {
                 parked.ask.lease_from(|until| leases.pick(until));
             }
         }
-        let Some(batch) = self.claims.next_batch() else {
-            return;
+        let Some(batch) = self.next_batch() else {
+            return true;
         };
         let Some(first) = batch.first() else {
-            return;
+            return true;
         };
         let (cluster, timeout) = (first.ask.cluster.clone(), first.ask.timeout);
         let asks: Vec<&Ask> = batch.iter().map(|p| &p.ask).collect();
         let body = claim::batch_body(&asks);
         let headers = etcd::call_headers(&cluster, TXN_PATH);
-        let root = actor.root();
         match host.dispatch_for(root, &cluster, headers, &body, timeout) {
             Ok(token) => {
-                self.deliveries.owned_by_root(token, root);
-                self.claims.sent(token, true, batch, host.now_ms());
+                calls.insert(token, Continuation::Claim, Some(root));
+                self.sent(token, true, batch, host.now_ms());
+                true
             }
             Err(failure) => {
                 let error = StoreError::new(format!("refused at dispatch: {failure}"));
-                self.claims.failed.push((batch, error));
-                self.timers.hurry(host, root, remote::SETTLE_TICK);
+                self.failed.push((batch, error));
+                false
             }
         }
     }
 
-    /// The answer to call `token`, if it is a claim txn's: continues every request in it
-    /// (read before anything else is sent from this callback), and sends the claims parked
-    /// since. `None` if `token` is no claim txn.
-    pub(super) fn claim_answered<H: Host>(
+    /// The continuation of claim txn `token`: its answer read (before anything else is sent
+    /// from this callback), each of its requests with what etcd found for it.
+    pub fn answered<H: Host>(
         &mut self,
         host: &H,
-        actor: Actor,
         token: u32,
-        num_headers: usize,
-        body_size: usize,
-    ) -> Option<Vec<Finished>> {
-        let requests = self.claims.landed(token)?;
-        self.deliveries.root_call_ended(token);
+        (num_headers, body_size): (usize, usize),
+    ) -> Claimed {
+        let Some(requests) = self.landed(token) else {
+            return Vec::new();
+        };
         let reply = claim::etcd_reply(host, num_headers, body_size);
-        let results = claim::read_batch(&reply, requests.len());
-        self.send_parked(host, actor);
-        let mut finished = Vec::new();
-        match results {
-            Ok(found) => {
-                for (pending, found) in requests.into_iter().zip(found) {
-                    finished.extend(self.continue_claim(host, actor, pending, Ok(found)));
-                }
-            }
-            Err(error) => {
-                for pending in requests {
-                    finished.extend(self.continue_claim(host, actor, pending, Err(error.clone())));
-                }
-            }
+        match claim::read_batch(&reply, requests.len()) {
+            Ok(found) => requests
+                .into_iter()
+                .zip(found.into_iter().map(Ok))
+                .collect(),
+            Err(error) => requests
+                .into_iter()
+                .map(|pending| (pending, Err(error.clone())))
+                .collect(),
         }
-        Some(finished)
     }
 
     /// The root's timer: claim txns that could not be sent, whose answer is overdue, or
-    /// that waited for a lease as long as a claim may take go on as store errors; then the
-    /// claims parked since go out. (The clock is read only while a claim txn is in flight
-    /// or a request waits for a lease: every tick runs this, with the etcd store or not.)
-    pub(super) fn tick_claims<H: Host>(&mut self, host: &H, actor: Actor) -> Vec<Finished> {
-        let waits = self.claims.waits_for_a_lease();
-        let in_flight = !self.claims.flights.is_empty();
-        if in_flight || waits {
+    /// that waited for a lease as long as a claim may take, to go on as store errors. (The
+    /// clock is read only while a claim txn is in flight or a request waits for a lease:
+    /// every tick runs this, with the etcd store or not.)
+    pub fn tick<H: Host>(&mut self, host: &H, calls: &mut CallTable) -> Claimed {
+        let waits = self.waits_for_a_lease();
+        if !self.flights.is_empty() || waits {
             let now = host.now_ms();
             if waits {
-                let late = self.claims.unleased_past(now);
+                let late = self.unleased_past(now);
                 if !late.is_empty() {
                     let error = StoreError::new("no etcd lease granted within the store's timeout");
-                    self.claims.failed.push((late, error));
+                    self.failed.push((late, error));
                 }
             }
-            for token in self.claims.overdue(now) {
-                self.deliveries.root_call_ended(token);
-                if let Some(batch) = self.claims.landed(token) {
+            for token in self.overdue(now) {
+                calls.take(token);
+                if let Some(batch) = self.landed(token) {
                     let error =
                         StoreError::new("no answer to the claim txn, long past its timeout");
-                    self.claims.failed.push((batch, error));
+                    self.failed.push((batch, error));
                 }
             }
         }
-        let mut finished = Vec::new();
-        for (batch, error) in std::mem::take(&mut self.claims.failed) {
-            for pending in batch {
-                finished.extend(self.continue_claim(host, actor, pending, Err(error.clone())));
-            }
+        let mut claimed = Vec::new();
+        for (batch, error) in std::mem::take(&mut self.failed) {
+            claimed.extend(batch.into_iter().map(|p| (p, Err(error.clone()))));
         }
-        self.send_parked(host, actor);
-        finished
-    }
-
-    /// The one continuation of a claim: etcd found what it found (the job's fan-out marked,
-    /// its claims kept to settle) and the fan-out starts; or the store failed, and
-    /// `on_store_error` decides: everyone is called, unrecorded, or the 503. What the stream
-    /// must answer is returned (counted); what became of the request is kept for its stream.
-    pub(super) fn continue_claim<H: Host>(
-        &mut self,
-        host: &H,
-        actor: Actor,
-        pending: Pending,
-        result: Result<Found, StoreError>,
-    ) -> Option<Finished> {
-        let Pending {
-            stream,
-            ask,
-            mut job,
-        } = pending;
-        let counter = self.counter(&job.config);
-        match result {
-            Ok(found) => job.claims = claim::claimed(host, &counter, ask, &found, &mut job.fanout),
-            Err(error) => {
-                let now = job.started_ms;
-                let etcd = &mut self.etcd;
-                if error.lease_lost() {
-                    etcd.leases.forget();
-                }
-                let failed =
-                    claim::store_failed(host, &counter, &job.config, stream, &error, || {
-                        etcd.warn(now)
-                    });
-                if let Err(answer) = failed {
-                    if self.claims.take_gone(stream) {
-                        return None;
-                    }
-                    self.claims.continued(stream, Continued::Answered);
-                    return Some(super::answer_now(stream, answer));
-                }
-                job.unrecorded = true;
-            }
-        }
-        self.launch(host, actor.acting_root(), stream, job)
+        claimed
     }
 }

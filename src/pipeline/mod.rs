@@ -12,27 +12,32 @@
 //!    ([`Finished`]) to the context that runs, which sends it (no `RefCell` borrowed while
 //!    Envoy runs the local reply).
 //!
-//! Every entry point says which context runs ([`Actor`]): the calls made from a root
-//! context's callbacks are the root's, those from a stream's the stream's (Envoy cancels them
-//! when it ends).
+//! A stage that calls out enters the call's token in the worker's one [`CallTable`] with its
+//! continuation (a delivery attempt, a claim txn, a settle txn, a lease grant, an export);
+//! whichever context Envoy hands the answer to, [`Pipeline::on_response`] looks the token up
+//! once and runs that continuation. Every entry point says which context runs ([`Actor`]):
+//! the calls made from a root context's callbacks are the root's, those from a stream's the
+//! stream's (Envoy cancels them when it ends).
 
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
 use crate::answer::Answer;
+use crate::call_table::{CallTable, Continuation};
 use crate::config::Config;
-use crate::dedupe::claim::Claim;
+use crate::dedupe::claim::{self as dedupe_claim, Claim};
+use crate::dedupe::etcd::{Found, StoreError};
 use crate::dedupe::remote::{self, Remote};
-use crate::deliveries::{Deliveries, Finished, Job, JobSpans, Launched, Owed};
+use crate::dedupe::settle;
+use crate::deliveries::{Deliveries, Finished, Job, JobSpans, Outcome, Owed};
 use crate::headers::HeaderMap;
 use crate::host::Host;
 use crate::jitter::Jitter;
 use crate::recipients::Room;
 use crate::telemetry::{Counter, Telemetry};
 use crate::timer::Timers;
-pub use claims::Continued;
-use claims::{Coalescer, Pending};
+use claims::{Claimed, Coalescer, Pending};
 
 mod claims;
 mod settles;
@@ -62,17 +67,11 @@ impl Actor {
     }
 }
 
-/// What [`Pipeline::begin`] made of a request: the answers to send now (its own among
-/// them, if it is answered at once), and its sync fan-out under way, if that started.
-#[derive(Default)]
-pub struct Begun {
-    pub finished: Vec<Finished>,
-    pub delivering: Option<u64>,
-}
-
 /// Every request of one worker past its recipients: the claims, the deliveries, the
 /// settles, the answers held for them. Shared by the VM's root contexts and their streams.
 pub struct Pipeline {
+    /// The worker's calls in flight, each with what its answer continues.
+    calls: CallTable,
     deliveries: Deliveries,
     /// The claim stage: claim txns in flight, requests parked, what the root made of them.
     claims: Coalescer,
@@ -89,6 +88,7 @@ pub struct Pipeline {
 impl Pipeline {
     pub fn new(telemetry: Rc<RefCell<Telemetry>>) -> Self {
         Pipeline {
+            calls: CallTable::default(),
             deliveries: Deliveries::new(telemetry.clone()),
             claims: Coalescer::default(),
             etcd: Remote::default(),
@@ -98,9 +98,11 @@ impl Pipeline {
         }
     }
 
-    /// A (new) configuration of root context `root`: the etcd store's lease kinds, the call
-    /// caps, the retry jitter's seed.
+    /// A (new) configuration of root context `root`: `dedupe`'s store (the shard keys
+    /// created in Envoy's shared data, or the etcd store's lease kinds), the call caps, the
+    /// tracing, the retry jitter's seed.
     pub fn configure<H: Host>(&mut self, host: &H, config: &Config, root: u32) {
+        settle::prepare(host, config);
         remote::prepare(&mut self.etcd, config);
         self.deliveries.set_caps(&config.call_caps);
         let tracing = config.tracing.as_ref();
@@ -117,28 +119,40 @@ impl Pipeline {
     }
 
     /// The request of stream `actor`, its recipients chosen (`job`) and its claims made or to
-    /// ask (`claim`): straight to the deliveries, or into the claim stage. Claimed already,
-    /// the stream learns at once what became of it ([`Begun`]); waiting for its claim, from
-    /// the answers returned later and [`Pipeline::adopt`].
-    pub fn begin<H: Host>(&mut self, host: &H, actor: Actor, mut job: Job, claim: Claim) -> Begun {
+    /// ask (`claim`): straight to the deliveries, or into the claim stage. What it made of
+    /// the request ([`Outcome`]): a sync fan-out under way, the answers due now; waiting for its
+    /// claim, neither (the claim's answer continues it).
+    pub fn begin<H: Host>(
+        &mut self,
+        host: &H,
+        actor: Actor,
+        mut job: Job,
+        claim: Claim,
+    ) -> Outcome {
         let stream = job.log_id;
-        let (mut finished, delivering) = match claim {
+        let mut outcome = match claim {
             Claim::Done(claims) => {
                 job.claims = claims;
-                let (finished, delivering) = self.start(host, actor.acting_root(), stream, job);
-                (one(finished), delivering)
+                let root = actor.acting_root();
+                self.deliveries
+                    .launch(host, &mut self.calls, root, job, stream)
             }
-            Claim::Ask(ask) => (self.claim(host, actor, Pending { stream, ask, job }), None),
+            Claim::Ask(ask) => {
+                let (calls, leases) = (&mut self.calls, &self.etcd.leases);
+                let pending = Pending::new(stream, ask, job);
+                let claimed = self.claims.claim(host, calls, leases, pending);
+                Outcome {
+                    delivering: None,
+                    finished: self.continue_claims(host, actor, claimed),
+                }
+            }
         };
-        self.settle_ended(host, actor, &mut finished);
-        Begun {
-            finished,
-            delivering,
-        }
+        self.settle_ended(host, actor, &mut outcome.finished);
+        outcome
     }
 
-    /// The answer to call `token`, delivered to `actor`: a lease grant or settle txn of the
-    /// etcd store, a claim txn, or a delivery's call.
+    /// The answer to call `token`, delivered to `actor`: its continuation, looked up once in
+    /// the call table, runs (a call nobody waits for any more finds none).
     pub fn on_response<H: Host>(
         &mut self,
         host: &H,
@@ -147,28 +161,60 @@ impl Pipeline {
         num_headers: usize,
         body_size: usize,
     ) -> Vec<Finished> {
-        let mut finished = match self.store_answered(host, actor, token, num_headers, body_size) {
-            Some(finished) => finished,
-            None => match self.claim_answered(host, actor, token, num_headers, body_size) {
-                Some(finished) => finished,
-                None => one(self.deliveries.on_response(
-                    host,
-                    actor.acting_root(),
-                    token,
-                    num_headers,
-                    body_size,
-                )),
-            },
+        let Some(then) = self.calls.take(token) else {
+            return Vec::new();
+        };
+        let answer = (num_headers, body_size);
+        let mut finished = match then {
+            Continuation::Delivery(attempt) => {
+                let (calls, root) = (&mut self.calls, actor.acting_root());
+                let done = self
+                    .deliveries
+                    .answered(host, calls, root, (attempt, token), answer);
+                match done {
+                    Some(finished) => vec![finished],
+                    None => Vec::new(),
+                }
+            }
+            Continuation::Claim => {
+                let claimed = self.claims.answered(host, token, answer);
+                self.send_parked(host, actor);
+                self.continue_claims(host, actor, claimed)
+            }
+            Continuation::Settle => self.store_answered(host, actor, (token, false), answer),
+            Continuation::Grant => self.store_answered(host, actor, (token, true), answer),
+            Continuation::Export => {
+                self.deliveries.export_answered(host, token);
+                Vec::new()
+            }
         };
         self.settle_ended(host, actor, &mut finished);
         finished
     }
 
+    /// The settle stage for the fan-outs that ended holding claims since the last stage
+    /// ran; then the etcd settles queued go out (if none is in flight). Adds to `finished`
+    /// the answers that go out now: those whose claims are settled already (Envoy's store,
+    /// async, no etcd settle), and those whose etcd settle failed at once. (Into the caller's
+    /// list, and both checks in line: every call's answer passes here, and mostly nothing
+    /// ended and nothing is queued.)
+    #[inline]
+    fn settle_ended<H: Host>(&mut self, host: &H, actor: Actor, finished: &mut Vec<Finished>) {
+        if self.deliveries.has_ended() {
+            self.queue_ended(host, actor, finished);
+        }
+        if self.etcd.ready_to_send() {
+            self.flush_settles(host, actor, finished);
+        }
+    }
+
     /// Root context `root`'s timer: what is due in every fan-out, claim and settle.
     pub fn tick<H: Host>(&mut self, host: &H, root: u32) -> Vec<Finished> {
         let actor = Actor::Root(root);
-        let mut finished = self.deliveries.tick(host, root);
-        finished.extend(self.tick_claims(host, actor));
+        let mut finished = self.deliveries.tick(host, &mut self.calls, root);
+        let claimed = self.claims.tick(host, &mut self.calls);
+        finished.extend(self.continue_claims(host, actor, claimed));
+        self.send_parked(host, actor);
         self.queue_ended(host, actor, &mut finished);
         finished.extend(self.tick_settles(host, actor));
         finished
@@ -176,7 +222,7 @@ impl Pipeline {
 
     /// Root context `root`'s timer, every tick: the etcd store's leases due.
     pub fn tick_leases<H: Host>(&mut self, host: &H, now_ms: u64, config: Option<&Config>) {
-        remote::tick(host, now_ms, config, &mut self.etcd);
+        remote::tick(host, &mut self.calls, now_ms, config, &mut self.etcd);
     }
 
     /// The spans of a new request on `channel`, if it is traced (`tracing`).
@@ -192,13 +238,7 @@ impl Pipeline {
 
     /// Root context `root` goes away: the spans held leave now.
     pub fn flush_spans<H: Host>(&mut self, host: &H, root: u32) {
-        self.deliveries.export(host, root, true);
-    }
-
-    /// What the root made of `stream`'s request while the stream waited for its claim, if it
-    /// did (once).
-    pub fn adopt(&mut self, stream: u32) -> Option<Continued> {
-        self.claims.adopt(stream)
+        self.deliveries.export(host, &mut self.calls, root, true);
     }
 
     /// The stream of a request waiting for its claim ended (`ended`) or was answered by
@@ -207,20 +247,28 @@ impl Pipeline {
         let Actor::Stream { id, .. } = actor else {
             return false;
         };
-        let forgotten = self.claims.forget(id, ended);
-        if let Some(token) = forgotten.cancelled {
-            // Its own claim txn: Envoy cancels it with the stream; the claims parked
-            // meanwhile go out.
-            self.claims.landed(token);
-            self.send_parked(host, actor);
-        }
-        forgotten.unsent
+        let unsent = self.claims.forget(&mut self.calls, id, ended);
+        // Its own claim txn forgotten, the claims parked meanwhile go out.
+        self.send_parked(host, actor);
+        unsent
+    }
+
+    /// Where the request of `stream`, handed to the pipeline to wait for its claim, is now:
+    /// its sync fan-out under way (the job), or `None` (still claiming, or answered).
+    pub fn job_of(&self, stream: u32) -> Option<u64> {
+        self.deliveries.job_of(stream)
+    }
+
+    /// Whether the request of `stream` still waits for its claim (parked, in a claim txn,
+    /// or failing).
+    pub fn claiming(&self, stream: u32) -> bool {
+        self.claims.holds(stream)
     }
 
     /// The sender of sync fan-out `job` went away (its stream is `actor`): its calls are
     /// cancelled and its claims settled. Returns whether it still waited for its answer.
     pub fn abandon<H: Host>(&mut self, host: &H, actor: Actor, job: u64) -> Vec<Finished> {
-        self.deliveries.abandon(host, job);
+        self.deliveries.abandon(host, &mut self.calls, job);
         let mut finished = Vec::new();
         self.settle_ended(host, actor, &mut finished);
         finished
@@ -248,12 +296,12 @@ impl Pipeline {
 
     /// Everything this worker still owes.
     pub fn owed(&self) -> Owed {
-        self.deliveries.owed()
+        self.deliveries.owed(&self.calls)
     }
 
     /// Calls root context `root` made that are still in flight.
     pub fn open_calls_of(&self, root: u32) -> usize {
-        self.deliveries.open_calls_of(root)
+        self.calls.of_root(root)
     }
 
     /// Whether the root's timer has work soon: calls to send, retries, settles owed, claims
@@ -284,69 +332,94 @@ impl Pipeline {
     }
 
     /// The fan-out `job` of `stream`, continued after its claim (by the root, or by its own
-    /// stream): started, and what became of it kept for the stream. A stream gone meanwhile:
-    /// an async fan-out goes on; a sync one is dropped as when its client leaves.
+    /// stream): started. A stream gone meanwhile (`gone`): an async fan-out goes on; a sync
+    /// one is dropped as when its client leaves.
     fn launch<H: Host>(
         &mut self,
         host: &H,
         root: Option<u32>,
-        stream: u32,
+        (stream, gone): (u32, bool),
         job: Job,
-    ) -> Option<Finished> {
-        if self.claims.take_gone(stream) {
-            if let Launched::Delivering(id, _) = self.deliveries.launch(host, root, job, stream) {
-                self.deliveries.abandon(host, id);
-            }
-            return None;
+    ) -> Vec<Finished> {
+        let calls = &mut self.calls;
+        let outcome = self.deliveries.launch(host, calls, root, job, stream);
+        if !gone {
+            return outcome.finished;
         }
-        let (finished, delivering) = self.start(host, root, stream, job);
-        let what = delivering.map_or(Continued::Answered, Continued::Delivering);
-        self.claims.continued(stream, what);
+        if let Some(id) = outcome.delivering {
+            self.deliveries.abandon(host, calls, id);
+        }
+        Vec::new()
+    }
+
+    /// Sends the claims parked, if they can go (as one txn of `actor`'s root); one Envoy
+    /// refused quickens the root's timer, which continues them as store errors.
+    fn send_parked<H: Host>(&mut self, host: &H, actor: Actor) {
+        let (calls, leases) = (&mut self.calls, &self.etcd.leases);
+        if !self.claims.send_parked(host, calls, leases, actor.root()) {
+            self.timers.hurry(host, actor.root(), remote::SETTLE_TICK);
+        }
+    }
+
+    /// Continues each request the claim stage returned ([`Pipeline::continue_claim`]).
+    fn continue_claims<H: Host>(
+        &mut self,
+        host: &H,
+        actor: Actor,
+        claimed: Claimed,
+    ) -> Vec<Finished> {
+        let mut finished = Vec::new();
+        for (pending, result) in claimed {
+            finished.extend(self.continue_claim(host, actor, pending, result));
+        }
         finished
     }
 
-    /// Hands the fan-out `job` of `stream` to the deliveries: its answer now (logged if it is
-    /// a refusal), or a sync fan-out under way (its job), with its answer if it already
-    /// ended.
-    fn start<H: Host>(
+    /// The one continuation of a claim: etcd found what it found (the job's fan-out marked,
+    /// its claims kept to settle) and the fan-out starts; or the store failed, and
+    /// `on_store_error` decides: everyone is called, unrecorded, or the 503. What the stream
+    /// must answer is returned (counted where it is sent).
+    fn continue_claim<H: Host>(
         &mut self,
         host: &H,
-        root: Option<u32>,
-        stream: u32,
-        job: Job,
-    ) -> (Option<Finished>, Option<u64>) {
-        match self.deliveries.launch(host, root, job, stream) {
-            Launched::Answer(answer) => (Some(answer_now(stream, answer)), None),
-            Launched::Delivering(id, finished) => (finished, Some(id)),
+        actor: Actor,
+        pending: Pending,
+        result: Result<Found, StoreError>,
+    ) -> Vec<Finished> {
+        let Pending {
+            stream,
+            ask,
+            mut job,
+            sender_left,
+        } = pending;
+        let counter = self.counter(&job.config);
+        match result {
+            Ok(found) => {
+                job.claims = dedupe_claim::claimed(host, &counter, ask, &found, &mut job.fanout)
+            }
+            Err(error) => {
+                let now = job.started_ms;
+                let etcd = &mut self.etcd;
+                if error.lease_lost() {
+                    etcd.leases.forget();
+                }
+                let failed =
+                    dedupe_claim::store_failed(host, &counter, &job.config, stream, &error, || {
+                        etcd.warn(now)
+                    });
+                if let Err(answer) = failed {
+                    if sender_left {
+                        return Vec::new();
+                    }
+                    return vec![Finished::now(stream, answer)];
+                }
+                job.unrecorded = true;
+            }
         }
+        self.launch(host, actor.acting_root(), (stream, sender_left), job)
     }
 
     fn counter(&self, config: &Config) -> Counter {
         Counter::new(config.metrics.then(|| self.telemetry.clone()))
-    }
-}
-
-/// `stream` is answered at once (logged if it is a refusal; counted where it is sent).
-fn answer_now(stream: u32, answer: Answer) -> Finished {
-    if answer.status >= 400 {
-        log::info!(
-            "[#{stream}] answered {}: {}",
-            answer.status,
-            String::from_utf8_lossy(&answer.body)
-        );
-    }
-    Finished {
-        answer_to: Some(stream),
-        answer,
-    }
-}
-
-/// The answer list of an entry point that has at most one answer of its own (no allocation
-/// when it has none, as for most calls' answers).
-#[inline]
-fn one(finished: Option<Finished>) -> Vec<Finished> {
-    match finished {
-        Some(finished) => vec![finished],
-        None => Vec::new(),
     }
 }

@@ -17,34 +17,13 @@
 
 use super::{Actor, Pipeline};
 use crate::dedupe::claim::etcd_reply;
-use crate::dedupe::remote::{self, Sent, StoreAnswer};
+use crate::dedupe::remote::{self, Sent};
 use crate::dedupe::settle::{self, NOT_RECORDED_HEADER};
 use crate::deliveries::Finished;
 use crate::host::Host;
 use crate::telemetry::{count_into, Counter};
 
 impl Pipeline {
-    /// The settle stage for the fan-outs that ended holding claims since the last stage
-    /// ran; then the etcd settles queued go out (if none is in flight). Adds to `finished`
-    /// the answers that go out now: those whose claims are settled already (Envoy's store,
-    /// async, no etcd settle), and those whose etcd settle failed at once. (Into the caller's
-    /// list, and both checks in line: every call's answer passes here, and mostly nothing
-    /// ended and nothing is queued.)
-    #[inline]
-    pub(super) fn settle_ended<H: Host>(
-        &mut self,
-        host: &H,
-        actor: Actor,
-        finished: &mut Vec<Finished>,
-    ) {
-        if self.deliveries.has_ended() {
-            self.queue_ended(host, actor, finished);
-        }
-        if self.etcd.ready_to_send() {
-            self.flush_settles(host, actor, finished);
-        }
-    }
-
     /// Settles the claims of the fan-outs that ended (an etcd settle is queued, holding back
     /// a sync sender's answer); adds the answers not held to `finished`.
     pub(super) fn queue_ended<H: Host>(
@@ -104,7 +83,12 @@ impl Pipeline {
     /// Sends the settles queued if no settle txn is in flight (from any context, as calls of
     /// the acting root); those queued while one is in flight go out when it is answered.
     /// Adds the answers of fan-outs whose settle failed at once to `finished`.
-    fn flush_settles<H: Host>(&mut self, host: &H, actor: Actor, finished: &mut Vec<Finished>) {
+    pub(super) fn flush_settles<H: Host>(
+        &mut self,
+        host: &H,
+        actor: Actor,
+        finished: &mut Vec<Finished>,
+    ) {
         if self.etcd.ready_to_send() {
             finished.extend(self.send_settles(host, actor));
         }
@@ -118,7 +102,7 @@ impl Pipeline {
         }
         let mut finished = Vec::new();
         for (token, settles) in self.etcd.overdue(host.now_ms()) {
-            self.deliveries.root_call_ended(token);
+            self.calls.take(token);
             finished.extend(self.settles_ended(host, &settles, true));
         }
         finished.extend(self.send_settles(host, actor));
@@ -127,37 +111,34 @@ impl Pipeline {
 
     fn send_settles<H: Host>(&mut self, host: &H, actor: Actor) -> Vec<Finished> {
         let root = actor.root();
-        let outcome = self.etcd.send_settles(host, host.now_ms(), root);
-        for token in outcome.sent {
-            self.deliveries.owned_by_root(token, root);
-        }
-        self.settles_ended(host, &outcome.failed, true)
+        let failed = self
+            .etcd
+            .send_settles(host, &mut self.calls, host.now_ms(), root);
+        self.settles_ended(host, &failed, true)
     }
 
-    /// The answer to call `token`, if it is one of the etcd store's root calls: a lease
-    /// grant (the claims waiting for one go out), or a settle txn (the answers it held go
-    /// out, and the settles queued since). `None` if it is not.
+    /// The continuation of the etcd store's calls of a root: lease grant `token` (`grant`;
+    /// the lease is held, or asked again later) or settle txn `token` (the answers it held
+    /// go out); then the settles queued since and the claims waiting go out.
     pub(super) fn store_answered<H: Host>(
         &mut self,
         host: &H,
         actor: Actor,
-        token: u32,
-        num_headers: usize,
-        body_size: usize,
-    ) -> Option<Vec<Finished>> {
-        let answered = self.etcd.answered(
-            token,
-            || etcd_reply(host, num_headers, body_size),
-            || host.now_ms(),
-        )?;
-        self.deliveries.root_call_ended(token);
-        let mut finished = match answered {
-            StoreAnswer::Grant => Vec::new(),
-            StoreAnswer::Settles { settles, failed } => self.settles_ended(host, &settles, failed),
-        };
+        (token, grant): (u32, bool),
+        (num_headers, body_size): (usize, usize),
+    ) -> Vec<Finished> {
+        let reply = || etcd_reply(host, num_headers, body_size);
+        let mut finished = Vec::new();
+        if grant {
+            self.etcd.grant_answered(token, reply, || host.now_ms());
+        } else if let Some((settles, failed)) =
+            self.etcd.settle_answered(token, reply, || host.now_ms())
+        {
+            finished = self.settles_ended(host, &settles, failed);
+        }
         self.flush_settles(host, actor, &mut finished);
         self.send_parked(host, actor);
-        Some(finished)
+        finished
     }
 
     /// `settles` ended, applied or (`failed`) not: counted, and the answers they held let go.

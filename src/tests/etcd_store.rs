@@ -927,3 +927,29 @@ fn two_copies_of_one_event_never_share_a_txn() {
     assert_eq!(next[2].context, ROOT);
     assert_eq!(claimed_keys(&next[2].body), claimed_keys(&batch.body));
 }
+
+#[test]
+fn a_request_whose_client_leaves_while_its_claim_is_in_the_roots_txn_is_not_answered() {
+    let mut plugin = FakeEnvoy::with_etcd(ETCD);
+    plugin.tick_at(1_100_005);
+    plugin.grant_leases();
+    let mut first = open(&plugin, 10, "e1");
+    let _second = open(&plugin, 11, "e2");
+    let mut third = open(&plugin, 12, "e3");
+    let claim = plugin.etcd_calls()[0].clone();
+    plugin.answer_etcd_on(&mut first, 10, claim.token, &fixture("claim_fresh"));
+    let batch = plugin.etcd_calls()[1].clone();
+    assert_eq!(batch.context, ROOT);
+    // e3's client leaves while its claim is in the root's txn: its answer finds nobody.
+    assert!(third.on_done());
+    let settles_before = plugin.etcd_calls().len();
+    // The batch's answer: e2 in progress elsewhere (409), e3 claimed, and released at once.
+    plugin.answer_etcd_root(batch.token, &fixture("claim_batch"));
+    assert_eq!(plugin.state().answered_streams, [11]);
+    assert_eq!(plugin.last_answer().status, 409);
+    let settle = plugin.etcd_calls().last().cloned().unwrap();
+    assert_eq!(plugin.etcd_calls().len(), settles_before + 1, "e3's settle");
+    assert_eq!(settle.context, ROOT);
+    plugin.answer_etcd_root(settle.token, &fixture("settle"));
+    assert_eq!(plugin.state().answered_streams, [11], "nobody answers e3");
+}

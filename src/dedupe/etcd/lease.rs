@@ -109,11 +109,6 @@ impl Leases {
         });
     }
 
-    /// Whether `token` is a grant's.
-    pub fn is_grant(&self, token: u32) -> bool {
-        self.leases.iter().any(|l| l.token == Some(token))
-    }
-
     /// The answer to grant `token`.
     pub fn granted(&mut self, token: u32, result: Result<i64, StoreError>, now_ms: u64) {
         match result {
