@@ -142,14 +142,14 @@ pub fn read_headers_for(
         }
         if media_type.starts_with(BATCH_PREFIX) {
             return Err(EventError::Unsupported(format!(
-                "a batch of CloudEvents ({media_type}) cannot be filtered per subscriber: send \
-                 each event on its own, in binary mode or as {STRUCTURED_JSON}"
+                "a batch of CloudEvents ({media_type}) cannot be filtered or converted per \
+                 subscriber: send each event on its own, in binary mode or as {STRUCTURED_JSON}"
             )));
         }
         if media_type.starts_with(EVENT_FORMAT_PREFIX) {
             return Err(EventError::Unsupported(format!(
-                "the structured event format {media_type} is not supported: send \
-                 {STRUCTURED_JSON} or binary mode (ce-* headers)"
+                "the structured event format {media_type} is not supported: its events cannot \
+                 be converted or filtered; send {STRUCTURED_JSON} or binary mode (ce-* headers)"
             )));
         }
     }
@@ -210,6 +210,18 @@ fn not_utf8(name: &[u8]) -> String {
 }
 
 impl ContentMode {
+    /// A binary event's attributes when they state its `specversion`: binary mode as
+    /// `delivery.format` and the spans take it (a `ce-type` alone makes a request binary for
+    /// filters, which read any attribute it has).
+    pub fn binary_event(&self) -> Option<&Attributes> {
+        match self {
+            ContentMode::Binary(attributes) if attributes.get("specversion").is_some() => {
+                Some(attributes)
+            }
+            _ => None,
+        }
+    }
+
     /// The event's attributes once the body is complete: `None` for a request that is not a
     /// CloudEvent. Parses the body in structured mode only.
     pub fn attributes(self, body: &[u8]) -> Result<Option<Attributes>, EventError> {

@@ -44,8 +44,10 @@ use serde::de::IgnoredAny;
 
 use crate::cloudevents::{
     check_binary_required, check_required, decode_attribute, encode_attribute, media_type,
-    text_value, Member, BATCH_PREFIX, EVENT_FORMAT_PREFIX, STRUCTURED_JSON,
+    text_value, Attributes, EventError, Member, EVENT_FORMAT_PREFIX, STRUCTURED_JSON,
 };
+#[cfg(any(test, feature = "testing"))]
+use crate::cloudevents::{read_headers_for, ContentMode};
 use crate::json::{members, string as json_string};
 
 /// A subscriber's content mode (`delivery.format`).
@@ -98,35 +100,42 @@ const BASE64: GeneralPurpose = GeneralPurpose::new(
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
-/// The content mode of a message, from its headers (lower-case names): structured when its
-/// `content-type` is `application/cloudevents+json`, binary when it has `ce-specversion`.
-/// `Err`: it is neither, and cannot be converted.
+/// The content mode an event came in, as the request's one event view tells it
+/// ([`cloudevents::read_headers_for`](crate::cloudevents::read_headers_for) at admission):
+/// `structured` (`application/cloudevents+json`), or binary when its header attributes
+/// (`binary`) state a `specversion`. `Err`: it is neither (`unreadable`: why its headers tell
+/// no mode), and cannot be converted.
+pub fn incoming(
+    structured: bool,
+    binary: Option<&Attributes>,
+    unreadable: Option<&EventError>,
+) -> Result<Format, String> {
+    if let Some(error) = unreadable {
+        return Err(error.to_string());
+    }
+    if structured {
+        return Ok(Format::Structured);
+    }
+    match binary {
+        Some(attributes) if attributes.get("specversion").is_some() => Ok(Format::Binary),
+        _ => Err(format!(
+            "not a CloudEvent: neither ce-type and ce-specversion (binary mode) nor \
+             content-type {STRUCTURED_JSON} (structured mode)"
+        )),
+    }
+}
+
+/// The content mode of a message, from its header pairs (lower-case names), read as a
+/// request's are: [`incoming`] of the view of its headers.
+#[cfg(any(test, feature = "testing"))]
 pub fn mode(headers: &[(&[u8], &[u8])]) -> Result<Format, String> {
-    if let Some((_, value)) = headers.iter().find(|(name, _)| *name == b"content-type") {
-        let media = media_type(value);
-        if media == STRUCTURED_JSON {
-            return Ok(Format::Structured);
-        }
-        if media.starts_with(BATCH_PREFIX) {
-            return Err(format!(
-                "a batch of CloudEvents ({media}) cannot be converted: send each event on its \
-                 own"
-            ));
-        }
-        if media.starts_with(EVENT_FORMAT_PREFIX) {
-            return Err(format!(
-                "the structured event format {media} cannot be converted: only \
-                 {STRUCTURED_JSON} and binary mode can"
-            ));
-        }
+    let map = crate::headers::HeaderMap::from_pairs(headers);
+    match read_headers_for(&map, |_| false) {
+        Ok(ContentMode::Structured) => incoming(true, None, None),
+        Ok(ContentMode::Binary(attributes)) => incoming(false, Some(&attributes), None),
+        Ok(ContentMode::NotCloudEvent) => incoming(false, None, None),
+        Err(error) => incoming(false, None, Some(&error)),
     }
-    if headers.iter().any(|(name, _)| *name == b"ce-specversion") {
-        return Ok(Format::Binary);
-    }
-    Err(format!(
-        "not a CloudEvent: neither ce-specversion (binary mode) nor content-type \
-         {STRUCTURED_JSON} (structured mode)"
-    ))
 }
 
 /// The message of `headers` and `body`, which is in the other mode, converted into `to`.

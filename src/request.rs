@@ -17,6 +17,7 @@ use crate::cloudevents::{self, Attributes, ContentMode, EventError};
 use crate::config::Identity;
 use crate::config::{Config, OPTIONS};
 use crate::dedupe::{self};
+use crate::format::Format;
 use crate::headers::{self, Forwarded, HeaderMap};
 
 /// A request that passed admission: the body still decides (it may turn out too large).
@@ -29,14 +30,23 @@ pub struct Admitted {
     pub event: PendingEvent,
 }
 
-/// What is known of the event from the headers, and what its body must still tell. Only what
-/// something needs is read: the attributes for a channel with filters, a structured body for
-/// `require_cloudevents` or for dedupe's CloudEvents identity.
+/// The request's event as every reader sees it (the one view: filters, `require_cloudevents`,
+/// dedupe's identity, `delivery.format`, spans), from the headers, and what its body must still
+/// tell. Only what something needs is read: the attributes for a channel with filters, for
+/// `delivery.format` or for `tracing`; a structured body for a filter, `require_cloudevents`,
+/// dedupe's CloudEvents identity or a traced request's spans.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct PendingEvent {
     /// How the request carries its CloudEvent (binary attributes already decoded); `None`:
-    /// nobody looks at it.
+    /// nobody looks at it, or the headers tell no mode (`unreadable`).
     pub mode: Option<ContentMode>,
+    /// Why the headers tell no mode (a batch, another event format, a `content-type` that is
+    /// not text), when only readers that do not refuse the request for it looked:
+    /// `delivery.format` refuses it per subscriber, spans go without attributes.
+    pub unreadable: Option<EventError>,
+    /// The request is traced: its spans read a structured body's attributes too (set once
+    /// the spans are made).
+    pub traced: bool,
     /// A structured body that does not parse is rejected (400): a filter or
     /// `require_cloudevents` needs it. When only dedupe reads it, such a request has no
     /// identity and is fanned out to everyone.
@@ -59,14 +69,18 @@ pub enum EventKey {
     InBody,
 }
 
-/// The event, once the body is complete.
+/// The event, once the body is complete: the view every reader takes it from.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Event {
-    /// The attributes the channel's filters are matched against: `None` when the request is
-    /// not a CloudEvent or nobody read them.
+    /// Its attributes, which the channel's filters are matched against and the spans carry:
+    /// `None` when the request is not a CloudEvent or nobody read them.
     pub attributes: Option<Attributes>,
     /// Its identity for `dedupe`: `None` when dedupe is off or the request has none.
     pub key: Option<Vec<u8>>,
+    /// It is a structured event (`application/cloudevents+json`), as far as anyone read.
+    pub structured: bool,
+    /// Why the headers told no mode (see [`PendingEvent::unreadable`]).
+    pub unreadable: Option<EventError>,
 }
 
 /// Decides on a request from its headers, as Envoy hands them over (lower-case names,
@@ -152,6 +166,8 @@ fn pending_event(
         None => EventKey::None,
         Some(dedupe) => event_key(&dedupe.key, headers, structured)?,
     };
+    let converts = config.channel(channel).is_some_and(|c| c.converts);
+    let mut unreadable = None;
     let mode = if let Some(filtered) = filtered {
         // Only the attributes some filter names must be readable.
         let reads = |attribute: &str| {
@@ -161,6 +177,15 @@ fn pending_event(
                 .any(|s| s.filter.as_ref().is_some_and(|f| f.names(attribute)))
         };
         Some(cloudevents::read_headers_for(headers, reads).map_err(|e| event_rejection(&e))?)
+    } else if converts || config.tracing.is_some() {
+        // Readers that refuse nothing here: an attribute that is not UTF-8 is left out.
+        match cloudevents::read_headers_for(headers, |_| false) {
+            Ok(mode) => Some(mode),
+            Err(error) => {
+                unreadable = Some(error);
+                None
+            }
+        }
     } else if structured && (config.require_cloudevents || key == EventKey::InBody) {
         Some(ContentMode::Structured)
     } else {
@@ -168,6 +193,8 @@ fn pending_event(
     };
     Ok(PendingEvent {
         mode,
+        unreadable,
+        traced: false,
         strict: filtered.is_some() || config.require_cloudevents,
         validate: config.require_cloudevents,
         key,
@@ -280,9 +307,13 @@ impl PendingEvent {
             EventKey::Known(key) => Some(key),
             EventKey::None | EventKey::InBody => None,
         };
+        let structured = self.mode == Some(ContentMode::Structured);
+        // `delivery.format` alone converts the body as it is: it is not parsed for it.
+        let body_read = self.strict || key_in_body || self.traced;
         let attributes = match self.mode {
             None | Some(ContentMode::NotCloudEvent) => None,
             Some(ContentMode::Binary(attributes)) => Some(attributes),
+            Some(ContentMode::Structured) if !body_read => None,
             Some(ContentMode::Structured) => match cloudevents::parse_structured_event(body) {
                 Ok(event) => {
                     if self.validate {
@@ -299,7 +330,24 @@ impl PendingEvent {
                 Err(_) => None,
             },
         };
-        Ok(Event { attributes, key })
+        Ok(Event {
+            attributes,
+            key,
+            structured,
+            unreadable: self.unreadable,
+        })
+    }
+}
+
+impl Event {
+    /// The content mode it came in, as `delivery.format` converts from it
+    /// ([`format::incoming`](crate::format::incoming)). `Err`: why it cannot be converted.
+    pub fn format(&self) -> Result<Format, String> {
+        crate::format::incoming(
+            self.structured,
+            self.attributes.as_ref(),
+            self.unreadable.as_ref(),
+        )
     }
 }
 

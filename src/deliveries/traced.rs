@@ -10,6 +10,7 @@ use super::spans::{CallContext, JobSpans, Tracing};
 use super::{Clock, Deliveries, Job};
 use crate::answer::Answer;
 use crate::call::{Failure, Leg};
+use crate::cloudevents::ContentMode;
 use crate::config::TracingConfig;
 use crate::headers::HeaderMap;
 use crate::host::Host;
@@ -69,17 +70,18 @@ impl Deliveries {
         self.count_span_drops = metrics;
     }
 
-    /// The spans of a new request on `channel` (`headers` its headers), if tracing is on and
-    /// the request is traced.
+    /// The spans of a new request on `channel` (`headers` its headers, `event` what admission
+    /// read of its event), if tracing is on and the request is traced.
     pub fn traced<H: Host>(
         &mut self,
         host: &H,
         headers: &HeaderMap,
+        event: Option<&ContentMode>,
         channel: &str,
         subscribers: usize,
     ) -> Option<Box<JobSpans>> {
         let tracing = self.tracing.as_mut()?;
-        tracing.request(headers, channel, subscribers, || host.now_nanos())
+        tracing.request(headers, event, channel, subscribers, || host.now_nanos())
     }
 
     /// Job `id`'s call to subscriber `index` (`leg`) goes out: its attempt's span, and the

@@ -21,6 +21,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crate::answer::Answer;
+use crate::cloudevents::ContentMode;
 use crate::config::Config;
 use crate::dedupe::claim::Claim;
 use crate::dedupe::remote::{self, Remote};
@@ -184,10 +185,12 @@ impl Pipeline {
         &mut self,
         host: &H,
         headers: &HeaderMap,
+        event: Option<&ContentMode>,
         channel: &str,
         subscribers: usize,
     ) -> Option<Box<JobSpans>> {
-        self.deliveries.traced(host, headers, channel, subscribers)
+        self.deliveries
+            .traced(host, headers, event, channel, subscribers)
     }
 
     /// Root context `root` goes away: the spans held leave now.
