@@ -13,7 +13,7 @@
 //! 400 naming the header. Every other value is carried as it came.
 
 use crate::answer::Answer;
-use crate::cloudevents::{self, Attributes, ContentMode, EventError};
+use crate::cloudevents::{self, Attributes, ContentMode, EventError, HeaderView};
 use crate::config::Identity;
 use crate::config::{Config, OPTIONS};
 use crate::dedupe::{self};
@@ -150,46 +150,58 @@ fn route(config: &Config, headers: &HeaderMap) -> Result<usize, Answer> {
 }
 
 /// What the headers tell of the event, as far as something reads it: `require_cloudevents`'s
-/// check, dedupe's identity, the mode and attributes for a channel's filters.
+/// check, dedupe's identity, the mode and attributes for a channel's filters, its
+/// `delivery.format` and its spans. The headers are read once, into their [`HeaderView`],
+/// for all of them.
 fn pending_event(
     config: &Config,
     channel: usize,
     headers: &HeaderMap,
 ) -> Result<PendingEvent, Answer> {
-    // Read from the headers Envoy already gave us: no host call.
-    if config.require_cloudevents {
-        cloudevents::validate_headers(headers).map_err(|e| Answer::rejected(400, &e))?;
-    }
     let filtered = config.channel(channel).filter(|c| c.filtered);
-    let structured = cloudevents::is_structured_json(headers);
-    let key = match &config.dedupe {
-        None => EventKey::None,
-        Some(dedupe) => event_key(&dedupe.key, headers, structured)?,
-    };
     let converts = config.channel(channel).is_some_and(|c| c.converts);
+    let identity = config.dedupe.as_ref().map(|dedupe| &dedupe.key);
+    let reads = config.require_cloudevents
+        || filtered.is_some()
+        || converts
+        || config.tracing.is_some()
+        || identity == Some(&Identity::CloudEvent);
+    // Read from the headers Envoy already gave us: no host call.
+    let view = reads.then(|| HeaderView::read(headers));
+    if let (true, Some(view)) = (config.require_cloudevents, &view) {
+        view.validate().map_err(|e| Answer::rejected(400, &e))?;
+    }
+    let key = match identity {
+        None => EventKey::None,
+        Some(identity) => event_key(identity, headers, view.as_ref())?,
+    };
+    let structured = view.as_ref().is_some_and(HeaderView::is_structured);
+    let body_wanted = structured && (config.require_cloudevents || key == EventKey::InBody);
     let mut unreadable = None;
-    let mode = if let Some(filtered) = filtered {
-        // Only the attributes some filter names must be readable.
-        let reads = |attribute: &str| {
-            filtered
-                .subscribers
-                .iter()
-                .any(|s| s.filter.as_ref().is_some_and(|f| f.names(attribute)))
-        };
-        Some(cloudevents::read_headers_for(headers, reads).map_err(|e| event_rejection(&e))?)
-    } else if converts || config.tracing.is_some() {
+    let mode = match (view, filtered) {
+        (None, _) => None,
+        (Some(view), Some(filtered)) => {
+            // Only the attributes some filter names must be readable.
+            let reads = |attribute: &str| {
+                filtered
+                    .subscribers
+                    .iter()
+                    .any(|s| s.filter.as_ref().is_some_and(|f| f.names(attribute)))
+            };
+            Some(view.content_mode(reads).map_err(|e| event_rejection(&e))?)
+        }
         // Readers that refuse nothing here: an attribute that is not UTF-8 is left out.
-        match cloudevents::read_headers_for(headers, |_| false) {
-            Ok(mode) => Some(mode),
-            Err(error) => {
-                unreadable = Some(error);
-                None
+        (Some(view), None) if converts || config.tracing.is_some() => {
+            match view.content_mode(|_| false) {
+                Ok(mode) => Some(mode),
+                Err(error) => {
+                    unreadable = Some(error);
+                    None
+                }
             }
         }
-    } else if structured && (config.require_cloudevents || key == EventKey::InBody) {
-        Some(ContentMode::Structured)
-    } else {
-        None
+        (Some(_), None) if body_wanted => Some(ContentMode::Structured),
+        (Some(_), None) => None,
     };
     Ok(PendingEvent {
         mode,
@@ -257,41 +269,33 @@ fn options(config: &Config, headers: &HeaderMap) -> Answer {
 }
 
 /// The event's identity for `dedupe`, from the headers: the key header's value, or a binary
-/// event's `ce-source` and `ce-id` (percent-decoded, as the binding encodes them, so that a
-/// binary event and its structured copy are one event); a structured event's is in its body.
-/// Each is read by the binding's rule ([`cloudevents::text_value`]): `Err` is the 400 naming
-/// a header that cannot be read. The key header's value is the identity as it came.
+/// event's `ce-source` and `ce-id` as their `view` read them (percent-decoded, as the binding
+/// encodes them, so that a binary event and its structured copy are one event); a structured
+/// event's is in its body. `Err` is the 400 naming a header that cannot be read. The key
+/// header's value (read by the binding's rule, [`cloudevents::text_value`]) is the identity
+/// as it came.
 fn event_key(
     identity: &Identity,
     headers: &HeaderMap,
-    structured: bool,
+    view: Option<&HeaderView>,
 ) -> Result<EventKey, Answer> {
     let unreadable = |e: String| Answer::rejected(400, &e);
-    let known = match identity {
-        Identity::Header(name) => match headers.get(name) {
+    let known = match (identity, view) {
+        (Identity::Header(name), _) => match headers.get(name) {
             Some(value) => {
                 cloudevents::text_value(name, value).map_err(unreadable)?;
                 dedupe::header_key(value)
             }
             None => None,
         },
-        Identity::CloudEvent => {
+        (Identity::CloudEvent, None) => None,
+        (Identity::CloudEvent, Some(view)) => {
             // The content type decides where the identity is: it must be text.
-            if let Some(value) = headers.get("content-type") {
-                cloudevents::text_value("content-type", value).map_err(unreadable)?;
-            }
-            if structured {
+            let binary = view.identity().map_err(unreadable)?;
+            if view.is_structured() {
                 return Ok(EventKey::InBody);
             }
-            match (headers.get("ce-source"), headers.get("ce-id")) {
-                (Some(source), Some(id)) => {
-                    let source =
-                        cloudevents::text_value("ce-source", source).map_err(unreadable)?;
-                    let id = cloudevents::text_value("ce-id", id).map_err(unreadable)?;
-                    dedupe::cloudevent_key(source.as_bytes(), id.as_bytes())
-                }
-                _ => None,
-            }
+            binary.and_then(|(source, id)| dedupe::cloudevent_key(source.as_bytes(), id.as_bytes()))
         }
     };
     Ok(known.map_or(EventKey::None, EventKey::Known))
