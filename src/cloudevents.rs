@@ -1,5 +1,6 @@
 //! The CloudEvents attributes of a request, as far as subscription filters, dedupe's event
-//! identity and `require_cloudevents` need them.
+//! identity, `require_cloudevents`, `delivery.format` and the spans need them: read once, at
+//! admission, for all of them.
 //!
 //! Where they come from, after the CloudEvents HTTP protocol binding (v1.0.2):
 //! - **binary mode**: every `ce-<name>` header is the attribute `<name>`, its value decoded
@@ -14,13 +15,17 @@
 //! - **batched mode** (`application/cloudevents-batch+json`) and other structured formats
 //!   cannot be filtered: [`EventError::Unsupported`].
 //!
-//! The headers decide the mode ([`read_headers`]); the body is parsed only for structured mode
-//! and only when asked ([`ContentMode::attributes`]), once the body is complete.
+//! The headers decide the mode. They are read once, into a [`HeaderView`] (the mode, every
+//! `ce-*` header decoded, which ones cannot be), from which each reader takes its part:
+//! [`HeaderView::content_mode`], [`HeaderView::identity`], [`HeaderView::validate`]. The body
+//! is parsed only for structured mode and only when asked ([`parse_structured_event`]), once
+//! the body is complete.
 //!
 //! Reading does not validate: a missing attribute simply matches no filter that names it.
 //! Validation (the required attributes, `specversion`) is asked for separately, for
-//! `require_cloudevents`: [`validate_headers`] from the headers, [`StructuredEvent::validate`]
-//! once a structured body is parsed. This module knows nothing of proxy-wasm.
+//! `require_cloudevents`: [`HeaderView::validate`] from the headers,
+//! [`StructuredEvent::validate`] once a structured body is parsed. This module knows nothing
+//! of proxy-wasm.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -711,6 +716,56 @@ mod tests {
         let ct = map(&[("content-type", b"text/plain; name=K\xf6ln")]);
         let error = read_headers_for(&ct, reads_type).unwrap_err();
         assert!(matches!(&error, EventError::Malformed(m) if m.contains("content-type")));
+    }
+
+    /// One read of the headers answers every reader, each by its own rule: filters see a
+    /// binary event only with `ce-type`, dedupe's identity needs `ce-source` and `ce-id`
+    /// alone, `require_cloudevents` every required header, and an unreadable value is refused
+    /// only by a reader that reads it.
+    #[test]
+    fn one_view_of_the_headers_serves_every_reader() {
+        let view = |pairs: &[(&str, &[u8])]| HeaderView::read(&HeaderMap::from_pairs(pairs));
+        let identity_only = view(&[("ce-source", b"%2Fs"), ("ce-id", b"\"1\"")]);
+        assert_eq!(identity_only.identity(), Ok(Some(("/s", "1"))));
+        assert_eq!(
+            identity_only.clone().content_mode(|_| true),
+            Ok(ContentMode::NotCloudEvent)
+        );
+        let error = identity_only.validate().unwrap_err();
+        assert!(error.contains("ce-specversion is missing"), "{error}");
+
+        let latin1 = view(&[
+            ("ce-type", b"t"),
+            ("ce-source", b"/s"),
+            ("ce-id", b"%FF"),
+            ("ce-greeting", b"gr\xfc\xdfe"),
+        ]);
+        let error = latin1.identity().unwrap_err();
+        assert!(error.starts_with("header ce-id is not UTF-8"), "{error}");
+        let error = latin1.validate().unwrap_err();
+        assert!(error.contains("ce-id is not UTF-8"), "{error}");
+        assert_eq!(
+            latin1.clone().content_mode(|name| name == "type"),
+            Ok(ContentMode::Binary(Attributes::from([
+                ("type", "t"),
+                ("source", "/s")
+            ])))
+        );
+        let error = latin1.content_mode(|name| name == "greeting").unwrap_err();
+        assert!(matches!(&error, EventError::Malformed(m) if m.contains("ce-greeting")));
+
+        // A structured event's attributes are in its body: its headers are not decoded.
+        let structured = view(&[
+            ("content-type", b"application/cloudevents+json"),
+            ("ce-id", b"%FF"),
+        ]);
+        assert!(structured.is_structured());
+        assert_eq!(structured.identity(), Ok(None));
+        assert_eq!(structured.validate(), Ok(()));
+        assert_eq!(
+            structured.content_mode(|_| true),
+            Ok(ContentMode::Structured)
+        );
     }
 
     #[test]

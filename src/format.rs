@@ -1,9 +1,11 @@
 //! `delivery.format`: one event converted between the CloudEvents HTTP binding's two content
 //! modes, once per request, for the subscribers that want the other one.
 //!
-//! The input is the message as a subscriber would get it (its forwarded header pairs, as
-//! bytes, and its body); the output is the same message in the other mode, as header pairs and
-//! a body. Nothing here knows of proxy-wasm, the configuration or the calls.
+//! The mode the event came in is the request's event view's ([`incoming`]: its headers read
+//! once at admission); the input converted is the message as a subscriber would get it (its
+//! forwarded header pairs, as bytes, and its body); the output is the same message in the
+//! other mode, as header pairs and a body. Nothing here knows of proxy-wasm, the
+//! configuration or the calls.
 //!
 //! The rules, after the CloudEvents HTTP protocol binding (v1.0.2, 3.1 binary mode, 3.2
 //! structured mode) and the JSON event format (v1.0.2, 2.2 type system, 3.1 handling of data):
