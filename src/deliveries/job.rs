@@ -56,8 +56,8 @@ pub struct Variant {
 impl Variant {
     /// The event (its content mode as `event` read it), as `forwarded` and `body` carry it,
     /// converted for `channel`'s subscribers that want the other content mode; `None` when
-    /// none does. `Err`: the 400 naming the first subscriber with a format whose event cannot be converted exactly (or is no
-    /// single CloudEvent), decided before anyone is called.
+    /// none does. `Err`: the 400 naming the first subscriber with a format whose event cannot
+    /// be converted exactly (or is no single CloudEvent), decided before anyone is called.
     pub fn prepare(
         channel: &Channel,
         event: &Event,
