@@ -1,5 +1,6 @@
 //! The CloudEvents attributes of a request, as far as subscription filters, dedupe's event
-//! identity and `require_cloudevents` need them.
+//! identity, `require_cloudevents`, `delivery.format` and the spans need them: read once, at
+//! admission, for all of them.
 //!
 //! Where they come from, after the CloudEvents HTTP protocol binding (v1.0.2):
 //! - **binary mode**: every `ce-<name>` header is the attribute `<name>`, its value decoded
@@ -14,13 +15,17 @@
 //! - **batched mode** (`application/cloudevents-batch+json`) and other structured formats
 //!   cannot be filtered: [`EventError::Unsupported`].
 //!
-//! The headers decide the mode ([`read_headers`]); the body is parsed only for structured mode
-//! and only when asked ([`ContentMode::attributes`]), once the body is complete.
+//! The headers decide the mode. They are read once, into a [`HeaderView`] (the mode, every
+//! `ce-*` header decoded, which ones cannot be), from which each reader takes its part:
+//! [`HeaderView::content_mode`], [`HeaderView::identity`], [`HeaderView::validate`]. The body
+//! is parsed only for structured mode and only when asked ([`parse_structured_event`]), once
+//! the body is complete.
 //!
 //! Reading does not validate: a missing attribute simply matches no filter that names it.
 //! Validation (the required attributes, `specversion`) is asked for separately, for
-//! `require_cloudevents`: [`validate_headers`] from the headers, [`StructuredEvent::validate`]
-//! once a structured body is parsed. This module knows nothing of proxy-wasm.
+//! `require_cloudevents`: [`HeaderView::validate`] from the headers,
+//! [`StructuredEvent::validate`] once a structured body is parsed. This module knows nothing
+//! of proxy-wasm.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -123,66 +128,230 @@ pub fn read_headers(headers: &HeaderMap) -> Result<ContentMode, EventError> {
     read_headers_for(headers, |_| true)
 }
 
-/// The mode of a request, from its headers. Binary attributes are decoded here; nothing is
-/// read for other modes. `reads` tells which attributes someone reads (a channel's filters
-/// name them): one of those whose header is not UTF-8 once percent-decoded is a
-/// [`EventError::Malformed`] naming the header; any other such header is no attribute, only
-/// carried. The `content-type` decides the mode: it must be UTF-8.
+/// The mode of a request, from its headers: [`HeaderView::content_mode`] of their view.
 pub fn read_headers_for(
     headers: &HeaderMap,
     reads: impl Fn(&str) -> bool,
 ) -> Result<ContentMode, EventError> {
-    let content_type = headers.get("content-type");
-    if let Some(value) = content_type {
-        text_value("content-type", value).map_err(EventError::Malformed)?;
-    }
-    if let Some(media_type) = content_type.map(media_type) {
-        if media_type == STRUCTURED_JSON {
-            return Ok(ContentMode::Structured);
-        }
-        if media_type.starts_with(BATCH_PREFIX) {
-            return Err(EventError::Unsupported(format!(
-                "a batch of CloudEvents ({media_type}) cannot be filtered per subscriber: send \
-                 each event on its own, in binary mode or as {STRUCTURED_JSON}"
-            )));
-        }
-        if media_type.starts_with(EVENT_FORMAT_PREFIX) {
-            return Err(EventError::Unsupported(format!(
-                "the structured event format {media_type} is not supported: send \
-                 {STRUCTURED_JSON} or binary mode (ce-* headers)"
-            )));
-        }
-    }
-    if headers.get("ce-type").is_none() {
-        return Ok(ContentMode::NotCloudEvent);
-    }
-    let mut attributes = Attributes::default();
-    for (name, value) in headers.iter() {
-        let Some(attribute) = name.strip_prefix(b"ce-") else {
-            continue;
+    HeaderView::read(headers).content_mode(reads)
+}
+
+/// What a request's headers tell of its event, read once at admission for every reader: the
+/// mode its `content-type` gives, and every `ce-*` header decoded by the binding's rule
+/// ([`decode_attribute`]). Each reader takes its part: [`HeaderView::content_mode`] (filters,
+/// `delivery.format`, spans), [`HeaderView::identity`] (dedupe's CloudEvents identity),
+/// [`HeaderView::validate`] (`require_cloudevents`). Reading refuses nothing: a reader says
+/// what it cannot take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderView {
+    /// What the `content-type` says; `Err`: it is not text (the 400's message).
+    carriage: Result<Carriage, String>,
+    /// The attributes of the `ce-*` headers whose value decodes, and `datacontenttype` (the
+    /// `content-type`); not read for a structured event, whose attributes are in its body.
+    attributes: Attributes,
+    /// The `ce-*` headers whose value is not UTF-8 once decoded, in order: the header's name
+    /// and its attribute (`None`: the name is no attribute).
+    unreadable: Vec<(String, Option<String>)>,
+    /// Which [`REQUIRED_ATTRIBUTES`] have a header (bit `i`: the `i`-th).
+    present: u8,
+}
+
+/// What a request's `content-type` says of its event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Carriage {
+    /// No CloudEvents content type: binary mode, or no CloudEvent.
+    Headers,
+    /// `application/cloudevents+json`.
+    Structured,
+    /// A batch format (its media type).
+    Batch(String),
+    /// Another structured event format (its media type).
+    OtherFormat(String),
+}
+
+impl HeaderView {
+    /// Reads the headers, once.
+    pub fn read(headers: &HeaderMap) -> HeaderView {
+        let content_type = headers.get("content-type");
+        let carriage = match content_type {
+            None => Ok(Carriage::Headers),
+            Some(value) => text_value("content-type", value).map(|_| {
+                let media = media_type(value);
+                if media == STRUCTURED_JSON {
+                    Carriage::Structured
+                } else if media.starts_with(BATCH_PREFIX) {
+                    Carriage::Batch(media.into_owned())
+                } else if media.starts_with(EVENT_FORMAT_PREFIX) {
+                    Carriage::OtherFormat(media.into_owned())
+                } else {
+                    Carriage::Headers
+                }
+            }),
         };
-        let Ok(attribute) = std::str::from_utf8(attribute) else {
-            continue;
+        let mut view = HeaderView {
+            carriage,
+            attributes: Attributes::default(),
+            unreadable: Vec::new(),
+            present: 0,
         };
-        if attribute.is_empty() {
-            continue;
+        if matches!(view.carriage, Ok(Carriage::Structured) | Err(_)) {
+            return view;
         }
-        match decode_attribute(value) {
-            Some(decoded) => attributes.insert(attribute.to_string(), decoded.into_owned()),
-            None if reads(attribute) => {
-                return Err(EventError::Malformed(not_utf8(name)));
+        for (name, value) in headers.iter() {
+            let Some(attribute) = name.strip_prefix(b"ce-") else {
+                continue;
+            };
+            let attribute = std::str::from_utf8(attribute)
+                .ok()
+                .filter(|a| !a.is_empty());
+            if let Some(i) =
+                attribute.and_then(|a| REQUIRED_ATTRIBUTES.iter().position(|r| *r == a))
+            {
+                view.present |= 1 << i;
             }
-            // Nobody reads it: no attribute, and the header goes on as it came.
-            None => {}
+            match (attribute, decode_attribute(value)) {
+                (Some(attribute), Some(decoded)) => view
+                    .attributes
+                    .insert(attribute.to_string(), decoded.into_owned()),
+                (_, Some(_)) => {}
+                (attribute, None) => view.unreadable.push((
+                    String::from_utf8_lossy(name).into_owned(),
+                    attribute.map(str::to_string),
+                )),
+            }
+        }
+        // The binding maps `datacontenttype` to the content-type header in binary mode.
+        if let Some(Ok(value)) = content_type.map(std::str::from_utf8) {
+            view.attributes
+                .insert("datacontenttype".to_string(), value.to_string());
+        }
+        view
+    }
+
+    /// Whether the request is a structured CloudEvent in JSON (its event is in the body).
+    pub fn is_structured(&self) -> bool {
+        self.carriage == Ok(Carriage::Structured)
+    }
+
+    /// Whether `attribute` (one of [`REQUIRED_ATTRIBUTES`]) has a header.
+    fn has(&self, attribute: &str) -> bool {
+        REQUIRED_ATTRIBUTES
+            .iter()
+            .position(|r| *r == attribute)
+            .is_some_and(|i| self.present & (1 << i) != 0)
+    }
+
+    /// Whether `attribute`'s header is not UTF-8 once decoded.
+    fn unreadable(&self, attribute: &str) -> bool {
+        self.unreadable
+            .iter()
+            .any(|(_, a)| a.as_deref() == Some(attribute))
+    }
+
+    /// The mode, binary attributes decoded. A request is a binary CloudEvent when it has a
+    /// `ce-type` header. `reads` tells which attributes someone reads (a channel's filters
+    /// name them): one of those whose header is not UTF-8 once percent-decoded is a
+    /// [`EventError::Malformed`] naming the header; any other such header is no attribute,
+    /// only carried. The `content-type` decides the mode: it must be UTF-8.
+    pub fn content_mode(self, reads: impl Fn(&str) -> bool) -> Result<ContentMode, EventError> {
+        match self
+            .carriage
+            .as_ref()
+            .map_err(|message| EventError::Malformed(message.clone()))?
+        {
+            Carriage::Structured => return Ok(ContentMode::Structured),
+            Carriage::Batch(media_type) => {
+                return Err(EventError::Unsupported(format!(
+                    "a batch of CloudEvents ({media_type}) cannot be filtered or converted per \
+                     subscriber: send each event on its own, in binary mode or as \
+                     {STRUCTURED_JSON}"
+                )))
+            }
+            Carriage::OtherFormat(media_type) => {
+                return Err(EventError::Unsupported(format!(
+                    "the structured event format {media_type} is not supported: its events \
+                     cannot be converted or filtered; send {STRUCTURED_JSON} or binary mode \
+                     (ce-* headers)"
+                )))
+            }
+            Carriage::Headers => {}
+        }
+        if !self.has("type") {
+            return Ok(ContentMode::NotCloudEvent);
+        }
+        let read = self
+            .unreadable
+            .iter()
+            .find(|(_, attribute)| attribute.as_deref().is_some_and(&reads));
+        if let Some((name, _)) = read {
+            return Err(EventError::Malformed(not_utf8(name.as_bytes())));
+        }
+        Ok(ContentMode::Binary(self.attributes))
+    }
+
+    /// A binary event's identity for dedupe: its `source` and `id` (decoded, as the binding
+    /// encodes them), when it has both headers. `Err`: the 400's message naming a header that
+    /// cannot be read (the `content-type`, which tells where the identity is, or one of the
+    /// two). A structured event's is in its body ([`HeaderView::is_structured`]).
+    pub fn identity(&self) -> Result<Option<(&str, &str)>, String> {
+        self.carriage.as_ref().map_err(Clone::clone)?;
+        if !(self.has("source") && self.has("id")) {
+            return Ok(None);
+        }
+        let text = |attribute: &str| {
+            if self.unreadable(attribute) {
+                return Err(not_utf8(format!("ce-{attribute}").as_bytes()));
+            }
+            Ok(self.attributes.get(attribute).unwrap_or_default())
+        };
+        Ok(Some((text("source")?, text("id")?)))
+    }
+
+    /// Whether the headers are those of a valid CloudEvent, as far as headers can tell:
+    /// binary mode's required attributes (`ce-specversion`, `ce-id`, `ce-source`, `ce-type`,
+    /// present, not empty, UTF-8 once percent-decoded, `specversion` 1.0 or 0.3) and every
+    /// other `ce-*` header readable, or the content type of a structured JSON event, whose
+    /// body [`StructuredEvent::validate`] checks. `Err`: what is missing or wrong, as a sender
+    /// can read it.
+    pub fn validate(&self) -> Result<(), String> {
+        match self.carriage.as_ref().map_err(Clone::clone)? {
+            Carriage::Structured => return Ok(()),
+            Carriage::Batch(media_type) | Carriage::OtherFormat(media_type) => {
+                return Err(format!(
+                    "not one valid CloudEvent: {media_type} is not accepted here; send each \
+                     event on its own, in binary mode (ce-* headers) or as {STRUCTURED_JSON}"
+                ))
+            }
+            Carriage::Headers => {}
+        }
+        if self.present == 0 {
+            return Err(format!(
+                "not a CloudEvent: neither the headers ce-specversion, ce-id, ce-source and \
+                 ce-type of binary mode nor the content-type {STRUCTURED_JSON} of structured mode"
+            ));
+        }
+        check_required("binary", |name| {
+            let member = if !self.has(name) {
+                Member::Missing
+            } else if self.unreadable(name) {
+                Member::NotUtf8
+            } else {
+                self.attributes
+                    .get(name)
+                    .map_or(Member::Missing, |text| Member::Text(Cow::Borrowed(text)))
+            };
+            (format!("ce-{name}"), member)
+        })?;
+        // Every other attribute too (extensions, `subject`, ...): the binding's rule is the
+        // same for all, and a valid event has only readable attributes.
+        match self.unreadable.first() {
+            Some((name, _)) => Err(format!(
+                "not a valid CloudEvent (binary mode): {}",
+                not_utf8(name.as_bytes())
+            )),
+            None => Ok(()),
         }
     }
-    // The binding maps `datacontenttype` to the content-type header in binary mode.
-    if let Some(value) = content_type {
-        if let Ok(value) = std::str::from_utf8(value) {
-            attributes.insert("datacontenttype".to_string(), value.to_string());
-        }
-    }
-    Ok(ContentMode::Binary(attributes))
 }
 
 /// A header value fanout must read, as text, by the CloudEvents HTTP binding's rule: a `ce-*`
@@ -210,6 +379,18 @@ fn not_utf8(name: &[u8]) -> String {
 }
 
 impl ContentMode {
+    /// A binary event's attributes when they state its `specversion`: binary mode as
+    /// `delivery.format` and the spans take it (a `ce-type` alone makes a request binary for
+    /// filters, which read any attribute it has).
+    pub fn binary_event(&self) -> Option<&Attributes> {
+        match self {
+            ContentMode::Binary(attributes) if attributes.get("specversion").is_some() => {
+                Some(attributes)
+            }
+            _ => None,
+        }
+    }
+
     /// The event's attributes once the body is complete: `None` for a request that is not a
     /// CloudEvent. Parses the body in structured mode only.
     pub fn attributes(self, body: &[u8]) -> Result<Option<Attributes>, EventError> {
@@ -221,54 +402,19 @@ impl ContentMode {
     }
 }
 
-/// Whether the request is a structured CloudEvent in JSON (its event is in the body).
-pub fn is_structured_json(headers: &HeaderMap) -> bool {
+/// Whether the request is a structured CloudEvent in JSON (its event is in the body), by the
+/// copying definition of the media type.
+#[cfg(test)]
+fn is_structured_json(headers: &HeaderMap) -> bool {
     headers
         .get("content-type")
         .is_some_and(|value| media_type(value) == STRUCTURED_JSON)
 }
 
-/// Whether the headers are those of a valid CloudEvent, as far as headers can tell: binary
-/// mode's required attributes (`ce-specversion`, `ce-id`, `ce-source`, `ce-type`, present, not
-/// empty, UTF-8 once percent-decoded, `specversion` 1.0 or 0.3), or the content type of a
-/// structured JSON event, whose body [`StructuredEvent::validate`] checks. `Err`: what is
-/// missing or wrong, as a sender can read it.
+/// Whether the headers are those of a valid CloudEvent, as far as headers can tell:
+/// [`HeaderView::validate`] of their view.
 pub fn validate_headers(headers: &HeaderMap) -> Result<(), String> {
-    if let Some(value) = headers.get("content-type") {
-        text_value("content-type", value)?;
-    }
-    if let Some(media_type) = headers.get("content-type").map(media_type) {
-        if media_type == STRUCTURED_JSON {
-            return Ok(());
-        }
-        if media_type.starts_with(EVENT_FORMAT_PREFIX) {
-            return Err(format!(
-                "not one valid CloudEvent: {media_type} is not accepted here; send each event \
-                 on its own, in binary mode (ce-* headers) or as {STRUCTURED_JSON}"
-            ));
-        }
-    }
-    if !REQUIRED_ATTRIBUTES
-        .iter()
-        .any(|name| headers.get(&format!("ce-{name}")).is_some())
-    {
-        return Err(format!(
-            "not a CloudEvent: neither the headers ce-specversion, ce-id, ce-source and ce-type \
-             of binary mode nor the content-type {STRUCTURED_JSON} of structured mode"
-        ));
-    }
-    check_binary_required(|name| headers.get(name))?;
-    // Every other attribute too (extensions, `subject`, ...): the binding's rule is the same
-    // for all, and a valid event has only readable attributes.
-    for (name, value) in headers.iter() {
-        if name.starts_with(b"ce-") && decode_attribute(value).is_none() {
-            return Err(format!(
-                "not a valid CloudEvent (binary mode): {}",
-                not_utf8(name)
-            ));
-        }
-    }
-    Ok(())
+    HeaderView::read(headers).validate()
 }
 
 /// What one required attribute is, for [`check_required`].
@@ -570,6 +716,56 @@ mod tests {
         let ct = map(&[("content-type", b"text/plain; name=K\xf6ln")]);
         let error = read_headers_for(&ct, reads_type).unwrap_err();
         assert!(matches!(&error, EventError::Malformed(m) if m.contains("content-type")));
+    }
+
+    /// One read of the headers answers every reader, each by its own rule: filters see a
+    /// binary event only with `ce-type`, dedupe's identity needs `ce-source` and `ce-id`
+    /// alone, `require_cloudevents` every required header, and an unreadable value is refused
+    /// only by a reader that reads it.
+    #[test]
+    fn one_view_of_the_headers_serves_every_reader() {
+        let view = |pairs: &[(&str, &[u8])]| HeaderView::read(&HeaderMap::from_pairs(pairs));
+        let identity_only = view(&[("ce-source", b"%2Fs"), ("ce-id", b"\"1\"")]);
+        assert_eq!(identity_only.identity(), Ok(Some(("/s", "1"))));
+        assert_eq!(
+            identity_only.clone().content_mode(|_| true),
+            Ok(ContentMode::NotCloudEvent)
+        );
+        let error = identity_only.validate().unwrap_err();
+        assert!(error.contains("ce-specversion is missing"), "{error}");
+
+        let latin1 = view(&[
+            ("ce-type", b"t"),
+            ("ce-source", b"/s"),
+            ("ce-id", b"%FF"),
+            ("ce-greeting", b"gr\xfc\xdfe"),
+        ]);
+        let error = latin1.identity().unwrap_err();
+        assert!(error.starts_with("header ce-id is not UTF-8"), "{error}");
+        let error = latin1.validate().unwrap_err();
+        assert!(error.contains("ce-id is not UTF-8"), "{error}");
+        assert_eq!(
+            latin1.clone().content_mode(|name| name == "type"),
+            Ok(ContentMode::Binary(Attributes::from([
+                ("type", "t"),
+                ("source", "/s")
+            ])))
+        );
+        let error = latin1.content_mode(|name| name == "greeting").unwrap_err();
+        assert!(matches!(&error, EventError::Malformed(m) if m.contains("ce-greeting")));
+
+        // A structured event's attributes are in its body: its headers are not decoded.
+        let structured = view(&[
+            ("content-type", b"application/cloudevents+json"),
+            ("ce-id", b"%FF"),
+        ]);
+        assert!(structured.is_structured());
+        assert_eq!(structured.identity(), Ok(None));
+        assert_eq!(structured.validate(), Ok(()));
+        assert_eq!(
+            structured.content_mode(|_| true),
+            Ok(ContentMode::Structured)
+        );
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! `delivery.format`: one event converted between the CloudEvents HTTP binding's two content
 //! modes, once per request, for the subscribers that want the other one.
 //!
-//! The input is the message as a subscriber would get it (its forwarded header pairs, as
-//! bytes, and its body); the output is the same message in the other mode, as header pairs and
-//! a body. Nothing here knows of proxy-wasm, the configuration or the calls.
+//! The mode the event came in is the request's event view's ([`incoming`]: its headers read
+//! once at admission); the input converted is the message as a subscriber would get it (its
+//! forwarded header pairs, as bytes, and its body); the output is the same message in the
+//! other mode, as header pairs and a body. Nothing here knows of proxy-wasm, the
+//! configuration or the calls.
 //!
 //! The rules, after the CloudEvents HTTP protocol binding (v1.0.2, 3.1 binary mode, 3.2
 //! structured mode) and the JSON event format (v1.0.2, 2.2 type system, 3.1 handling of data):
@@ -44,8 +46,10 @@ use serde::de::IgnoredAny;
 
 use crate::cloudevents::{
     check_binary_required, check_required, decode_attribute, encode_attribute, media_type,
-    text_value, Member, BATCH_PREFIX, EVENT_FORMAT_PREFIX, STRUCTURED_JSON,
+    text_value, Attributes, EventError, Member, EVENT_FORMAT_PREFIX, STRUCTURED_JSON,
 };
+#[cfg(any(test, feature = "testing"))]
+use crate::cloudevents::{read_headers_for, ContentMode};
 use crate::json::{members, string as json_string};
 
 /// A subscriber's content mode (`delivery.format`).
@@ -98,35 +102,42 @@ const BASE64: GeneralPurpose = GeneralPurpose::new(
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
-/// The content mode of a message, from its headers (lower-case names): structured when its
-/// `content-type` is `application/cloudevents+json`, binary when it has `ce-specversion`.
-/// `Err`: it is neither, and cannot be converted.
+/// The content mode an event came in, as the request's one event view tells it
+/// ([`cloudevents::read_headers_for`](crate::cloudevents::read_headers_for) at admission):
+/// `structured` (`application/cloudevents+json`), or binary when its header attributes
+/// (`binary`) state a `specversion`. `Err`: it is neither (`unreadable`: why its headers tell
+/// no mode), and cannot be converted.
+pub fn incoming(
+    structured: bool,
+    binary: Option<&Attributes>,
+    unreadable: Option<&EventError>,
+) -> Result<Format, String> {
+    if let Some(error) = unreadable {
+        return Err(error.to_string());
+    }
+    if structured {
+        return Ok(Format::Structured);
+    }
+    match binary {
+        Some(attributes) if attributes.get("specversion").is_some() => Ok(Format::Binary),
+        _ => Err(format!(
+            "not a CloudEvent: neither ce-type and ce-specversion (binary mode) nor \
+             content-type {STRUCTURED_JSON} (structured mode)"
+        )),
+    }
+}
+
+/// The content mode of a message, from its header pairs (lower-case names), read as a
+/// request's are: [`incoming`] of the view of its headers.
+#[cfg(any(test, feature = "testing"))]
 pub fn mode(headers: &[(&[u8], &[u8])]) -> Result<Format, String> {
-    if let Some((_, value)) = headers.iter().find(|(name, _)| *name == b"content-type") {
-        let media = media_type(value);
-        if media == STRUCTURED_JSON {
-            return Ok(Format::Structured);
-        }
-        if media.starts_with(BATCH_PREFIX) {
-            return Err(format!(
-                "a batch of CloudEvents ({media}) cannot be converted: send each event on its \
-                 own"
-            ));
-        }
-        if media.starts_with(EVENT_FORMAT_PREFIX) {
-            return Err(format!(
-                "the structured event format {media} cannot be converted: only \
-                 {STRUCTURED_JSON} and binary mode can"
-            ));
-        }
+    let map = crate::headers::HeaderMap::from_pairs(headers);
+    match read_headers_for(&map, |_| false) {
+        Ok(ContentMode::Structured) => incoming(true, None, None),
+        Ok(ContentMode::Binary(attributes)) => incoming(false, Some(&attributes), None),
+        Ok(ContentMode::NotCloudEvent) => incoming(false, None, None),
+        Err(error) => incoming(false, None, Some(&error)),
     }
-    if headers.iter().any(|(name, _)| *name == b"ce-specversion") {
-        return Ok(Format::Binary);
-    }
-    Err(format!(
-        "not a CloudEvent: neither ce-specversion (binary mode) nor content-type \
-         {STRUCTURED_JSON} (structured mode)"
-    ))
 }
 
 /// The message of `headers` and `body`, which is in the other mode, converted into `to`.

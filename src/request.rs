@@ -13,10 +13,11 @@
 //! 400 naming the header. Every other value is carried as it came.
 
 use crate::answer::Answer;
-use crate::cloudevents::{self, Attributes, ContentMode, EventError};
+use crate::cloudevents::{self, Attributes, ContentMode, EventError, HeaderView};
 use crate::config::Identity;
 use crate::config::{Config, OPTIONS};
 use crate::dedupe::{self};
+use crate::format::Format;
 use crate::headers::{self, Forwarded, HeaderMap};
 
 /// A request that passed admission: the body still decides (it may turn out too large).
@@ -29,14 +30,23 @@ pub struct Admitted {
     pub event: PendingEvent,
 }
 
-/// What is known of the event from the headers, and what its body must still tell. Only what
-/// something needs is read: the attributes for a channel with filters, a structured body for
-/// `require_cloudevents` or for dedupe's CloudEvents identity.
+/// The request's event as every reader sees it (the one view: filters, `require_cloudevents`,
+/// dedupe's identity, `delivery.format`, spans), from the headers, and what its body must still
+/// tell. Only what something needs is read: the attributes for a channel with filters, for
+/// `delivery.format` or for `tracing`; a structured body for a filter, `require_cloudevents`,
+/// dedupe's CloudEvents identity or a traced request's spans.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct PendingEvent {
     /// How the request carries its CloudEvent (binary attributes already decoded); `None`:
-    /// nobody looks at it.
+    /// nobody looks at it, or the headers tell no mode (`unreadable`).
     pub mode: Option<ContentMode>,
+    /// Why the headers tell no mode (a batch, another event format, a `content-type` that is
+    /// not text), when only readers that do not refuse the request for it looked:
+    /// `delivery.format` refuses it per subscriber, spans go without attributes.
+    pub unreadable: Option<EventError>,
+    /// The request is traced: its spans read a structured body's attributes too (set once
+    /// the spans are made).
+    pub traced: bool,
     /// A structured body that does not parse is rejected (400): a filter or
     /// `require_cloudevents` needs it. When only dedupe reads it, such a request has no
     /// identity and is fanned out to everyone.
@@ -59,14 +69,18 @@ pub enum EventKey {
     InBody,
 }
 
-/// The event, once the body is complete.
+/// The event, once the body is complete: the view every reader takes it from.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Event {
-    /// The attributes the channel's filters are matched against: `None` when the request is
-    /// not a CloudEvent or nobody read them.
+    /// Its attributes, which the channel's filters are matched against and the spans carry:
+    /// `None` when the request is not a CloudEvent or nobody read them.
     pub attributes: Option<Attributes>,
     /// Its identity for `dedupe`: `None` when dedupe is off or the request has none.
     pub key: Option<Vec<u8>>,
+    /// It is a structured event (`application/cloudevents+json`), as far as anyone read.
+    pub structured: bool,
+    /// Why the headers told no mode (see [`PendingEvent::unreadable`]).
+    pub unreadable: Option<EventError>,
 }
 
 /// Decides on a request from its headers, as Envoy hands them over (lower-case names,
@@ -136,38 +150,63 @@ fn route(config: &Config, headers: &HeaderMap) -> Result<usize, Answer> {
 }
 
 /// What the headers tell of the event, as far as something reads it: `require_cloudevents`'s
-/// check, dedupe's identity, the mode and attributes for a channel's filters.
+/// check, dedupe's identity, the mode and attributes for a channel's filters, its
+/// `delivery.format` and its spans. The headers are read once, into their [`HeaderView`],
+/// for all of them.
 fn pending_event(
     config: &Config,
     channel: usize,
     headers: &HeaderMap,
 ) -> Result<PendingEvent, Answer> {
-    // Read from the headers Envoy already gave us: no host call.
-    if config.require_cloudevents {
-        cloudevents::validate_headers(headers).map_err(|e| Answer::rejected(400, &e))?;
-    }
     let filtered = config.channel(channel).filter(|c| c.filtered);
-    let structured = cloudevents::is_structured_json(headers);
-    let key = match &config.dedupe {
+    let converts = config.channel(channel).is_some_and(|c| c.converts);
+    let identity = config.dedupe.as_ref().map(|dedupe| &dedupe.key);
+    let reads = config.require_cloudevents
+        || filtered.is_some()
+        || converts
+        || config.tracing.is_some()
+        || identity == Some(&Identity::CloudEvent);
+    // Read from the headers Envoy already gave us: no host call.
+    let view = reads.then(|| HeaderView::read(headers));
+    if let (true, Some(view)) = (config.require_cloudevents, &view) {
+        view.validate().map_err(|e| Answer::rejected(400, &e))?;
+    }
+    let key = match identity {
         None => EventKey::None,
-        Some(dedupe) => event_key(&dedupe.key, headers, structured)?,
+        Some(identity) => event_key(identity, headers, view.as_ref())?,
     };
-    let mode = if let Some(filtered) = filtered {
-        // Only the attributes some filter names must be readable.
-        let reads = |attribute: &str| {
-            filtered
-                .subscribers
-                .iter()
-                .any(|s| s.filter.as_ref().is_some_and(|f| f.names(attribute)))
-        };
-        Some(cloudevents::read_headers_for(headers, reads).map_err(|e| event_rejection(&e))?)
-    } else if structured && (config.require_cloudevents || key == EventKey::InBody) {
-        Some(ContentMode::Structured)
-    } else {
-        None
+    let structured = view.as_ref().is_some_and(HeaderView::is_structured);
+    let body_wanted = structured && (config.require_cloudevents || key == EventKey::InBody);
+    let mut unreadable = None;
+    let mode = match (view, filtered) {
+        (None, _) => None,
+        (Some(view), Some(filtered)) => {
+            // Only the attributes some filter names must be readable.
+            let reads = |attribute: &str| {
+                filtered
+                    .subscribers
+                    .iter()
+                    .any(|s| s.filter.as_ref().is_some_and(|f| f.names(attribute)))
+            };
+            Some(view.content_mode(reads).map_err(|e| event_rejection(&e))?)
+        }
+        // Readers that refuse nothing here: an attribute that is not UTF-8 is left out.
+        (Some(view), None) if converts || config.tracing.is_some() => {
+            match view.content_mode(|_| false) {
+                Ok(mode) => Some(mode),
+                Err(error) => {
+                    unreadable = Some(error);
+                    None
+                }
+            }
+        }
+        (Some(_), None) if body_wanted => Some(ContentMode::Structured),
+        (Some(_), None) => None,
     };
     Ok(PendingEvent {
         mode,
+        unreadable,
+        traced: false,
         strict: filtered.is_some() || config.require_cloudevents,
         validate: config.require_cloudevents,
         key,
@@ -230,41 +269,33 @@ fn options(config: &Config, headers: &HeaderMap) -> Answer {
 }
 
 /// The event's identity for `dedupe`, from the headers: the key header's value, or a binary
-/// event's `ce-source` and `ce-id` (percent-decoded, as the binding encodes them, so that a
-/// binary event and its structured copy are one event); a structured event's is in its body.
-/// Each is read by the binding's rule ([`cloudevents::text_value`]): `Err` is the 400 naming
-/// a header that cannot be read. The key header's value is the identity as it came.
+/// event's `ce-source` and `ce-id` as their `view` read them (percent-decoded, as the binding
+/// encodes them, so that a binary event and its structured copy are one event); a structured
+/// event's is in its body. `Err` is the 400 naming a header that cannot be read. The key
+/// header's value (read by the binding's rule, [`cloudevents::text_value`]) is the identity
+/// as it came.
 fn event_key(
     identity: &Identity,
     headers: &HeaderMap,
-    structured: bool,
+    view: Option<&HeaderView>,
 ) -> Result<EventKey, Answer> {
     let unreadable = |e: String| Answer::rejected(400, &e);
-    let known = match identity {
-        Identity::Header(name) => match headers.get(name) {
+    let known = match (identity, view) {
+        (Identity::Header(name), _) => match headers.get(name) {
             Some(value) => {
                 cloudevents::text_value(name, value).map_err(unreadable)?;
                 dedupe::header_key(value)
             }
             None => None,
         },
-        Identity::CloudEvent => {
+        (Identity::CloudEvent, None) => None,
+        (Identity::CloudEvent, Some(view)) => {
             // The content type decides where the identity is: it must be text.
-            if let Some(value) = headers.get("content-type") {
-                cloudevents::text_value("content-type", value).map_err(unreadable)?;
-            }
-            if structured {
+            let binary = view.identity().map_err(unreadable)?;
+            if view.is_structured() {
                 return Ok(EventKey::InBody);
             }
-            match (headers.get("ce-source"), headers.get("ce-id")) {
-                (Some(source), Some(id)) => {
-                    let source =
-                        cloudevents::text_value("ce-source", source).map_err(unreadable)?;
-                    let id = cloudevents::text_value("ce-id", id).map_err(unreadable)?;
-                    dedupe::cloudevent_key(source.as_bytes(), id.as_bytes())
-                }
-                _ => None,
-            }
+            binary.and_then(|(source, id)| dedupe::cloudevent_key(source.as_bytes(), id.as_bytes()))
         }
     };
     Ok(known.map_or(EventKey::None, EventKey::Known))
@@ -280,9 +311,13 @@ impl PendingEvent {
             EventKey::Known(key) => Some(key),
             EventKey::None | EventKey::InBody => None,
         };
+        let structured = self.mode == Some(ContentMode::Structured);
+        // `delivery.format` alone converts the body as it is: it is not parsed for it.
+        let body_read = self.strict || key_in_body || self.traced;
         let attributes = match self.mode {
             None | Some(ContentMode::NotCloudEvent) => None,
             Some(ContentMode::Binary(attributes)) => Some(attributes),
+            Some(ContentMode::Structured) if !body_read => None,
             Some(ContentMode::Structured) => match cloudevents::parse_structured_event(body) {
                 Ok(event) => {
                     if self.validate {
@@ -299,7 +334,24 @@ impl PendingEvent {
                 Err(_) => None,
             },
         };
-        Ok(Event { attributes, key })
+        Ok(Event {
+            attributes,
+            key,
+            structured,
+            unreadable: self.unreadable,
+        })
+    }
+}
+
+impl Event {
+    /// The content mode it came in, as `delivery.format` converts from it
+    /// ([`format::incoming`](crate::format::incoming)). `Err`: why it cannot be converted.
+    pub fn format(&self) -> Result<Format, String> {
+        crate::format::incoming(
+            self.structured,
+            self.attributes.as_ref(),
+            self.unreadable.as_ref(),
+        )
     }
 }
 

@@ -105,17 +105,19 @@ impl<H: Host> Stream<H> {
             return Flow::Pause;
         };
         let headers = self.host.request_headers();
-        let admitted = admit(&config, &headers);
-        if let (Ok(admitted), Some(_)) = (&admitted, &config.tracing) {
+        let mut admitted = admit(&config, &headers);
+        if let (Ok(admitted), Some(_)) = (&mut admitted, &config.tracing) {
             let channel = config.channel(admitted.channel);
+            let event = admitted.event.mode.as_ref();
             self.spans = channel.and_then(|channel| {
                 let subscribers = channel.subscribers.len();
                 let (host, name) = (&self.host, channel.name.as_str());
                 with_mut(&self.pipeline, |p| {
-                    p.traced(host, &headers, name, subscribers)
+                    p.traced(host, &headers, event, name, subscribers)
                 })
                 .flatten()
             });
+            admitted.event.traced = self.spans.is_some();
         }
         match admitted {
             Err(answer) => self.reject(answer),
@@ -303,11 +305,12 @@ impl<H: Host> Stream<H> {
             self.reject(Answer::no_such_channel());
             return;
         };
-        // Parses a structured body only if a filter, `require_cloudevents` or dedupe's
-        // identity needs it; attributes `None` match only subscribers without a filter. Then
-        // `delivery.format`: the event converted once, or the 400, before anything is claimed.
+        // Parses a structured body only if a filter, `require_cloudevents`, dedupe's identity
+        // or the spans need it; attributes `None` match only subscribers without a filter.
+        // Then `delivery.format`: the event converted once, or the 400, before anything is
+        // claimed.
         let prepared = admitted.event.complete(&body).and_then(|event| {
-            Variant::prepare(channel, &admitted.forwarded, &body).map(|c| (event, c))
+            Variant::prepare(channel, &event, &admitted.forwarded, &body).map(|c| (event, c))
         });
         let (event, converted) = match prepared {
             Ok(prepared) => prepared,
@@ -331,7 +334,7 @@ impl<H: Host> Stream<H> {
             return;
         }
         let recipients = chosen.claim(&self.host, &self.counter, config, &request);
-        let spans = self.spans_for(&event, &body);
+        let spans = self.spans_for(&event);
         let job = Job {
             config: config.clone(),
             channel: channel.clone(),
@@ -352,9 +355,9 @@ impl<H: Host> Stream<H> {
 
     /// Its spans, if it is traced, with a structured event's attributes now that the body
     /// is in.
-    fn spans_for(&mut self, event: &Event, body: &[u8]) -> Option<Box<JobSpans>> {
+    fn spans_for(&mut self, event: &Event) -> Option<Box<JobSpans>> {
         let mut spans = self.spans.take()?;
-        spans.structured_event(event.attributes.as_ref(), body);
+        spans.structured_event(event.attributes.as_ref());
         Some(spans)
     }
 

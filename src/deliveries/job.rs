@@ -12,6 +12,7 @@ use crate::fan_out_state::FanOut;
 use crate::format::{self, Format};
 use crate::headers::Forwarded;
 use crate::metrics::Tally;
+use crate::request::Event;
 
 use super::call_end::AnsweredCall;
 use super::spans::JobSpans;
@@ -53,12 +54,13 @@ pub struct Variant {
 }
 
 impl Variant {
-    /// The event, as `forwarded` and `body` carry it, converted for `channel`'s subscribers
-    /// that want the other content mode; `None` when none does. `Err`: the 400 naming the
-    /// first subscriber with a format whose event cannot be converted exactly (or is no
-    /// single CloudEvent), decided before anyone is called.
+    /// The event (its content mode as `event` read it), as `forwarded` and `body` carry it,
+    /// converted for `channel`'s subscribers that want the other content mode; `None` when
+    /// none does. `Err`: the 400 naming the first subscriber with a format whose event cannot
+    /// be converted exactly (or is no single CloudEvent), decided before anyone is called.
     pub fn prepare(
         channel: &Channel,
+        event: &Event,
         forwarded: &Forwarded,
         body: &[u8],
     ) -> Result<Option<Box<Variant>>, Answer> {
@@ -69,7 +71,7 @@ impl Variant {
             .iter()
             .map(|(name, value)| (name.as_bytes(), value))
             .collect();
-        let incoming = format::mode(&pairs);
+        let incoming = event.format();
         let mut variant = None;
         for (index, sub) in channel.subscribers.iter().enumerate() {
             let Some(wanted) = sub.format else {

@@ -20,6 +20,7 @@ use crate::answer::Answer;
 use crate::call::{Failure, Leg};
 use crate::call_slots::{CallCap, Slot};
 use crate::call_table::{Attempt, CallTable, Continuation};
+use crate::cloudevents::ContentMode;
 use crate::config::{AnswerMode, Config};
 use crate::dedupe::settle::Claims;
 use crate::headers::HeaderMap;
@@ -147,12 +148,13 @@ impl Deliveries {
         &mut self,
         host: &H,
         headers: &HeaderMap,
+        event: Option<&ContentMode>,
         channel: &str,
         subscribers: usize,
     ) -> Option<Box<JobSpans>> {
         self.traces
             .as_mut()?
-            .request(host, headers, channel, subscribers)
+            .request(host, headers, event, channel, subscribers)
     }
 
     /// The exporter's batch due (`flush`: whatever is held), as root context `root`'s call.

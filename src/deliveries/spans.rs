@@ -9,7 +9,7 @@
 //! no host call is made for it. Times are the host clock's nanoseconds, read by the caller.
 
 use crate::call::{Failure, Leg};
-use crate::cloudevents::{self, Attributes};
+use crate::cloudevents::{Attributes, ContentMode};
 use crate::config::{Subscriber, TracingConfig};
 use crate::fan_out_state::Progress;
 use crate::headers::HeaderMap;
@@ -21,57 +21,17 @@ use crate::trace::{
     self, DeliveryOutcome, Destination, EndedSpan, EventAttributes, EventFields, OpenSpan, Tracer,
 };
 
-/// The event's CloudEvents attributes, as the spans carry them.
-#[derive(Debug, Default, Clone)]
-struct SpanEvent {
-    id: Option<String>,
-    source: Option<String>,
-    event_type: Option<String>,
-    subject: Option<String>,
-    spec_version: Option<String>,
-}
-
-impl SpanEvent {
-    /// A binary event's attributes, from its `ce-*` headers (decoded as the HTTP binding
-    /// says); none for a request without `ce-specversion`.
-    fn from_headers(headers: &HeaderMap) -> SpanEvent {
-        if headers.get("ce-specversion").is_none() {
-            return SpanEvent::default();
-        }
-        let read = |name: &str| {
-            let value = headers.get(name)?;
-            cloudevents::decode_attribute(value).map(|v| v.into_owned())
-        };
-        SpanEvent {
-            id: read("ce-id"),
-            source: read("ce-source"),
-            event_type: read("ce-type"),
-            subject: read("ce-subject"),
-            spec_version: read("ce-specversion"),
-        }
-    }
-
-    /// A structured event's attributes, as read from its body.
-    fn from_attributes(attributes: &Attributes) -> SpanEvent {
-        let read = |name: &str| attributes.get(name).map(str::to_string);
-        SpanEvent {
-            id: read("id"),
-            source: read("source"),
-            event_type: read("type"),
-            subject: read("subject"),
-            spec_version: read("specversion"),
-        }
-    }
-
-    fn attributes(&self) -> EventAttributes<'_> {
-        EventAttributes {
-            id: self.id.as_deref(),
-            source: self.source.as_deref(),
-            event_type: self.event_type.as_deref(),
-            subject: self.subject.as_deref(),
-            spec_version: self.spec_version.as_deref(),
-        }
-    }
+/// The event's CloudEvents attributes, as the spans carry them: read from the request's one
+/// event view ([`ContentMode`], then the [`Attributes`] its body completed), never from the
+/// headers or the body again.
+fn span_event(attributes: &Attributes) -> EventFields {
+    EventFields::new(&EventAttributes {
+        id: attributes.get("id"),
+        source: attributes.get("source"),
+        event_type: attributes.get("type"),
+        subject: attributes.get("subject"),
+        spec_version: attributes.get("specversion"),
+    })
 }
 
 /// The VM's tracing: ids and sampling, and the exporter of the spans that ended.
@@ -99,30 +59,33 @@ impl Tracing {
 
     /// The spans of a new fan-out to `subscribers` subscribers of `channel`, if the request
     /// is traced (its sender's `sampled` flag, or the ratio): `headers` are the request's,
-    /// `now_ns` the clock (read only for a traced one).
+    /// `event` what admission read of its event (binary mode's attributes, or that a
+    /// structured body will tell them), `now_ns` the clock (read only for a traced one).
     pub fn request(
         &mut self,
         headers: &HeaderMap,
+        event: Option<&ContentMode>,
         channel: &str,
         subscribers: usize,
         now_ns: impl FnOnce() -> u64,
     ) -> Option<Box<JobSpans>> {
         let method = headers.get(":method").unwrap_or(b"POST");
+        let structured = event == Some(&ContentMode::Structured);
         let (request, event) = self.tracer.request(
             headers.get("traceparent"),
             headers.get("tracestate"),
             channel,
             std::str::from_utf8(method).unwrap_or("POST"),
             || {
-                let event = SpanEvent::from_headers(headers);
-                (EventFields::new(&event.attributes()), now_ns())
+                let binary = event.and_then(ContentMode::binary_event);
+                (binary.map(span_event).unwrap_or_default(), now_ns())
             },
         )?;
         let mut subs = Vec::with_capacity(subscribers);
         subs.resize_with(subscribers, SubSpans::default);
         Some(Box::new(JobSpans {
             request,
-            structured: cloudevents::is_structured_json(headers),
+            structured,
             event,
             subs,
         }))
@@ -202,25 +165,16 @@ pub struct CallContext {
 }
 
 impl JobSpans {
-    /// A structured event's attributes, known once its body is in (`body`: parsed here when
-    /// nothing else did).
-    pub fn structured_event(&mut self, attributes: Option<&Attributes>, body: &[u8]) {
+    /// A structured event's attributes, known once its body is in (`None`: the body is no
+    /// structured event).
+    pub fn structured_event(&mut self, attributes: Option<&Attributes>) {
         if !self.structured || !self.event.is_empty() {
             return;
         }
-        let parsed;
-        let attributes = match attributes {
-            Some(attributes) => attributes,
-            None => match cloudevents::parse_structured_event(body) {
-                Ok(event) => {
-                    parsed = event;
-                    &parsed.attributes
-                }
-                Err(_) => return,
-            },
-        };
-        self.event = EventFields::new(&SpanEvent::from_attributes(attributes).attributes());
-        self.request.event(&self.event);
+        if let Some(attributes) = attributes {
+            self.event = span_event(attributes);
+            self.request.event(&self.event);
+        }
     }
 
     /// Subscriber `index`'s `leg` call goes out at `now_ns`: its attempt's span (and the

@@ -12,6 +12,7 @@ use super::{Clock, Job};
 use crate::answer::Answer;
 use crate::call::{Failure, Leg};
 use crate::call_table::{CallTable, Continuation};
+use crate::cloudevents::ContentMode;
 use crate::config::TracingConfig;
 use crate::headers::HeaderMap;
 use crate::host::Host;
@@ -86,17 +87,18 @@ impl Traces {
         }
     }
 
-    /// The spans of a new request on `channel` (`headers` its headers), if tracing is on and
-    /// the request is traced.
+    /// The spans of a new request on `channel` (`headers` its headers, `event` what admission
+    /// read of its event), if tracing is on and the request is traced.
     pub(super) fn request<H: Host>(
         &mut self,
         host: &H,
         headers: &HeaderMap,
+        event: Option<&ContentMode>,
         channel: &str,
         subscribers: usize,
     ) -> Option<Box<JobSpans>> {
         self.tracing
-            .request(headers, channel, subscribers, || host.now_nanos())
+            .request(headers, event, channel, subscribers, || host.now_nanos())
     }
 
     /// `job`'s call to subscriber `index` (`leg`) goes out: its attempt's span, and the

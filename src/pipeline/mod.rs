@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use crate::answer::Answer;
 use crate::call_table::{CallTable, Continuation};
+use crate::cloudevents::ContentMode;
 use crate::config::Config;
 use crate::dedupe::claim::{self as dedupe_claim, Claim};
 use crate::dedupe::etcd::{Found, StoreError};
@@ -230,10 +231,12 @@ impl Pipeline {
         &mut self,
         host: &H,
         headers: &HeaderMap,
+        event: Option<&ContentMode>,
         channel: &str,
         subscribers: usize,
     ) -> Option<Box<JobSpans>> {
-        self.deliveries.traced(host, headers, channel, subscribers)
+        self.deliveries
+            .traced(host, headers, event, channel, subscribers)
     }
 
     /// Root context `root` goes away: the spans held leave now.

@@ -218,3 +218,73 @@ fn without_tracing_a_reply_carries_the_senders_trace_context() {
         Some("congo=t61")
     );
 }
+
+/// The `cloudevents.*` attributes of a span, by name.
+fn event_attributes(span: &otlp::Span) -> Vec<(String, String)> {
+    span.attributes
+        .iter()
+        .filter(|kv| kv.key.starts_with("cloudevents."))
+        .filter_map(|kv| match kv.value.as_ref()?.value.as_ref()? {
+            otlp::Value::String(text) => Some((kv.key.to_string(), text.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The request's span and its delivery's carry the event's attributes as admission read them:
+/// a binary event's decoded headers, a structured event's body members (parsed once, for the
+/// spans alone when nothing else reads them), nothing for a request that is no CloudEvent.
+#[test]
+fn the_spans_carry_the_attributes_admission_read() {
+    let config = r#"{"tracing": {"collector": {"cluster": "otel"}, "sampling_ratio": 1.0},
+                     "subscribers": [{"cluster": "a"}]}"#;
+    let spans_of = |extra: &[(&str, &str)], body: &[u8]| {
+        let mut plugin = FakeEnvoy::configured(config);
+        let mut headers = post("x");
+        headers.extend_from_slice(extra);
+        let mut ctx = send(&plugin, &headers, body);
+        plugin.answer(&mut ctx, "a", Some(200), "");
+        assert_eq!(plugin.only_answer().status, 202);
+        plugin.tick_at(60_000);
+        let spans = exported(&plugin);
+        let of = |name: &str| {
+            let span = spans.iter().find(|s| s.name == name).unwrap();
+            event_attributes(span)
+        };
+        let (request, send) = (of("fanout default"), of("send a"));
+        assert_eq!(
+            request, send,
+            "the delivery carries the request's attributes"
+        );
+        request
+    };
+    let want = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (format!("cloudevents.{k}"), v.to_string()))
+            .collect()
+    };
+    let all = want(&[
+        ("event_id", "e 1"),
+        ("source", "/s"),
+        ("type", "t"),
+        ("subject", "sub"),
+        ("specversion", "1.0"),
+    ]);
+    let binary = [
+        ("ce-specversion", "1.0"),
+        ("ce-id", "e%201"),
+        ("ce-source", r#""/s""#),
+        ("ce-type", "t"),
+        ("ce-subject", "sub"),
+        ("ce-greeting", "%FF"),
+    ];
+    assert_eq!(spans_of(&binary, b"{}"), all);
+    let structured = [("content-type", "application/cloudevents+json")];
+    let body = br#"{"specversion": "1.0", "id": "e 1", "source": "/s", "type": "t",
+                    "subject": "sub", "data": {"id": "not me"}}"#;
+    assert_eq!(spans_of(&structured, body), all);
+    // A body that is no structured event has no attributes, and is still delivered.
+    assert_eq!(spans_of(&structured, b"{not json"), []);
+    assert_eq!(spans_of(&[("content-type", "application/json")], b"{}"), []);
+}
