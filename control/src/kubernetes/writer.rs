@@ -1,13 +1,16 @@
-//! The status writer: every replica runs it, the one holding the Lease writes. Each tick it
-//! decides every FanoutChannel's status ([`super::status::desired`]) from the channel, what
-//! is served and what the connected Envoys ACKed, and writes the ones that differ (a merge
+//! The status writer: every replica runs it and publishes what its own Envoys serve
+//! ([`super::reports`]); the one holding the Lease writes. Each tick it decides every
+//! FanoutChannel's status ([`super::status::desired`]) from the channel, what is served and
+//! what the connected Envoys of every replica ACKed, and writes the ones that differ (a merge
 //! patch at the resourceVersion it read: a stale view is a conflict, never an overwrite), at
 //! most [`WRITES_PER_TICK`] per tick. It also gives each channel its `<name>-kn-channel`
 //! Service and Knative's `subscribable` annotation.
 
+use super::acks::{self, Report, Versions};
 use super::crd::{FanoutChannel, FanoutChannelStatus, KReference};
 use super::lease::{Elector, DURATION, RENEW};
-use super::status::{at, desired, Observed};
+use super::reports::{self, Publisher, Reports};
+use super::status::{at, desired, Fleet, Observed};
 use super::watch::Retry;
 use crate::knative;
 use crate::model::{ChannelMapping, MapOptions};
@@ -21,7 +24,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, CustomResourceExt, Resource, ResourceExt};
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -95,45 +98,65 @@ fn serves(mapping: Option<&ChannelMapping>, served: Option<&ServedChannel>) -> b
     }
 }
 
-/// The Envoys connected now (the ledger's report), by node id.
-fn connected(report: &Value) -> BTreeSet<String> {
-    at(report, &["envoys"])
-        .as_object()
-        .map(|envoys| {
-            envoys
+/// This replica's own Envoys, summed up ([`acks::local`]) again only when the ledger's
+/// record of them or what is served changed.
+#[derive(Default)]
+struct Own {
+    versions: Versions,
+    fingerprint: String,
+    report: Report,
+}
+
+impl Own {
+    fn update(&mut self, ledger: &Ledger, served: &Served) {
+        self.versions.record(served);
+        let fingerprint = ledger.view(|in_ledger, envoys| {
+            let each: Vec<_> = envoys
                 .iter()
-                .filter(|(_, e)| at(e, &["streams"]).as_u64().unwrap_or(0) > 0)
-                .map(|(node, _)| node.clone())
-                .collect()
-        })
-        .unwrap_or_default()
+                .map(|(node, e)| {
+                    let nack = e.filter.nack.as_ref().map(|n| &n.version);
+                    (
+                        node,
+                        e.streams > 0,
+                        &e.filter.acked,
+                        &e.clusters.acked,
+                        nack,
+                    )
+                })
+                .collect();
+            let version = in_ledger.map(|s| s.ecds_version.as_str());
+            format!("{}|{version:?}|{each:?}", served.ecds_version)
+        });
+        if fingerprint != self.fingerprint {
+            self.report = acks::local(&ledger.report(), &mut self.versions);
+            self.fingerprint = fingerprint;
+        }
+    }
+}
+
+/// A name for this replica: its host (the pod's name) and process.
+fn identity() -> String {
+    format!(
+        "{}-{}",
+        std::env::var("HOSTNAME").unwrap_or_else(|_| "fanout-control".into()),
+        std::process::id()
+    )
 }
 
 impl Writer {
     /// Run until the process ends.
     pub async fn run(self, ledger: Ledger, served: watch::Receiver<Option<Arc<Served>>>) {
-        // Dynamic objects: a FanoutChannel Knative creates has no spec at first.
-        let resource = FanoutChannel::api_resource();
-        let channels: Api<DynamicObject> = match &self.namespace {
-            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource),
-            None => Api::all_with(self.client.clone(), &resource),
-        };
-        let cache = reflector::store::Writer::<DynamicObject>::new(resource);
-        let store = cache.as_reader();
-        let stream = watcher(channels, watcher::Config::default()).backoff(Retry::default());
-        tokio::spawn(reflector::reflector(cache, stream).for_each(|_| async {}));
-        let identity = format!(
-            "{}-{}",
-            std::env::var("HOSTNAME").unwrap_or_else(|_| "fanout-control".into()),
-            std::process::id()
-        );
+        let store = self.watch_channels();
         let elector = Elector {
             api: Api::namespaced(self.client.clone(), &self.lease.0),
             name: self.lease.1.clone(),
-            identity,
+            identity: identity(),
         };
+        let report_name = reports::name(&self.lease.1, &elector.identity);
+        let mut publisher = Publisher::new(self.client.clone(), &self.lease.0, report_name.clone());
+        let mut reports = Reports::watch(self.client.clone(), &self.lease.0);
+        let (mut own, mut memory) = (Own::default(), Memory::default());
         let mut held_until: Option<Instant> = None;
-        let mut memory = Memory::default();
         let (mut renew, mut tick) = (tokio::time::interval(RENEW), tokio::time::interval(TICK));
         loop {
             tokio::select! {
@@ -149,27 +172,48 @@ impl Writer {
                     held_until = holds.then(|| started + DURATION - RENEW);
                 }
                 _ = tick.tick() => {
+                    let current = served.borrow().clone();
+                    let Some(current) = current else { continue };
+                    own.update(&ledger, &current);
+                    publisher.publish(&own.report).await;
                     if held_until.is_some_and(|t| Instant::now() < t) {
-                        let current = served.borrow().clone();
-                        if let Some(current) = current {
-                            self.sync(&store, &ledger, &current, &mut memory).await;
-                        }
+                        let now = Timestamp::now();
+                        let others = reports.fresh(&report_name, now);
+                        let all: Vec<&Report> = std::iter::once(&own.report)
+                            .chain(others.iter().map(|r| &**r))
+                            .collect();
+                        self.sync(&store, &current, &all, &mut memory).await;
+                        reports.forget_gone(now).await;
                     }
                 }
             }
         }
     }
 
-    /// Decide every channel's status; write those that differ.
+    /// The FanoutChannels, watched into a store (dynamic objects: a FanoutChannel Knative
+    /// creates has no spec at first).
+    fn watch_channels(&self) -> Store<DynamicObject> {
+        let resource = FanoutChannel::api_resource();
+        let channels: Api<DynamicObject> = match &self.namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource),
+            None => Api::all_with(self.client.clone(), &resource),
+        };
+        let cache = reflector::store::Writer::<DynamicObject>::new(resource);
+        let store = cache.as_reader();
+        let stream = watcher(channels, watcher::Config::default()).backoff(Retry::default());
+        tokio::spawn(reflector::reflector(cache, stream).for_each(|_| async {}));
+        store
+    }
+
+    /// Decide every channel's status from what is served and every replica's report
+    /// (`reports`); write those that differ.
     async fn sync(
         &self,
         store: &Store<DynamicObject>,
-        ledger: &Ledger,
         served: &Served,
+        reports: &[&Report],
         memory: &mut Memory,
     ) {
-        let report = ledger.report();
-        let connected = connected(&report);
         let now = Timestamp::now().round(k8s_openapi::jiff::Unit::Second);
         let now = now.map(|t| t.to_string()).unwrap_or_default();
         let mut writes = 0;
@@ -187,11 +231,17 @@ impl Writer {
             };
             self.ensure(&channel, memory).await;
             let name = key(&channel);
+            let fleets: Vec<Fleet> = reports
+                .iter()
+                .map(|r| Fleet {
+                    envoys: r.envoys,
+                    acked: r.channels.get(&name),
+                })
+                .collect();
             let inputs = format!(
-                "{}|{}|{}|{connected:?}",
+                "{}|{}|{fleets:?}",
                 channel.resource_version().unwrap_or_default(),
                 served.ecds_version,
-                at(&report, &["channels", &name])
             );
             if memory.decided.get(&name) == Some(&inputs) {
                 continue;
@@ -202,10 +252,10 @@ impl Writer {
             let observed = Observed {
                 channel: &channel,
                 problems: mapping.map(|m| m.problems.as_slice()).unwrap_or_default(),
+                mapped: mapping.map(|m| &m.spec),
                 served: served_channel,
                 served_is_current: serves(mapping, served_channel),
-                report: at(&report, &["channels", &name]),
-                connected: &connected,
+                fleets: &fleets,
                 dead_letter: self.dead_letter(&channel).await,
                 now: &now,
             };
