@@ -134,6 +134,35 @@ impl Own {
     }
 }
 
+/// A channel's key, what each replica's Envoys have of it, and everything its status is
+/// decided from as one string: the object's version, what is served of it and those
+/// Envoys (nothing else changes it).
+fn decided_from<'a>(
+    object: &DynamicObject,
+    served: &Served,
+    reports: &[&'a Report],
+) -> (String, Vec<Fleet<'a>>, String) {
+    let name = format!(
+        "{}/{}",
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    );
+    let fleets: Vec<Fleet> = reports
+        .iter()
+        .map(|r| Fleet {
+            envoys: r.envoys,
+            acked: r.channels.get(&name),
+        })
+        .collect();
+    let served_channel = served.channels.get(&name);
+    let inputs = format!(
+        "{}|{:?}|{fleets:?}",
+        object.resource_version().unwrap_or_default(),
+        served_channel.map(|c| (&c.digest, c.serving)),
+    );
+    (name, fleets, inputs)
+}
+
 /// A name for this replica: its host (the pod's name) and process.
 fn identity() -> String {
     format!(
@@ -222,33 +251,22 @@ impl Writer {
             if writes >= WRITES_PER_TICK {
                 break;
             }
+            let (name, fleets, inputs) = decided_from(&object, served, reports);
+            let served_channel = served.channels.get(&name);
+            let ensured = object.uid().is_some_and(|u| memory.ensured.contains(&u));
+            if ensured && memory.decided.get(&name) == Some(&inputs) {
+                continue;
+            }
             let channel = match super::crd::from_object(&*object) {
                 Ok(channel) => channel,
                 Err(e) => {
-                    log::warn!("FanoutChannel {}: {e}", object.name_any());
+                    log::warn!("FanoutChannel {name}: {e}");
                     continue;
                 }
             };
             self.ensure(&channel, memory).await;
-            let name = key(&channel);
-            let fleets: Vec<Fleet> = reports
-                .iter()
-                .map(|r| Fleet {
-                    envoys: r.envoys,
-                    acked: r.channels.get(&name),
-                })
-                .collect();
-            let inputs = format!(
-                "{}|{}|{fleets:?}",
-                channel.resource_version().unwrap_or_default(),
-                served.ecds_version,
-            );
-            if memory.decided.get(&name) == Some(&inputs) {
-                continue;
-            }
             let alone = self.map_alone(&channel);
             let mapping = alone.channels.get(&name);
-            let served_channel = served.channels.get(&name);
             let observed = Observed {
                 channel: &channel,
                 problems: mapping.map(|m| m.problems.as_slice()).unwrap_or_default(),
