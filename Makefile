@@ -398,8 +398,11 @@ bench-1000: build envoy
 # controller 20 Subscriptions'). Needs what `make test-k8s` needs; SKIPPED without it.
 .PHONY: bench-k8s
 bench-k8s:
-	@if [ -z "$(KUBE_APISERVER_BIN)" ] || ! command -v kubectl >/dev/null || ! command -v openssl >/dev/null; then \
-	  echo "SKIPPED: make bench-k8s needs KUBE_APISERVER_BIN (a kube-apiserver binary, 1.24 or later), kubectl and openssl"; exit 0; fi; \
+	@missing=; \
+	[ -n "$(KUBE_APISERVER_BIN)" ] || missing="$$missing KUBE_APISERVER_BIN (a kube-apiserver binary, 1.24 or later)"; \
+	command -v kubectl >/dev/null || missing="$$missing kubectl"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	if [ -n "$$missing" ]; then echo "SKIPPED: make bench-k8s needs$$missing"; exit 0; fi; \
 	$(MAKE) --no-print-directory build envoy etcd control || exit 1; \
 	$(CARGO) test --test e2e -- --ignored --nocapture --exact k8s::bench_1000_fanout_channels
 
