@@ -3,8 +3,8 @@
 //! FanoutChannel's status ([`super::status::desired`]) from the channel, what is served and
 //! what the connected Envoys of every replica ACKed, and writes the ones that differ (a merge
 //! patch at the resourceVersion it read: a stale view is a conflict, never an overwrite), at
-//! most [`WRITES_PER_TICK`] per tick. It also gives each channel its `<name>-kn-channel`
-//! Service and Knative's `subscribable` annotation.
+//! most [`WRITES_PER_TICK`] per tick, [`CONCURRENT_WRITES`] at once. It also gives each
+//! channel its `<name>-kn-channel` Service and Knative's `subscribable` annotation.
 
 use super::acks::{self, Report, Versions};
 use super::crd::{FanoutChannel, FanoutChannelStatus, KReference};
@@ -31,8 +31,20 @@ use tokio::sync::watch;
 
 /// How often statuses are decided.
 const TICK: Duration = Duration::from_millis(200);
-/// At most this many status writes per tick.
+/// At most this many channels' statuses decided (and written) per tick.
 const WRITES_PER_TICK: usize = 50;
+/// Of those, this many written at once.
+const CONCURRENT_WRITES: usize = 8;
+
+/// What became of a status write.
+enum Written {
+    /// The channel has that status already.
+    Unchanged,
+    /// Written at this resourceVersion.
+    Wrote(String, Value),
+    /// Not written (a conflict, an error): decided again.
+    Failed,
+}
 /// The annotation Knative's channel conformance asks every channel object to carry.
 const SUBSCRIBABLE: &str = "messaging.knative.dev/subscribable";
 
@@ -245,44 +257,84 @@ impl Writer {
     ) {
         let now = Timestamp::now().round(k8s_openapi::jiff::Unit::Second);
         let now = now.map(|t| t.to_string()).unwrap_or_default();
-        let mut writes = 0;
         memory.tick();
+        let mut turns = Vec::new();
         for object in store.state() {
-            if writes >= WRITES_PER_TICK {
+            if turns.len() >= WRITES_PER_TICK {
                 break;
             }
             let (name, fleets, inputs) = decided_from(&object, served, reports);
-            let served_channel = served.channels.get(&name);
             let ensured = object.uid().is_some_and(|u| memory.ensured.contains(&u));
             if ensured && memory.decided.get(&name) == Some(&inputs) {
                 continue;
             }
-            let channel = match super::crd::from_object(&*object) {
-                Ok(channel) => channel,
-                Err(e) => {
-                    log::warn!("FanoutChannel {name}: {e}");
-                    continue;
-                }
-            };
-            self.ensure(&channel, memory).await;
-            let alone = self.map_alone(&channel);
-            let mapping = alone.channels.get(&name);
-            let observed = Observed {
-                channel: &channel,
-                problems: mapping.map(|m| m.problems.as_slice()).unwrap_or_default(),
-                mapped: mapping.map(|m| &m.spec),
-                served: served_channel,
-                served_is_current: serves(mapping, served_channel),
-                fleets: &fleets,
-                dead_letter: self.dead_letter(&channel).await,
-                now: &now,
-            };
-            // On a failure it is decided again next tick.
-            if let Some(wrote) = self.write(&channel, desired(&observed), memory).await {
-                writes += usize::from(wrote);
-                memory.decided.insert(name, inputs);
+            match super::crd::from_object(&*object) {
+                Ok(channel) => turns.push((name, inputs, channel, fleets)),
+                Err(e) => log::warn!("FanoutChannel {name}: {e}"),
             }
         }
+        let (mine, now) = (&*memory, now.as_str());
+        let each: Vec<_> = turns
+            .iter()
+            .map(|(name, _, channel, fleets)| self.turn(name, channel, fleets, served, now, mine))
+            .collect();
+        let outcomes: Vec<(Option<String>, Written)> = futures::stream::iter(each)
+            .buffered(CONCURRENT_WRITES)
+            .collect()
+            .await;
+        for ((name, inputs, _, _), (ensured, written)) in turns.into_iter().zip(outcomes) {
+            memory.ensured.extend(ensured);
+            match written {
+                // Decided again next tick.
+                Written::Failed => continue,
+                Written::Unchanged => {}
+                Written::Wrote(version, status) => {
+                    memory.written.insert(name.clone(), (version, status));
+                }
+            }
+            memory.decided.insert(name, inputs);
+        }
+    }
+
+    /// One channel's turn: its Service and annotation (the uid when they were put in place
+    /// now), and its status decided and written.
+    async fn turn(
+        &self,
+        name: &str,
+        channel: &FanoutChannel,
+        fleets: &[Fleet<'_>],
+        served: &Served,
+        now: &str,
+        memory: &Memory,
+    ) -> (Option<String>, Written) {
+        let ensured = self.ensure(channel, &memory.ensured).await;
+        let status = self.decide(name, channel, fleets, served, now).await;
+        let written = self.write(channel, status, memory.written.get(name)).await;
+        (ensured, written)
+    }
+
+    /// The status `channel` should have.
+    async fn decide(
+        &self,
+        name: &str,
+        channel: &FanoutChannel,
+        fleets: &[Fleet<'_>],
+        served: &Served,
+        now: &str,
+    ) -> FanoutChannelStatus {
+        let alone = self.map_alone(channel);
+        let mapping = alone.channels.get(name);
+        let served_channel = served.channels.get(name);
+        desired(&Observed {
+            channel,
+            problems: mapping.map(|m| m.problems.as_slice()).unwrap_or_default(),
+            mapped: mapping.map(|m| &m.spec),
+            served: served_channel,
+            served_is_current: serves(mapping, served_channel),
+            fleets,
+            dead_letter: self.dead_letter(channel).await,
+            now,
+        })
     }
 
     /// The channel mapped on its own: what this generation of it is served as.
@@ -295,21 +347,21 @@ impl Writer {
         knative::map(&self.options, vec![doc])
     }
 
-    /// Write `status` when it differs from the channel's: whether a write was made, None
-    /// when it failed.
+    /// Write `status` when it differs from the channel's (and from what was `written` at
+    /// this version).
     async fn write(
         &self,
         channel: &FanoutChannel,
         status: FanoutChannelStatus,
-        memory: &mut Memory,
-    ) -> Option<bool> {
+        written: Option<&(String, Value)>,
+    ) -> Written {
         let want = serde_json::to_value(&status).unwrap_or(Value::Null);
         let have =
             serde_json::to_value(channel.status.clone().unwrap_or_default()).unwrap_or(Value::Null);
         let version = channel.resource_version().unwrap_or_default();
         let name = key(channel);
-        if want == have || memory.written.get(&name) == Some(&(version.clone(), want.clone())) {
-            return Some(false);
+        if want == have || written == Some(&(version.clone(), want.clone())) {
+            return Written::Unchanged;
         }
         // A merge patch: what the status no longer has is removed with null.
         let mut patch = want.clone();
@@ -338,27 +390,27 @@ impl Writer {
         {
             Ok(_) => {
                 crate::metrics::status_written("ok");
-                memory.written.insert(name, (version, want));
-                Some(true)
+                Written::Wrote(version, want)
             }
             // Written by someone else meanwhile: decided again from the new version.
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 crate::metrics::status_written("conflict");
-                None
+                Written::Failed
             }
             Err(e) => {
                 crate::metrics::status_written("error");
                 log::warn!("FanoutChannel {name}: cannot write its status: {e}");
-                None
+                Written::Failed
             }
         }
     }
 
-    /// The channel's Service and annotation, once per channel.
-    async fn ensure(&self, channel: &FanoutChannel, memory: &mut Memory) {
-        let Some(uid) = channel.uid() else { return };
-        if memory.ensured.contains(&uid) {
-            return;
+    /// The channel's Service and annotation, once per channel (`ensured`: the channels, by
+    /// uid, that have them): its uid when they are in place now.
+    async fn ensure(&self, channel: &FanoutChannel, ensured: &HashSet<String>) -> Option<String> {
+        let uid = channel.uid()?;
+        if ensured.contains(&uid) {
+            return None;
         }
         let (name, ns) = (channel.name_any(), channel.namespace().unwrap_or_default());
         let mut ok = true;
@@ -400,9 +452,7 @@ impl Writer {
                 ok = false;
             }
         }
-        if ok {
-            memory.ensured.insert(uid);
-        }
+        ok.then_some(uid)
     }
 
     /// `spec.delivery.deadLetterSink` as a URI, or why not; None when there is none.
