@@ -275,7 +275,7 @@ impl Writer {
         }
         let (mine, now) = (&*memory, now.as_str());
         let each: Vec<_> = turns
-            .iter()
+            .iter_mut()
             .map(|(name, _, channel, fleets)| self.turn(name, channel, fleets, served, now, mine))
             .collect();
         let outcomes: Vec<(Option<String>, Written)> = futures::stream::iter(each)
@@ -301,7 +301,7 @@ impl Writer {
     async fn turn(
         &self,
         name: &str,
-        channel: &FanoutChannel,
+        channel: &mut FanoutChannel,
         fleets: &[Fleet<'_>],
         served: &Served,
         now: &str,
@@ -406,8 +406,13 @@ impl Writer {
     }
 
     /// The channel's Service and annotation, once per channel (`ensured`: the channels, by
-    /// uid, that have them): its uid when they are in place now.
-    async fn ensure(&self, channel: &FanoutChannel, ensured: &HashSet<String>) -> Option<String> {
+    /// uid, that have them): its uid when they are in place now. An annotated channel gets
+    /// the version the annotation made, so that its status is not a conflict.
+    async fn ensure(
+        &self,
+        channel: &mut FanoutChannel,
+        ensured: &HashSet<String>,
+    ) -> Option<String> {
         let uid = channel.uid()?;
         if ensured.contains(&uid) {
             return None;
@@ -417,12 +422,19 @@ impl Writer {
         if channel.annotations().get(SUBSCRIBABLE).map(String::as_str) != Some("v1") {
             let api: Api<FanoutChannel> = Api::namespaced(self.client.clone(), &ns);
             let body = json!({ "metadata": { "annotations": { SUBSCRIBABLE: "v1" } } });
-            if let Err(e) = api
+            match api
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
                 .await
             {
-                log::warn!("FanoutChannel {ns}/{name}: cannot annotate it: {e}");
-                ok = false;
+                // Its status is written at the annotated version, when the spec is the same.
+                Ok(annotated) if annotated.metadata.generation == channel.metadata.generation => {
+                    channel.metadata.resource_version = annotated.metadata.resource_version;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    log::warn!("FanoutChannel {ns}/{name}: cannot annotate it: {e}");
+                    ok = false;
+                }
             }
         }
         if let Some((dns, dname)) = &self.dispatcher {
