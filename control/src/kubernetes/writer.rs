@@ -45,6 +45,7 @@ enum Written {
     /// Not written (a conflict, an error): decided again.
     Failed,
 }
+
 /// The annotation Knative's channel conformance asks every channel object to carry.
 const SUBSCRIBABLE: &str = "messaging.knative.dev/subscribable";
 
