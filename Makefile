@@ -341,7 +341,7 @@ test-k8s:
 	  echo "SKIPPED: the knative_ scenarios need KNATIVE_CONTROLLER_BIN (Knative Eventing's controller, 1.22 or later) and KNATIVE_EVENTING_SRC (its source tree)"; \
 	  skip="--skip k8s::knative_"; \
 	fi; \
-	$(CARGO) test --test e2e k8s:: -- --ignored --test-threads=1 --nocapture $$skip
+	$(CARGO) test --test e2e k8s:: -- --ignored --test-threads=1 --nocapture --skip k8s::bench_ $$skip
 
 # The docker-compose demo for real (tools/test-compose.sh): needs Docker and compose v2, so not
 # part of `make test`; .ci/run runs it where `docker info` works.
@@ -380,7 +380,7 @@ test-compat: build sdk js otlp
 # its size costs at start-up (bench/run.py; installs wrk with apt-get if it is missing). Results:
 # bench/results/<date>/ and bench/results/latest.md (~20 min). QUICK=1: a short run (~4 min)
 # whose results go to bench/tmp/quick/.
-bench: build envoy etcd bench-1000 bench-control
+bench: build envoy etcd bench-1000 bench-control bench-k8s
 	$(PYTHON) bench/run.py --skip-build $(if $(filter 1,$(QUICK)),--quick)
 # What a channel of 1000 subscribers costs (Envoy's start-up, fan-out times, RSS against a
 # channel of 4): the measurement half of faults::a_channel_of_1000_subscribers_works.
@@ -392,6 +392,20 @@ bench-1000: build envoy
 # through three Envoys, p50 and p99 over 20 changes, over ADS and over the file-watched ECDS
 # path side by side; the CPU one change to one channel among 1,000 costs the server and each
 # Envoy.
+# 1,000 FanoutChannels on a real Kubernetes API (tests/e2e/k8s.rs,
+# `bench_1000_fanout_channels`; part of `make bench`): start to first serve, every status
+# Ready, fanout-control's memory, 20 changes' apply-to-delivery (and with Knative's
+# controller 20 Subscriptions'). Needs what `make test-k8s` needs; SKIPPED without it.
+.PHONY: bench-k8s
+bench-k8s:
+	@missing=; \
+	[ -n "$(KUBE_APISERVER_BIN)" ] || missing="$$missing KUBE_APISERVER_BIN (a kube-apiserver binary, 1.24 or later)"; \
+	command -v kubectl >/dev/null || missing="$$missing kubectl"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	if [ -n "$$missing" ]; then echo "SKIPPED: make bench-k8s needs$$missing"; exit 0; fi; \
+	$(MAKE) --no-print-directory build envoy etcd control || exit 1; \
+	$(CARGO) test --test e2e -- --ignored --nocapture --exact k8s::bench_1000_fanout_channels
+
 .PHONY: bench-control
 bench-control: build envoy control
 	$(CARGO) test --test e2e -- --ignored --nocapture control::bench_propagation_and_push_cost

@@ -1,9 +1,11 @@
 //! The Kubernetes source (`--source kubernetes`) and the FanoutChannel kind: watches on the
 //! Kubernetes API turned into the objects the mapper reads ([`crate::knative::map`]).
 
+mod acks;
 pub mod crd;
 mod lease;
 mod objects;
+mod reports;
 mod status;
 mod watch;
 mod writer;

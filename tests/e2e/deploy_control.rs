@@ -371,6 +371,19 @@ fn the_control_plane_holds_only_the_permissions_its_source_needs() {
         find(&objects, "Role", "fanout-control-leases")["metadata"]["namespace"],
         "fanout-system"
     );
+    // Each replica's report of what its Envoys serve, in the Lease's namespace.
+    let reports = rules("Role", "fanout-control-reports");
+    assert_eq!(
+        reports
+            .iter()
+            .map(|(g, r, _)| format!("{g}/{r}"))
+            .collect::<Vec<_>>(),
+        ["/configmaps"]
+    );
+    assert_eq!(
+        find(&objects, "Role", "fanout-control-reports")["metadata"]["namespace"],
+        "fanout-system"
+    );
     for object in objects
         .iter()
         .filter(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("Role")))

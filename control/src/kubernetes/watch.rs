@@ -1,7 +1,8 @@
 //! The watches: one per kind (FanoutChannels, and Knative's InMemoryChannels, Channels,
 //! Subscriptions and EventPolicies), each a kube-rs watcher that relists after any error,
 //! turned into [`Update`]s for [`Objects`]; each time the whole set changes it is listed to
-//! the loop every source shares, which maps it with the directory source's mapper.
+//! the loop every source shares, which maps it with the directory source's mapper. Every
+//! relist counts in `fanout_control_source_relists_total`.
 
 use super::objects::{Objects, Update};
 use crate::source::{Listing, Listings};
@@ -115,7 +116,7 @@ async fn watch_kind(
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .backoff(Retry::default())
         .boxed();
-    let mut absent = false;
+    let (mut absent, mut listed) = (false, false);
     while let Some(event) = stream.next().await {
         let update = match event {
             Ok(Event::Init) => Update::Restarted,
@@ -124,10 +125,19 @@ async fn watch_kind(
                 if std::mem::take(&mut absent) {
                     log::info!("{name}: now served by the API, watching it");
                 }
+                // Every list after the first is a relist (a watch error, 410 Gone, an
+                // apiserver restart).
+                crate::metrics::source_read(std::mem::replace(&mut listed, true));
                 Update::ListDone
             }
-            Ok(Event::Apply(o)) => Update::Applied(document(o, &resource)),
-            Ok(Event::Delete(o)) => Update::Deleted(document(o, &resource)),
+            Ok(Event::Apply(o)) => {
+                crate::metrics::source_read(false);
+                Update::Applied(document(o, &resource))
+            }
+            Ok(Event::Delete(o)) => {
+                crate::metrics::source_read(false);
+                Update::Deleted(document(o, &resource))
+            }
             Err(e) if is_not_found(&e) => {
                 if !std::mem::replace(&mut absent, true) {
                     log::warn!(
