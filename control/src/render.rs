@@ -82,6 +82,24 @@ pub struct Served {
     written: Written,
 }
 
+#[cfg(test)]
+impl Served {
+    /// A state serving only `channels` at filter version `ecds_version`, for other modules'
+    /// tests.
+    pub fn of_channels(channels: BTreeMap<String, ServedChannel>, ecds_version: &str) -> Served {
+        Served {
+            channels,
+            problems: Vec::new(),
+            warnings: Vec::new(),
+            ecds: Vec::new(),
+            ecds_version: ecds_version.to_owned(),
+            clusters: BTreeMap::new(),
+            cds_version: String::new(),
+            written: Written::default(),
+        }
+    }
+}
+
 /// What was written for a state, kept for the next one: one change among a thousand
 /// channels rewrites (and the filter checks) that one channel, not the thousand. Each served
 /// channel's entry of the filter's `channels`, and the spec each cluster was rendered from.

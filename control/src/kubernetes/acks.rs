@@ -217,15 +217,7 @@ mod tests {
             problems: Vec::new(),
             warnings: Vec::new(),
         };
-        Served {
-            channels: [("shop/orders".to_owned(), channel)].into(),
-            problems: Vec::new(),
-            warnings: Vec::new(),
-            ecds: Vec::new(),
-            ecds_version: version.to_owned(),
-            clusters: BTreeMap::new(),
-            cds_version: String::new(),
-        }
+        Served::of_channels([("shop/orders".to_owned(), channel)].into(), version)
     }
 
     fn ledger(envoys: &[(&str, &str)], live_on: &[(&str, &[&str])]) -> Value {
