@@ -19,7 +19,6 @@ use crate::config::MAX_KEY_BYTES;
 
 pub mod claim;
 pub mod etcd;
-pub mod remote;
 pub mod settle;
 // Its five indexing sites are in bounds by the shard format's own checks; they are the
 // dedupe module's to rewrite (clippy::indexing_slicing is denied everywhere else).

@@ -1,7 +1,7 @@
 //! One request's way through a worker once its recipients are chosen, as named stages, each
 //! coded in one place:
 //!
-//! 1. **claim** (`claims.rs`): with `dedupe`'s etcd store, the event's claim is asked of etcd
+//! 1. **claim** (`dedupe/etcd/claims.rs`): with `dedupe`'s etcd store, the event's claim is asked of etcd
 //!    first (alone from the request's stream, or coalesced with others' as a call of the root
 //!    context), and its answer (or the store's failure) decides who is called;
 //! 2. **deliver** ([`Deliveries`]): the calls, their retries, the verdict;
@@ -28,8 +28,9 @@ use crate::call_table::{CallTable, Continuation};
 use crate::cloudevents::ContentMode;
 use crate::config::Config;
 use crate::dedupe::claim::{self as dedupe_claim, Claim};
+use crate::dedupe::etcd::claims::{Claimed, Coalescer, Pending};
+use crate::dedupe::etcd::remote::{self, Remote};
 use crate::dedupe::etcd::{Found, StoreError};
-use crate::dedupe::remote::{self, Remote};
 use crate::dedupe::settle;
 use crate::deliveries::{Deliveries, Finished, Job, JobSpans, Outcome, Owed};
 use crate::headers::HeaderMap;
@@ -38,9 +39,7 @@ use crate::jitter::Jitter;
 use crate::recipients::Room;
 use crate::telemetry::{Counter, Telemetry};
 use crate::timer::Timers;
-use claims::{Claimed, Coalescer, Pending};
 
-mod claims;
 mod settles;
 
 /// The context whose callback is running.
@@ -75,7 +74,7 @@ pub struct Pipeline {
     calls: CallTable,
     deliveries: Deliveries,
     /// The claim stage: claim txns in flight, requests parked, what the root made of them.
-    claims: Coalescer,
+    claims: Coalescer<Job>,
     /// The etcd store's agent on this VM: leases, settles queued and in flight, warnings.
     etcd: Remote,
     /// The answer stage: sync fan-outs ended whose answer waits for their etcd settle (job
@@ -140,7 +139,7 @@ impl Pipeline {
             }
             Claim::Ask(ask) => {
                 let (calls, leases) = (&mut self.calls, &self.etcd.leases);
-                let pending = Pending::new(stream, ask, job);
+                let pending = Pending::new(stream, ask, job.started_ms, job);
                 let claimed = self.claims.claim(host, calls, leases, pending);
                 Outcome {
                     delivering: None,
@@ -369,7 +368,7 @@ impl Pipeline {
         &mut self,
         host: &H,
         actor: Actor,
-        claimed: Claimed,
+        claimed: Claimed<Job>,
     ) -> Vec<Finished> {
         let mut finished = Vec::new();
         for (pending, result) in claimed {
@@ -386,7 +385,7 @@ impl Pipeline {
         &mut self,
         host: &H,
         actor: Actor,
-        pending: Pending,
+        pending: Pending<Job>,
         result: Result<Found, StoreError>,
     ) -> Vec<Finished> {
         let Pending {
@@ -394,6 +393,7 @@ impl Pipeline {
             ask,
             mut job,
             sender_left,
+            ..
         } = pending;
         let counter = self.counter(&job.config);
         match result {

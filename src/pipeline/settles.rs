@@ -17,7 +17,7 @@
 
 use super::{Actor, Pipeline};
 use crate::dedupe::claim::etcd_reply;
-use crate::dedupe::remote::{self, Sent};
+use crate::dedupe::etcd::remote::{self, Sent};
 use crate::dedupe::settle::{self, NOT_RECORDED_HEADER};
 use crate::deliveries::Finished;
 use crate::host::Host;

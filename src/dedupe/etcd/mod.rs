@@ -3,7 +3,7 @@
 //! ordinary HTTP/2 cluster of etcd members. Pure: the keys and values, the request bodies,
 //! the reading of etcd's answers ([`proto`] has the messages), and the leases the keys are
 //! written with ([`lease`]), a call's headers; the calls are made by `claim`, `settle` and
-//! [`Remote`](super::remote::Remote)'s owner.
+//! [`Remote`](remote::Remote)'s owner.
 //!
 //! - Two keys per (channel, event): `<prefix><len>:<channel>/<event key>/c`, the claim, and
 //!   `.../d`, the records. So an event costs etcd three key writes (the claim, then the
@@ -42,8 +42,10 @@ use proto::{
 };
 pub use proto::{GRANT_PATH, TXN_PATH};
 
+pub mod claims;
 pub mod lease;
 pub mod proto;
+pub mod remote;
 
 pub use lease::{Family, Grant, Leases};
 
