@@ -18,8 +18,10 @@
 use crate::config::MAX_KEY_BYTES;
 
 pub mod claim;
+pub mod dedupe_store;
 pub mod etcd;
 pub mod settle;
+pub mod stores;
 // Its five indexing sites are in bounds by the shard format's own checks; they are the
 // dedupe module's to rewrite (clippy::indexing_slicing is denied everywhere else).
 #[allow(clippy::indexing_slicing)]

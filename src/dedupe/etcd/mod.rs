@@ -46,6 +46,7 @@ pub mod claims;
 pub mod lease;
 pub mod proto;
 pub mod remote;
+pub mod store;
 
 pub use lease::{Family, Grant, Leases};
 
