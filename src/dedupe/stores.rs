@@ -1,6 +1,6 @@
 //! The stores behind [`DedupeStore`], as one: the `envoy` store ([`ShardStore`]: Envoy's
 //! shared data, claimed before the pipeline, settled at once) and the `etcd` store
-//! ([`EtcdStore`]). [`Stores`] hands each call to the store it concerns: a fan-out's settle to
+//! ([`EtcdAgent`]). [`Stores`] hands each call to the store it concerns: a fan-out's settle to
 //! the store its claims are in (a new configuration may have changed the store meanwhile),
 //! the rest to the etcd store, the only one that calls out.
 
@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 use super::dedupe_store::{Acting, Answered, DedupeStore, Ending, HeldAnswer};
 use super::etcd::claims::{Claimed, Pending};
-use super::etcd::store::EtcdStore;
+use super::etcd::store::EtcdAgent;
 use super::etcd::StoreError;
 use super::settle::{self, Claims};
 use crate::call_table::{CallTable, Continuation};
@@ -48,14 +48,14 @@ impl ShardStore {
 /// Every store of a worker, behind one [`DedupeStore`].
 pub struct Stores<J, A> {
     shard: ShardStore,
-    etcd: EtcdStore<J, A>,
+    etcd: EtcdAgent<J, A>,
 }
 
 impl<J, A> Stores<J, A> {
     pub fn new(telemetry: Rc<RefCell<Telemetry>>) -> Self {
         Stores {
             shard: ShardStore,
-            etcd: EtcdStore::new(telemetry),
+            etcd: EtcdAgent::new(telemetry),
         }
     }
 }

@@ -30,7 +30,7 @@ use crate::telemetry::{count_into, Counter, Telemetry};
 
 /// The etcd store's side of one worker. `J`: a request's fan-out waiting for its claim; `A`:
 /// a sender's answer.
-pub struct EtcdStore<J, A> {
+pub struct EtcdAgent<J, A> {
     /// The claim stage: claim txns in flight, requests parked.
     claims: Coalescer<J>,
     /// The leases, settles queued and in flight, warnings.
@@ -40,9 +40,9 @@ pub struct EtcdStore<J, A> {
     telemetry: Rc<RefCell<Telemetry>>,
 }
 
-impl<J, A> EtcdStore<J, A> {
+impl<J, A> EtcdAgent<J, A> {
     pub fn new(telemetry: Rc<RefCell<Telemetry>>) -> Self {
-        EtcdStore {
+        EtcdAgent {
             claims: Coalescer::default(),
             remote: Remote::default(),
             held: Vec::new(),
@@ -51,7 +51,7 @@ impl<J, A> EtcdStore<J, A> {
     }
 }
 
-impl<J, A: HeldAnswer> EtcdStore<J, A> {
+impl<J, A: HeldAnswer> EtcdAgent<J, A> {
     /// Sends the claims parked, if they can go (as one txn of the acting root); one Envoy
     /// refused quickens the root's timer, which continues them as store errors.
     fn send_parked<H: Host>(&mut self, host: &H, at: &mut Acting<'_>) {
@@ -129,7 +129,7 @@ impl<J, A: HeldAnswer> EtcdStore<J, A> {
     }
 }
 
-impl<J, A: HeldAnswer> DedupeStore<J, A> for EtcdStore<J, A> {
+impl<J, A: HeldAnswer> DedupeStore<J, A> for EtcdAgent<J, A> {
     fn configure<H: Host>(&mut self, _host: &H, config: &Config) {
         remote::prepare(&mut self.remote, config);
     }
