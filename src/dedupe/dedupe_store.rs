@@ -7,14 +7,17 @@
 //! pipeline continues: requests claimed (with what the store found, or its failure) and
 //! answers it no longer holds. The store decides nothing about the deliveries.
 
+use crate::answer::Answer;
 use crate::call_table::{CallTable, Continuation};
 use crate::config::Config;
+use crate::fan_out_state::FanOut;
 use crate::host::Host;
 use crate::telemetry::Counter;
 use crate::timer::Timers;
 
-use super::etcd::claims::{Claimed, Pending};
-use super::etcd::StoreError;
+use super::claim::Ask;
+pub use super::etcd::claims::{Claimed, Pending};
+pub use super::etcd::{Found, StoreError};
 use super::settle::Claims;
 
 /// The context a store runs in: the worker's call table, the root contexts' timers, and the
@@ -63,6 +66,36 @@ impl<J, A> Default for Answered<J, A> {
     }
 }
 
+/// The answer to one of a store's calls: its token, its continuation, and the answer's
+/// header count and body size.
+pub struct StoreCall {
+    pub token: u32,
+    pub then: Continuation,
+    pub reply: (usize, usize),
+}
+
+/// A request's claim, answered: what [`DedupeStore::decide`] decides on.
+pub struct Deciding<'a> {
+    pub counter: &'a Counter,
+    pub config: &'a Config,
+    /// The request's context id (for log lines) and its start.
+    pub log_id: u32,
+    pub now_ms: u64,
+    pub ask: Ask,
+    /// What the store found, or its failure.
+    pub result: Result<Found, StoreError>,
+}
+
+/// What a request's claim came to, once its store answered ([`DedupeStore::decide`]).
+pub enum Decided {
+    /// Claimed (its fan-out marked): the claims to settle when the fan-out ends, if any.
+    Claims(Option<Claims>),
+    /// The store failed, and `on_store_error: deliver`: everyone is called, unrecorded.
+    Unrecorded,
+    /// The store failed, and `on_store_error: reject`: this answer, nobody called.
+    Refused(Answer),
+}
+
 /// A dedupe store, as the pipeline's stages use it: `J` is a request's fan-out waiting for
 /// its claim, `A` a sender's answer.
 pub trait DedupeStore<J, A: HeldAnswer> {
@@ -73,15 +106,9 @@ pub trait DedupeStore<J, A: HeldAnswer> {
     /// failed) now, to continue; the rest comes back through [`DedupeStore::answer`].
     fn claim<H: Host>(&mut self, host: &H, at: &mut Acting<'_>, pending: Pending<J>) -> Claimed<J>;
 
-    /// The answer to the store's call (its token and continuation; `reply`: the
-    /// answer's header count and body size).
-    fn answer<H: Host>(
-        &mut self,
-        host: &H,
-        at: &mut Acting<'_>,
-        call: (u32, Continuation),
-        reply: (usize, usize),
-    ) -> Answered<J, A>;
+    /// The answer to the store's call `call`.
+    fn answer<H: Host>(&mut self, host: &H, at: &mut Acting<'_>, call: StoreCall)
+        -> Answered<J, A>;
 
     /// The settle stage, for one fan-out that ended: its answer, unless the store holds it
     /// until the settle is written.
@@ -121,9 +148,9 @@ pub trait DedupeStore<J, A: HeldAnswer> {
     /// Whether the request of `stream` still waits for its claim.
     fn claiming(&self, stream: u32) -> bool;
 
-    /// The store failed for a request (`error` at `now_ms`): whether to log a warning now,
-    /// and how many were not logged since.
-    fn failed(&mut self, error: &StoreError, now_ms: u64) -> Option<u32>;
+    /// A request's claim answered: what the store found marked in `fanout` and the claims
+    /// to settle, or its failure counted, logged, and decided by `on_store_error`.
+    fn decide<H: Host>(&mut self, host: &H, claim: Deciding<'_>, fanout: &mut FanOut) -> Decided;
 
     /// Whether the root's timer has the store's work soon (settles owed, claims to
     /// continue).

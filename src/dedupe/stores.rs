@@ -7,13 +7,14 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use super::dedupe_store::{Acting, Answered, DedupeStore, Ending, HeldAnswer};
+use super::dedupe_store::{Acting, Answered, Decided, Deciding, DedupeStore, Ending};
+use super::dedupe_store::{HeldAnswer, StoreCall};
 use super::etcd::claims::{Claimed, Pending};
 use super::etcd::store::EtcdAgent;
-use super::etcd::StoreError;
 use super::settle::{self, Claims};
-use crate::call_table::{CallTable, Continuation};
+use crate::call_table::CallTable;
 use crate::config::Config;
+use crate::fan_out_state::FanOut;
 use crate::host::Host;
 use crate::telemetry::Telemetry;
 
@@ -74,10 +75,9 @@ impl<J, A: HeldAnswer> DedupeStore<J, A> for Stores<J, A> {
         &mut self,
         host: &H,
         at: &mut Acting<'_>,
-        call: (u32, Continuation),
-        reply: (usize, usize),
+        call: StoreCall,
     ) -> Answered<J, A> {
-        self.etcd.answer(host, at, call, reply)
+        self.etcd.answer(host, at, call)
     }
 
     fn settle<H: Host>(
@@ -127,8 +127,8 @@ impl<J, A: HeldAnswer> DedupeStore<J, A> for Stores<J, A> {
         self.etcd.claiming(stream)
     }
 
-    fn failed(&mut self, error: &StoreError, now_ms: u64) -> Option<u32> {
-        self.etcd.failed(error, now_ms)
+    fn decide<H: Host>(&mut self, host: &H, claim: Deciding<'_>, fanout: &mut FanOut) -> Decided {
+        self.etcd.decide(host, claim, fanout)
     }
 
     fn has_timed_work(&self) -> bool {

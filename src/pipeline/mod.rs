@@ -29,10 +29,10 @@ use crate::answer::Answer;
 use crate::call_table::{CallTable, Continuation};
 use crate::cloudevents::ContentMode;
 use crate::config::Config;
-use crate::dedupe::claim::{self as dedupe_claim, Claim};
-use crate::dedupe::dedupe_store::{Acting, DedupeStore, Ending, HeldAnswer};
-use crate::dedupe::etcd::claims::{Claimed, Pending};
-use crate::dedupe::etcd::{Found, StoreError};
+use crate::dedupe::claim::Claim;
+use crate::dedupe::dedupe_store::{Acting, Claimed, Decided, Deciding, DedupeStore, Ending};
+use crate::dedupe::dedupe_store::{Found, Pending, StoreError};
+use crate::dedupe::dedupe_store::{HeldAnswer, StoreCall};
 use crate::dedupe::settle::NOT_RECORDED_HEADER;
 use crate::dedupe::stores::Stores;
 use crate::deliveries::{Deliveries, Finished, Job, JobSpans, Outcome, Owed};
@@ -175,9 +175,12 @@ impl Pipeline {
             }
             store_call => {
                 let mut at = acting(&mut self.calls, &mut self.timers, actor);
-                let answered = self
-                    .store
-                    .answer(host, &mut at, (token, store_call), answer);
+                let call = StoreCall {
+                    token,
+                    then: store_call,
+                    reply: answer,
+                };
+                let answered = self.store.answer(host, &mut at, call);
                 let mut finished = self.continue_claims(host, actor, answered.claimed);
                 finished.extend(answered.released);
                 finished
@@ -387,10 +390,10 @@ impl Pipeline {
         finished
     }
 
-    /// The one continuation of a claim: etcd found what it found (the job's fan-out marked,
-    /// its claims kept to settle) and the fan-out starts; or the store failed, and
-    /// `on_store_error` decides: everyone is called, unrecorded, or the 503. What the stream
-    /// must answer is returned (counted where it is sent).
+    /// The one continuation of a claim: the store decides what it came to
+    /// ([`DedupeStore::decide`]: the job's fan-out marked and its claims kept to settle; or,
+    /// the store failed, everyone called unrecorded, or the 503) and the fan-out starts, or
+    /// the stream's answer is returned (counted where it is sent).
     fn continue_claim<H: Host>(
         &mut self,
         host: &H,
@@ -406,25 +409,19 @@ impl Pipeline {
             ..
         } = pending;
         let counter = self.counter(&job.config);
-        match result {
-            Ok(found) => {
-                job.claims = dedupe_claim::claimed(host, &counter, ask, &found, &mut job.fanout)
-            }
-            Err(error) => {
-                let now = job.started_ms;
-                let store = &mut self.store;
-                let failed =
-                    dedupe_claim::store_failed(host, &counter, &job.config, stream, &error, || {
-                        store.failed(&error, now)
-                    });
-                if let Err(answer) = failed {
-                    if sender_left {
-                        return Vec::new();
-                    }
-                    return vec![Finished::now(stream, answer)];
-                }
-                job.unrecorded = true;
-            }
+        let claim = Deciding {
+            counter: &counter,
+            config: &job.config,
+            log_id: stream,
+            now_ms: job.started_ms,
+            ask,
+            result,
+        };
+        match self.store.decide(host, claim, &mut job.fanout) {
+            Decided::Claims(claims) => job.claims = claims,
+            Decided::Unrecorded => job.unrecorded = true,
+            Decided::Refused(_) if sender_left => return Vec::new(),
+            Decided::Refused(answer) => return vec![Finished::now(stream, answer)],
         }
         self.launch(host, actor.acting_root(), (stream, sender_left), job)
     }

@@ -19,12 +19,13 @@ use std::rc::Rc;
 
 use super::claims::{Claimed, Coalescer, Pending};
 use super::remote::{self, Remote, Sent};
-use super::StoreError;
 use crate::call_table::{CallTable, Continuation};
 use crate::config::Config;
-use crate::dedupe::claim::etcd_reply;
-use crate::dedupe::dedupe_store::{Acting, Answered, DedupeStore, Ending, HeldAnswer};
+use crate::dedupe::claim::{claimed, etcd_reply, store_failed};
+use crate::dedupe::dedupe_store::{Acting, Answered, Decided, Deciding, DedupeStore, Ending};
+use crate::dedupe::dedupe_store::{HeldAnswer, StoreCall};
 use crate::dedupe::settle::{self, Claims, RemoteSettle};
+use crate::fan_out_state::FanOut;
 use crate::host::Host;
 use crate::telemetry::{count_into, Counter, Telemetry};
 
@@ -143,9 +144,9 @@ impl<J, A: HeldAnswer> DedupeStore<J, A> for EtcdAgent<J, A> {
         &mut self,
         host: &H,
         at: &mut Acting<'_>,
-        (token, then): (u32, Continuation),
-        reply: (usize, usize),
+        call: StoreCall,
     ) -> Answered<J, A> {
+        let StoreCall { token, then, reply } = call;
         match then {
             Continuation::Claim => {
                 let claimed = self.claims.answered(host, token, reply);
@@ -257,11 +258,28 @@ impl<J, A: HeldAnswer> DedupeStore<J, A> for EtcdAgent<J, A> {
         self.claims.holds(stream)
     }
 
-    fn failed(&mut self, error: &StoreError, now_ms: u64) -> Option<u32> {
+    fn decide<H: Host>(&mut self, host: &H, claim: Deciding<'_>, fanout: &mut FanOut) -> Decided {
+        let Deciding {
+            counter,
+            config,
+            log_id,
+            now_ms,
+            ask,
+            result,
+        } = claim;
+        let error = match result {
+            Ok(found) => return Decided::Claims(claimed(host, counter, ask, &found, fanout)),
+            Err(error) => error,
+        };
         if error.lease_lost() {
             self.remote.leases.forget();
         }
-        self.remote.warn(now_ms)
+        let remote = &mut self.remote;
+        let warn = || remote.warn(now_ms);
+        match store_failed(host, counter, config, log_id, &error, warn) {
+            Ok(()) => Decided::Unrecorded,
+            Err(answer) => Decided::Refused(answer),
+        }
     }
 
     fn has_timed_work(&self) -> bool {
