@@ -14,6 +14,7 @@
 //!    (no `RefCell` borrowed while Envoy runs the local reply).
 //!
 //! The pipeline never knows which store is behind [`DedupeStore`] (`dedupe/stores.rs`).
+//!
 //! A stage that calls out enters the call's token in the worker's one [`CallTable`] with its
 //! continuation (a delivery attempt, a claim txn, a settle txn, a lease grant, an export);
 //! whichever context Envoy hands the answer to, [`Pipeline::on_response`] looks the token up
