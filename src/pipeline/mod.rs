@@ -197,15 +197,21 @@ impl Pipeline {
     /// async, no etcd settle), and those whose etcd settle failed at once. (Into the caller's
     /// list, and both checks in line: every call's answer passes here, and mostly nothing
     /// ended and nothing is queued.)
-    #[inline]
+    #[inline(always)]
     fn settle_ended<H: Host>(&mut self, host: &H, actor: Actor, finished: &mut Vec<Finished>) {
         if self.deliveries.has_ended() {
             self.queue_ended(host, actor, finished);
         }
         if self.store.ready_to_send() {
-            let mut at = acting(&mut self.calls, &mut self.timers, actor);
-            finished.extend(self.store.send(host, &mut at));
+            self.flush_settles(host, actor, finished);
         }
+    }
+
+    /// The settles the store owes go out now (as calls of `actor`'s root); adds the answers
+    /// of fan-outs whose settle failed at once to `finished`.
+    fn flush_settles<H: Host>(&mut self, host: &H, actor: Actor, finished: &mut Vec<Finished>) {
+        let mut at = acting(&mut self.calls, &mut self.timers, actor);
+        finished.extend(self.store.send(host, &mut at));
     }
 
     /// Settles the claims of the fan-outs that ended (the store may hold a sync sender's
