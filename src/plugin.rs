@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::cell::with_mut;
 use crate::config::Config;
-use crate::dedupe::remote;
+use crate::dedupe::etcd::remote;
 use crate::deliveries::{Finished, Owed};
 use crate::host::Host;
 use crate::pipeline::{Actor, Pipeline};

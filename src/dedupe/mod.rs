@@ -5,9 +5,11 @@
 //! All of dedupe's state and orchestration is here (its settings are the configuration's,
 //! `config/dedupe.rs`): the record format and the rules ([`Shard`], in `shard.rs`), the CAS
 //! loop over Envoy's shared data ([`update`], in `store.rs`), the claims a request makes
-//! before its calls (`claim.rs`) and their settling when its fan-out ends (`settle.rs`).
-//! Only `claim` and `settle` call the host; none of it knows proxy-wasm. The store is behind [`SharedStore`], which Envoy's
-//! shared data implements (through the `Host`) and the tests fake.
+//! before its calls (`claim.rs`) and their settling when its fan-out ends (`settle.rs`), the
+//! etcd store (`etcd/`), and the one face both stores show the pipeline
+//! ([`dedupe_store::DedupeStore`], behind which [`stores::Stores`] holds them). None of it
+//! knows proxy-wasm. The `envoy` store is behind [`SharedStore`], which Envoy's shared data
+//! implements (through the `Host`) and the tests fake.
 //!
 //! In short: records live in a fixed ring of shard keys of Envoy's shared data, created at
 //! configure time (shared data has no delete); every change is get, change, set under CAS
@@ -18,9 +20,10 @@
 use crate::config::MAX_KEY_BYTES;
 
 pub mod claim;
+pub mod dedupe_store;
 pub mod etcd;
-pub mod remote;
 pub mod settle;
+pub mod stores;
 // Its five indexing sites are in bounds by the shard format's own checks; they are the
 // dedupe module's to rewrite (clippy::indexing_slicing is denied everywhere else).
 #[allow(clippy::indexing_slicing)]

@@ -67,20 +67,13 @@ pub struct RemoteSettle {
 /// (its settle failed): a redelivery may call again the subscribers that took the event.
 pub const NOT_RECORDED_HEADER: &str = "x-fanout-not-recorded";
 
-/// At configure time: creates the shard keys, so that no request meets a missing one, and
-/// says how much memory the store may take.
+/// At configure time, with the `envoy` store: creates the shard keys, so that no request
+/// meets a missing one, and says how much memory the store may take.
 pub fn prepare<H: Host>(host: &H, config: &Config) {
     let Some(dedupe) = &config.dedupe else {
         return;
     };
-    if let Store::Etcd(store) = &dedupe.store {
-        log::info!(
-            "dedupe on {}: events kept {} ms in etcd (cluster {}, keys under {})",
-            dedupe.key,
-            dedupe.ttl_ms,
-            store.cluster,
-            store.prefix
-        );
+    if !matches!(dedupe.store, Store::Envoy) {
         return;
     }
     create_shards(&HostStore(host), dedupe);
@@ -108,8 +101,6 @@ pub fn owner_id(context_id: u32, now_ms: u64) -> u64 {
 pub struct Settled {
     entries_delta: i64,
     store_error: bool,
-    /// The etcd txn to send from the root context.
-    pub remote: Option<RemoteSettle>,
 }
 
 impl Settled {
@@ -123,13 +114,13 @@ impl Settled {
 
 /// The fan-out ended (all calls ended, given up, or the sender went away): records the
 /// subscribers this request delivered to (`delivered`, by index in the channel: 2xx, or taken
-/// by their dead-letter target) and releases its claims on the others, so that a retry calls
-/// them again. In Envoy's store now; in etcd, the txn to send (see [`Settled::remote`]).
-pub fn settle<H: Host>(
+/// by their dead-letter target) and releases its claims on the others in their shard of
+/// Envoy's shared data, so that a retry calls them again.
+pub fn settle_shard<H: Host>(
     host: &H,
     now: u64,
     config: &Config,
-    claimed: Claims,
+    held: ShardClaims,
     delivered: &[bool],
     log_id: u32,
 ) -> Settled {
@@ -137,15 +128,23 @@ pub fn settle<H: Host>(
         return Settled::default();
     };
     let took = |index: usize| delivered.get(index).copied().unwrap_or(false);
-    match (claimed, &dedupe.store) {
-        (Claims::Etcd(held), Store::Etcd(store)) => Settled {
-            remote: Some(settle_in_etcd(now, config, store, held, took, log_id)),
-            ..Settled::default()
-        },
-        (Claims::Shard(held), _) => settle_in_shard(host, now, dedupe, held, took, log_id),
-        // Claimed in a store the configuration no longer names: they lapse on their own.
-        (Claims::Etcd(_), _) => Settled::default(),
-    }
+    settle_in_shard(host, now, dedupe, held, took, log_id)
+}
+
+/// The same for claims in etcd: the txn to send from the root context; `None` when the
+/// configuration no longer names the etcd store (the claims lapse on their own).
+pub fn settle_etcd(
+    now: u64,
+    config: &Config,
+    held: EtcdClaims,
+    delivered: &[bool],
+    log_id: u32,
+) -> Option<RemoteSettle> {
+    let Store::Etcd(store) = &config.dedupe.as_ref()?.store else {
+        return None;
+    };
+    let took = |index: usize| delivered.get(index).copied().unwrap_or(false);
+    Some(settle_in_etcd(now, config, store, held, took, log_id))
 }
 
 /// The etcd settle of `held`: the records still live and the new ones put, the claim

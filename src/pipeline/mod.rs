@@ -1,16 +1,19 @@
 //! One request's way through a worker once its recipients are chosen, as named stages, each
 //! coded in one place:
 //!
-//! 1. **claim** (`claims.rs`): with `dedupe`'s etcd store, the event's claim is asked of etcd
-//!    first (alone from the request's stream, or coalesced with others' as a call of the root
-//!    context), and its answer (or the store's failure) decides who is called;
+//! 1. **claim**: with `dedupe`'s etcd store, the event's claim is asked of the store first
+//!    ([`DedupeStore::claim`]), and its answer (or the store's failure) decides who is called
+//!    (`Pipeline::continue_claim`);
 //! 2. **deliver** ([`Deliveries`]): the calls, their retries, the verdict;
-//! 3. **settle** (`settles.rs`): when the fan-out ends, its claims are settled (in Envoy's
-//!    shared data at once; in etcd as a txn of the root context);
+//! 3. **settle**: when the fan-out ends, its claims are settled by the store they are in
+//!    ([`DedupeStore::settle`]: in Envoy's shared data at once; in etcd as a txn of the root
+//!    context);
 //! 4. **answer**: the sender's answer goes out, a sync one with the etcd store only once etcd
-//!    has its settle. The pipeline never answers a sender itself: it returns each answer
-//!    ([`Finished`]) to the context that runs, which sends it (no `RefCell` borrowed while
-//!    Envoy runs the local reply).
+//!    has its settle (the store holds it until then). The pipeline never answers a sender
+//!    itself: it returns each answer ([`Finished`]) to the context that runs, which sends it
+//!    (no `RefCell` borrowed while Envoy runs the local reply).
+//!
+//! The pipeline never knows which store is behind [`DedupeStore`] (`dedupe/stores.rs`).
 //!
 //! A stage that calls out enters the call's token in the worker's one [`CallTable`] with its
 //! continuation (a delivery attempt, a claim txn, a settle txn, a lease grant, an export);
@@ -27,10 +30,12 @@ use crate::answer::Answer;
 use crate::call_table::{CallTable, Continuation};
 use crate::cloudevents::ContentMode;
 use crate::config::Config;
-use crate::dedupe::claim::{self as dedupe_claim, Claim};
-use crate::dedupe::etcd::{Found, StoreError};
-use crate::dedupe::remote::{self, Remote};
-use crate::dedupe::settle;
+use crate::dedupe::claim::Claim;
+use crate::dedupe::dedupe_store::{Acting, Claimed, Decided, Deciding, DedupeStore, Ending};
+use crate::dedupe::dedupe_store::{Found, Pending, StoreError};
+use crate::dedupe::dedupe_store::{HeldAnswer, StoreCall};
+use crate::dedupe::settle::NOT_RECORDED_HEADER;
+use crate::dedupe::stores::Stores;
 use crate::deliveries::{Deliveries, Finished, Job, JobSpans, Outcome, Owed};
 use crate::headers::HeaderMap;
 use crate::host::Host;
@@ -38,10 +43,6 @@ use crate::jitter::Jitter;
 use crate::recipients::Room;
 use crate::telemetry::{Counter, Telemetry};
 use crate::timer::Timers;
-use claims::{Claimed, Coalescer, Pending};
-
-mod claims;
-mod settles;
 
 /// The context whose callback is running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,13 +75,8 @@ pub struct Pipeline {
     /// The worker's calls in flight, each with what its answer continues.
     calls: CallTable,
     deliveries: Deliveries,
-    /// The claim stage: claim txns in flight, requests parked, what the root made of them.
-    claims: Coalescer,
-    /// The etcd store's agent on this VM: leases, settles queued and in flight, warnings.
-    etcd: Remote,
-    /// The answer stage: sync fan-outs ended whose answer waits for their etcd settle (job
-    /// id, answer).
-    held: Vec<(u64, Finished)>,
+    /// `dedupe`'s stores: the claims to ask, the settles, the answers held for them.
+    store: Stores<Job, Finished>,
     /// The root contexts' timers.
     timers: Timers,
     telemetry: Rc<RefCell<Telemetry>>,
@@ -91,9 +87,7 @@ impl Pipeline {
         Pipeline {
             calls: CallTable::default(),
             deliveries: Deliveries::new(telemetry.clone()),
-            claims: Coalescer::default(),
-            etcd: Remote::default(),
-            held: Vec::new(),
+            store: Stores::new(telemetry.clone()),
             timers: Timers::default(),
             telemetry,
         }
@@ -103,8 +97,7 @@ impl Pipeline {
     /// created in Envoy's shared data, or the etcd store's lease kinds), the call caps, the
     /// tracing, the retry jitter's seed.
     pub fn configure<H: Host>(&mut self, host: &H, config: &Config, root: u32) {
-        settle::prepare(host, config);
-        remote::prepare(&mut self.etcd, config);
+        self.store.configure(host, config);
         self.deliveries.set_caps(&config.call_caps);
         let tracing = config.tracing.as_ref();
         self.deliveries
@@ -139,9 +132,9 @@ impl Pipeline {
                     .launch(host, &mut self.calls, root, job, stream)
             }
             Claim::Ask(ask) => {
-                let (calls, leases) = (&mut self.calls, &self.etcd.leases);
-                let pending = Pending::new(stream, ask, job);
-                let claimed = self.claims.claim(host, calls, leases, pending);
+                let pending = Pending::new(stream, ask, job.started_ms, job);
+                let mut at = acting(&mut self.calls, &mut self.timers, actor);
+                let claimed = self.store.claim(host, &mut at, pending);
                 Outcome {
                     delivering: None,
                     finished: self.continue_claims(host, actor, claimed),
@@ -177,16 +170,21 @@ impl Pipeline {
                     None => Vec::new(),
                 }
             }
-            Continuation::Claim => {
-                let claimed = self.claims.answered(host, token, answer);
-                self.send_parked(host, actor);
-                self.continue_claims(host, actor, claimed)
-            }
-            Continuation::Settle => self.store_answered(host, actor, (token, false), answer),
-            Continuation::Grant => self.store_answered(host, actor, (token, true), answer),
             Continuation::Export => {
                 self.deliveries.export_answered(host, token);
                 Vec::new()
+            }
+            store_call => {
+                let mut at = acting(&mut self.calls, &mut self.timers, actor);
+                let call = StoreCall {
+                    token,
+                    then: store_call,
+                    reply: answer,
+                };
+                let answered = self.store.answer(host, &mut at, call);
+                let mut finished = self.continue_claims(host, actor, answered.claimed);
+                finished.extend(answered.released);
+                finished
             }
         };
         self.settle_ended(host, actor, &mut finished);
@@ -194,18 +192,48 @@ impl Pipeline {
     }
 
     /// The settle stage for the fan-outs that ended holding claims since the last stage
-    /// ran; then the etcd settles queued go out (if none is in flight). Adds to `finished`
+    /// ran; then the settles the store owes go out (if it can send now). Adds to `finished`
     /// the answers that go out now: those whose claims are settled already (Envoy's store,
     /// async, no etcd settle), and those whose etcd settle failed at once. (Into the caller's
     /// list, and both checks in line: every call's answer passes here, and mostly nothing
     /// ended and nothing is queued.)
-    #[inline]
+    #[inline(always)]
     fn settle_ended<H: Host>(&mut self, host: &H, actor: Actor, finished: &mut Vec<Finished>) {
         if self.deliveries.has_ended() {
             self.queue_ended(host, actor, finished);
         }
-        if self.etcd.ready_to_send() {
+        if self.store.ready_to_send() {
             self.flush_settles(host, actor, finished);
+        }
+    }
+
+    /// The settles the store owes go out now (as calls of `actor`'s root); adds the answers
+    /// of fan-outs whose settle failed at once to `finished`.
+    fn flush_settles<H: Host>(&mut self, host: &H, actor: Actor, finished: &mut Vec<Finished>) {
+        let mut at = acting(&mut self.calls, &mut self.timers, actor);
+        finished.extend(self.store.send(host, &mut at));
+    }
+
+    /// Settles the claims of the fan-outs that ended (the store may hold a sync sender's
+    /// answer until its settle is written); adds the answers not held to `finished`.
+    fn queue_ended<H: Host>(&mut self, host: &H, actor: Actor, finished: &mut Vec<Finished>) {
+        if !self.deliveries.has_ended() {
+            return;
+        }
+        for ended in self.deliveries.take_ended() {
+            let counter = self.counter(&ended.config);
+            let ending = Ending {
+                job: ended.job,
+                config: &ended.config,
+                counter: &counter,
+                claims: ended.claims,
+                delivered: &ended.delivered,
+                log_id: ended.log_id,
+                now_ms: ended.now_ms,
+                answer: ended.answer,
+            };
+            let mut at = acting(&mut self.calls, &mut self.timers, actor);
+            finished.extend(self.store.settle(host, &mut at, ending));
         }
     }
 
@@ -213,17 +241,19 @@ impl Pipeline {
     pub fn tick<H: Host>(&mut self, host: &H, root: u32) -> Vec<Finished> {
         let actor = Actor::Root(root);
         let mut finished = self.deliveries.tick(host, &mut self.calls, root);
-        let claimed = self.claims.tick(host, &mut self.calls);
-        finished.extend(self.continue_claims(host, actor, claimed));
-        self.send_parked(host, actor);
+        let mut at = acting(&mut self.calls, &mut self.timers, actor);
+        let ticked = self.store.tick(host, &mut at);
+        finished.extend(ticked.released);
+        finished.extend(self.continue_claims(host, actor, ticked.claimed));
         self.queue_ended(host, actor, &mut finished);
-        finished.extend(self.tick_settles(host, actor));
+        let mut at = acting(&mut self.calls, &mut self.timers, actor);
+        finished.extend(self.store.send_owed(host, &mut at));
         finished
     }
 
-    /// Root context `root`'s timer, every tick: the etcd store's leases due.
+    /// Root context `root`'s timer, every tick: what the store keeps ahead (etcd's leases).
     pub fn tick_leases<H: Host>(&mut self, host: &H, now_ms: u64, config: Option<&Config>) {
-        remote::tick(host, &mut self.calls, now_ms, config, &mut self.etcd);
+        self.store.keep_ahead(host, &mut self.calls, now_ms, config);
     }
 
     /// The spans of a new request on `channel`, if it is traced (`tracing`).
@@ -250,10 +280,8 @@ impl Pipeline {
         let Actor::Stream { id, .. } = actor else {
             return false;
         };
-        let unsent = self.claims.forget(&mut self.calls, id, ended);
-        // Its own claim txn forgotten, the claims parked meanwhile go out.
-        self.send_parked(host, actor);
-        unsent
+        let mut at = acting(&mut self.calls, &mut self.timers, actor);
+        self.store.forget(host, &mut at, id, ended)
     }
 
     /// Where the request of `stream`, handed to the pipeline to wait for its claim, is now:
@@ -265,7 +293,7 @@ impl Pipeline {
     /// Whether the request of `stream` still waits for its claim (parked, in a claim txn,
     /// or failing).
     pub fn claiming(&self, stream: u32) -> bool {
-        self.claims.holds(stream)
+        self.store.claiming(stream)
     }
 
     /// The sender of sync fan-out `job` went away (its stream is `actor`): its calls are
@@ -310,12 +338,12 @@ impl Pipeline {
     /// Whether the root's timer has work soon: calls to send, retries, settles owed, claims
     /// to continue.
     pub fn has_timed_work(&self) -> bool {
-        self.deliveries.has_timed_work() || self.etcd.owed() > 0 || self.claims.needs_tick()
+        self.deliveries.has_timed_work() || self.store.has_timed_work()
     }
 
     /// Whether the etcd store wants the fast timer (settles owed, leases not held yet).
     pub fn store_wants_fast_timer(&self) -> bool {
-        self.etcd.wants_fast_timer()
+        self.store.wants_fast_timer()
     }
 
     /// Sets root context `root`'s timer to `period` (the one place its period is decided;
@@ -355,21 +383,12 @@ impl Pipeline {
         Vec::new()
     }
 
-    /// Sends the claims parked, if they can go (as one txn of `actor`'s root); one Envoy
-    /// refused quickens the root's timer, which continues them as store errors.
-    fn send_parked<H: Host>(&mut self, host: &H, actor: Actor) {
-        let (calls, leases) = (&mut self.calls, &self.etcd.leases);
-        if !self.claims.send_parked(host, calls, leases, actor.root()) {
-            self.timers.hurry(host, actor.root(), remote::SETTLE_TICK);
-        }
-    }
-
     /// Continues each request the claim stage returned ([`Pipeline::continue_claim`]).
     fn continue_claims<H: Host>(
         &mut self,
         host: &H,
         actor: Actor,
-        claimed: Claimed,
+        claimed: Claimed<Job>,
     ) -> Vec<Finished> {
         let mut finished = Vec::new();
         for (pending, result) in claimed {
@@ -378,15 +397,15 @@ impl Pipeline {
         finished
     }
 
-    /// The one continuation of a claim: etcd found what it found (the job's fan-out marked,
-    /// its claims kept to settle) and the fan-out starts; or the store failed, and
-    /// `on_store_error` decides: everyone is called, unrecorded, or the 503. What the stream
-    /// must answer is returned (counted where it is sent).
+    /// The one continuation of a claim: the store decides what it came to
+    /// ([`DedupeStore::decide`]: the job's fan-out marked and its claims kept to settle; or,
+    /// the store failed, everyone called unrecorded, or the 503) and the fan-out starts, or
+    /// the stream's answer is returned (counted where it is sent).
     fn continue_claim<H: Host>(
         &mut self,
         host: &H,
         actor: Actor,
-        pending: Pending,
+        pending: Pending<Job>,
         result: Result<Found, StoreError>,
     ) -> Vec<Finished> {
         let Pending {
@@ -394,35 +413,47 @@ impl Pipeline {
             ask,
             mut job,
             sender_left,
+            ..
         } = pending;
         let counter = self.counter(&job.config);
-        match result {
-            Ok(found) => {
-                job.claims = dedupe_claim::claimed(host, &counter, ask, &found, &mut job.fanout)
-            }
-            Err(error) => {
-                let now = job.started_ms;
-                let etcd = &mut self.etcd;
-                if error.lease_lost() {
-                    etcd.leases.forget();
-                }
-                let failed =
-                    dedupe_claim::store_failed(host, &counter, &job.config, stream, &error, || {
-                        etcd.warn(now)
-                    });
-                if let Err(answer) = failed {
-                    if sender_left {
-                        return Vec::new();
-                    }
-                    return vec![Finished::now(stream, answer)];
-                }
-                job.unrecorded = true;
-            }
+        let claim = Deciding {
+            counter: &counter,
+            config: &job.config,
+            log_id: stream,
+            now_ms: job.started_ms,
+            ask,
+            result,
+        };
+        match self.store.decide(host, claim, &mut job.fanout) {
+            Decided::Claims(claims) => job.claims = claims,
+            Decided::Unrecorded => job.unrecorded = true,
+            Decided::Refused(_) if sender_left => return Vec::new(),
+            Decided::Refused(answer) => return vec![Finished::now(stream, answer)],
         }
         self.launch(host, actor.acting_root(), (stream, sender_left), job)
     }
 
     fn counter(&self, config: &Config) -> Counter {
         Counter::new(config.metrics.then(|| self.telemetry.clone()))
+    }
+}
+
+/// The store's context for a call from `actor`: the calls it makes are its root's.
+fn acting<'a>(calls: &'a mut CallTable, timers: &'a mut Timers, actor: Actor) -> Acting<'a> {
+    Acting {
+        calls,
+        timers,
+        root: actor.root(),
+    }
+}
+
+impl HeldAnswer for Finished {
+    fn waits(&self) -> bool {
+        self.answer_to.is_some()
+    }
+
+    fn not_recorded(mut self) -> Finished {
+        self.answer = self.answer.with_header(NOT_RECORDED_HEADER, "1".into());
+        self
     }
 }

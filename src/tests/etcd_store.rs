@@ -9,8 +9,8 @@ use super::etcd_fixtures::{
 use super::*;
 use crate::config::Config;
 use crate::dedupe::etcd::proto::{Against, Message, Request};
+use crate::dedupe::etcd::{self, remote};
 use crate::dedupe::settle::NOT_RECORDED_HEADER;
-use crate::dedupe::{etcd, remote};
 
 /// The subscribers (by cluster, in ETCD's channel) and times of a records' value.
 fn records_of(value: &str) -> Vec<(String, u64)> {

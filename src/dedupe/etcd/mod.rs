@@ -1,9 +1,10 @@
 //! The `etcd` store: one dedupe memory for every replica, through etcd's v3 gRPC API
 //! (`etcdserverpb.KV/Txn`, `etcdserverpb.Lease/LeaseGrant`), reached with Envoy calls to an
-//! ordinary HTTP/2 cluster of etcd members. Pure: the keys and values, the request bodies,
-//! the reading of etcd's answers ([`proto`] has the messages), and the leases the keys are
-//! written with ([`lease`]), a call's headers; the calls are made by `claim`, `settle` and
-//! [`Remote`](super::remote::Remote)'s owner.
+//! ordinary HTTP/2 cluster of etcd members. This file is pure: the keys and values, the
+//! request bodies, the reading of etcd's answers ([`proto`] has the messages), and the leases
+//! the keys are written with ([`lease`]), a call's headers. The calls are made by the store
+//! as a worker keeps it ([`store::EtcdAgent`], behind `DedupeStore`): its claim stage
+//! ([`claims`]) and its leases and settles ([`remote`]).
 //!
 //! - Two keys per (channel, event): `<prefix><len>:<channel>/<event key>/c`, the claim, and
 //!   `.../d`, the records. So an event costs etcd three key writes (the claim, then the
@@ -42,8 +43,11 @@ use proto::{
 };
 pub use proto::{GRANT_PATH, TXN_PATH};
 
+pub mod claims;
 pub mod lease;
 pub mod proto;
+pub mod remote;
+pub mod store;
 
 pub use lease::{Family, Grant, Leases};
 

@@ -11,28 +11,29 @@
 //! [`Coalescer`] is the bookkeeping: the txns in flight (until when their answer may come;
 //! each is a [`Continuation::Claim`] of the call table) and the requests parked.
 
+use super::{self as etcd, Found, Leases, StoreError, MAX_CLAIMS_PER_TXN, TXN_PATH};
 use crate::call_table::{CallTable, Continuation};
 use crate::dedupe::claim::{self, Ask};
-use crate::dedupe::etcd::{self, Found, Leases, StoreError, MAX_CLAIMS_PER_TXN, TXN_PATH};
-use crate::deliveries::Job;
 use crate::host::Host;
 
-/// A request waiting for its claim: its stream, its claim, and its fan-out, ready to start
-/// once claimed.
-pub struct Pending {
+/// A request waiting for its claim: its stream, its claim, when it started (the claims'
+/// time), and its fan-out (`J`, the pipeline's: opaque here), ready to start once claimed.
+pub struct Pending<J> {
     pub stream: u32,
     pub ask: Ask,
-    pub job: Job,
+    pub started_ms: u64,
+    pub job: J,
     /// Its stream ended (or Envoy answered it) while its claim was in a txn in flight:
     /// nobody to answer.
     pub sender_left: bool,
 }
 
-impl Pending {
-    pub fn new(stream: u32, ask: Ask, job: Job) -> Pending {
+impl<J> Pending<J> {
+    pub fn new(stream: u32, ask: Ask, started_ms: u64, job: J) -> Pending<J> {
         Pending {
             stream,
             ask,
+            started_ms,
             job,
             sender_left: false,
         }
@@ -40,22 +41,31 @@ impl Pending {
 }
 
 /// A claim txn in flight.
-struct Flight {
+struct Flight<J> {
     token: u32,
     /// When its answer is overdue (its timeout and a margin).
     overdue_ms: u64,
     /// A call of the root context (else of the stream of its one request).
     of_root: bool,
     /// Its requests, in the txn's order.
-    requests: Vec<Pending>,
+    requests: Vec<Pending<J>>,
 }
 
-#[derive(Default)]
-pub struct Coalescer {
-    flights: Vec<Flight>,
-    parked: Vec<Pending>,
+pub struct Coalescer<J> {
+    flights: Vec<Flight<J>>,
+    parked: Vec<Pending<J>>,
     /// Requests that could not be sent, for the root's timer to continue as store errors.
-    failed: Vec<(Vec<Pending>, StoreError)>,
+    failed: Vec<(Vec<Pending<J>>, StoreError)>,
+}
+
+impl<J> Default for Coalescer<J> {
+    fn default() -> Self {
+        Coalescer {
+            flights: Vec::new(),
+            parked: Vec::new(),
+            failed: Vec::new(),
+        }
+    }
 }
 
 /// Claim txns a worker has in flight at most: the others wait to go out together. (Two in
@@ -70,14 +80,14 @@ fn timeout_ms(ask: &Ask) -> u64 {
     u64::try_from(ask.timeout.as_millis()).unwrap_or(u64::MAX)
 }
 
-impl Coalescer {
+impl<J> Coalescer<J> {
     /// Whether a new claim must wait: `MAX_FLIGHTS` claim txns of this worker are in flight.
     fn must_park(&self) -> bool {
         self.flights.len() >= MAX_FLIGHTS
     }
 
     /// `requests` went out as call `token` at `now_ms`.
-    fn sent(&mut self, token: u32, of_root: bool, requests: Vec<Pending>, now_ms: u64) {
+    fn sent(&mut self, token: u32, of_root: bool, requests: Vec<Pending<J>>, now_ms: u64) {
         let timeout = requests.first().map_or(0, |p| timeout_ms(&p.ask));
         self.flights.push(Flight {
             token,
@@ -92,7 +102,7 @@ impl Coalescer {
     /// The claim txn `token` was answered (or given up on, or cancelled): its requests, if
     /// it is one.
     #[inline]
-    pub fn landed(&mut self, token: u32) -> Option<Vec<Pending>> {
+    pub fn landed(&mut self, token: u32) -> Option<Vec<Pending<J>>> {
         if self.flights.is_empty() {
             return None;
         }
@@ -112,11 +122,11 @@ impl Coalescer {
     /// The next batch to send, if no claim txn is in flight and requests are parked: the
     /// oldest parked, and those after it that fit one txn (the same cluster and timeout, at
     /// most [`MAX_CLAIMS_PER_TXN`] claims, no key twice). The others stay parked.
-    fn next_batch(&mut self) -> Option<Vec<Pending>> {
+    fn next_batch(&mut self) -> Option<Vec<Pending<J>>> {
         if self.must_park() || self.parked.is_empty() {
             return None;
         }
-        let mut batch: Vec<Pending> = Vec::new();
+        let mut batch: Vec<Pending<J>> = Vec::new();
         let mut rest = Vec::new();
         for parked in std::mem::take(&mut self.parked) {
             let fits = match batch.first() {
@@ -147,9 +157,9 @@ impl Coalescer {
 
     /// The parked requests still without a lease when their store's timeout (counted from
     /// their start) is over at `now_ms`: taken out, to go on as store errors.
-    fn unleased_past(&mut self, now_ms: u64) -> Vec<Pending> {
+    fn unleased_past(&mut self, now_ms: u64) -> Vec<Pending<J>> {
         let (late, rest) = std::mem::take(&mut self.parked).into_iter().partition(|p| {
-            p.ask.lease.is_none() && p.job.started_ms.saturating_add(timeout_ms(&p.ask)) <= now_ms
+            p.ask.lease.is_none() && p.started_ms.saturating_add(timeout_ms(&p.ask)) <= now_ms
         });
         self.parked = rest;
         late
@@ -199,10 +209,10 @@ impl Coalescer {
 }
 
 /// What the claim stage made of requests: each to be continued with what etcd found, or
-/// with the store's failure ([`Pipeline::continue_claim`](super::Pipeline)).
-pub type Claimed = Vec<(Pending, Result<Found, StoreError>)>;
+/// with the store's failure (by the pipeline, in one place).
+pub type Claimed<J> = Vec<(Pending<J>, Result<Found, StoreError>)>;
 
-impl Coalescer {
+impl<J> Coalescer<J> {
     /// Takes the request `pending`: its claim goes out now, alone, as the stream's call if it
     /// can (its answer continues it), else it is parked. A claim Envoy refuses to send is
     /// returned, to go on as a store error.
@@ -211,8 +221,8 @@ impl Coalescer {
         host: &H,
         calls: &mut CallTable,
         leases: &Leases,
-        mut pending: Pending,
-    ) -> Claimed {
+        mut pending: Pending<J>,
+    ) -> Claimed<J> {
         let leased = pending.ask.lease_from(|until| leases.pick(until));
         if !leased || self.must_park() {
             self.parked.push(pending);
@@ -221,7 +231,7 @@ impl Coalescer {
         let ask = &pending.ask;
         match host.dispatch(&ask.cluster, ask.headers(), &ask.body(), ask.timeout) {
             Ok(token) => {
-                let now = pending.job.started_ms;
+                let now = pending.started_ms;
                 calls.insert(token, Continuation::Claim, None);
                 self.sent(token, false, vec![pending], now);
                 Vec::new()
@@ -279,7 +289,7 @@ impl Coalescer {
         host: &H,
         token: u32,
         (num_headers, body_size): (usize, usize),
-    ) -> Claimed {
+    ) -> Claimed<J> {
         let Some(requests) = self.landed(token) else {
             return Vec::new();
         };
@@ -300,7 +310,7 @@ impl Coalescer {
     /// that waited for a lease as long as a claim may take, to go on as store errors. (The
     /// clock is read only while a claim txn is in flight or a request waits for a lease:
     /// every tick runs this, with the etcd store or not.)
-    pub fn tick<H: Host>(&mut self, host: &H, calls: &mut CallTable) -> Claimed {
+    pub fn tick<H: Host>(&mut self, host: &H, calls: &mut CallTable) -> Claimed<J> {
         let waits = self.waits_for_a_lease();
         if !self.flights.is_empty() || waits {
             let now = host.now_ms();

@@ -17,12 +17,12 @@
 
 use std::time::Duration;
 
-use super::etcd::{self, Family, Leases, SettleOp, StoreError, MAX_SETTLES_PER_TXN};
-use super::settle::RemoteSettle;
-use super::CLAIM_MARGIN_MS;
+use super::{self as etcd, Family, Leases, SettleOp, StoreError, MAX_SETTLES_PER_TXN};
 use crate::call::Failure;
 use crate::call_table::{CallTable, Continuation};
 use crate::config::{Config, EtcdStore, Store};
+use crate::dedupe::settle::RemoteSettle;
+use crate::dedupe::CLAIM_MARGIN_MS;
 use crate::host::Host;
 
 /// At most one store-error warning per this long.
