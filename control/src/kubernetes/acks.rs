@@ -109,8 +109,11 @@ impl Versions {
 }
 
 /// The value at `path` in `value`, or null.
-fn at<'a>(value: &'a Value, path: &[&str]) -> &'a Value {
-    super::status::at(value, path)
+pub fn at<'a>(value: &'a Value, path: &[&str]) -> &'a Value {
+    static NULL: Value = Value::Null;
+    path.iter()
+        .try_fold(value, |v, key| v.get(key))
+        .unwrap_or(&NULL)
 }
 
 /// This replica's report, from the ledger's (`/state`'s) report: for each connected Envoy,

@@ -13,7 +13,6 @@ use super::acks::{subscriber_key, Acked};
 use super::crd::{Addressable, Condition, FanoutChannel, FanoutChannelStatus, SubscriberStatus};
 use crate::model::{ChannelSpec, Problem};
 use crate::render::{ServedChannel, Serving};
-use serde_json::Value;
 use std::collections::BTreeSet;
 
 /// What the Envoys connected to one replica have of the channel (from its fresh report).
@@ -41,14 +40,6 @@ pub struct Observed<'a> {
     pub dead_letter: Option<Result<String, String>>,
     /// RFC 3339, for the conditions that change now.
     pub now: &'a str,
-}
-
-/// The value at `path` in `value`, or null.
-pub fn at<'a>(value: &'a Value, path: &[&str]) -> &'a Value {
-    static NULL: Value = Value::Null;
-    path.iter()
-        .try_fold(value, |v, key| v.get(key))
-        .unwrap_or(&NULL)
 }
 
 /// `http://<name>-kn-channel.<namespace>.svc.cluster.local`.
@@ -247,7 +238,7 @@ mod tests {
     use super::*;
     use crate::model::SubscriberSpec;
     use fanout::config::{RawSubscriber, RawTarget};
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn channel(uris: &[&str]) -> FanoutChannel {
         let subscribers: Vec<Value> = uris

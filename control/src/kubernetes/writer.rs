@@ -6,11 +6,11 @@
 //! most [`WRITES_PER_TICK`] per tick, [`CONCURRENT_WRITES`] at once. It also gives each
 //! channel its `<name>-kn-channel` Service and Knative's `subscribable` annotation.
 
-use super::acks::{self, Report, Versions};
+use super::acks::{self, at, Report, Versions};
 use super::crd::{FanoutChannel, FanoutChannelStatus, KReference};
 use super::lease::{Elector, DURATION, RENEW};
 use super::reports::{self, Publisher, Reports};
-use super::status::{at, desired, Fleet, Observed};
+use super::status::{desired, Fleet, Observed};
 use super::watch::Retry;
 use crate::knative;
 use crate::model::{ChannelMapping, MapOptions};
