@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use crate::cell::with_mut;
 use crate::config::Config;
-use crate::dedupe::etcd::remote;
 use crate::deliveries::{Finished, Owed};
 use crate::host::Host;
 use crate::pipeline::{Actor, Pipeline};
@@ -22,10 +21,6 @@ use crate::telemetry::{Counter, Telemetry};
 
 /// How often the root context hands the counts to Envoy's stats.
 const METRICS_FLUSH: Duration = Duration::from_secs(1);
-/// The root context's timer while deliveries may need it (retries, async, the etcd store's
-/// settles): the resolution of backoff delays, and the most an async event waits before its
-/// calls go out.
-const DELIVERY_TICK: Duration = remote::SETTLE_TICK;
 /// The root context's timer while `tracing` is on: a span waits at most its batch's delay
 /// (`max_batch_delay_ms`) and this.
 const TRACE_TICK: Duration = Duration::from_millis(100);
@@ -184,13 +179,11 @@ impl<H: Host + Clone> Plugin<H> {
         // timer runs (that one carries the VM's deliveries on), so that it can end.
         let (newest, newest_ticks) = self.newest.get();
         if !self.retiring || newest == self.id || !newest_ticks {
-            let finished = with_mut(&self.pipeline, |p| p.tick(&self.host, self.id));
+            let config = self.config.as_deref();
+            let finished = with_mut(&self.pipeline, |p| p.tick(&self.host, self.id, config));
             self.deliver(finished.unwrap_or_default());
         }
         let now = self.host.now_ms();
-        with_mut(&self.pipeline, |p| {
-            p.tick_leases(&self.host, now, self.config.as_deref())
-        });
         let period = self.pipeline.try_borrow().map(|p| p.timer(self.id));
         if period.is_ok_and(|p| p >= METRICS_FLUSH)
             || now.saturating_sub(self.last_flush_ms) >= 1000
@@ -290,25 +283,16 @@ impl<H: Host + Clone> Plugin<H> {
         )
     }
 
-    /// The timer the current configuration and the deliveries in flight need. The etcd
-    /// store's: fast while it owes something (settles, a lease grant), else slow enough to
-    /// cost nothing and fast enough to keep the leases ahead (`remote::LEASE_TICK`).
+    /// The timer the current configuration and the worker's pipeline need: the fastest
+    /// period anything asks for (none: no timer).
     fn retune_timer(&mut self) {
         let config = self.config.as_deref();
-        let etcd = config.is_some_and(|c| {
-            c.dedupe
-                .as_ref()
-                .is_some_and(|d| matches!(d.store, crate::config::Store::Etcd(_)))
-        });
-        let (busy, store_busy) = self.pipeline.try_borrow().map_or((true, true), |p| {
-            (p.has_timed_work(), etcd && p.store_wants_fast_timer())
-        });
+        let pipeline = self.pipeline.try_borrow().map(|p| p.timer_needed(config));
         let needs = |wants: fn(&Config) -> bool| config.is_some_and(wants);
-        // The fastest period anything needs (none: no timer).
         let wanted = [
-            (busy || store_busy || needs(|c| c.needs_timer)).then_some(DELIVERY_TICK),
+            // Borrowed elsewhere (never, in a root callback): as busy as it can be.
+            pipeline.unwrap_or(Some(crate::pipeline::DELIVERY_TICK)),
             needs(|c| c.tracing.is_some()).then_some(TRACE_TICK),
-            etcd.then_some(remote::LEASE_TICK),
             needs(|c| c.metrics).then_some(METRICS_FLUSH),
         ]
         .into_iter()

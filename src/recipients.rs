@@ -52,8 +52,9 @@ pub struct Room<'a> {
 pub struct Recipients {
     /// One call per subscriber: ready for those who get the event, ended for the others.
     pub fanout: FanOut,
-    /// `dedupe`'s claims, settled when the fan-out ends; or the etcd store to ask first.
-    pub claim: Claim,
+    /// `dedupe`'s claims, for its store to make in the pipeline's claim stage (`None`:
+    /// nothing to claim).
+    pub claim: Option<Claim>,
 }
 
 /// Decides who gets the event of `request` by the subscribers' filters (a skip is counted),
@@ -105,16 +106,14 @@ impl Chosen<'_> {
         config: &Config,
         request: &Incoming<'_>,
     ) -> Recipients {
-        let Chosen {
-            mut fanout, wanted, ..
-        } = self;
+        let Chosen { fanout, wanted, .. } = self;
         let asking = claim::Asking {
             log_id: request.log_id,
             started_ms: request.started_ms,
             channel: request.channel,
             key: request.event.key.as_deref(),
         };
-        let claim = claim::claim(host, counter, config, &asking, &wanted, &mut fanout);
+        let claim = claim::claim(host, counter, config, &asking, &wanted);
         Recipients { fanout, claim }
     }
 }

@@ -363,7 +363,7 @@ impl<H: Host> Stream<H> {
 
     /// Hands the request to the pipeline (claim, deliver, settle, answer): the stream
     /// delivers, or waits for its claim, or is answered at once.
-    fn begin(&mut self, job: Job, claim: Claim) {
+    fn begin(&mut self, job: Job, claim: Option<Claim>) {
         self.stage = Stage::Claiming;
         let actor = self.actor();
         let outcome = with_mut(&self.pipeline, |p| p.begin(&self.host, actor, job, claim));

@@ -3,11 +3,12 @@
 //! request claims it and calls it. The claims are settled when the fan-out ends
 //! (`settle`).
 //!
-//! Cost with the `envoy` store and a key: one get and one set of the event's shard (a retry
-//! per CAS conflict with another worker); a request whose subscribers all already have the
-//! event costs one get. With the `etcd` store: one etcd txn (a gRPC call), made from the stream's
-//! context, which waits for its answer ([`Claim::Ask`], then [`answered`]). Off, or
-//! without a key: no host call.
+//! [`claim`] says what a request must claim ([`Claim`]); its store makes the claims, in the
+//! pipeline's claim stage (`DedupeStore::claim`). Cost with the `envoy` store and a key: one
+//! get and one set of the event's shard (a retry per CAS conflict with another worker); a
+//! request whose subscribers all already have the event costs one get. With the `etcd`
+//! store: one etcd txn (a gRPC call), whose answer continues the request ([`claimed`]). Off,
+//! or without a key: no host call.
 
 use std::time::Duration;
 
@@ -32,15 +33,19 @@ pub struct Asking<'a> {
     pub key: Option<&'a [u8]>,
 }
 
-/// What the claims of a request came to.
+/// A request's claims, for its store to make (the pipeline's claim stage).
 pub enum Claim {
-    /// Decided: the claims to settle when the fan-out ends (`None`: nothing claimed, or
-    /// dedupe does not apply; `fanout` is marked).
-    Done(Option<Claims>),
-    /// The etcd store must be asked first: send this, then [`answered`]. (Without a lease
-    /// yet, it waits for one up to the store's timeout, then [`store_failed`] says what the
-    /// event gets.)
-    Ask(Ask),
+    /// In the event's shard of Envoy's shared data, at once.
+    Shard(ShardAsk),
+    /// In etcd: this txn, then its answer. (Without a lease yet, it waits for one up to the
+    /// store's timeout, then [`store_failed`] says what the event gets.)
+    Etcd(Ask),
+}
+
+/// A claim in Envoy's shared data: the event's identity and the subscribers it claims.
+pub struct ShardAsk {
+    key: Vec<u8>,
+    wanted: Wanted,
 }
 
 /// An etcd claim to send, and what reading its answer needs. Sent alone ([`Ask::body`]) or
@@ -173,59 +178,52 @@ impl Wanted {
     }
 }
 
-/// `dedupe`, before the calls: for each subscriber in `wanted` (those its filter did not
-/// skip), marks it in `fanout` as already delivered, or as being delivered by another
-/// request, or claims it for this request (left ready to call). Returns the claims to settle
-/// when the fan-out ends, or the etcd txn to ask first. Changes nothing (everyone wanted is
-/// called) when dedupe is off, the request has no key, or the store cannot be updated.
-/// An etcd claim is asked without a lease: the claim stage gives it one ([`Ask::lease_from`]).
+/// `dedupe`, before the calls: the claims of the subscribers in `wanted` (those its filter
+/// did not skip) for the request's store to make (`None`: nothing to claim, and everyone
+/// wanted is called: dedupe is off, the request has no key, or nobody is wanted). An etcd
+/// claim is asked without a lease: the claim stage gives it one ([`Ask::lease_from`]).
 pub fn claim<H: Host>(
     host: &H,
     counter: &Counter,
     config: &Config,
     request: &Asking<'_>,
     wanted: &[usize],
-    fanout: &mut FanOut,
-) -> Claim {
-    let Some(dedupe) = config.dedupe.as_ref() else {
-        return Claim::Done(None);
-    };
+) -> Option<Claim> {
+    let dedupe = config.dedupe.as_ref()?;
     let Some(key) = request.key else {
         counter.count(host, |tally| tally.dedupe_missing_key());
-        return Claim::Done(None);
+        return None;
     };
     if wanted.is_empty() {
-        return Claim::Done(None);
+        return None;
     }
-    let Some(wanted) = Wanted::of(request, wanted) else {
-        return Claim::Done(None);
-    };
-    match &dedupe.store {
-        Store::Etcd(store) => Claim::Ask(ask(store, request.channel, key, wanted)),
-        Store::Envoy => {
-            let claims = claim_in_shard(host, counter, dedupe, request, key, wanted, fanout);
-            Claim::Done(claims.map(Claims::Shard))
-        }
-    }
+    let wanted = Wanted::of(request, wanted)?;
+    Some(match &dedupe.store {
+        Store::Etcd(store) => Claim::Etcd(ask(store, request.channel, key, wanted)),
+        Store::Envoy => Claim::Shard(ShardAsk {
+            key: key.to_vec(),
+            wanted,
+        }),
+    })
 }
 
-/// The claims of `wanted` in the event's shard of Envoy's shared data (get, change, set under
-/// CAS): `fanout` marked, and the claims made, if any.
-fn claim_in_shard<H: Host>(
+/// The claims of `ask` in the event's shard of Envoy's shared data (get, change, set under
+/// CAS) for request `log_id` on `channel`: `fanout` marked, and the claims made, if any.
+/// The store contended past its retries: counted, and everyone is called (`None`).
+pub fn claim_in_shard<H: Host>(
     host: &H,
     counter: &Counter,
-    dedupe: &DedupeConfig,
-    request: &Asking<'_>,
-    key: &[u8],
-    wanted: Wanted,
+    (dedupe, channel): (&DedupeConfig, &Channel),
+    log_id: u32,
+    ask: ShardAsk,
     fanout: &mut FanOut,
-) -> Option<ShardClaims> {
-    let channel = request.channel;
+) -> Option<Claims> {
+    let ShardAsk { key, wanted } = ask;
     let event = StoredEvent {
         channel: &channel.name,
-        key,
+        key: &key,
     };
-    let shard = dedupe.shard_of(&channel.name, key);
+    let shard = dedupe.shard_of(&channel.name, &key);
     let limits = Limits {
         capacity: dedupe.capacity(shard),
         ttl_ms: dedupe.ttl_ms,
@@ -245,9 +243,8 @@ fn claim_in_shard<H: Host>(
         Ok(done) => done,
         Err(contended) => {
             log::warn!(
-                "[#{}] dedupe: the store stayed contended after {} host calls; \
+                "[#{log_id}] dedupe: the store stayed contended after {} host calls; \
                  delivering to every subscriber",
-                request.log_id,
                 contended.store_calls
             );
             counter.count(host, |tally| tally.dedupe_store_errors(1));
@@ -255,20 +252,19 @@ fn claim_in_shard<H: Host>(
         }
     };
     if done.replaced_corrupt {
-        log::warn!(
-            "[#{}] dedupe: replaced an unreadable shard {shard}",
-            request.log_id
-        );
+        log::warn!("[#{log_id}] dedupe: replaced an unreadable shard {shard}");
     }
     let delta = done.entries_delta;
     counter.count(host, |tally| tally.dedupe_entries(delta));
     let claimed = mark(host, counter, fanout, &wanted.subscribers, &done.value);
-    (!claimed.is_empty()).then(|| ShardClaims {
-        shard,
-        channel: channel.name.clone(),
-        key: key.to_vec(),
-        owner: wanted.owner,
-        subscribers: claimed,
+    (!claimed.is_empty()).then(|| {
+        Claims::Shard(ShardClaims {
+            shard,
+            channel: channel.name.clone(),
+            key,
+            owner: wanted.owner,
+            subscribers: claimed,
+        })
     })
 }
 
@@ -314,23 +310,6 @@ fn ask(store: &EtcdStore, channel: &Channel, key: &[u8], wanted: Wanted) -> Ask 
         claim: etcd::claim_value(until, wanted.owner),
         records_key,
     }
-}
-
-/// etcd answered the claim `ask` alone: marks `fanout` and returns the claims to settle, or
-/// why the store failed.
-pub fn answered<H: Host>(
-    host: &H,
-    counter: &Counter,
-    ask: Ask,
-    reply: &etcd::Reply,
-    fanout: &mut FanOut,
-) -> Result<Option<Claims>, StoreError> {
-    let found = read_batch(reply, 1)?;
-    let found = found
-        .into_iter()
-        .next()
-        .ok_or_else(|| StoreError::new("no answer for the claim"))?;
-    Ok(claimed(host, counter, ask, &found, fanout))
 }
 
 /// What etcd found for `ask`'s event: marks `fanout` and returns the claims to settle. When

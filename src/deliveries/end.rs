@@ -1,10 +1,11 @@
 //! The end of a fan-out: its verdict and answer (early, for a sync sender whose required
 //! subscribers are done while best-effort ones go on), what it logs and counts, and its
-//! `dedupe` claims handed to the pipeline's settle stage ([`Unsettled`]).
+//! `dedupe` claims handed to the pipeline's settle stage ([`Ending`]).
 
-use super::{Clock, Deliveries, Finished, Job, Unsettled};
+use super::{Clock, Deliveries, Finished, Job};
 use crate::answer::Answer;
 use crate::config::AnswerMode;
+use crate::dedupe::dedupe_store::Ending;
 use crate::dedupe::settle::Claims;
 use crate::host::Host;
 
@@ -131,7 +132,7 @@ impl Deliveries {
         let delivered = (0..job.channel.subscribers.len())
             .map(|index| job.fanout.is_delivered(index))
             .collect();
-        self.ended.push(Unsettled {
+        self.ended.push(Ending {
             job: id,
             config: job.config.clone(),
             claims,
@@ -148,7 +149,7 @@ impl Deliveries {
     }
 
     /// The fan-outs that ended holding claims since the last call.
-    pub fn take_ended(&mut self) -> Vec<Unsettled> {
+    pub fn take_ended(&mut self) -> Vec<Ending<Finished>> {
         std::mem::take(&mut self.ended)
     }
 }

@@ -22,7 +22,7 @@ use crate::call_slots::{CallCap, Slot};
 use crate::call_table::{Attempt, CallTable, Continuation};
 use crate::cloudevents::ContentMode;
 use crate::config::{AnswerMode, Config};
-use crate::dedupe::settle::Claims;
+use crate::dedupe::dedupe_store::Ending;
 use crate::headers::HeaderMap;
 use crate::host::Host;
 use crate::jitter::{self, JitterRng};
@@ -81,21 +81,6 @@ pub struct Outcome {
     pub finished: Vec<Finished>,
 }
 
-/// A fan-out that ended holding `dedupe` claims: what its settle needs, and its answer (held
-/// until the claims are settled).
-pub struct Unsettled {
-    pub job: u64,
-    pub config: Rc<Config>,
-    pub claims: Claims,
-    /// Whether each subscriber (by index in the channel) has the event.
-    pub delivered: Vec<bool>,
-    pub log_id: u32,
-    /// When it ended, on the host's clock.
-    pub now_ms: u64,
-    /// Its sender's answer, if one waits (`None`: async, answered already, or abandoned).
-    pub answer: Option<Finished>,
-}
-
 /// Every fan-out of one worker still under way, and the calls it waits for.
 pub struct Deliveries {
     jobs: HashMap<u64, Job>,
@@ -107,7 +92,7 @@ pub struct Deliveries {
     /// `max_concurrent_calls`: the slot each call holds, the calls waiting for one.
     gate: SlotGate,
     /// Fan-outs that ended with `dedupe` claims, for the settle stage (the pipeline's).
-    ended: Vec<Unsettled>,
+    ended: Vec<Ending<Finished>>,
     /// `tracing`: the VM's spans and their exporter (`None`: off).
     traces: Option<Traces>,
 }
@@ -152,9 +137,8 @@ impl Deliveries {
         channel: &str,
         subscribers: usize,
     ) -> Option<Box<JobSpans>> {
-        self.traces
-            .as_mut()?
-            .request(host, headers, event, channel, subscribers)
+        let tracing = &mut self.traces.as_mut()?.tracing;
+        tracing.request(headers, event, channel, subscribers, || host.now_nanos())
     }
 
     /// The exporter's batch due (`flush`: whatever is held), as root context `root`'s call.

@@ -7,14 +7,12 @@
 use std::time::Duration;
 
 use super::call_end::AnsweredCall;
-use super::spans::{CallContext, JobSpans, Tracing};
+use super::spans::{CallContext, Tracing};
 use super::{Clock, Job};
 use crate::answer::Answer;
 use crate::call::{Failure, Leg};
 use crate::call_table::{CallTable, Continuation};
-use crate::cloudevents::ContentMode;
 use crate::config::TracingConfig;
-use crate::headers::HeaderMap;
 use crate::host::Host;
 use crate::jitter;
 use crate::telemetry::{count_into, Telemetry};
@@ -54,7 +52,8 @@ impl CallOutcome {
 /// The VM's tracing as the deliveries use it, while `tracing` is configured: ids, sampling
 /// and the exporter, and whether spans dropped are counted (metrics on).
 pub(super) struct Traces {
-    tracing: Tracing,
+    /// The sampler and ids: a new request's spans are its (`Deliveries::traced`).
+    pub(super) tracing: Tracing,
     count_span_drops: bool,
 }
 
@@ -85,20 +84,6 @@ impl Traces {
                 })
             }
         }
-    }
-
-    /// The spans of a new request on `channel` (`headers` its headers, `event` what admission
-    /// read of its event), if tracing is on and the request is traced.
-    pub(super) fn request<H: Host>(
-        &mut self,
-        host: &H,
-        headers: &HeaderMap,
-        event: Option<&ContentMode>,
-        channel: &str,
-        subscribers: usize,
-    ) -> Option<Box<JobSpans>> {
-        self.tracing
-            .request(headers, event, channel, subscribers, || host.now_nanos())
     }
 
     /// `job`'s call to subscriber `index` (`leg`) goes out: its attempt's span, and the

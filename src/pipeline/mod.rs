@@ -29,19 +29,20 @@ use std::time::Duration;
 use crate::answer::Answer;
 use crate::call_table::{CallTable, Continuation};
 use crate::cloudevents::ContentMode;
+use crate::config::Channel;
 use crate::config::Config;
 use crate::dedupe::claim::Claim;
-use crate::dedupe::dedupe_store::{Acting, Claimed, Decided, Deciding, DedupeStore, Ending};
-use crate::dedupe::dedupe_store::{Found, Pending, StoreError};
-use crate::dedupe::dedupe_store::{HeldAnswer, StoreCall};
+use crate::dedupe::dedupe_store::{Acting, Claimant, Decided, Decision, DedupeStore};
+use crate::dedupe::dedupe_store::{HeldAnswer, Pending, StoreCall};
 use crate::dedupe::settle::NOT_RECORDED_HEADER;
 use crate::dedupe::stores::Stores;
 use crate::deliveries::{Deliveries, Finished, Job, JobSpans, Outcome, Owed};
+use crate::fan_out_state::FanOut;
 use crate::headers::HeaderMap;
 use crate::host::Host;
 use crate::jitter::Jitter;
 use crate::recipients::Room;
-use crate::telemetry::{Counter, Telemetry};
+use crate::telemetry::Telemetry;
 use crate::timer::Timers;
 
 /// The context whose callback is running.
@@ -79,7 +80,6 @@ pub struct Pipeline {
     store: Stores<Job, Finished>,
     /// The root contexts' timers.
     timers: Timers,
-    telemetry: Rc<RefCell<Telemetry>>,
 }
 
 impl Pipeline {
@@ -87,9 +87,8 @@ impl Pipeline {
         Pipeline {
             calls: CallTable::default(),
             deliveries: Deliveries::new(telemetry.clone()),
-            store: Stores::new(telemetry.clone()),
+            store: Stores::new(telemetry),
             timers: Timers::default(),
-            telemetry,
         }
     }
 
@@ -112,33 +111,29 @@ impl Pipeline {
         }
     }
 
-    /// The request of stream `actor`, its recipients chosen (`job`) and its claims made or to
-    /// ask (`claim`): straight to the deliveries, or into the claim stage. What it made of
-    /// the request ([`Outcome`]): a sync fan-out under way, the answers due now; waiting for its
-    /// claim, neither (the claim's answer continues it).
+    /// The request of stream `actor`, its recipients chosen (`job`) and its claims to make
+    /// (`claim`; `None`: nothing to claim): into the claim stage, then the deliveries. What
+    /// it made of the request ([`Outcome`]): a sync fan-out under way, the answers due now;
+    /// waiting for its claim, neither (the claim's answer continues it).
     pub fn begin<H: Host>(
         &mut self,
         host: &H,
         actor: Actor,
-        mut job: Job,
-        claim: Claim,
+        job: Job,
+        claim: Option<Claim>,
     ) -> Outcome {
         let stream = job.log_id;
         let mut outcome = match claim {
-            Claim::Done(claims) => {
-                job.claims = claims;
+            None => {
                 let root = actor.acting_root();
                 self.deliveries
                     .launch(host, &mut self.calls, root, job, stream)
             }
-            Claim::Ask(ask) => {
-                let pending = Pending::new(stream, ask, job.started_ms, job);
+            Some(claim) => {
+                let pending = Pending::new(stream, claim, job.started_ms, job);
                 let mut at = acting(&mut self.calls, &mut self.timers, actor);
-                let claimed = self.store.claim(host, &mut at, pending);
-                Outcome {
-                    delivering: None,
-                    finished: self.continue_claims(host, actor, claimed),
-                }
+                let decided = self.store.claim(host, &mut at, pending);
+                self.continue_decided(host, actor, decided)
             }
         };
         self.settle_ended(host, actor, &mut outcome.finished);
@@ -182,7 +177,9 @@ impl Pipeline {
                     reply: answer,
                 };
                 let answered = self.store.answer(host, &mut at, call);
-                let mut finished = self.continue_claims(host, actor, answered.claimed);
+                let mut finished = self
+                    .continue_decided(host, actor, answered.decided)
+                    .finished;
                 finished.extend(answered.released);
                 finished
             }
@@ -191,69 +188,30 @@ impl Pipeline {
         finished
     }
 
-    /// The settle stage for the fan-outs that ended holding claims since the last stage
-    /// ran; then the settles the store owes go out (if it can send now). Adds to `finished`
-    /// the answers that go out now: those whose claims are settled already (Envoy's store,
-    /// async, no etcd settle), and those whose etcd settle failed at once. (Into the caller's
-    /// list, and both checks in line: every call's answer passes here, and mostly nothing
-    /// ended and nothing is queued.)
+    /// The settle stage, for the fan-outs that ended holding claims since it last ran: the
+    /// store settles them (and may hold a sync sender's answer until its settle is written);
+    /// adds the answers that go out now to `finished`. (Into the caller's list, and the check
+    /// in line: every call's answer passes here, and mostly nothing ended.)
     #[inline(always)]
     fn settle_ended<H: Host>(&mut self, host: &H, actor: Actor, finished: &mut Vec<Finished>) {
         if self.deliveries.has_ended() {
-            self.queue_ended(host, actor, finished);
-        }
-        if self.store.ready_to_send() {
-            self.flush_settles(host, actor, finished);
-        }
-    }
-
-    /// The settles the store owes go out now (as calls of `actor`'s root); adds the answers
-    /// of fan-outs whose settle failed at once to `finished`.
-    fn flush_settles<H: Host>(&mut self, host: &H, actor: Actor, finished: &mut Vec<Finished>) {
-        let mut at = acting(&mut self.calls, &mut self.timers, actor);
-        finished.extend(self.store.send(host, &mut at));
-    }
-
-    /// Settles the claims of the fan-outs that ended (the store may hold a sync sender's
-    /// answer until its settle is written); adds the answers not held to `finished`.
-    fn queue_ended<H: Host>(&mut self, host: &H, actor: Actor, finished: &mut Vec<Finished>) {
-        if !self.deliveries.has_ended() {
-            return;
-        }
-        for ended in self.deliveries.take_ended() {
-            let counter = self.counter(&ended.config);
-            let ending = Ending {
-                job: ended.job,
-                config: &ended.config,
-                counter: &counter,
-                claims: ended.claims,
-                delivered: &ended.delivered,
-                log_id: ended.log_id,
-                now_ms: ended.now_ms,
-                answer: ended.answer,
-            };
+            let ended = self.deliveries.take_ended();
             let mut at = acting(&mut self.calls, &mut self.timers, actor);
-            finished.extend(self.store.settle(host, &mut at, ending));
+            finished.extend(self.store.settle(host, &mut at, ended));
         }
     }
 
-    /// Root context `root`'s timer: what is due in every fan-out, claim and settle.
-    pub fn tick<H: Host>(&mut self, host: &H, root: u32) -> Vec<Finished> {
+    /// Root context `root`'s timer (`config`: its configuration): what is due in every
+    /// fan-out, claim and settle, and what the store keeps ahead.
+    pub fn tick<H: Host>(&mut self, host: &H, root: u32, config: Option<&Config>) -> Vec<Finished> {
         let actor = Actor::Root(root);
         let mut finished = self.deliveries.tick(host, &mut self.calls, root);
+        self.settle_ended(host, actor, &mut finished);
         let mut at = acting(&mut self.calls, &mut self.timers, actor);
-        let ticked = self.store.tick(host, &mut at);
+        let ticked = self.store.tick(host, &mut at, config);
         finished.extend(ticked.released);
-        finished.extend(self.continue_claims(host, actor, ticked.claimed));
-        self.queue_ended(host, actor, &mut finished);
-        let mut at = acting(&mut self.calls, &mut self.timers, actor);
-        finished.extend(self.store.send_owed(host, &mut at));
+        finished.extend(self.continue_decided(host, actor, ticked.decided).finished);
         finished
-    }
-
-    /// Root context `root`'s timer, every tick: what the store keeps ahead (etcd's leases).
-    pub fn tick_leases<H: Host>(&mut self, host: &H, now_ms: u64, config: Option<&Config>) {
-        self.store.keep_ahead(host, &mut self.calls, now_ms, config);
     }
 
     /// The spans of a new request on `channel`, if it is traced (`tracing`).
@@ -335,15 +293,16 @@ impl Pipeline {
         self.calls.of_root(root)
     }
 
-    /// Whether the root's timer has work soon: calls to send, retries, settles owed, claims
-    /// to continue.
-    pub fn has_timed_work(&self) -> bool {
-        self.deliveries.has_timed_work() || self.store.has_timed_work()
-    }
-
-    /// Whether the etcd store wants the fast timer (settles owed, leases not held yet).
-    pub fn store_wants_fast_timer(&self) -> bool {
-        self.store.wants_fast_timer()
+    /// The period the timer of a root configured with `config` needs for the worker's
+    /// deliveries and store (`None`: none): [`DELIVERY_TICK`] while calls are to send or
+    /// retry (or the configuration has async or best-effort deliveries), else the store's.
+    pub fn timer_needed(&self, config: Option<&Config>) -> Option<Duration> {
+        let delivering = self.deliveries.has_timed_work() || config.is_some_and(|c| c.needs_timer);
+        let store = self.store.timer(config);
+        match (delivering.then_some(DELIVERY_TICK), store) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Sets root context `root`'s timer to `period` (the one place its period is decided;
@@ -371,72 +330,56 @@ impl Pipeline {
         root: Option<u32>,
         (stream, gone): (u32, bool),
         job: Job,
-    ) -> Vec<Finished> {
+    ) -> Outcome {
         let calls = &mut self.calls;
         let outcome = self.deliveries.launch(host, calls, root, job, stream);
         if !gone {
-            return outcome.finished;
+            return outcome;
         }
         if let Some(id) = outcome.delivering {
             self.deliveries.abandon(host, calls, id);
         }
-        Vec::new()
+        Outcome::default()
     }
 
-    /// Continues each request the claim stage returned ([`Pipeline::continue_claim`]).
-    fn continue_claims<H: Host>(
+    /// Continues each request whose claim its store decided: its fan-out starts (from the
+    /// acting context), or its answer is returned (counted where it is sent). What it made
+    /// of them ([`Outcome`]: one request's sync fan-out under way, when it continues in its
+    /// own stream).
+    fn continue_decided<H: Host>(
         &mut self,
         host: &H,
         actor: Actor,
-        claimed: Claimed<Job>,
-    ) -> Vec<Finished> {
-        let mut finished = Vec::new();
-        for (pending, result) in claimed {
-            finished.extend(self.continue_claim(host, actor, pending, result));
-        }
-        finished
-    }
-
-    /// The one continuation of a claim: the store decides what it came to
-    /// ([`DedupeStore::decide`]: the job's fan-out marked and its claims kept to settle; or,
-    /// the store failed, everyone called unrecorded, or the 503) and the fan-out starts, or
-    /// the stream's answer is returned (counted where it is sent).
-    fn continue_claim<H: Host>(
-        &mut self,
-        host: &H,
-        actor: Actor,
-        pending: Pending<Job>,
-        result: Result<Found, StoreError>,
-    ) -> Vec<Finished> {
-        let Pending {
+        decided: Vec<Decision<Job>>,
+    ) -> Outcome {
+        let mut outcome = Outcome::default();
+        for Decision {
             stream,
-            ask,
             mut job,
             sender_left,
-            ..
-        } = pending;
-        let counter = self.counter(&job.config);
-        let claim = Deciding {
-            counter: &counter,
-            config: &job.config,
-            log_id: stream,
-            now_ms: job.started_ms,
-            ask,
-            result,
-        };
-        match self.store.decide(host, claim, &mut job.fanout) {
-            Decided::Claims(claims) => job.claims = claims,
-            Decided::Unrecorded => job.unrecorded = true,
-            Decided::Refused(_) if sender_left => return Vec::new(),
-            Decided::Refused(answer) => return vec![Finished::now(stream, answer)],
+            decided,
+        } in decided
+        {
+            match decided {
+                Decided::Claims(claims) => job.claims = claims,
+                Decided::Unrecorded => job.unrecorded = true,
+                Decided::Refused(_) if sender_left => continue,
+                Decided::Refused(answer) => {
+                    outcome.finished.push(Finished::now(stream, answer));
+                    continue;
+                }
+            }
+            let launched = self.launch(host, actor.acting_root(), (stream, sender_left), job);
+            outcome.delivering = outcome.delivering.or(launched.delivering);
+            outcome.finished.extend(launched.finished);
         }
-        self.launch(host, actor.acting_root(), (stream, sender_left), job)
-    }
-
-    fn counter(&self, config: &Config) -> Counter {
-        Counter::new(config.metrics.then(|| self.telemetry.clone()))
+        outcome
     }
 }
+
+/// The root context's timer while deliveries need it (retries, async, best-effort): the
+/// resolution of backoff delays, and the most an async event waits before its calls go out.
+pub const DELIVERY_TICK: Duration = Duration::from_millis(10);
 
 /// The store's context for a call from `actor`: the calls it makes are its root's.
 fn acting<'a>(calls: &'a mut CallTable, timers: &'a mut Timers, actor: Actor) -> Acting<'a> {
@@ -444,6 +387,12 @@ fn acting<'a>(calls: &'a mut CallTable, timers: &'a mut Timers, actor: Actor) ->
         calls,
         timers,
         root: actor.root(),
+    }
+}
+
+impl Claimant for Job {
+    fn claimant(&mut self) -> (&Config, &Channel, &mut FanOut) {
+        (&self.config, &self.channel, &mut self.fanout)
     }
 }
 

@@ -14,31 +14,8 @@
 use super::{self as etcd, Found, Leases, StoreError, MAX_CLAIMS_PER_TXN, TXN_PATH};
 use crate::call_table::{CallTable, Continuation};
 use crate::dedupe::claim::{self, Ask};
+use crate::dedupe::dedupe_store::Pending;
 use crate::host::Host;
-
-/// A request waiting for its claim: its stream, its claim, when it started (the claims'
-/// time), and its fan-out (`J`, the pipeline's: opaque here), ready to start once claimed.
-pub struct Pending<J> {
-    pub stream: u32,
-    pub ask: Ask,
-    pub started_ms: u64,
-    pub job: J,
-    /// Its stream ended (or Envoy answered it) while its claim was in a txn in flight:
-    /// nobody to answer.
-    pub sender_left: bool,
-}
-
-impl<J> Pending<J> {
-    pub fn new(stream: u32, ask: Ask, started_ms: u64, job: J) -> Pending<J> {
-        Pending {
-            stream,
-            ask,
-            started_ms,
-            job,
-            sender_left: false,
-        }
-    }
-}
 
 /// A claim txn in flight.
 struct Flight<J> {
@@ -48,14 +25,14 @@ struct Flight<J> {
     /// A call of the root context (else of the stream of its one request).
     of_root: bool,
     /// Its requests, in the txn's order.
-    requests: Vec<Pending<J>>,
+    requests: Vec<Pending<J, Ask>>,
 }
 
 pub struct Coalescer<J> {
     flights: Vec<Flight<J>>,
-    parked: Vec<Pending<J>>,
+    parked: Vec<Pending<J, Ask>>,
     /// Requests that could not be sent, for the root's timer to continue as store errors.
-    failed: Vec<(Vec<Pending<J>>, StoreError)>,
+    failed: Vec<(Vec<Pending<J, Ask>>, StoreError)>,
 }
 
 impl<J> Default for Coalescer<J> {
@@ -87,7 +64,7 @@ impl<J> Coalescer<J> {
     }
 
     /// `requests` went out as call `token` at `now_ms`.
-    fn sent(&mut self, token: u32, of_root: bool, requests: Vec<Pending<J>>, now_ms: u64) {
+    fn sent(&mut self, token: u32, of_root: bool, requests: Vec<Pending<J, Ask>>, now_ms: u64) {
         let timeout = requests.first().map_or(0, |p| timeout_ms(&p.ask));
         self.flights.push(Flight {
             token,
@@ -102,7 +79,7 @@ impl<J> Coalescer<J> {
     /// The claim txn `token` was answered (or given up on, or cancelled): its requests, if
     /// it is one.
     #[inline]
-    pub fn landed(&mut self, token: u32) -> Option<Vec<Pending<J>>> {
+    pub fn landed(&mut self, token: u32) -> Option<Vec<Pending<J, Ask>>> {
         if self.flights.is_empty() {
             return None;
         }
@@ -122,11 +99,11 @@ impl<J> Coalescer<J> {
     /// The next batch to send, if no claim txn is in flight and requests are parked: the
     /// oldest parked, and those after it that fit one txn (the same cluster and timeout, at
     /// most [`MAX_CLAIMS_PER_TXN`] claims, no key twice). The others stay parked.
-    fn next_batch(&mut self) -> Option<Vec<Pending<J>>> {
+    fn next_batch(&mut self) -> Option<Vec<Pending<J, Ask>>> {
         if self.must_park() || self.parked.is_empty() {
             return None;
         }
-        let mut batch: Vec<Pending<J>> = Vec::new();
+        let mut batch: Vec<Pending<J, Ask>> = Vec::new();
         let mut rest = Vec::new();
         for parked in std::mem::take(&mut self.parked) {
             let fits = match batch.first() {
@@ -157,7 +134,7 @@ impl<J> Coalescer<J> {
 
     /// The parked requests still without a lease when their store's timeout (counted from
     /// their start) is over at `now_ms`: taken out, to go on as store errors.
-    fn unleased_past(&mut self, now_ms: u64) -> Vec<Pending<J>> {
+    fn unleased_past(&mut self, now_ms: u64) -> Vec<Pending<J, Ask>> {
         let (late, rest) = std::mem::take(&mut self.parked).into_iter().partition(|p| {
             p.ask.lease.is_none() && p.started_ms.saturating_add(timeout_ms(&p.ask)) <= now_ms
         });
@@ -210,7 +187,7 @@ impl<J> Coalescer<J> {
 
 /// What the claim stage made of requests: each to be continued with what etcd found, or
 /// with the store's failure (by the pipeline, in one place).
-pub type Claimed<J> = Vec<(Pending<J>, Result<Found, StoreError>)>;
+pub type Claimed<J> = Vec<(Pending<J, Ask>, Result<Found, StoreError>)>;
 
 impl<J> Coalescer<J> {
     /// Takes the request `pending`: its claim goes out now, alone, as the stream's call if it
@@ -221,7 +198,7 @@ impl<J> Coalescer<J> {
         host: &H,
         calls: &mut CallTable,
         leases: &Leases,
-        mut pending: Pending<J>,
+        mut pending: Pending<J, Ask>,
     ) -> Claimed<J> {
         let leased = pending.ask.lease_from(|until| leases.pick(until));
         if !leased || self.must_park() {

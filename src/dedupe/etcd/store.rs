@@ -1,5 +1,6 @@
-//! The etcd store behind [`DedupeStore`]: the claim stage's coalescer ([`Coalescer`]), the
-//! VM's leases and settles ([`Remote`]), and the answers held for their settles.
+//! The etcd store behind `DedupeStore` (`dedupe/stores.rs` hands it on): the claim stage's
+//! coalescer ([`Coalescer`]), the VM's leases and settles ([`Remote`]), and the answers held
+//! for their settles.
 //!
 //! With the etcd store, a sync fan-out that claimed in etcd is answered only once its settle
 //! is answered, so that when its sender hears the answer what it delivered is in etcd (a
@@ -16,16 +17,17 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::Duration;
 
-use super::claims::{Claimed, Coalescer, Pending};
+use super::claims::{Claimed, Coalescer};
 use super::remote::{self, Remote, Sent};
-use crate::call_table::{CallTable, Continuation};
-use crate::config::Config;
-use crate::dedupe::claim::{claimed, etcd_reply, store_failed};
-use crate::dedupe::dedupe_store::{Acting, Answered, Decided, Deciding, DedupeStore, Ending};
-use crate::dedupe::dedupe_store::{HeldAnswer, StoreCall};
+use super::{Found, StoreError};
+use crate::call_table::Continuation;
+use crate::config::{Config, Store};
+use crate::dedupe::claim::{claimed, etcd_reply, store_failed, Ask};
+use crate::dedupe::dedupe_store::{Acting, Answered, Claimant, Decided, Decision, Ending};
+use crate::dedupe::dedupe_store::{HeldAnswer, Pending, StoreCall};
 use crate::dedupe::settle::{self, Claims, RemoteSettle};
-use crate::fan_out_state::FanOut;
 use crate::host::Host;
 use crate::telemetry::{count_into, Counter, Telemetry};
 
@@ -130,17 +132,28 @@ impl<J, A: HeldAnswer> EtcdAgent<J, A> {
     }
 }
 
-impl<J, A: HeldAnswer> DedupeStore<J, A> for EtcdAgent<J, A> {
-    fn configure<H: Host>(&mut self, _host: &H, config: &Config) {
+/// The etcd store's part of [`crate::dedupe::dedupe_store::DedupeStore`], as `Stores` hands
+/// it on.
+impl<J: Claimant, A: HeldAnswer> EtcdAgent<J, A> {
+    pub fn configure(&mut self, config: &Config) {
         remote::prepare(&mut self.remote, config);
     }
 
-    fn claim<H: Host>(&mut self, host: &H, at: &mut Acting<'_>, pending: Pending<J>) -> Claimed<J> {
-        self.claims
-            .claim(host, at.calls, &self.remote.leases, pending)
+    /// The claim stage: the claim goes out (or is parked); a claim Envoy refused to send is
+    /// decided now, as a store error.
+    pub fn claim<H: Host>(
+        &mut self,
+        host: &H,
+        at: &mut Acting<'_>,
+        pending: Pending<J, Ask>,
+    ) -> Vec<Decision<J>> {
+        let refused = self
+            .claims
+            .claim(host, at.calls, &self.remote.leases, pending);
+        self.decide_all(host, refused)
     }
 
-    fn answer<H: Host>(
+    pub fn answer<H: Host>(
         &mut self,
         host: &H,
         at: &mut Acting<'_>,
@@ -152,14 +165,14 @@ impl<J, A: HeldAnswer> DedupeStore<J, A> for EtcdAgent<J, A> {
                 let claimed = self.claims.answered(host, token, reply);
                 self.send_parked(host, at);
                 Answered {
-                    claimed,
+                    decided: self.decide_all(host, claimed),
                     released: Vec::new(),
                 }
             }
             Continuation::Settle | Continuation::Grant => {
                 let grant = then == Continuation::Grant;
                 Answered {
-                    claimed: Vec::new(),
+                    decided: Vec::new(),
                     released: self.store_answered(host, at, (token, grant), reply),
                 }
             }
@@ -167,16 +180,18 @@ impl<J, A: HeldAnswer> DedupeStore<J, A> for EtcdAgent<J, A> {
         }
     }
 
-    fn settle<H: Host>(
+    /// A fan-out's claims in etcd, queued to settle: its answer, unless it is held until
+    /// the settle is written.
+    pub fn settle<H: Host>(
         &mut self,
         host: &H,
         at: &mut Acting<'_>,
-        ending: Ending<'_, A>,
+        counter: &Counter,
+        ending: Ending<A>,
     ) -> Option<A> {
         let Ending {
             job,
             config,
-            counter,
             claims,
             delivered,
             log_id,
@@ -186,7 +201,8 @@ impl<J, A: HeldAnswer> DedupeStore<J, A> for EtcdAgent<J, A> {
         let Claims::Etcd(held) = claims else {
             return answer;
         };
-        let Some(mut remote) = settle::settle_etcd(now_ms, config, held, delivered, log_id) else {
+        let Some(mut remote) = settle::settle_etcd(now_ms, &config, held, &delivered, log_id)
+        else {
             return answer;
         };
         match answer {
@@ -203,21 +219,24 @@ impl<J, A: HeldAnswer> DedupeStore<J, A> for EtcdAgent<J, A> {
         }
     }
 
-    #[inline]
-    fn ready_to_send(&self) -> bool {
-        self.remote.ready_to_send()
-    }
-
-    fn send<H: Host>(&mut self, host: &H, at: &mut Acting<'_>) -> Vec<A> {
+    /// The settles queued go out now, if they can (none in flight); the answers of those
+    /// that failed at once.
+    pub fn send<H: Host>(&mut self, host: &H, at: &mut Acting<'_>) -> Vec<A> {
         if !self.remote.ready_to_send() {
             return Vec::new();
         }
         self.send_settles(host, at)
     }
 
-    /// Claims overdue, failed or without a lease too long; settle txns whose answer never
-    /// came: store errors.
-    fn tick<H: Host>(&mut self, host: &H, at: &mut Acting<'_>) -> Answered<J, A> {
+    /// The root's timer: claims overdue, failed or without a lease too long, and settle txns
+    /// whose answer never came, as store errors; then the claims parked and the settles owed
+    /// go out, and the leases are kept ahead (for `config`'s store).
+    pub fn tick<H: Host>(
+        &mut self,
+        host: &H,
+        at: &mut Acting<'_>,
+        config: Option<&Config>,
+    ) -> Answered<J, A> {
         let claimed = self.claims.tick(host, at.calls);
         let mut released = Vec::new();
         if self.remote.owed() > 0 {
@@ -226,67 +245,92 @@ impl<J, A: HeldAnswer> DedupeStore<J, A> for EtcdAgent<J, A> {
                 released.extend(self.settles_ended(host, &settles, true));
             }
         }
-        Answered { claimed, released }
-    }
-
-    fn send_owed<H: Host>(&mut self, host: &H, at: &mut Acting<'_>) -> Vec<A> {
+        let decided = self.decide_all(host, claimed);
         self.send_parked(host, at);
-        if self.remote.owed() == 0 {
-            return Vec::new();
+        if self.remote.owed() > 0 {
+            released.extend(self.send_settles(host, at));
         }
-        self.send_settles(host, at)
+        remote::tick(host, at.calls, host.now_ms(), config, &mut self.remote);
+        Answered { decided, released }
     }
 
-    fn keep_ahead<H: Host>(
+    pub fn forget<H: Host>(
         &mut self,
         host: &H,
-        calls: &mut CallTable,
-        now_ms: u64,
-        config: Option<&Config>,
-    ) {
-        remote::tick(host, calls, now_ms, config, &mut self.remote);
-    }
-
-    fn forget<H: Host>(&mut self, host: &H, at: &mut Acting<'_>, stream: u32, ended: bool) -> bool {
+        at: &mut Acting<'_>,
+        stream: u32,
+        ended: bool,
+    ) -> bool {
         let unsent = self.claims.forget(at.calls, stream, ended);
         // Its own claim txn forgotten, the claims parked meanwhile go out.
         self.send_parked(host, at);
         unsent
     }
 
-    fn claiming(&self, stream: u32) -> bool {
+    pub fn claiming(&self, stream: u32) -> bool {
         self.claims.holds(stream)
     }
 
-    fn decide<H: Host>(&mut self, host: &H, claim: Deciding<'_>, fanout: &mut FanOut) -> Decided {
-        let Deciding {
-            counter,
-            config,
-            log_id,
-            now_ms,
+    /// Fast ([`remote::SETTLE_TICK`]) while claims or settles are owed or (for a root whose
+    /// `config` has the etcd store) a lease is not held yet; else, with the etcd store, slow
+    /// enough to cost nothing and fast enough to keep the leases ahead
+    /// ([`remote::LEASE_TICK`]).
+    pub fn timer(&self, config: Option<&Config>) -> Option<Duration> {
+        let etcd = config
+            .and_then(|c| c.dedupe.as_ref())
+            .is_some_and(|d| matches!(d.store, Store::Etcd(_)));
+        let owed = self.remote.owed() > 0 || self.claims.needs_tick();
+        if owed || (etcd && self.remote.wants_fast_timer()) {
+            Some(remote::SETTLE_TICK)
+        } else {
+            etcd.then_some(remote::LEASE_TICK)
+        }
+    }
+
+    /// Each request of `claimed` with what its claim came to.
+    fn decide_all<H: Host>(&mut self, host: &H, claimed: Claimed<J>) -> Vec<Decision<J>> {
+        claimed
+            .into_iter()
+            .map(|(pending, result)| self.decide(host, pending, result))
+            .collect()
+    }
+
+    /// A request's claim answered: what the store found marked in its fan-out and the
+    /// claims to settle, or its failure counted, logged, and decided by `on_store_error`.
+    fn decide<H: Host>(
+        &mut self,
+        host: &H,
+        pending: Pending<J, Ask>,
+        result: Result<Found, StoreError>,
+    ) -> Decision<J> {
+        let Pending {
+            stream,
             ask,
-            result,
-        } = claim;
-        let error = match result {
-            Ok(found) => return Decided::Claims(claimed(host, counter, ask, &found, fanout)),
-            Err(error) => error,
+            started_ms,
+            mut job,
+            sender_left,
+        } = pending;
+        let (config, _, fanout) = job.claimant();
+        let counter = Counter::new(config.metrics.then(|| self.telemetry.clone()));
+        let decided = match result {
+            Ok(found) => Decided::Claims(claimed(host, &counter, ask, &found, fanout)),
+            Err(error) => {
+                if error.lease_lost() {
+                    self.remote.leases.forget();
+                }
+                let remote = &mut self.remote;
+                let warn = || remote.warn(started_ms);
+                match store_failed(host, &counter, config, stream, &error, warn) {
+                    Ok(()) => Decided::Unrecorded,
+                    Err(answer) => Decided::Refused(answer),
+                }
+            }
         };
-        if error.lease_lost() {
-            self.remote.leases.forget();
+        Decision {
+            stream,
+            job,
+            sender_left,
+            decided,
         }
-        let remote = &mut self.remote;
-        let warn = || remote.warn(now_ms);
-        match store_failed(host, counter, config, log_id, &error, warn) {
-            Ok(()) => Decided::Unrecorded,
-            Err(answer) => Decided::Refused(answer),
-        }
-    }
-
-    fn has_timed_work(&self) -> bool {
-        self.remote.owed() > 0 || self.claims.needs_tick()
-    }
-
-    fn wants_fast_timer(&self) -> bool {
-        self.remote.wants_fast_timer()
     }
 }
