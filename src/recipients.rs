@@ -97,8 +97,8 @@ pub fn choose<'a, H: Host>(
 }
 
 impl Chosen<'_> {
-    /// The event fits: `dedupe`'s claims of the subscribers it is for (made now in Envoy's
-    /// shared data, or an etcd claim to ask).
+    /// The event fits: what `dedupe` must claim of the subscribers it is for, for the
+    /// pipeline's claim stage (`None` with `dedupe` off).
     pub fn claim<H: Host>(
         self,
         host: &H,
@@ -113,7 +113,8 @@ impl Chosen<'_> {
             channel: request.channel,
             key: request.event.key.as_deref(),
         };
-        let claim = claim::claim(host, counter, config, &asking, &wanted);
+        let dedupe = config.dedupe.as_ref();
+        let claim = dedupe.and_then(|d| claim::claim(host, counter, d, &asking, &wanted));
         Recipients { fanout, claim }
     }
 }

@@ -180,16 +180,15 @@ impl Wanted {
 
 /// `dedupe`, before the calls: the claims of the subscribers in `wanted` (those its filter
 /// did not skip) for the request's store to make (`None`: nothing to claim, and everyone
-/// wanted is called: dedupe is off, the request has no key, or nobody is wanted). An etcd
-/// claim is asked without a lease: the claim stage gives it one ([`Ask::lease_from`]).
+/// wanted is called: the request has no key, or nobody is wanted). An etcd claim is asked
+/// without a lease: the claim stage gives it one ([`Ask::lease_from`]).
 pub fn claim<H: Host>(
     host: &H,
     counter: &Counter,
-    config: &Config,
+    dedupe: &DedupeConfig,
     request: &Asking<'_>,
     wanted: &[usize],
 ) -> Option<Claim> {
-    let dedupe = config.dedupe.as_ref()?;
     let Some(key) = request.key else {
         counter.count(host, |tally| tally.dedupe_missing_key());
         return None;

@@ -4,6 +4,7 @@
 //! etcd on loopback), the fake host set to give one as a call's answer, and readers of the
 //! txns fanout sent. Test builds only: nothing of it is in the module.
 
+#[cfg(not(target_arch = "wasm32"))]
 use crate::config::Config;
 use crate::dedupe::etcd;
 use crate::dedupe::etcd::proto::{Message, Request, RequestOp, TxnRequest};
