@@ -365,13 +365,13 @@ pub fn prepare(remote: &mut Remote, config: &Config) {
 pub fn tick<H: Host>(
     host: &H,
     calls: &mut CallTable,
-    now: u64,
     config: Option<&Config>,
     remote: &mut Remote,
 ) {
     let Some(Store::Etcd(store)) = config.and_then(|c| c.dedupe.as_ref()).map(|d| &d.store) else {
         return;
     };
+    let now = host.now_ms();
     if let Err(Failure::DispatchError { detail }) = remote.grant(host, calls, now, store) {
         if remote.warn(now).is_some() {
             log::error!(

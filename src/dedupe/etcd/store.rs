@@ -250,7 +250,7 @@ impl<J: Claimant, A: HeldAnswer> EtcdAgent<J, A> {
         if self.remote.owed() > 0 {
             released.extend(self.send_settles(host, at));
         }
-        remote::tick(host, at.calls, host.now_ms(), config, &mut self.remote);
+        remote::tick(host, at.calls, config, &mut self.remote);
         Answered { decided, released }
     }
 
