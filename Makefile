@@ -278,7 +278,8 @@ build-native:
 test-native: build-native envoy
 	$(CARGO) test -p fanout-native
 
-# Every test, in stages with their times (tools/test.sh): lint, unit, wasm, rules, build, e2e.
+# Every test, in stages with their times (tools/test.sh): lint, unit, wasm, rules, native,
+# build, e2e.
 test:
 	@MAKE="$(MAKE)" tools/test.sh
 
@@ -394,6 +395,10 @@ test-compat: build sdk js otlp
 	    ENVOY_BIN=$(TOOLS)/envoy-$$version FANOUT_E2E_BODY_WAIT=$$mode $(CARGO) test $(COMPAT_TESTS); \
 	  done; \
 	done
+	@# The native build loads in Envoy >= 1.40.0 only: the oldest refuses it at load.
+	$(MAKE) --no-print-directory build-native
+	ENVOY_BIN=$(TOOLS)/envoy-$(ENVOY_OLDEST) $(CARGO) test -p fanout-native --test envoy -- \
+	  --ignored --exact an_envoy_older_than_1_40_refuses_the_library_at_load
 
 # What fanout costs against the floor of a wasm fan-out (bench/floor-filter), with Envoy's own
 # mirroring, a plain proxy, a Lua fan-out and a do-nothing wasm filter for context, and what
