@@ -74,10 +74,12 @@ fn next_id() -> u32 {
     NEXT_ID.fetch_add(1, Ordering::Relaxed)
 }
 
+/// A worker's plugin of a configuration, and the configuration (gone: so is the plugin).
+type WorkerOf = (std::sync::Weak<NativeConfig>, Rc<Worker>);
+
 thread_local! {
     /// This worker's plugins, by configuration id.
-    static WORKERS: RefCell<HashMap<u32, (std::sync::Weak<NativeConfig>, Rc<Worker>)>> =
-        RefCell::new(HashMap::new());
+    static WORKERS: RefCell<HashMap<u32, WorkerOf>> = RefCell::new(HashMap::new());
 }
 
 /// The statuses the filter answers a request it refuses with: their counters are defined

@@ -116,7 +116,7 @@ pub fn tick_period(plugin: u32) -> Duration {
 /// Runs `define` (the main-thread plugin's configure) with `def` defining the metrics, and
 /// returns the ids defined, by name.
 pub fn defining(def: &ConfigDef, define: impl FnOnce()) -> HashMap<String, u32> {
-    DEFINING.with(|d| with_mut(d, |d| *d = Some((def.clone(), HashMap::new()))));
+    DEFINING.with(|d| with_mut(d, |d| *d = Some((*def, HashMap::new()))));
     define();
     DEFINING
         .with(|d| with_mut(d, Option::take))

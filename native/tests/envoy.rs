@@ -3,6 +3,10 @@
 //! as its `filter_config`, real subscribers on loopback (the e2e suite's, from
 //! tests/e2e/harness/). Each Envoy runs in its own process group, stopped on drop.
 
+// Test code: a failed expectation is a panic (the crate's lints are for the library).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::indexing_slicing)]
+
 #[path = "../../tests/e2e/harness/server.rs"]
 #[allow(dead_code, unsafe_code)]
 mod server;
@@ -638,4 +642,80 @@ fn an_envoy_older_than_1_40_refuses_the_library_at_load() {
             && log.contains("undefined symbol: envoy_dynamic_module_callback_"),
         "{log}"
     );
+}
+
+#[test]
+fn a_cluster_envoy_does_not_know_and_a_timeout_are_failures_in_the_report() {
+    let slow = Subscriber::start("slow", Behavior::Delay(Duration::from_secs(3), 200));
+    let config = json!({ "subscribers": [
+        { "cluster": "slow", "timeout_ms": 300 },
+        { "cluster": "nowhere" }
+    ] });
+    let envoy = Envoy::start(&config, &[&slow]);
+    let reply = send(client().post(envoy.url("/")).body("event"));
+    assert_eq!(reply.status, 500, "{}", reply.body);
+    let report = reply.json();
+    let failed = report["failed"].as_array().expect("a list of failures");
+    let by = |cluster: &str| {
+        failed
+            .iter()
+            .find(|f| f["cluster"] == cluster)
+            .unwrap_or_else(|| panic!("{cluster} is not in {report}"))
+            .clone()
+    };
+    assert_eq!(by("slow")["outcome"], "timeout", "{report}");
+    assert_eq!(by("nowhere")["outcome"], "dispatch_error", "{report}");
+    let detail = by("nowhere")["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(detail.contains("ClusterNotFound"), "{report}");
+}
+
+#[test]
+fn concurrent_senders_on_both_workers_each_get_one_answer_and_every_delivery_is_made() {
+    let (a, b) = (Subscriber::ok("a"), Subscriber::ok("b"));
+    let config = json!({ "subscribers": [{ "cluster": "a" }, { "cluster": "b" }] });
+    let envoy = Envoy::start(&config, &[&a, &b]);
+    let url = envoy.url("/");
+    let senders: Vec<_> = (0..8)
+        .map(|t| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                // A connection per sender: Envoy spreads them over its two workers.
+                let client = client();
+                (0..10)
+                    .map(|i| send(client.post(&url).body(format!("{t}-{i}"))).status)
+                    .collect::<Vec<u16>>()
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = senders
+        .into_iter()
+        .flat_map(|s| s.join().expect("a sender"))
+        .collect();
+    assert!(statuses.iter().all(|s| *s == 202), "{statuses:?}");
+    assert_eq!((a.count(), b.count()), (80, 80));
+    let mut bodies: Vec<Vec<u8>> = a.requests().into_iter().map(|r| r.body).collect();
+    bodies.sort();
+    bodies.dedup();
+    assert_eq!(bodies.len(), 80, "each event once");
+}
+
+#[test]
+fn a_sender_leaving_mid_fan_out_leaves_envoy_serving() {
+    let slow = Subscriber::start("slow", Behavior::Delay(Duration::from_millis(1500), 200));
+    let config = json!({ "subscribers": [{ "cluster": "slow" }] });
+    let envoy = Envoy::start(&config, &[&slow]);
+    let impatient = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .expect("a client");
+    for _ in 0..3 {
+        assert!(impatient.post(envoy.url("/")).body("e").send().is_err());
+    }
+    // Its calls' answers come to streams that are gone; the next sender is served.
+    std::thread::sleep(Duration::from_millis(1500));
+    let reply = send(client().post(envoy.url("/")).body("e"));
+    assert_eq!(reply.status, 202, "{}", reply.body);
 }
