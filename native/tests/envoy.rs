@@ -719,3 +719,22 @@ fn a_sender_leaving_mid_fan_out_leaves_envoy_serving() {
     let reply = send(client().post(envoy.url("/")).body("e"));
     assert_eq!(reply.status, 202, "{}", reply.body);
 }
+
+#[test]
+fn a_body_past_envoys_default_buffer_limit_is_fanned_out_whole_up_to_max_body_bytes() {
+    let a = Subscriber::ok("a");
+    let config = json!({ "max_body_bytes": 4_000_000, "subscribers": [{ "cluster": "a" }] });
+    let envoy = Envoy::start(&config, &[&a]);
+    // 3 MB: past Envoy's default 1 MiB per-stream buffer, which would answer 413 itself.
+    let body: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let reply = send(client().post(envoy.url("/")).body(body.clone()));
+    assert_eq!(reply.status, 202, "{}", reply.body);
+    assert!(
+        a.only_request().body == body,
+        "the subscriber got another body"
+    );
+    // Past max_body_bytes: fanout's own 413, with its JSON.
+    let big = send(client().post(envoy.url("/")).body(vec![b'x'; 4_500_000]));
+    assert_eq!(big.status, 413, "{}", big.body);
+    assert!(big.json()["error"].is_string(), "{}", big.body);
+}
