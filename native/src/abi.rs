@@ -496,7 +496,9 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(
 ) {
     if !config_module_ptr.is_null() {
         // SAFETY: the `Box<Arc<NativeConfig>>` `config_new` made, taken back once.
-        drop(unsafe { Box::from_raw(config_module_ptr.cast::<Arc<NativeConfig>>().cast_mut()) });
+        let config =
+            unsafe { Box::from_raw(config_module_ptr.cast::<Arc<NativeConfig>>().cast_mut()) };
+        glue::config_destroy(&config);
     }
 }
 

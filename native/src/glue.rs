@@ -16,7 +16,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use fanout::cell::with_mut;
@@ -33,6 +33,9 @@ pub struct NativeConfig {
     pub bytes: Vec<u8>,
     pub metrics: HashMap<String, u32>,
     pub max_body_bytes: u64,
+    /// Envoy destroyed it (a configuration update replaced it): once no stream of a worker
+    /// uses it, that worker's plugin of it goes.
+    retired: AtomicBool,
 }
 
 /// A call's answer, copied out of Envoy's hook.
@@ -74,8 +77,8 @@ fn next_id() -> u32 {
     NEXT_ID.fetch_add(1, Ordering::Relaxed)
 }
 
-/// A worker's plugin of a configuration, and the configuration (gone: so is the plugin).
-type WorkerOf = (std::sync::Weak<NativeConfig>, Rc<Worker>);
+/// A worker's plugin of a configuration, and the configuration.
+type WorkerOf = (Arc<NativeConfig>, Rc<Worker>);
 
 thread_local! {
     /// This worker's plugins, by configuration id.
@@ -110,6 +113,7 @@ pub fn config_new(def: &ConfigDef, name: &[u8], bytes: &[u8]) -> Option<Arc<Nati
         bytes: bytes.to_vec(),
         metrics: HashMap::new(),
         max_body_bytes: config.max_body_bytes,
+        retired: AtomicBool::new(false),
     };
     if config.metrics {
         let defining = Arc::new(NativeConfig {
@@ -117,6 +121,7 @@ pub fn config_new(def: &ConfigDef, name: &[u8], bytes: &[u8]) -> Option<Arc<Nati
             bytes: native.bytes.clone(),
             metrics: HashMap::new(),
             max_body_bytes: native.max_body_bytes,
+            retired: AtomicBool::new(false),
         });
         native.metrics = host::defining(def, || {
             let host = NativeHost::new(defining.clone(), 0);
@@ -129,6 +134,11 @@ pub fn config_new(def: &ConfigDef, name: &[u8], bytes: &[u8]) -> Option<Arc<Nati
         });
     }
     Some(Arc::new(native))
+}
+
+/// Envoy is done with a configuration (its streams may still run).
+pub fn config_destroy(config: &NativeConfig) {
+    config.retired.store(true, Ordering::Relaxed);
 }
 
 /// This worker's plugin of `config`, configured on its first stream.
@@ -154,9 +164,12 @@ fn worker(config: &Arc<NativeConfig>) -> Option<Rc<Worker>> {
     });
     WORKERS.with(|w| {
         with_mut(w, |w| {
-            // The plugins of configurations Envoy has let go of go with them.
-            w.retain(|_, (config, _)| config.strong_count() > 0);
-            w.insert(config.id, (Arc::downgrade(config), worker.clone()));
+            // The plugins of configurations Envoy destroyed go once none of their streams
+            // is left on this worker.
+            w.retain(|_, (config, worker)| {
+                !config.retired.load(Ordering::Relaxed) || Rc::strong_count(worker) > 1
+            });
+            w.insert(config.id, (config.clone(), worker.clone()));
         })
     });
     Some(worker)
@@ -305,6 +318,8 @@ fn deliver(state: &FilterState, callout: u64, answer: CallAnswer) {
 pub fn destroy(state: Box<FilterState>) {
     if !state.completed.get() {
         host::gone(state.id, state.filter);
+        let saved = host::detached();
         with_mut(&state.stream, |s| s.on_done());
+        host::leave(saved);
     }
 }

@@ -72,6 +72,14 @@ pub fn enter(filter: Filter) -> Saved {
     saved
 }
 
+/// Work for no filter (a filter Envoy destroyed without completing its stream): the host
+/// calls act for nobody until [`leave`].
+pub fn detached() -> Saved {
+    let saved = Saved(HOOK.with(|h| h.replace(None)), CURRENT.get());
+    CURRENT.set(None);
+    saved
+}
+
 /// The hook ends: what was current before it (an outer hook it ran inside) is again.
 pub fn leave(saved: Saved) {
     HOOK.set(saved.0);
