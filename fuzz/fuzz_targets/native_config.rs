@@ -20,15 +20,25 @@ fuzz_target!(|data: &[u8]| {
     let native = configure(data);
     if let Err(error) = &native {
         assert!(!error.message.is_empty(), "a refusal without a message");
-        assert_eq!(configure(data).err().as_ref(), Some(error), "refused another way");
+        assert_eq!(
+            configure(data).err().as_ref(),
+            Some(error),
+            "refused another way"
+        );
     }
     match (Config::from_json(data), native) {
         (Ok(config), Ok(_)) => assert!(!needs_timer(&config), "served what needs a timer"),
         (Ok(config), Err(error)) => {
-            assert!(needs_timer(&config), "refused a config it can serve: {error}");
+            assert!(
+                needs_timer(&config),
+                "refused a config it can serve: {error}"
+            );
             assert!(!error.path.is_empty(), "a refusal without a path: {error}");
             let doc: serde_json::Value = serde_json::from_slice(data).expect("accepted JSON");
-            assert!(has_path(&doc, &error.path), "{error}: no such field in the document");
+            assert!(
+                has_path(&doc, &error.path),
+                "{error}: no such field in the document"
+            );
         }
         (Err(reader), Err(error)) => assert_eq!(reader, error, "not the reader's own refusal"),
         (Err(reader), Ok(_)) => panic!("served a config the reader refuses: {reader}"),
@@ -40,14 +50,21 @@ fuzz_target!(|data: &[u8]| {
 fn needs_timer(config: &Config) -> bool {
     config.mode == AnswerMode::Async
         || config.tracing.is_some()
-        || matches!(config.dedupe.as_ref().map(|d| &d.store), Some(Store::Etcd(_)))
-        || config.channels.iter().flat_map(|c| &c.subscribers).any(|s| {
-            !s.required
-                || s.retry.retry > 0
-                || s.dead_letter.is_some()
-                || s.reply.is_some()
-                || s.call_cap.is_some()
-        })
+        || matches!(
+            config.dedupe.as_ref().map(|d| &d.store),
+            Some(Store::Etcd(_))
+        )
+        || config
+            .channels
+            .iter()
+            .flat_map(|c| &c.subscribers)
+            .any(|s| {
+                !s.required
+                    || s.retry.retry > 0
+                    || s.dead_letter.is_some()
+                    || s.reply.is_some()
+                    || s.call_cap.is_some()
+            })
 }
 
 /// Whether the document has a value at a path like `channels[0].subscribers[1].reply`.
