@@ -38,6 +38,18 @@ pub struct NativeConfig {
     retired: AtomicBool,
 }
 
+impl NativeConfig {
+    fn new(id: u32, bytes: &[u8], max_body_bytes: u64) -> Self {
+        NativeConfig {
+            id,
+            bytes: bytes.to_vec(),
+            metrics: HashMap::new(),
+            max_body_bytes,
+            retired: AtomicBool::new(false),
+        }
+    }
+}
+
 /// A call's answer, copied out of Envoy's hook.
 #[derive(Default)]
 pub struct CallAnswer {
@@ -108,21 +120,10 @@ pub fn config_new(def: &ConfigDef, name: &[u8], bytes: &[u8]) -> Option<Arc<Nati
             return None;
         }
     };
-    let mut native = NativeConfig {
-        id: next_id(),
-        bytes: bytes.to_vec(),
-        metrics: HashMap::new(),
-        max_body_bytes: config.max_body_bytes,
-        retired: AtomicBool::new(false),
-    };
+    let mut native = NativeConfig::new(next_id(), bytes, config.max_body_bytes);
     if config.metrics {
-        let defining = Arc::new(NativeConfig {
-            id: native.id,
-            bytes: native.bytes.clone(),
-            metrics: HashMap::new(),
-            max_body_bytes: native.max_body_bytes,
-            retired: AtomicBool::new(false),
-        });
+        // A plugin configured here, once, defines them; the workers' plugins find them.
+        let defining = Arc::new(NativeConfig::new(native.id, bytes, native.max_body_bytes));
         native.metrics = host::defining(def, || {
             let host = NativeHost::new(defining.clone(), 0);
             let mut plugin = Plugin::new(0, host.clone());

@@ -92,15 +92,56 @@ fn native_filter(config: &Value) -> Value {
     })
 }
 
-/// A bootstrap: one listener with the filter (and `extra` HTTP filters after it) before a
-/// router whose only route answers 418, and a cluster per `(name, port)`.
-fn bootstrap(listener: u16, config: &Value, clusters: &[(&str, u16)], extra: &[Value]) -> Value {
+/// The listener: the filter (and `extra` HTTP filters after it) before a router whose only
+/// route answers 418. Envoy reads it from a file (LDS), so that a test can replace it.
+fn listener(port: u16, config: &Value, extra: &[Value]) -> Value {
+    let mut listener = static_listener(port, config, extra);
+    if let Some(object) = listener.as_object_mut() {
+        object.insert(
+            "@type".into(),
+            json!("type.googleapis.com/envoy.config.listener.v3.Listener"),
+        );
+    }
+    json!({ "resources": [listener] })
+}
+
+/// The same listener, as a bootstrap's static one: a configuration Envoy refuses there
+/// stops Envoy (from LDS, it would only be rejected).
+fn static_listener(port: u16, config: &Value, extra: &[Value]) -> Value {
     let mut filters = vec![native_filter(config)];
     filters.extend(extra.iter().cloned());
     filters.push(json!({
         "name": "envoy.filters.http.router",
         "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" }
     }));
+    json!({
+        "name": "fanout",
+        "address": loopback(port),
+        "filter_chains": [{ "filters": [{
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": "ingress",
+                "route_config": { "virtual_hosts": [{
+                    "name": "all", "domains": ["*"],
+                    "routes": [{ "match": { "prefix": "/" }, "direct_response": {
+                        "status": 418,
+                        "body": { "inline_string": "the request reached the router" }
+                    } }]
+                }] },
+                "http_filters": filters
+            }
+        }] }]
+    })
+}
+
+fn listener_of(port: u16, config: &Value, extra: &[Value]) -> String {
+    listener(port, config, extra).to_string()
+}
+
+/// A bootstrap: the listener from `lds` (a file in the watched directory `dir`), a cluster
+/// per `(name, port)`.
+fn bootstrap(dir: &Path, lds: &Path, clusters: &[(&str, u16)]) -> Value {
     let clusters: Vec<Value> = clusters
         .iter()
         .map(|(name, port)| {
@@ -116,28 +157,12 @@ fn bootstrap(listener: u16, config: &Value, clusters: &[(&str, u16)], extra: &[V
         .collect();
     json!({
         "admin": { "address": loopback(0) },
-        "static_resources": {
-            "listeners": [{
-                "name": "fanout",
-                "address": loopback(listener),
-                "filter_chains": [{ "filters": [{
-                    "name": "envoy.filters.network.http_connection_manager",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                        "stat_prefix": "ingress",
-                        "route_config": { "virtual_hosts": [{
-                            "name": "all", "domains": ["*"],
-                            "routes": [{ "match": { "prefix": "/" }, "direct_response": {
-                                "status": 418,
-                                "body": { "inline_string": "the request reached the router" }
-                            } }]
-                        }] },
-                        "http_filters": filters
-                    }
-                }] }]
-            }],
-            "clusters": clusters
-        }
+        "node": { "id": "native-test", "cluster": "native-test" },
+        "dynamic_resources": { "lds_config": {
+            "resource_api_version": "V3",
+            "path_config_source": { "path": lds, "watched_directory": { "path": dir } }
+        } },
+        "static_resources": { "clusters": clusters }
     })
 }
 
@@ -155,7 +180,7 @@ impl Envoy {
     }
 
     fn start_with(config: &Value, subscribers: &[&Subscriber], extra: &[Value]) -> Envoy {
-        let mut envoy = Envoy::spawn(config, subscribers, extra);
+        let mut envoy = Envoy::spawn(config, subscribers, extra, true);
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Some(status) = envoy
@@ -185,7 +210,7 @@ impl Envoy {
 
     /// Envoy on a config it must refuse: its exit status and log.
     fn refused(config: &Value) -> (ExitStatus, String) {
-        let mut envoy = Envoy::spawn(config, &[], &[]);
+        let mut envoy = Envoy::spawn(config, &[], &[], false);
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Some(status) = envoy
@@ -214,7 +239,7 @@ impl Envoy {
     }
 
     #[allow(unsafe_code)]
-    fn spawn(config: &Value, subscribers: &[&Subscriber], extra: &[Value]) -> Envoy {
+    fn spawn(config: &Value, subscribers: &[&Subscriber], extra: &[Value], lds: bool) -> Envoy {
         let (bin, native) = (envoy_bin(), native_dir());
         let dir = std::env::temp_dir().join(format!(
             "fanout-native-{}-{}",
@@ -224,14 +249,30 @@ impl Envoy {
         fs::create_dir_all(&dir).expect("a temp dir");
         let listener = free_port();
         let clusters: Vec<(&str, u16)> = subscribers.iter().map(|s| (s.name(), s.port())).collect();
-        let bootstrap = bootstrap(listener, config, &clusters, extra);
+        let lds_dir = dir.join("lds");
+        fs::create_dir_all(&lds_dir).expect("the LDS directory");
+        let lds_file = lds_dir.join("listener.json");
+        let mut bootstrap = bootstrap(&lds_dir, &lds_file, &clusters);
+        if lds {
+            fs::write(&lds_file, listener_of(listener, config, extra)).expect("the listener");
+        } else if let Some(object) = bootstrap.as_object_mut() {
+            object.remove("dynamic_resources");
+            bootstrap["static_resources"]["listeners"] =
+                json!([static_listener(listener, config, extra)]);
+        }
         let path = dir.join("envoy.yaml");
         fs::write(&path, bootstrap.to_string()).expect("write the bootstrap");
         let mut command = Command::new(&bin);
         command
             .arg("-c")
             .arg(&path)
-            .args(["--concurrency", "2", "--use-dynamic-base-id"])
+            .args([
+                "--concurrency",
+                "2",
+                "--use-dynamic-base-id",
+                "--drain-time-s",
+                "1",
+            ])
             .arg("--admin-address-path")
             .arg(dir.join("admin.address"))
             .arg("--log-path")
@@ -259,6 +300,15 @@ impl Envoy {
             listener: SocketAddr::from(([127, 0, 0, 1], listener)),
             admin: None,
         }
+    }
+
+    /// Replaces the filter's configuration (LDS: a new listener, taken for new connections
+    /// while the old one drains).
+    fn reconfigure(&self, config: &Value) {
+        let text = listener_of(self.listener.port(), config, &[]);
+        let staged = self.dir.join("listener.json.new");
+        fs::write(&staged, text).expect("write the new listener");
+        fs::rename(&staged, self.dir.join("lds/listener.json")).expect("move it in place");
     }
 
     fn admin_from_file(&self) -> Option<SocketAddr> {
@@ -737,4 +787,51 @@ fn a_body_past_envoys_default_buffer_limit_is_fanned_out_whole_up_to_max_body_by
     let big = send(client().post(envoy.url("/")).body(vec![b'x'; 4_500_000]));
     assert_eq!(big.status, 413, "{}", big.body);
     assert!(big.json()["error"].is_string(), "{}", big.body);
+}
+
+#[test]
+fn a_configuration_update_serves_new_senders_and_a_refused_one_keeps_the_last() {
+    let (a, b) = (Subscriber::ok("a"), Subscriber::ok("b"));
+    let envoy = Envoy::start(&json!({ "subscribers": [{ "cluster": "a" }] }), &[&a, &b]);
+    // Each post on a new connection: a connection stays on the listener it was opened on.
+    let post = || {
+        send(
+            reqwest::blocking::Client::new()
+                .post(envoy.url("/"))
+                .body("e"),
+        )
+    };
+    assert_eq!(post().status, 202);
+    assert_eq!((a.count(), b.count()), (1, 0));
+
+    envoy.reconfigure(&json!({ "subscribers": [{ "cluster": "b" }] }));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while b.count() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the update never served: {}",
+            envoy.log()
+        );
+        assert_eq!(post().status, 202);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let before = a.count();
+
+    // A configuration the native build refuses: Envoy rejects the update and keeps serving
+    // the last one.
+    envoy.reconfigure(&json!({ "mode": "async", "subscribers": [{ "cluster": "a" }] }));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !envoy.log().contains("mode: \"async\" needs the wasm build") {
+        assert!(
+            Instant::now() < deadline,
+            "no refusal logged: {}",
+            envoy.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let delivered = b.count();
+    for _ in 0..5 {
+        assert_eq!(post().status, 202);
+    }
+    assert_eq!((a.count(), b.count()), (before, delivered + 5));
 }
