@@ -523,7 +523,9 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
 
 /// The filter is gone: its state is dropped.
 ///
-/// SAFETY: `fm` is what `filter_new` returned, handed back once.
+/// SAFETY: `fm` is what `filter_new` returned, handed back once. Envoy destroys a filter
+/// from its worker's deferred deletion, never inside one of that filter's own hooks, so no
+/// `&FilterState` of a running hook outlives the box.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(fm: *const c_void) {
     if !fm.is_null() {
