@@ -100,7 +100,7 @@ thread_local! {
 /// The statuses the filter answers a request it refuses with: their counters are defined
 /// with the configuration (the core names one the first time it is answered, later than
 /// Envoy allows).
-const REJECTED: &[u32] = &[400, 403, 404, 405, 409, 411, 413, 415, 429, 431, 503, 504];
+const REJECTED: &[u32] = &[400, 404, 405, 409, 413, 503];
 
 pub fn program_init() {
     crate::log::install();
