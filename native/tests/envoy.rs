@@ -631,6 +631,9 @@ fn counters_reach_envoys_stats_under_steady_traffic() {
     let accepted = "dynamicmodulescustom.fanout.requests.accepted";
     // Defined with the configuration: there, at zero, before any request.
     assert_eq!(envoy.stat(accepted), Some(0), "{}", envoy.log());
+    let rejected = "dynamicmodulescustom.fanout.requests.rejected.405";
+    assert_eq!(envoy.stat(rejected), Some(0), "{}", envoy.log());
+    assert_eq!(send(client.get(envoy.url("/"))).status, 405);
     // A sender posting every 100 ms: the counts reach Envoy about once a second.
     let mut sent = 0;
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -644,6 +647,7 @@ fn counters_reach_envoys_stats_under_steady_traffic() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(seen >= 10 && seen <= sent, "{seen} counted of {sent} sent");
+    assert_eq!(envoy.stat(rejected), Some(1));
     let calls = envoy.stat("dynamicmodulescustom.fanout.subscriber.a.delivered");
     assert!(
         calls.is_some_and(|n| n >= 1 && n <= sent),
