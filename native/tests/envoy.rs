@@ -481,33 +481,22 @@ fn bad_requests_get_their_4xx_with_an_error() {
     });
     let envoy = Envoy::start(&config, &[&a]);
     let client = client();
-    let unknown = send(
-        client
-            .post(envoy.url("/"))
-            .header("host", "other.example")
-            .body("e"),
+    let post = |host: &str, body: String| {
+        send(client.post(envoy.url("/")).header("host", host).body(body))
+    };
+    let refused = |reply: Reply, status: u16| {
+        assert_eq!(reply.status, status, "{}", reply.body);
+        assert!(reply.json()["error"].is_string(), "{}", reply.body);
+    };
+    refused(post("other.example", "e".into()), 404);
+    refused(
+        send(client.get(envoy.url("/")).header("host", "orders.example")),
+        405,
     );
-    assert_eq!(unknown.status, 404, "{}", unknown.body);
-    assert!(unknown.json()["error"].is_string(), "{}", unknown.body);
-    let get = send(client.get(envoy.url("/")).header("host", "orders.example"));
-    assert_eq!(get.status, 405, "{}", get.body);
-    assert!(get.json()["error"].is_string(), "{}", get.body);
-    let big = send(
-        client
-            .post(envoy.url("/"))
-            .header("host", "orders.example")
-            .body("x".repeat(1000)),
-    );
-    assert_eq!(big.status, 413, "{}", big.body);
-    assert!(big.json()["error"].is_string(), "{}", big.body);
+    refused(post("orders.example", "x".repeat(1000)), 413);
     assert_eq!(a.count(), 0, "nobody is called for a refused request");
     // And the channel still serves.
-    let ok = send(
-        client
-            .post(envoy.url("/"))
-            .header("host", "orders.example")
-            .body("e"),
-    );
+    let ok = post("orders.example", "e".into());
     assert_eq!(ok.status, 202, "{}", ok.body);
     assert_eq!(a.count(), 1);
 }
