@@ -43,6 +43,9 @@ thread_local! {
     static ANSWER: RefCell<Option<CallAnswer>> = const { RefCell::new(None) };
     /// Each plugin's timer period (the core's `set_tick_period`), by plugin id.
     static TICKS: RefCell<HashMap<u32, Duration>> = RefCell::new(HashMap::new());
+    /// The metrics found undefined on this worker (said once each).
+    static UNDEFINED: RefCell<std::collections::HashSet<String>> =
+        RefCell::new(std::collections::HashSet::new());
     /// During `config_new` (main thread): the configuration defining its metrics, and what
     /// it defined, by name.
     static DEFINING: RefCell<Option<(ConfigDef, HashMap<String, u32>)>> =
@@ -318,7 +321,11 @@ impl Host for NativeHost {
             .flatten()
         });
         // On a worker: what `config_new` defined (Envoy defines no metric after it).
-        defined.or_else(|| self.config.metrics.get(name).copied())
+        let id = defined.or_else(|| self.config.metrics.get(name).copied());
+        if id.is_none() {
+            not_counted(name);
+        }
+        id
     }
 
     fn increment_metric(&self, id: u32, delta: i64) {
@@ -349,6 +356,20 @@ impl Host for NativeHost {
         cas: Option<u32>,
     ) -> Result<(), CasMismatch> {
         SHARED.set(key, value, cas)
+    }
+}
+
+/// Says once per worker that the metric `name` is not counted: the core names it after
+/// Envoy took the configuration, when a module can no longer define one.
+fn not_counted(name: &str) {
+    let first = UNDEFINED
+        .with(|u| with_mut(u, |u| u.insert(name.to_string())))
+        .unwrap_or(false);
+    if first {
+        log::warn!(
+            "the metric {name} was not defined when Envoy took the configuration (the \
+             native build can define metrics only then): it is not counted"
+        );
     }
 }
 
