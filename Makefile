@@ -261,7 +261,25 @@ control:
 run-control: build envoy control
 	@./examples/control-demo.sh
 
-# Every test, in stages with their times (tools/test.sh): lint, unit, wasm, rules, build, e2e.
+# The native build (native/, docs/native.md): the same core as an Envoy dynamic module, in
+# release, copied to $(NATIVE_LIB): the name Envoy loads for `dynamic_module_config.name: fanout`
+# with ENVOY_DYNAMIC_MODULES_SEARCH_PATH=$(abspath $(NATIVE_DIR)). (cargo's own file is
+# libfanout_native.so: target/release/libfanout.so is the root crate's.)
+NATIVE_DIR := target/native
+NATIVE_LIB := $(NATIVE_DIR)/libfanout.so
+export FANOUT_NATIVE_DIR := $(abspath $(NATIVE_DIR))
+.PHONY: build-native test-native
+build-native:
+	$(CARGO) build --release -p fanout-native --lib
+	@mkdir -p $(NATIVE_DIR)
+	@cp target/release/libfanout_native.so $(NATIVE_LIB).tmp && mv $(NATIVE_LIB).tmp $(NATIVE_LIB)
+	@printf 'built %s (%d bytes)\n' $(NATIVE_LIB) $$(stat -c %s $(NATIVE_LIB))
+# Its unit tests, and its tests against the real Envoy (native/tests/envoy.rs).
+test-native: build-native envoy
+	$(CARGO) test -p fanout-native
+
+# Every test, in stages with their times (tools/test.sh): lint, unit, wasm, rules, native,
+# build, e2e.
 test:
 	@MAKE="$(MAKE)" tools/test.sh
 
@@ -288,6 +306,8 @@ lint: targets
 	$(CARGO) clippy --all-targets --no-default-features -- -D warnings
 	$(CARGO) clippy -p fanout-demo-subscriber --all-targets -- -D warnings
 	$(CARGO) clippy -p fanout-control --all-targets -- -D warnings
+	$(CARGO) clippy -p fanout-native --all-targets -- -D warnings
+	$(CARGO) clippy -p fanout-native --all-targets --no-default-features -- -D warnings
 	@for crate in fuzz bench/hostcalls; do \
 	  echo "$(CARGO) clippy --manifest-path $$crate/Cargo.toml --all-targets -- -D warnings"; \
 	  CARGO_TARGET_DIR=$(SIDE_TARGET) \
@@ -300,6 +320,7 @@ lint: targets
 	done
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --lib
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p fanout-control
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p fanout-native
 
 # The pure core and the proxy-wasm glue (driven through a fake host), natively.
 test-unit:
@@ -374,6 +395,10 @@ test-compat: build sdk js otlp
 	    ENVOY_BIN=$(TOOLS)/envoy-$$version FANOUT_E2E_BODY_WAIT=$$mode $(CARGO) test $(COMPAT_TESTS); \
 	  done; \
 	done
+	@# The native build loads in Envoy >= 1.40.0 only: the oldest refuses it at load.
+	$(MAKE) --no-print-directory build-native
+	ENVOY_BIN=$(TOOLS)/envoy-$(ENVOY_OLDEST) $(CARGO) test -p fanout-native --test envoy -- \
+	  --ignored --exact an_envoy_older_than_1_40_refuses_the_library_at_load
 
 # What fanout costs against the floor of a wasm fan-out (bench/floor-filter), with Envoy's own
 # mirroring, a plain proxy, a Lua fan-out and a do-nothing wasm filter for context, and what
@@ -438,7 +463,7 @@ soak: build envoy
 # target fails if any was found. FANOUT_FUZZ_ALLOW_KNOWN=<name,...> lets a run go past a
 # finding already reported (see fuzz/README.md).
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= config request fanout_state plugin etcd_store format
+FUZZ_TARGETS ?= config request fanout_state plugin etcd_store format native_config
 CARGO_FUZZ := $(TOOLS)/bin/cargo-fuzz
 fuzz: $(CARGO_FUZZ)
 	@rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal

@@ -44,6 +44,7 @@ stage unit $M test-unit
 stage wasm $M test-wasm
 wait_tools
 stage rules $M test-rules
+stage native $M test-native
 stage build $M build
 stage e2e $M test-e2e
 echo "== make test passed in $((SECONDS - t0)) s"

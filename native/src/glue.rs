@@ -1,0 +1,310 @@
+//! Each hook of Envoy's dynamic-module HTTP filter forwarded, as it comes, to the core's
+//! [`Plugin`] (one per filter configuration per worker) or [`Stream`] (one per request),
+//! as `src/filter/` does for proxy-wasm's contexts; the core decides and acts through
+//! [`NativeHost`].
+//!
+//! Where the native ABI differs, the glue makes up for it here:
+//! - metrics can only be defined while Envoy creates the configuration (`config_new`, main
+//!   thread): a plugin is configured there once, to define them, then dropped; each worker
+//!   configures its own plugin from the same bytes on its first stream, finding the ids;
+//! - there is no timer: the plugin's tick (which hands the counts to Envoy's stats) runs at
+//!   the end of a hook of one of its streams once its period has passed;
+//! - a local reply sent to a stream may complete it (and call its hooks) before the call
+//!   returns, even from inside that stream's own hook: what comes to a stream that is busy
+//!   is kept and handled when its hook ends.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use fanout::cell::with_mut;
+use fanout::plugin::Plugin;
+use fanout::stream::{Flow, Stream};
+
+use crate::abi::{ConfigDef, Filter, CONTINUE, STOP};
+use crate::host::{self, NativeHost};
+
+/// A filter configuration, shared by the main thread and the workers: its JSON and the ids
+/// of the metrics defined for it.
+pub struct NativeConfig {
+    pub id: u32,
+    pub bytes: Vec<u8>,
+    pub metrics: HashMap<String, u32>,
+    pub max_body_bytes: u64,
+}
+
+/// A call's answer, copied out of Envoy's hook.
+#[derive(Default)]
+pub struct CallAnswer {
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub body: Vec<u8>,
+}
+
+/// A worker's plugin of one configuration.
+struct Worker {
+    id: u32,
+    plugin: RefCell<Plugin<NativeHost>>,
+    /// When its tick is next due (ms).
+    next_tick: Cell<u64>,
+}
+
+/// One request: Envoy holds it as the filter's module pointer.
+pub struct FilterState {
+    id: u32,
+    filter: Filter,
+    max_body_bytes: u64,
+    worker: Rc<Worker>,
+    stream: RefCell<Stream<NativeHost>>,
+    /// What came while the stream was busy (a hook of its own running).
+    deferred: RefCell<Vec<Deferred>>,
+    completed: Cell<bool>,
+}
+
+enum Deferred {
+    Complete,
+    Answer(u64, CallAnswer),
+}
+
+/// Context ids for plugins, streams and configurations: one space for the process.
+static NEXT_ID: AtomicU32 = AtomicU32::new(1);
+
+fn next_id() -> u32 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A worker's plugin of a configuration, and the configuration (gone: so is the plugin).
+type WorkerOf = (std::sync::Weak<NativeConfig>, Rc<Worker>);
+
+thread_local! {
+    /// This worker's plugins, by configuration id.
+    static WORKERS: RefCell<HashMap<u32, WorkerOf>> = RefCell::new(HashMap::new());
+}
+
+/// The statuses the filter answers a request it refuses with: their counters are defined
+/// with the configuration (the core names one the first time it is answered, later than
+/// Envoy allows).
+const REJECTED: &[u32] = &[400, 403, 404, 405, 409, 411, 413, 415, 429, 431, 503, 504];
+
+pub fn program_init() {
+    crate::log::install();
+}
+
+/// A configuration: validated, checked against what the native build serves, and its
+/// metrics defined. `None` refuses it (the reason is logged, with its path).
+pub fn config_new(def: &ConfigDef, name: &[u8], bytes: &[u8]) -> Option<Arc<NativeConfig>> {
+    crate::log::follow_envoy();
+    let config = match crate::refuse::configure(bytes) {
+        Ok(config) => config,
+        Err(error) => {
+            log::error!(
+                "invalid plugin configuration for filter \"{}\": {error}",
+                String::from_utf8_lossy(name)
+            );
+            return None;
+        }
+    };
+    let mut native = NativeConfig {
+        id: next_id(),
+        bytes: bytes.to_vec(),
+        metrics: HashMap::new(),
+        max_body_bytes: config.max_body_bytes,
+    };
+    if config.metrics {
+        let defining = Arc::new(NativeConfig {
+            id: native.id,
+            bytes: native.bytes.clone(),
+            metrics: HashMap::new(),
+            max_body_bytes: native.max_body_bytes,
+        });
+        native.metrics = host::defining(def, || {
+            let host = NativeHost::new(defining.clone(), 0);
+            let mut plugin = Plugin::new(0, host.clone());
+            plugin.on_configure();
+            for status in REJECTED {
+                let name = format!("fanout.requests.rejected.{status}");
+                fanout::host::Host::define_metric(&host, fanout::metrics::Kind::Counter, &name);
+            }
+        });
+    }
+    Some(Arc::new(native))
+}
+
+/// This worker's plugin of `config`, configured on its first stream.
+fn worker(config: &Arc<NativeConfig>) -> Option<Rc<Worker>> {
+    let known = WORKERS.with(|w| {
+        w.try_borrow()
+            .ok()
+            .and_then(|w| w.get(&config.id).map(|(_, worker)| worker.clone()))
+    });
+    if known.is_some() {
+        return known;
+    }
+    let id = next_id();
+    let mut plugin = Plugin::new(id, NativeHost::new(config.clone(), id));
+    plugin.on_vm_start();
+    if !plugin.on_configure() {
+        return None;
+    }
+    let worker = Rc::new(Worker {
+        id,
+        plugin: RefCell::new(plugin),
+        next_tick: Cell::new(host::now_ms()),
+    });
+    WORKERS.with(|w| {
+        with_mut(w, |w| {
+            // The plugins of configurations Envoy has let go of go with them.
+            w.retain(|_, (config, _)| config.strong_count() > 0);
+            w.insert(config.id, (Arc::downgrade(config), worker.clone()));
+        })
+    });
+    Some(worker)
+}
+
+pub fn filter_new(config: &Arc<NativeConfig>, filter: Filter) -> Option<Box<FilterState>> {
+    let worker = worker(config)?;
+    let id = next_id();
+    let stream = worker.plugin.try_borrow().ok()?.create_stream(id);
+    host::live(id, filter);
+    Some(Box::new(FilterState {
+        id,
+        filter,
+        max_body_bytes: config.max_body_bytes,
+        worker,
+        stream: RefCell::new(stream),
+        deferred: RefCell::new(Vec::new()),
+        completed: Cell::new(false),
+    }))
+}
+
+/// Runs `hook` on the stream, then what was deferred while it ran, then the plugin's tick if
+/// it is due: with `filter` current throughout.
+fn run<R>(
+    state: &FilterState,
+    filter: Filter,
+    hook: impl FnOnce(&mut Stream<NativeHost>) -> R,
+) -> Option<R> {
+    let saved = host::enter(filter);
+    let result = with_mut(&state.stream, hook);
+    if result.is_some() {
+        drain(state);
+        tick_if_due(&state.worker);
+    }
+    host::leave(saved);
+    result
+}
+
+/// What came while the stream's own hook ran.
+fn drain(state: &FilterState) {
+    loop {
+        let next = with_mut(&state.deferred, |d| d.pop()).flatten();
+        match next {
+            None => break,
+            Some(Deferred::Complete) => {
+                with_mut(&state.stream, |s| s.on_done());
+            }
+            Some(Deferred::Answer(callout, answer)) => deliver(state, callout, answer),
+        }
+    }
+}
+
+fn defer(state: &FilterState, event: Deferred) {
+    with_mut(&state.deferred, |d| d.insert(0, event));
+}
+
+/// The plugin's tick, when its period has passed (the timer Envoy's ABI does not have):
+/// it hands the counts to Envoy's stats.
+fn tick_if_due(worker: &Worker) {
+    let period = host::tick_period(worker.id);
+    let now = host::now_ms();
+    if period.is_zero() || now < worker.next_tick.get() {
+        return;
+    }
+    let period_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
+    worker.next_tick.set(now.saturating_add(period_ms));
+    with_mut(&worker.plugin, Plugin::on_tick);
+}
+
+fn status(flow: Flow) -> u32 {
+    match flow {
+        Flow::Continue => CONTINUE,
+        Flow::Pause => STOP,
+    }
+}
+
+pub fn request_headers(state: &FilterState, filter: Filter, end_of_stream: bool) -> u32 {
+    // Envoy answers 413 itself past the stream's buffer limit (1 MiB by default): room for
+    // `max_body_bytes`, so that the filter's own 413 is the one the sender gets.
+    let wanted = state.max_body_bytes.saturating_add(1 << 20);
+    if filter.buffer_limit() < wanted {
+        filter.set_buffer_limit(wanted);
+    }
+    run(state, filter, |s| {
+        status(s.on_request_headers(end_of_stream))
+    })
+    .unwrap_or(STOP)
+}
+
+pub fn request_body(state: &FilterState, filter: Filter, end_of_stream: bool) -> u32 {
+    let size = filter.request_body_size();
+    run(state, filter, |s| {
+        status(s.on_request_body(size, end_of_stream))
+    })
+    .unwrap_or(STOP)
+}
+
+pub fn request_trailers(state: &FilterState, filter: Filter) -> u32 {
+    run(state, filter, |s| status(s.on_request_trailers())).unwrap_or(STOP)
+}
+
+pub fn response_headers(state: &FilterState, filter: Filter) -> u32 {
+    run(state, filter, |s| status(s.on_response_headers())).unwrap_or(CONTINUE)
+}
+
+/// The stream is over: nobody answers it any more; the core learns it (now, or when the
+/// stream's running hook ends).
+pub fn stream_complete(state: &FilterState, filter: Filter) {
+    if state.completed.replace(true) {
+        return;
+    }
+    host::gone(state.id, filter);
+    if run(state, filter, |s| s.on_done()).is_none() {
+        defer(state, Deferred::Complete);
+    }
+}
+
+/// The answer to a call of this stream.
+pub fn callout_done(state: &FilterState, filter: Filter, callout: u64, answer: CallAnswer) {
+    let saved = host::enter(filter);
+    if state.stream.try_borrow().is_ok() {
+        deliver(state, callout, answer);
+        drain(state);
+        tick_if_due(&state.worker);
+    } else {
+        // Inside the stream's own hook (an answer Envoy gave at dispatch): once it ends.
+        defer(state, Deferred::Answer(callout, answer));
+    }
+    host::leave(saved);
+}
+
+/// An answer handed to the core: the call's token, then the answer as the call answer
+/// being delivered.
+fn deliver(state: &FilterState, callout: u64, answer: CallAnswer) {
+    let Some(token) = host::take_token(state.filter, callout) else {
+        log::debug!("[#{}] an answer to a call nobody waits for", state.id);
+        return;
+    };
+    let (headers, body) = (answer.headers.len(), answer.body.len());
+    host::with_answer(answer, || {
+        with_mut(&state.stream, |s| s.on_call_response(token, headers, body))
+    });
+}
+
+/// Envoy is done with the filter. Its stream learns it, if Envoy never completed it.
+pub fn destroy(state: Box<FilterState>) {
+    if !state.completed.get() {
+        host::gone(state.id, state.filter);
+        with_mut(&state.stream, |s| s.on_done());
+    }
+}

@@ -1,0 +1,394 @@
+//! [`NativeHost`]: the core's [`Host`] calls, performed through Envoy's dynamic-module ABI
+//! (`abi.rs`'s safe handles), and the worker's tables they need: which filter the calls act
+//! for (`enter`/`leave`, `set_effective_context`), the live streams by the core's context
+//! id, the calls in flight by their filter and Envoy's callout id (Envoy numbers a stream's
+//! callouts from 1; the core wants one token space per worker), the call answer being
+//! delivered, and the plugin's timer period.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fanout::answer::Answer;
+use fanout::call::Failure;
+use fanout::cell::with_mut;
+use fanout::headers::HeaderMap;
+use fanout::host::{CasMismatch, Host};
+use fanout::metrics::Kind;
+
+use crate::abi::{self, ConfigDef, Filter, MetricKind};
+use crate::glue::{CallAnswer, NativeConfig};
+use crate::shared::CasStore;
+
+/// Envoy's shared data, as the wasm build has it: one store for the process.
+static SHARED: LazyLock<CasStore> = LazyLock::new(CasStore::new);
+
+/// A metric id as the core holds it: the kind in the top two bits, Envoy's id below.
+const KIND_SHIFT: u32 = 30;
+const ID_MASK: u32 = (1 << KIND_SHIFT) - 1;
+
+thread_local! {
+    /// The filter whose hook is running on this worker.
+    static HOOK: Cell<Option<Filter>> = const { Cell::new(None) };
+    /// The filter the host calls act for: the hook's, or the stream the core answers from
+    /// it (`set_effective_context`).
+    static CURRENT: Cell<Option<Filter>> = const { Cell::new(None) };
+    /// The worker's live streams by context id.
+    static LIVE: RefCell<HashMap<u32, Filter>> = RefCell::new(HashMap::new());
+    /// The worker's calls in flight: (filter, Envoy's callout id) → the core's token.
+    static CALLOUTS: RefCell<HashMap<(Filter, u64), u32>> = RefCell::new(HashMap::new());
+    static NEXT_TOKEN: Cell<u32> = const { Cell::new(0) };
+    /// The call answer being delivered (`call_status`, `call_body`, ...).
+    static ANSWER: RefCell<Option<CallAnswer>> = const { RefCell::new(None) };
+    /// Each plugin's timer period (the core's `set_tick_period`), by plugin id.
+    static TICKS: RefCell<HashMap<u32, Duration>> = RefCell::new(HashMap::new());
+    /// During `config_new` (main thread): the configuration defining its metrics, and what
+    /// it defined, by name.
+    static DEFINING: RefCell<Option<(ConfigDef, HashMap<String, u32>)>> =
+        const { RefCell::new(None) };
+}
+
+/// The host one plugin and its streams call: a configuration's metric ids and bytes.
+#[derive(Clone)]
+pub struct NativeHost {
+    config: Arc<NativeConfig>,
+    plugin: u32,
+}
+
+impl NativeHost {
+    pub fn new(config: Arc<NativeConfig>, plugin: u32) -> Self {
+        NativeHost { config, plugin }
+    }
+}
+
+/// Which filters were current before a hook began, for [`leave`].
+pub struct Saved(Option<Filter>, Option<Filter>);
+
+/// A hook of `filter` begins: the host calls act for it.
+pub fn enter(filter: Filter) -> Saved {
+    let saved = Saved(HOOK.with(|h| h.replace(Some(filter))), CURRENT.get());
+    CURRENT.set(Some(filter));
+    saved
+}
+
+/// The hook ends: what was current before it (an outer hook it ran inside) is again.
+pub fn leave(saved: Saved) {
+    HOOK.set(saved.0);
+    CURRENT.set(saved.1);
+}
+
+/// A stream the core may answer from another one's hook.
+pub fn live(id: u32, filter: Filter) {
+    LIVE.with(|l| with_mut(l, |l| l.insert(id, filter)));
+}
+
+/// The stream completed or is gone: nobody answers it any more, its calls are forgotten.
+pub fn gone(id: u32, filter: Filter) {
+    LIVE.with(|l| with_mut(l, |l| l.remove(&id)));
+    CALLOUTS.with(|c| with_mut(c, |c| c.retain(|(f, _), _| *f != filter)));
+}
+
+/// The core's token of the call `callout` of `filter`, forgotten (its answer came).
+pub fn take_token(filter: Filter, callout: u64) -> Option<u32> {
+    CALLOUTS
+        .with(|c| with_mut(c, |c| c.remove(&(filter, callout))))
+        .flatten()
+}
+
+/// Runs `deliver` with `answer` as the call answer being delivered.
+pub fn with_answer<R>(answer: CallAnswer, deliver: impl FnOnce() -> R) -> R {
+    let outer = ANSWER
+        .with(|a| with_mut(a, |a| a.replace(answer)))
+        .flatten();
+    let result = deliver();
+    ANSWER.with(|a| with_mut(a, |a| *a = outer));
+    result
+}
+
+/// A plugin's timer period (zero: none).
+pub fn tick_period(plugin: u32) -> Duration {
+    TICKS
+        .with(|t| t.try_borrow().ok().and_then(|t| t.get(&plugin).copied()))
+        .unwrap_or_default()
+}
+
+/// Runs `define` (the main-thread plugin's configure) with `def` defining the metrics, and
+/// returns the ids defined, by name.
+pub fn defining(def: &ConfigDef, define: impl FnOnce()) -> HashMap<String, u32> {
+    DEFINING.with(|d| with_mut(d, |d| *d = Some((*def, HashMap::new()))));
+    define();
+    DEFINING
+        .with(|d| with_mut(d, Option::take))
+        .flatten()
+        .map(|(_, ids)| ids)
+        .unwrap_or_default()
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    since_epoch().as_millis() as u64
+}
+
+fn since_epoch() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+fn current() -> Option<Filter> {
+    CURRENT.get()
+}
+
+fn kind_of(id: u32) -> MetricKind {
+    match id >> KIND_SHIFT {
+        0 => MetricKind::Counter,
+        1 => MetricKind::Gauge,
+        _ => MetricKind::Histogram,
+    }
+}
+
+impl Host for NativeHost {
+    fn follow_log_level(&self) {
+        crate::log::follow_envoy();
+    }
+
+    fn plugin_configuration(&self) -> Option<Vec<u8>> {
+        Some(self.config.bytes.clone())
+    }
+
+    fn request_headers(&self) -> HeaderMap {
+        current().map(Filter::request_headers).unwrap_or_default()
+    }
+
+    fn request_body(&self, size: usize) -> Vec<u8> {
+        let mut body = current().map(Filter::request_body).unwrap_or_default();
+        body.truncate(size);
+        body
+    }
+
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: Vec<(&str, &[u8])>,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<u32, Failure> {
+        let Some(filter) = current() else {
+            return Err(Failure::DispatchError {
+                detail: "no stream to make the call from".to_string(),
+            });
+        };
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let callout = filter
+            .callout(cluster, &headers, body, timeout_ms)
+            .map_err(|code| refused(cluster, code))?;
+        let token = NEXT_TOKEN.with(|t| {
+            let next = t.get().wrapping_add(1).max(1);
+            t.set(next);
+            next
+        });
+        CALLOUTS.with(|c| with_mut(c, |c| c.insert((filter, callout), token)));
+        Ok(token)
+    }
+
+    fn dispatch_for(
+        &self,
+        _context_id: u32,
+        cluster: &str,
+        _headers: Vec<(&str, &[u8])>,
+        _body: &[u8],
+        _timeout: Duration,
+    ) -> Result<u32, Failure> {
+        // The configurations that would make one are refused (`refuse.rs`).
+        Err(Failure::DispatchError {
+            detail: format!(
+                "the native build has no worker context to call \"{cluster}\" from \
+                 (a configuration needing one is refused)"
+            ),
+        })
+    }
+
+    fn call_status(&self) -> Option<u16> {
+        self.call_header(":status")?.parse().ok()
+    }
+
+    fn call_body(&self, max: usize) -> Vec<u8> {
+        ANSWER.with(|a| {
+            a.try_borrow()
+                .ok()
+                .and_then(|a| {
+                    a.as_ref()
+                        .map(|a| a.body.iter().take(max).copied().collect())
+                })
+                .unwrap_or_default()
+        })
+    }
+
+    fn call_header(&self, name: &str) -> Option<String> {
+        ANSWER.with(|a| {
+            let answer = a.try_borrow().ok()?;
+            let (_, value) = answer
+                .as_ref()?
+                .headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))?;
+            String::from_utf8(value.clone()).ok()
+        })
+    }
+
+    fn call_headers(&self) -> Vec<(String, Vec<u8>)> {
+        ANSWER.with(|a| {
+            a.try_borrow()
+                .ok()
+                .and_then(|a| a.as_ref().map(|a| a.headers.clone()))
+                .unwrap_or_default()
+        })
+    }
+
+    fn call_trailer(&self, _name: &str) -> Option<String> {
+        // Envoy's one-shot callouts carry no trailers.
+        None
+    }
+
+    fn set_effective_context(&self, context_id: u32) -> bool {
+        let filter = LIVE.with(|l| {
+            l.try_borrow()
+                .ok()
+                .and_then(|l| l.get(&context_id).copied())
+        });
+        match filter {
+            Some(filter) => {
+                CURRENT.set(Some(filter));
+                true
+            }
+            None => {
+                CURRENT.set(HOOK.get());
+                false
+            }
+        }
+    }
+
+    fn respond(&self, answer: &Answer) {
+        let Some(filter) = current() else {
+            log::warn!("fanout: no stream to answer {} to", answer.status);
+            return;
+        };
+        let headers: Vec<(&str, &[u8])> = answer
+            .headers
+            .iter()
+            .map(|(name, value)| (*name, value.as_bytes()))
+            .collect();
+        filter.send_response(answer.status, &headers, &answer.body, "fanout");
+    }
+
+    fn now_ms(&self) -> u64 {
+        now_ms()
+    }
+
+    fn now_nanos(&self) -> u64 {
+        u64::try_from(since_epoch().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn define_metric(&self, kind: Kind, name: &str) -> Option<u32> {
+        let defined = DEFINING.with(|d| {
+            with_mut(d, |d| {
+                let (def, ids) = d.as_mut()?;
+                if let Some(&id) = ids.get(name) {
+                    return Some(id);
+                }
+                let (abi_kind, tag) = match kind {
+                    Kind::Counter => (MetricKind::Counter, 0),
+                    Kind::Gauge => (MetricKind::Gauge, 1),
+                    Kind::Histogram => (MetricKind::Histogram, 2),
+                };
+                let id = u32::try_from(def.define(abi_kind, name)?).ok()?;
+                let id = (tag << KIND_SHIFT) | (id & ID_MASK);
+                ids.insert(name.to_string(), id);
+                Some(id)
+            })
+            .flatten()
+        });
+        // On a worker: what `config_new` defined (Envoy defines no metric after it).
+        defined.or_else(|| self.config.metrics.get(name).copied())
+    }
+
+    fn increment_metric(&self, id: u32, delta: i64) {
+        if let Some(filter) = current() {
+            filter.update_metric(kind_of(id), (id & ID_MASK) as usize, delta);
+        }
+    }
+
+    fn record_metric(&self, id: u32, value: u64) {
+        if let Some(filter) = current() {
+            let value = i64::try_from(value).unwrap_or(i64::MAX);
+            filter.update_metric(MetricKind::Histogram, (id & ID_MASK) as usize, value);
+        }
+    }
+
+    fn set_tick_period(&self, period: Duration) {
+        TICKS.with(|t| with_mut(t, |t| t.insert(self.plugin, period)));
+    }
+
+    fn get_shared_data(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        SHARED.get(key)
+    }
+
+    fn set_shared_data(
+        &self,
+        key: &str,
+        value: &[u8],
+        cas: Option<u32>,
+    ) -> Result<(), CasMismatch> {
+        SHARED.set(key, value, cas)
+    }
+}
+
+/// How Envoy refused a call at dispatch (`envoy_dynamic_module_type_http_callout_init_result`).
+fn refused(cluster: &str, code: u32) -> Failure {
+    let why = match code {
+        1 => "MissingRequiredHeaders",
+        2 => {
+            return Failure::DispatchError {
+                detail: format!(
+                    "Envoy refused the call (ClusterNotFound): is \"{cluster}\" a cluster \
+                     Envoy knows?"
+                ),
+            }
+        }
+        3 => "DuplicateCalloutId",
+        4 => "CannotCreateRequest",
+        _ => "unknown result",
+    };
+    Failure::DispatchError {
+        detail: format!("Envoy refused the call ({why}, {code})"),
+    }
+}
+
+/// Envoy's log level number of a `log` record's level.
+pub fn envoy_level(level: log::Level) -> u32 {
+    match level {
+        log::Level::Trace => 0,
+        log::Level::Debug => 1,
+        log::Level::Info => 2,
+        log::Level::Warn => 3,
+        log::Level::Error => 4,
+    }
+}
+
+/// The `log` crate's filter for Envoy's level number.
+pub fn level_filter(envoy: u32) -> log::LevelFilter {
+    match envoy {
+        0 => log::LevelFilter::Trace,
+        1 => log::LevelFilter::Debug,
+        2 => log::LevelFilter::Info,
+        3 => log::LevelFilter::Warn,
+        4 | 5 => log::LevelFilter::Error,
+        _ => log::LevelFilter::Off,
+    }
+}
+
+/// The line of a log record, through Envoy.
+pub fn log_line(level: log::Level, message: &str, file: &str, line: u32) {
+    abi::log(envoy_level(level), message, file, line);
+}

@@ -1,0 +1,26 @@
+//! fanout as an Envoy dynamic module: the same core as the wasm module (the `fanout` crate),
+//! loaded natively by Envoy's `envoy.filters.http.dynamic_modules` HTTP filter (Envoy 1.40.0
+//! or later), with the same JSON configuration as its `filter_config`.
+//!
+//! `abi.rs` is the only module with `unsafe`: Envoy's ABI declared by hand, each hook a thin
+//! wrapper around `glue.rs`, which drives the core's `Plugin` and `Stream` exactly as the
+//! proxy-wasm glue (`src/filter/`) does, through `host.rs`'s `Host`. What the native build
+//! cannot serve is refused at configuration (`refuse.rs`).
+//!
+//! Without the `envoy` feature only the configuration path is built ([`configure`]): the
+//! glue imports Envoy's callbacks, which only Envoy provides.
+
+pub mod refuse;
+pub mod shared;
+
+#[cfg(all(feature = "envoy", not(test)))]
+#[allow(unsafe_code)]
+mod abi;
+#[cfg(all(feature = "envoy", not(test)))]
+mod glue;
+#[cfg(all(feature = "envoy", not(test)))]
+mod host;
+#[cfg(all(feature = "envoy", not(test)))]
+mod log;
+
+pub use refuse::configure;

@@ -1,0 +1,279 @@
+//! What the native build refuses at configuration, and why: everything fanout does after the
+//! sender's answer, or from its worker's timer, needs a context that lives on a worker
+//! without a request in flight (proxy-wasm's root context). Envoy's dynamic-module HTTP
+//! filter has no such context and no timer, so the native build delivers only while the
+//! sender waits, and a configuration that asks for more is refused here, with the path of
+//! the field that asks for it, before Envoy takes it.
+
+use fanout::config::{AnswerMode, Config, ConfigError, Store, Subscriber};
+use serde_json::Value;
+
+/// Why a subscriber or an option needs a worker's timer, said once.
+const WASM: &str = "the wasm build (a worker timer)";
+
+/// The plugin configuration `bytes` read and validated as the wasm build reads it, then
+/// checked against what the native build can serve: the configuration, or the first reason
+/// it cannot be served (its path, and what to do).
+pub fn configure(bytes: &[u8]) -> Result<Config, ConfigError> {
+    let config = Config::from_json(bytes)?;
+    // Only to name the field a refusal is about: where it was written (the subscriber's
+    // own, the top-level default, the `subscribers` shorthand).
+    let doc: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+    match refusal(&config, &doc) {
+        Some(error) => Err(error),
+        None => Ok(config),
+    }
+}
+
+/// The first thing in `config` the native build cannot do, with its path in `doc` (the same
+/// configuration as JSON); `None` when it can serve all of it.
+pub fn refusal(config: &Config, doc: &Value) -> Option<ConfigError> {
+    let refuse = |path: &str, message: &str| {
+        Some(ConfigError {
+            path: path.to_string(),
+            message: message.to_string(),
+        })
+    };
+    if config.mode == AnswerMode::Async {
+        return refuse(
+            "mode",
+            &format!(
+                "\"async\" needs {WASM}: it delivers after the 202; the native build \
+                 delivers while the sender waits (\"sync\")"
+            ),
+        );
+    }
+    if config.tracing.is_some() {
+        return refuse(
+            "tracing",
+            &format!("needs {WASM}: spans are exported in batches from the timer"),
+        );
+    }
+    if let Some(Store::Etcd(_)) = config.dedupe.as_ref().map(|d| &d.store) {
+        return refuse(
+            "dedupe.store",
+            &format!(
+                "etcd needs {WASM}: its settles and leases go out from the timer; the \
+                 native build has the \"envoy\" store"
+            ),
+        );
+    }
+    let shorthand = doc.get("channels").is_none_or(Value::is_null);
+    for (c, channel) in config.channels.iter().enumerate() {
+        for (s, subscriber) in channel.subscribers.iter().enumerate() {
+            let at = if shorthand {
+                format!("subscribers[{s}]")
+            } else {
+                format!("channels[{c}].subscribers[{s}]")
+            };
+            let raw = pointer(doc, &at);
+            if let Some(error) = subscriber_refusal(subscriber, &at, raw, doc) {
+                return Some(error);
+            }
+        }
+    }
+    None
+}
+
+/// What one subscriber asks for that the native build cannot do. `raw` is the subscriber as
+/// written, `doc` the whole document (a default given at the top level is named there).
+fn subscriber_refusal(
+    subscriber: &Subscriber,
+    at: &str,
+    raw: Option<&Value>,
+    doc: &Value,
+) -> Option<ConfigError> {
+    // The field's path: the subscriber's own if it wrote it, else the top-level default's.
+    let path = |field: &str| {
+        let own = raw.and_then(|r| pointer(r, field)).is_some();
+        if own {
+            format!("{at}.{field}")
+        } else {
+            field.to_string()
+        }
+    };
+    let refuse = |path: String, message: String| Some(ConfigError { path, message });
+    if !subscriber.required {
+        return refuse(
+            format!("{at}.required"),
+            format!(
+                "best-effort subscribers need {WASM}; the native build delivers while the \
+                 sender waits"
+            ),
+        );
+    }
+    if subscriber.retry.retry > 0 {
+        return refuse(
+            path("delivery.retry"),
+            format!("retries need {WASM}: a retry waits for its backoff on the timer"),
+        );
+    }
+    if subscriber.dead_letter.is_some() {
+        return refuse(
+            path("delivery.dead_letter"),
+            format!("dead letters need {WASM}: they are sent from the timer"),
+        );
+    }
+    if subscriber.reply.is_some() {
+        return refuse(
+            path("reply"),
+            format!("replies need {WASM}: they are sent from the timer"),
+        );
+    }
+    if subscriber.call_cap.is_some() {
+        let field = "max_concurrent_calls";
+        let own = raw.and_then(|r| r.get(field)).is_some() || doc.get(field).is_none();
+        let path = if own {
+            format!("{at}.{field}")
+        } else {
+            field.to_string()
+        };
+        return refuse(
+            path,
+            format!("needs {WASM}: the calls waiting for a slot are sent from the timer"),
+        );
+    }
+    None
+}
+
+/// The value at a dotted path with `[i]` indices (`channels[0].subscribers[1]`).
+fn pointer<'a>(doc: &'a Value, path: &str) -> Option<&'a Value> {
+    let mut at = doc;
+    for part in path.split('.') {
+        let (name, index) = match part.split_once('[') {
+            Some((name, rest)) => (name, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (part, None),
+        };
+        at = at.get(name)?;
+        if let Some(i) = index {
+            at = at.get(i)?;
+        }
+        if at.is_null() {
+            return None;
+        }
+    }
+    Some(at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(json: &str) -> String {
+        match configure(json.as_bytes()) {
+            Err(error) => error.to_string(),
+            Ok(_) => panic!("accepted: {json}"),
+        }
+    }
+
+    #[test]
+    fn a_sync_configuration_with_required_subscribers_is_served() {
+        let json = r#"{"channels": [{"name": "orders", "hosts": ["*"], "subscribers": [
+            {"cluster": "a", "path": "/x", "delivery": {"format": "structured"},
+             "filters": [{"exact": {"type": "t"}}]},
+            {"cluster": "b"}]}],
+            "dedupe": {"store": "envoy"}, "metrics": true}"#;
+        assert!(configure(json.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn the_readers_own_errors_come_first() {
+        assert_eq!(
+            refused(r#"{"subscribers": [{"cluster": ""}], "mode": "async"}"#),
+            "subscribers[0].cluster: must not be empty"
+        );
+    }
+
+    #[test]
+    fn async_mode_is_refused() {
+        let error = refused(r#"{"subscribers": [{"cluster": "a"}], "mode": "async"}"#);
+        assert!(
+            error.starts_with("mode: \"async\" needs the wasm build"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn tracing_is_refused() {
+        let error = refused(
+            r#"{"subscribers": [{"cluster": "a"}], "tracing": {"collector": {"cluster": "otel"}}}"#,
+        );
+        assert!(
+            error.starts_with("tracing: needs the wasm build"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_etcd_store_is_refused() {
+        let error = refused(
+            r#"{"subscribers": [{"cluster": "a"}],
+                "dedupe": {"store": {"etcd": {"cluster": "etcd"}}}}"#,
+        );
+        assert!(
+            error.starts_with("dedupe.store: etcd needs the wasm build"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_best_effort_subscriber_is_refused_by_its_path() {
+        let error = refused(
+            r#"{"channels": [{"name": "c", "subscribers": [
+                {"cluster": "a"}, {"cluster": "b", "required": false}]}]}"#,
+        );
+        assert_eq!(
+            error,
+            "channels[0].subscribers[1].required: best-effort subscribers need the wasm \
+             build (a worker timer); the native build delivers while the sender waits"
+        );
+    }
+
+    #[test]
+    fn retries_are_refused_where_they_are_written() {
+        let own = refused(r#"{"subscribers": [{"cluster": "a", "delivery": {"retry": 2}}]}"#);
+        assert!(
+            own.starts_with("subscribers[0].delivery.retry: retries"),
+            "{own}"
+        );
+        let top = refused(r#"{"subscribers": [{"cluster": "a"}], "delivery": {"retry": 1}}"#);
+        assert!(top.starts_with("delivery.retry: retries"), "{top}");
+    }
+
+    #[test]
+    fn no_retries_is_served() {
+        let json = r#"{"subscribers": [{"cluster": "a", "delivery": {"retry": 0}}]}"#;
+        assert!(configure(json.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn dead_letters_are_refused() {
+        let error = refused(
+            r#"{"channels": [{"name": "c", "subscribers": [{"cluster": "a",
+                "delivery": {"dead_letter": {"cluster": "dl"}}}]}]}"#,
+        );
+        assert!(
+            error.starts_with("channels[0].subscribers[0].delivery.dead_letter: dead letters"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn replies_are_refused() {
+        let own = refused(r#"{"subscribers": [{"cluster": "a", "reply": {"cluster": "r"}}]}"#);
+        assert!(own.starts_with("subscribers[0].reply: replies"), "{own}");
+        let top = refused(r#"{"subscribers": [{"cluster": "a"}], "reply": {"cluster": "r"}}"#);
+        assert!(top.starts_with("reply: replies"), "{top}");
+    }
+
+    #[test]
+    fn call_caps_are_refused() {
+        let own = refused(r#"{"subscribers": [{"cluster": "a", "max_concurrent_calls": 2}]}"#);
+        assert!(
+            own.starts_with("subscribers[0].max_concurrent_calls: needs"),
+            "{own}"
+        );
+        let top = refused(r#"{"subscribers": [{"cluster": "a"}], "max_concurrent_calls": 2}"#);
+        assert!(top.starts_with("max_concurrent_calls: needs"), "{top}");
+    }
+}
