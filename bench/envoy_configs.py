@@ -82,6 +82,27 @@ def wasm_filter(name, path, configuration, allow_stop=True):
     }
 
 
+def native_filter(path, configuration):
+    """fanout's native build (libfanout.so) as Envoy's dynamic-module HTTP filter, with the
+    same JSON configuration as the wasm module's, loaded from `path`."""
+    return {
+        "name": "envoy.filters.http.dynamic_modules",
+        "typed_config": {
+            "@type": "type.googleapis.com/"
+                     "envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+            "dynamic_module_config": {
+                "module": {"local": {"filename": path}},
+                "do_not_close": True,
+            },
+            "filter_name": "fanout",
+            "filter_config": {
+                "@type": "type.googleapis.com/google.protobuf.StringValue",
+                "value": configuration,
+            },
+        },
+    }
+
+
 LUA_TEMPLATE = """
 -- What a user might write instead of fanout: one httpCall per subscriber, in turn.
 local clusters = { %(clusters)s }
@@ -272,7 +293,8 @@ def system(kind, n, port, admin_port, sub_port, wasm, metrics=True, timeout_ms=3
            dedupe=False, build=None, extras=(), call_cap=None, format=None, etcd_port=None,
            tracing=False):
     """The Envoy configuration of one system under test. `wasm`: the modules by name
-    ("fanout", "noop", "floor", and "fanout-<build>" for each other build of fanout)."""
+    ("fanout", "noop", "floor", "fanout-<build>" for each other build of fanout, and
+    "native", fanout's native build)."""
     name = "bench"
     clusters = sub_clusters(n, sub_port)
     names = [c["name"] for c in clusters]
@@ -282,6 +304,9 @@ def system(kind, n, port, admin_port, sub_port, wasm, metrics=True, timeout_ms=3
             clusters.append(cluster("otel", sub_port))
         path = wasm[f"fanout-{build}"] if build else wasm["fanout"]
         filters, routes = [wasm_filter("fanout", path, conf)], TRIPWIRE
+    elif kind == "native":
+        conf = fanout_json(n, metrics, timeout_ms, dedupe, call_cap, format, etcd_port, tracing)
+        filters, routes = [native_filter(wasm["native"], conf)], TRIPWIRE
     elif kind == "floor":
         filters, routes = [wasm_filter("floor", wasm["floor"], floor_conf(n, extras))], TRIPWIRE
     elif kind == "mirror":

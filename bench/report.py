@@ -593,6 +593,21 @@ def markdown(results, chart="chart.svg"):
           f"{_f(_get(tp, f'lua/{n}', 'peak_rss_mb'))} |")
     w("\nPer extra subscriber = (CPU at N - CPU at N=1) / (N - 1).\n")
 
+    w("## The native build (`libfanout.so`) next to the wasm module\n")
+    w("| N | fanout rq/s | native rq/s | fanout CPU us/rq | native CPU us/rq | native/fanout "
+      "| native p50 / p99 ms |")
+    w("|---|---|---|---|---|---|---|")
+    for n in FLOOR_NS:
+        f, nat = f"fanout/{n}", f"native/{n}"
+        fc, nc = _get(tp, f, "cpu_us_per_req"), _get(tp, nat, "cpu_us_per_req")
+        ratio = nc / fc if fc and nc is not None else None
+        w(f"| {n} | {_f(_get(tp, f, 'rps'))} | {_f(_get(tp, nat, 'rps'))} | {_f(fc)} | "
+          f"{_f(nc)} | {_f(ratio, '{:.2f}x')} | "
+          f"{_f(_get(tp, nat, 'p50_ms'), '{:.2f}')} / {_f(_get(tp, nat, 'p99_ms'), '{:.2f}')} |")
+    w(f"\nA plain Envoy route to one upstream (proxy/1, Envoy's own router: the native build's "
+      f"limit) costs {_f(_get(tp, 'proxy/1', 'cpu_us_per_req'))} us/rq. `bench/callgrind.py` "
+      f"gives the same comparison in instructions.\n")
+
     w("## Floors, metrics, large bodies\n")
     w("| configuration | rq/s | p50 / p99 ms | CPU us/rq | peak RSS MB |")
     w("|---|---|---|---|---|")

@@ -46,6 +46,8 @@ FANOUT_WASM = os.path.join(ROOT, "target", "wasm32-wasip1", "release", "fanout.w
 BENCH_TARGET = os.path.join(BENCH, "tmp", "target")
 # The do-nothing and the floor filter, built like fanout.wasm (same profile, then wasm-opt).
 NOOP_WASM = os.path.join(BENCH, "tmp", "noop.wasm")
+# fanout's native build, the dynamic module (`make build-native`).
+NATIVE_SO = os.path.join(ROOT, "target", "native", "libfanout.so")
 FLOOR_WASM = os.path.join(BENCH, "tmp", "floor.wasm")
 # Other builds of fanout measured next to the shipped one (opt-level "s", then wasm-opt; see
 # the Makefile), from the same source (`--builds`): opt-level, and whether wasm-opt runs.
@@ -391,6 +393,8 @@ def variant_wasm(name):
 def build(skip_build, quick, builds):
     if not skip_build or not (os.path.exists(FANOUT_WASM) and os.path.exists(ENVOY)):
         sh(["make", "-C", ROOT, "--no-print-directory", "build", "envoy"])
+    if not skip_build or not os.path.exists(NATIVE_SO):
+        sh(["make", "-C", ROOT, "--no-print-directory", "build-native"])
     build_filter("noop-filter", NOOP_WASM)
     build_filter("floor-filter", FLOOR_WASM)
     for name in builds:
@@ -576,7 +580,7 @@ BEFORE_WASM = None
 
 def modules(builds=()):
     """The wasm modules by the name envoy_configs.system takes."""
-    wasm = {"fanout": FANOUT_WASM, "noop": NOOP_WASM, "floor": FLOOR_WASM}
+    wasm = {"fanout": FANOUT_WASM, "noop": NOOP_WASM, "floor": FLOOR_WASM, "native": NATIVE_SO}
     wasm.update({f"fanout-{b}": variant_wasm(b) for b in builds})
     if BEFORE_WASM:
         wasm["fanout-before"] = BEFORE_WASM
@@ -637,7 +641,7 @@ def wait_for_leases(key, envoy, deadline):
     raise RuntimeError(f"{key}: no etcd lease granted; see the etcd and Envoy logs")
 
 
-EXPECT = {"fanout": 202, "lua": 202, "baseline": 202, "noop": 202, "floor": 202, "mirror": 200,
+EXPECT = {"fanout": 202, "native": 202, "lua": 202, "baseline": 202, "noop": 202, "floor": 202, "mirror": 200,
           "proxy": 200}
 
 
@@ -656,7 +660,8 @@ def throughput_specs(builds):
     that a pair is measured seconds apart."""
     specs = []
     for n in FLOOR_NS:
-        specs += [(f"floor/{n}", "floor", n, {}), (f"fanout/{n}", "fanout", n, {})]
+        specs += [(f"floor/{n}", "floor", n, {}), (f"fanout/{n}", "fanout", n, {}),
+                  (f"native/{n}", "native", n, {})]
         if n in PAIRED_NS:
             specs.append((f"fanout-nometrics/{n}", "fanout", n, {"metrics": False}))
             specs += [(f"fanout@{b}/{n}", "fanout", n, {"build": b}) for b in builds]
