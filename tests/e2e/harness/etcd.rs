@@ -188,6 +188,27 @@ impl EtcdCluster {
         }
     }
 
+    /// A write to a key of the harness's own, then etcd's history compacted up to it:
+    /// every watch from an earlier revision (a kube-apiserver's client resuming after a
+    /// restart) is answered 410 Gone, as it is once the apiserver's own compaction (every
+    /// 5 minutes) passes it. The revision compacted to.
+    pub fn write_and_compact(&self) -> i64 {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let put = json!({ "key": b64.encode("/fanout-e2e/compact"), "value": b64.encode("1") });
+        for m in self.members.iter().filter(|m| m.child.is_some()) {
+            let Some((200, answer)) = http(m.client, "POST", "/v3/kv/put", &put.to_string()) else {
+                continue;
+            };
+            let doc: Value = serde_json::from_str(&answer).unwrap();
+            let revision: i64 = doc["header"]["revision"].as_str().unwrap().parse().unwrap();
+            let compact = json!({ "revision": revision, "physical": true }).to_string();
+            let done = http(m.client, "POST", "/v3/kv/compaction", &compact);
+            assert!(matches!(done, Some((200, _))), "etcd compaction: {done:?}");
+            return revision;
+        }
+        panic!("no etcd member answered the put");
+    }
+
     /// The keys under `prefix` and their values, read from a member that is up.
     pub fn keys(&self, prefix: &str) -> Vec<(String, String)> {
         let b64 = base64::engine::general_purpose::STANDARD;

@@ -224,9 +224,13 @@ impl KubeApi {
         }
     }
 
-    /// Kill the apiserver (SIGKILL) and start it again on the same port and etcd.
+    /// Kill the apiserver (SIGKILL) and start it again on the same port and etcd, with etcd's
+    /// history compacted meanwhile (past every client's resourceVersion): the restart as a
+    /// client may find it, its watches answered 410 Gone and listed again. (Without the
+    /// compaction, whether a watch resumes or lists again depends on what was written last.)
     pub fn restart(&mut self) {
         kill(&mut self.child);
+        self._etcd.write_and_compact();
         self.spawn();
     }
 
