@@ -30,6 +30,21 @@ pub trait Host {
         body: &[u8],
         timeout: Duration,
     ) -> Result<u32, Failure>;
+    /// The same call, for the sync sender's stream `stream` it serves, if any: proxy-wasm
+    /// makes it the current context's call (a retry sent from the root context's timer is
+    /// the root's); a host without a root context makes it that stream's, so that its
+    /// answer comes to the stream (`Err` if the stream is gone).
+    fn dispatch_serving(
+        &self,
+        stream: Option<u32>,
+        cluster: &str,
+        headers: Vec<(&str, &[u8])>,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<u32, Failure> {
+        let _ = stream;
+        self.dispatch(cluster, headers, body, timeout)
+    }
     /// The same call made for another context of this VM (`context_id`: a root context, from
     /// a stream's callback): its answer is delivered to that context, and it lives as long as
     /// that context does.

@@ -128,6 +128,12 @@ unsafe extern "C" {
         body: ModuleBuffer,
         timeout_milliseconds: u64,
     ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_scheduler_new(fe: *mut c_void) -> *mut c_void;
+    fn envoy_dynamic_module_callback_http_filter_scheduler_commit(
+        scheduler: *mut c_void,
+        event_id: u64,
+    );
+    fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: *mut c_void);
     fn envoy_dynamic_module_callback_http_filter_config_define_counter(
         config: *mut c_void,
         name: ModuleBuffer,
@@ -439,6 +445,43 @@ impl Filter {
     }
 }
 
+/// A filter's scheduler: a commit, from any thread, posts `on_http_filter_scheduled` to the
+/// filter's worker (nothing comes once the filter is gone: Envoy's scheduler holds it
+/// weakly). Deleted when dropped: held in an `Arc` by whoever may commit, the last holder
+/// deletes it, so no commit ever follows the delete.
+pub struct Scheduler(NonNull<c_void>);
+
+// SAFETY: Envoy's scheduler only posts to its worker's dispatcher, which is thread-safe, and
+// may be deleted from any thread (it holds the filter weakly); `Drop` deletes it once.
+unsafe impl Send for Scheduler {}
+// SAFETY: `commit` takes `&self` and only posts (see `Send`).
+unsafe impl Sync for Scheduler {}
+
+impl crate::timer::Wake for Scheduler {
+    fn commit(&self, event: u64) {
+        // SAFETY: a scheduler not deleted yet (we are one of its holders).
+        unsafe {
+            envoy_dynamic_module_callback_http_filter_scheduler_commit(self.0.as_ptr(), event)
+        }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        // SAFETY: the last holder, once.
+        unsafe { envoy_dynamic_module_callback_http_filter_scheduler_delete(self.0.as_ptr()) }
+    }
+}
+
+impl Filter {
+    /// A new scheduler of this (live) filter.
+    pub fn scheduler(self) -> Option<Arc<Scheduler>> {
+        // SAFETY: a live filter, on its worker.
+        let ptr = unsafe { envoy_dynamic_module_callback_http_filter_scheduler_new(self.ptr()) };
+        NonNull::new(ptr).map(|ptr| Arc::new(Scheduler(ptr)))
+    }
+}
+
 /// The filter state behind a module pointer Envoy hands back, for the hook.
 ///
 /// SAFETY (callers): `fm` is null or a pointer `on_http_filter_new` returned that
@@ -667,7 +710,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
 }
 
 // The hooks Envoy 1.40.0 requires of an HTTP filter module, which fanout does not use:
-// streamed calls, schedulers, watermarks.
+// streamed calls, watermarks.
 
 #[unsafe(no_mangle)]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
@@ -718,12 +761,17 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
 ) {
 }
 
+/// A commit to one of this filter's schedulers (the timer's wake-up): on the worker.
 #[unsafe(no_mangle)]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
-    _fe: *mut c_void,
-    _fm: *const c_void,
-    _event_id: u64,
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+    fe: *mut c_void,
+    fm: *const c_void,
+    event_id: u64,
 ) {
+    // SAFETY: see `request_headers`.
+    if let (Some(fe), Some(state)) = (filter(fe), unsafe { state(fm) }) {
+        glue::scheduled(state, fe, event_id);
+    }
 }
 
 #[unsafe(no_mangle)]

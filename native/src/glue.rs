@@ -8,7 +8,10 @@
 //!   thread): a plugin is configured there once, to define them, then dropped; each worker
 //!   configures its own plugin from the same bytes on its first stream, finding the ids;
 //! - there is no timer: the plugin's tick (which hands the counts to Envoy's stats) runs at
-//!   the end of a hook of one of its streams once its period has passed;
+//!   the end of a hook of one of its streams once its period has passed; and while a retry
+//!   waits, the process's timer thread (`timer.rs`) wakes the worker at the tick's period
+//!   through a live stream's scheduler (`on_http_filter_scheduled`), even with no traffic.
+//!   A retry is its sender's stream's call (`dispatch_serving`): that stream waits for it;
 //! - a local reply sent to a stream may complete it (and call its hooks) before the call
 //!   returns, even from inside that stream's own hook: what comes to a stream that is busy
 //!   is kept and handled when its hook ends.
@@ -16,15 +19,23 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
 
 use fanout::cell::with_mut;
 use fanout::plugin::Plugin;
 use fanout::stream::{Flow, Stream};
 
-use crate::abi::{ConfigDef, Filter, CONTINUE, STOP};
+use crate::abi::{ConfigDef, Filter, Scheduler, CONTINUE, STOP};
 use crate::host::{self, NativeHost};
+use crate::timer::Timer;
+
+/// The process's timer thread: wakes a worker whose plugin has a retry waiting.
+static TIMER: LazyLock<Timer<Scheduler>> = LazyLock::new(Timer::default);
+
+/// The configurations Envoy holds: the timer thread stops with the last one.
+static CONFIGS: AtomicUsize = AtomicUsize::new(0);
 
 /// A filter configuration, shared by the main thread and the workers: its JSON and the ids
 /// of the metrics defined for it.
@@ -63,6 +74,9 @@ struct Worker {
     plugin: RefCell<Plugin<NativeHost>>,
     /// When its tick is next due (ms).
     next_tick: Cell<u64>,
+    /// The scheduler the timer wakes this worker through, and its stream (live: dropped
+    /// when that stream goes).
+    wake: RefCell<Option<(u32, Arc<Scheduler>)>>,
 }
 
 /// One request: Envoy holds it as the filter's module pointer.
@@ -134,12 +148,17 @@ pub fn config_new(def: &ConfigDef, name: &[u8], bytes: &[u8]) -> Option<Arc<Nati
             }
         });
     }
+    CONFIGS.fetch_add(1, Ordering::SeqCst);
     Some(Arc::new(native))
 }
 
-/// Envoy is done with a configuration (its streams may still run).
+/// Envoy is done with a configuration (its streams may still run). With the last one the
+/// timer thread stops: nothing commits to a scheduler after this.
 pub fn config_destroy(config: &NativeConfig) {
     config.retired.store(true, Ordering::Relaxed);
+    if CONFIGS.fetch_sub(1, Ordering::SeqCst) == 1 {
+        TIMER.stop();
+    }
 }
 
 /// This worker's plugin of `config`, configured on its first stream.
@@ -162,6 +181,7 @@ fn worker(config: &Arc<NativeConfig>) -> Option<Rc<Worker>> {
         id,
         plugin: RefCell::new(plugin),
         next_tick: Cell::new(host::now_ms()),
+        wake: RefCell::new(None),
     });
     WORKERS.with(|w| {
         with_mut(w, |w| {
@@ -180,7 +200,7 @@ pub fn filter_new(config: &Arc<NativeConfig>, filter: Filter) -> Option<Box<Filt
     let worker = worker(config)?;
     let id = next_id();
     let stream = worker.plugin.try_borrow().ok()?.create_stream(id);
-    host::live(id, filter);
+    host::live(id, filter, worker.id);
     Some(Box::new(FilterState {
         id,
         filter,
@@ -203,7 +223,7 @@ fn run<R>(
     let result = with_mut(&state.stream, hook);
     if result.is_some() {
         drain(state);
-        tick_if_due(&state.worker);
+        keep_time(&state.worker);
     }
     host::leave(saved);
     result
@@ -227,8 +247,14 @@ fn defer(state: &FilterState, event: Deferred) {
     with_mut(&state.deferred, |d| d.insert(0, event));
 }
 
+/// The plugin's tick if it is due, then the timer's next wake-up if a retry waits.
+fn keep_time(worker: &Worker) {
+    tick_if_due(worker);
+    arm(worker);
+}
+
 /// The plugin's tick, when its period has passed (the timer Envoy's ABI does not have):
-/// it hands the counts to Envoy's stats.
+/// it hands the counts to Envoy's stats, and sends the retries due.
 fn tick_if_due(worker: &Worker) {
     let period = host::tick_period(worker.id);
     let now = host::now_ms();
@@ -283,9 +309,11 @@ pub fn stream_complete(state: &FilterState, filter: Filter) {
         return;
     }
     host::gone(state.id, filter);
+    let wake = forget_wake(state);
     if run(state, filter, |s| s.on_done()).is_none() {
         defer(state, Deferred::Complete);
     }
+    drop(wake);
 }
 
 /// The answer to a call of this stream.
@@ -294,7 +322,7 @@ pub fn callout_done(state: &FilterState, filter: Filter, callout: u64, answer: C
     if state.stream.try_borrow().is_ok() {
         deliver(state, callout, answer);
         drain(state);
-        tick_if_due(&state.worker);
+        keep_time(&state.worker);
     } else {
         // Inside the stream's own hook (an answer Envoy gave at dispatch): once it ends.
         defer(state, Deferred::Answer(callout, answer));
@@ -319,8 +347,89 @@ fn deliver(state: &FilterState, callout: u64, answer: CallAnswer) {
 pub fn destroy(state: Box<FilterState>) {
     if !state.completed.get() {
         host::gone(state.id, state.filter);
+        let wake = forget_wake(&state);
         let saved = host::detached();
         with_mut(&state.stream, |s| s.on_done());
+        arm(&state.worker);
         host::leave(saved);
+        drop(wake);
     }
+}
+
+/// The stream is going: if the timer wakes its worker through it, no more (the timer may
+/// still hold the scheduler; whoever drops it last deletes it). Returned, to be dropped once
+/// the stream's last hook is over.
+fn forget_wake(state: &FilterState) -> Option<(u32, Arc<Scheduler>)> {
+    let worker = &state.worker;
+    let mine = worker
+        .wake
+        .try_borrow()
+        .is_ok_and(|w| w.as_ref().is_some_and(|(id, _)| *id == state.id));
+    if mine {
+        with_mut(&worker.wake, Option::take).flatten()
+    } else {
+        None
+    }
+}
+
+/// While the plugin has a retry waiting, asks the timer to wake this worker when its tick is
+/// due, through the scheduler of one of its live streams (a sync sender waits for its
+/// retries, so one is live; none left: nothing is owed).
+fn arm(worker: &Worker) {
+    let period = host::tick_period(worker.id);
+    let retrying = worker
+        .plugin
+        .try_borrow()
+        .is_ok_and(|p| p.owed().retrying > 0);
+    if period.is_zero() || !retrying {
+        return;
+    }
+    let Some(scheduler) = wake_handle(worker) else {
+        return;
+    };
+    let wait = worker.next_tick.get().saturating_sub(host::now_ms());
+    let at = Instant::now() + Duration::from_millis(wait);
+    TIMER.wake_at(at, u64::from(worker.id), scheduler);
+}
+
+/// The scheduler the timer wakes `worker` through: the one it has, if its stream is live,
+/// else a new one of a live stream of the worker.
+fn wake_handle(worker: &Worker) -> Option<Arc<Scheduler>> {
+    let kept = worker.wake.try_borrow().ok().and_then(|w| {
+        w.as_ref()
+            .filter(|(id, _)| host::is_live(*id))
+            .map(|(_, s)| s.clone())
+    });
+    if kept.is_some() {
+        return kept;
+    }
+    let (stream, filter) = host::stream_of(worker.id)?;
+    let scheduler = filter.scheduler()?;
+    let old = with_mut(&worker.wake, |w| w.replace((stream, scheduler.clone())));
+    drop(old);
+    Some(scheduler)
+}
+
+/// The timer's wake-up (`event`: the plugin's id) came to this stream: that plugin's tick
+/// runs now, with this stream current, then the next wake-up is asked for.
+pub fn scheduled(state: &FilterState, filter: Filter, event: u64) {
+    let worker = if u64::from(state.worker.id) == event {
+        Some(state.worker.clone())
+    } else {
+        WORKERS.with(|w| {
+            w.try_borrow().ok().and_then(|w| {
+                w.values()
+                    .find(|(_, worker)| u64::from(worker.id) == event)
+                    .map(|(_, worker)| worker.clone())
+            })
+        })
+    };
+    let Some(worker) = worker else {
+        return;
+    };
+    let saved = host::enter(filter);
+    worker.next_tick.set(0);
+    tick_if_due(&worker);
+    arm(&worker);
+    host::leave(saved);
 }

@@ -34,8 +34,8 @@ thread_local! {
     /// The filter the host calls act for: the hook's, or the stream the core answers from
     /// it (`set_effective_context`).
     static CURRENT: Cell<Option<Filter>> = const { Cell::new(None) };
-    /// The worker's live streams by context id.
-    static LIVE: RefCell<HashMap<u32, Filter>> = RefCell::new(HashMap::new());
+    /// The worker's live streams by context id, with their plugin's id.
+    static LIVE: RefCell<HashMap<u32, (Filter, u32)>> = RefCell::new(HashMap::new());
     /// The worker's calls in flight: (filter, Envoy's callout id) → the core's token.
     static CALLOUTS: RefCell<HashMap<(Filter, u64), u32>> = RefCell::new(HashMap::new());
     static NEXT_TOKEN: Cell<u32> = const { Cell::new(0) };
@@ -89,9 +89,34 @@ pub fn leave(saved: Saved) {
     CURRENT.set(saved.1);
 }
 
-/// A stream the core may answer from another one's hook.
-pub fn live(id: u32, filter: Filter) {
-    LIVE.with(|l| with_mut(l, |l| l.insert(id, filter)));
+/// A stream of plugin `plugin` the core may answer, or call for, from another one's hook.
+pub fn live(id: u32, filter: Filter, plugin: u32) {
+    LIVE.with(|l| with_mut(l, |l| l.insert(id, (filter, plugin))));
+}
+
+/// The live stream `id`'s filter.
+fn live_filter(id: u32) -> Option<Filter> {
+    LIVE.with(|l| {
+        l.try_borrow()
+            .ok()
+            .and_then(|l| l.get(&id).map(|(f, _)| *f))
+    })
+}
+
+/// Whether stream `id` is live.
+pub fn is_live(id: u32) -> bool {
+    live_filter(id).is_some()
+}
+
+/// A live stream of plugin `plugin` on this worker, if one is.
+pub fn stream_of(plugin: u32) -> Option<(u32, Filter)> {
+    LIVE.with(|l| {
+        l.try_borrow().ok().and_then(|l| {
+            l.iter()
+                .find(|(_, (_, p))| *p == plugin)
+                .map(|(id, (filter, _))| (*id, *filter))
+        })
+    })
 }
 
 /// The stream completed or is gone: nobody answers it any more, its calls are forgotten.
@@ -190,17 +215,28 @@ impl Host for NativeHost {
                 detail: "no stream to make the call from".to_string(),
             });
         };
-        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-        let callout = filter
-            .callout(cluster, &headers, body, timeout_ms)
-            .map_err(|code| refused(cluster, code))?;
-        let token = NEXT_TOKEN.with(|t| {
-            let next = t.get().wrapping_add(1).max(1);
-            t.set(next);
-            next
-        });
-        CALLOUTS.with(|c| with_mut(c, |c| c.insert((filter, callout), token)));
-        Ok(token)
+        call_from(filter, cluster, &headers, body, timeout)
+    }
+
+    /// A call for a sync sender is its stream's callout (a retry sent from the worker's
+    /// tick too), so that its answer comes to that stream; refused if the sender left.
+    fn dispatch_serving(
+        &self,
+        stream: Option<u32>,
+        cluster: &str,
+        headers: Vec<(&str, &[u8])>,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<u32, Failure> {
+        let Some(stream) = stream else {
+            return self.dispatch(cluster, headers, body, timeout);
+        };
+        let Some(filter) = live_filter(stream) else {
+            return Err(Failure::DispatchError {
+                detail: "the sender left: no stream to make the call from".to_string(),
+            });
+        };
+        call_from(filter, cluster, &headers, body, timeout)
     }
 
     fn dispatch_for(
@@ -263,12 +299,7 @@ impl Host for NativeHost {
     }
 
     fn set_effective_context(&self, context_id: u32) -> bool {
-        let filter = LIVE.with(|l| {
-            l.try_borrow()
-                .ok()
-                .and_then(|l| l.get(&context_id).copied())
-        });
-        match filter {
+        match live_filter(context_id) {
             Some(filter) => {
                 CURRENT.set(Some(filter));
                 true
@@ -357,6 +388,27 @@ impl Host for NativeHost {
     ) -> Result<(), CasMismatch> {
         SHARED.set(key, value, cas)
     }
+}
+
+/// A call from `filter`: the core's token for it.
+fn call_from(
+    filter: Filter,
+    cluster: &str,
+    headers: &[(&str, &[u8])],
+    body: &[u8],
+    timeout: Duration,
+) -> Result<u32, Failure> {
+    let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    let callout = filter
+        .callout(cluster, headers, body, timeout_ms)
+        .map_err(|code| refused(cluster, code))?;
+    let token = NEXT_TOKEN.with(|t| {
+        let next = t.get().wrapping_add(1).max(1);
+        t.set(next);
+        next
+    });
+    CALLOUTS.with(|c| with_mut(c, |c| c.insert((filter, callout), token)));
+    Ok(token)
 }
 
 /// Says once per worker that the metric `name` is not counted: the core names it after

@@ -12,6 +12,7 @@
 
 pub mod refuse;
 pub mod shared;
+pub mod timer;
 
 #[cfg(all(feature = "envoy", not(test)))]
 #[allow(unsafe_code)]

@@ -1,15 +1,17 @@
 //! What the native build refuses at configuration, and why: everything fanout does after the
-//! sender's answer, or from its worker's timer, needs a context that lives on a worker
-//! without a request in flight (proxy-wasm's root context). Envoy's dynamic-module HTTP
-//! filter has no such context and no timer, so the native build delivers only while the
-//! sender waits, and a configuration that asks for more is refused here, with the path of
-//! the field that asks for it, before Envoy takes it.
+//! sender's answer, or for no sender, needs a context that lives on a worker without a
+//! request in flight (proxy-wasm's root context). Envoy's dynamic-module HTTP filter has no
+//! such context, so the native build delivers only while the sender waits: every call is a
+//! callout of the sender's stream. Retries of a sync fan-out are served (the sender waits
+//! for them; the glue's timer thread wakes the worker when one is due, and the retry is the
+//! sender's stream's call). A configuration that asks for more is refused here, with the
+//! path of the field that asks for it, before Envoy takes it.
 
 use fanout::config::{AnswerMode, Config, ConfigError, Store, Subscriber};
 use serde_json::Value;
 
-/// Why a subscriber or an option needs a worker's timer, said once.
-const WASM: &str = "the wasm build (a worker timer)";
+/// Why a subscriber or an option needs a worker's own context, said once.
+const WASM: &str = "the wasm build (a worker context)";
 
 /// The plugin configuration `bytes` read and validated as the wasm build reads it, then
 /// checked against what the native build can serve: the configuration, or the first reason
@@ -46,15 +48,15 @@ pub fn refusal(config: &Config, doc: &Value) -> Option<ConfigError> {
     if config.tracing.is_some() {
         return refuse(
             "tracing",
-            &format!("needs {WASM}: spans are exported in batches from the timer"),
+            &format!("needs {WASM}: spans are exported in batches, for no sender"),
         );
     }
     if let Some(Store::Etcd(_)) = config.dedupe.as_ref().map(|d| &d.store) {
         return refuse(
             "dedupe.store",
             &format!(
-                "etcd needs {WASM}: its settles and leases go out from the timer; the \
-                 native build has the \"envoy\" store"
+                "etcd needs {WASM}: its settles and leases go out with no sender's \
+                 stream to call from; the native build has the \"envoy\" store"
             ),
         );
     }
@@ -102,22 +104,16 @@ fn subscriber_refusal(
             ),
         );
     }
-    if subscriber.retry.retry > 0 {
-        return refuse(
-            path("delivery.retry"),
-            format!("retries need {WASM}: a retry waits for its backoff on the timer"),
-        );
-    }
     if subscriber.dead_letter.is_some() {
         return refuse(
             path("delivery.dead_letter"),
-            format!("dead letters need {WASM}: they are sent from the timer"),
+            format!("dead letters need {WASM}: they may go out after the sender's answer"),
         );
     }
     if subscriber.reply.is_some() {
         return refuse(
             path("reply"),
-            format!("replies need {WASM}: they are sent from the timer"),
+            format!("replies need {WASM}: they go out after the sender's answer"),
         );
     }
     if subscriber.call_cap.is_some() {
@@ -130,7 +126,10 @@ fn subscriber_refusal(
         };
         return refuse(
             path,
-            format!("needs {WASM}: the calls waiting for a slot are sent from the timer"),
+            format!(
+                "needs {WASM}: the calls waiting for a slot are sent when another call \
+                 ends, by the worker's plugin, with no timer wake-up in the native build"
+            ),
         );
     }
     None
@@ -225,19 +224,43 @@ mod tests {
         assert_eq!(
             error,
             "channels[0].subscribers[1].required: best-effort subscribers need the wasm \
-             build (a worker timer); the native build delivers while the sender waits"
+             build (a worker context); the native build delivers while the sender waits"
         );
     }
 
     #[test]
-    fn retries_are_refused_where_they_are_written() {
-        let own = refused(r#"{"subscribers": [{"cluster": "a", "delivery": {"retry": 2}}]}"#);
-        assert!(
-            own.starts_with("subscribers[0].delivery.retry: retries"),
-            "{own}"
+    fn retries_of_a_sync_fan_out_are_served_with_their_backoff_and_jitter() {
+        let own = r#"{"subscribers": [{"cluster": "a", "delivery": {"retry": 2,
+            "backoff_policy": "exponential", "backoff_delay_ms": 50, "backoff_max_ms": 400,
+            "backoff_jitter": 0.2}}]}"#;
+        assert!(configure(own.as_bytes()).is_ok());
+        let top = r#"{"subscribers": [{"cluster": "a"}], "delivery": {"retry": 1}}"#;
+        assert!(configure(top.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn retries_do_not_make_what_needs_a_worker_context_served() {
+        let error = refused(
+            r#"{"subscribers": [{"cluster": "a", "delivery": {"retry": 2,
+                "dead_letter": {"cluster": "dl"}}}]}"#,
         );
-        let top = refused(r#"{"subscribers": [{"cluster": "a"}], "delivery": {"retry": 1}}"#);
-        assert!(top.starts_with("delivery.retry: retries"), "{top}");
+        assert!(
+            error.starts_with("subscribers[0].delivery.dead_letter: dead letters"),
+            "{error}"
+        );
+        let error = refused(
+            r#"{"mode": "async", "subscribers": [{"cluster": "a"}],
+            "delivery": {"retry": 2}}"#,
+        );
+        assert!(error.starts_with("mode: "), "{error}");
+        let error = refused(
+            r#"{"channels": [{"name": "c", "subscribers": [{"cluster": "a"},
+            {"cluster": "b", "required": false, "delivery": {"retry": 1}}]}]}"#,
+        );
+        assert!(
+            error.starts_with("channels[0].subscribers[1].required: "),
+            "{error}"
+        );
     }
 
     #[test]

@@ -390,7 +390,14 @@ impl Deliveries {
             self.gate.release(slot);
             return;
         };
-        let result = host.dispatch(call.cluster, call.headers(), &call.body, call.timeout);
+        let serving = job.answer_to;
+        let result = host.dispatch_serving(
+            serving,
+            call.cluster,
+            call.headers(),
+            &call.body,
+            call.timeout,
+        );
         drop(call);
         let stats = leg_stats(sub, leg);
         let retry = leg == Leg::Event && job.fanout.event_attempts(index) > 0;
