@@ -520,14 +520,6 @@ fn what_the_native_build_cannot_serve_makes_envoy_refuse_the_config() {
             "channels[0].subscribers[1].required: best-effort subscribers need the wasm build",
         ),
         (
-            json!({ "subscribers": [sub(json!({ "delivery": { "retry": 2 } }))] }),
-            "subscribers[0].delivery.retry: retries need",
-        ),
-        (
-            json!({ "delivery": { "retry": 1 }, "subscribers": [sub(json!({}))] }),
-            "delivery.retry: retries need",
-        ),
-        (
             json!({ "subscribers": [sub(json!({ "delivery": { "dead_letter": { "cluster": "dl" } } }))] }),
             "subscribers[0].delivery.dead_letter: dead letters need",
         ),
@@ -827,4 +819,129 @@ fn a_configuration_update_serves_new_senders_and_a_refused_one_keeps_the_last() 
         assert_eq!(post().status, 202);
     }
     assert_eq!((a.count(), b.count()), (before, delivered + 5));
+}
+
+/// A sync fan-out's subscriber with `retry` and a short linear backoff.
+fn retrying(cluster: &str, retry: u32, delay_ms: u32) -> Value {
+    json!({ "cluster": cluster, "delivery": {
+        "retry": retry, "backoff_policy": "linear", "backoff_delay_ms": delay_ms } })
+}
+
+#[test]
+fn a_subscriber_failing_once_is_retried_and_the_sender_gets_202() {
+    let flaky = Subscriber::start(
+        "flaky",
+        Behavior::Sequence(vec![Behavior::Status(503), Behavior::Status(200)]),
+    );
+    let config = json!({ "subscribers": [retrying("flaky", 2, 50)] });
+    let envoy = Envoy::start(&config, &[&flaky]);
+    // Nothing else comes to Envoy while the retry waits: the timer wakes the worker.
+    let reply = send(client().post(envoy.url("/")).body("event"));
+    assert_eq!(reply.status, 202, "{}", reply.body);
+    assert_eq!(flaky.count(), 2);
+    let bodies: Vec<Vec<u8>> = flaky.requests().into_iter().map(|r| r.body).collect();
+    assert_eq!(bodies, vec![b"event".to_vec(), b"event".to_vec()]);
+}
+
+#[test]
+fn a_subscriber_always_failing_gets_every_retry_then_the_sender_gets_the_500_report() {
+    let down = Subscriber::start("down", Behavior::Status(503));
+    let config = json!({ "subscribers": [retrying("down", 2, 50)] });
+    let envoy = Envoy::start(&config, &[&down]);
+    let reply = send(client().post(envoy.url("/")).body("event"));
+    assert_eq!(reply.status, 500, "{}", reply.body);
+    let report = reply.json();
+    assert_eq!(report["failed"][0]["cluster"], "down", "{report}");
+    assert_eq!(report["failed"][0]["status"], 503, "{report}");
+    assert_eq!(down.count(), 3, "one attempt and two retries");
+    down.stays_at(3, Duration::from_millis(300));
+}
+
+#[test]
+fn a_sender_leaving_while_its_retry_waits_leaves_envoy_serving() {
+    let flaky = Subscriber::start(
+        "flaky",
+        Behavior::Sequence(vec![
+            Behavior::Status(503),
+            Behavior::Status(503),
+            Behavior::Status(503),
+            Behavior::Status(200),
+        ]),
+    );
+    let config = json!({ "subscribers": [retrying("flaky", 2, 1000)] });
+    let envoy = Envoy::start(&config, &[&flaky]);
+    let impatient = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .expect("a client");
+    for _ in 0..3 {
+        assert!(impatient.post(envoy.url("/")).body("e").send().is_err());
+    }
+    // Their retries were due while nobody waited for them: none is sent, and the timer's
+    // wake-ups come to streams that are gone.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(flaky.count(), 3, "{:#?}", flaky.requests());
+    let reply = send(client().post(envoy.url("/")).body("e"));
+    assert_eq!(reply.status, 202, "{}", reply.body);
+    assert_eq!(flaky.count(), 4);
+}
+
+#[test]
+fn a_retry_waits_for_the_subscribers_retry_after() {
+    let busy = Subscriber::start(
+        "busy",
+        Behavior::Sequence(vec![
+            Behavior::respond(503, &[("retry-after", "1")], "busy"),
+            Behavior::Status(200),
+        ]),
+    );
+    let config = json!({ "subscribers": [{ "cluster": "busy", "delivery": {
+        "retry": 1, "backoff_delay_ms": 10, "backoff_max_ms": 5000 } }] });
+    let envoy = Envoy::start(&config, &[&busy]);
+    let reply = send(client().post(envoy.url("/")).body("event"));
+    assert_eq!(reply.status, 202, "{}", reply.body);
+    let requests = busy.requests();
+    assert_eq!(requests.len(), 2);
+    let waited = requests[1].at.duration_since(requests[0].at);
+    // `retry-after: 1` asks for a second; the backoff alone would be 10 ms.
+    assert!(
+        waited >= Duration::from_millis(800),
+        "retried after {waited:?}"
+    );
+}
+
+#[test]
+fn concurrent_senders_with_retries_on_both_workers_each_get_202() {
+    let flaky = Subscriber::start("flaky", Behavior::FirstOfEach("ce-id", 503));
+    let ok = Subscriber::ok("ok");
+    let config = json!({ "subscribers": [retrying("flaky", 2, 20), { "cluster": "ok" }] });
+    let envoy = Envoy::start(&config, &[&flaky, &ok]);
+    let url = envoy.url("/");
+    let senders: Vec<_> = (0..6)
+        .map(|t| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                // A connection per sender: Envoy spreads them over its two workers.
+                let client = client();
+                (0..5)
+                    .map(|i| {
+                        let request = client
+                            .post(&url)
+                            .header("ce-id", format!("{t}-{i}"))
+                            .header("ce-source", "/native")
+                            .header("ce-specversion", "1.0")
+                            .header("ce-type", "t")
+                            .body("e");
+                        send(request).status
+                    })
+                    .collect::<Vec<u16>>()
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = senders
+        .into_iter()
+        .flat_map(|s| s.join().expect("a sender"))
+        .collect();
+    assert!(statuses.iter().all(|s| *s == 202), "{statuses:?}");
+    assert_eq!((flaky.count(), ok.count()), (60, 30));
 }
