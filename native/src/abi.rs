@@ -128,12 +128,6 @@ unsafe extern "C" {
         body: ModuleBuffer,
         timeout_milliseconds: u64,
     ) -> u32;
-    fn envoy_dynamic_module_callback_http_filter_scheduler_new(fe: *mut c_void) -> *mut c_void;
-    fn envoy_dynamic_module_callback_http_filter_scheduler_commit(
-        scheduler: *mut c_void,
-        event_id: u64,
-    );
-    fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: *mut c_void);
     fn envoy_dynamic_module_callback_http_filter_config_define_counter(
         config: *mut c_void,
         name: ModuleBuffer,
@@ -183,6 +177,16 @@ unsafe extern "C" {
         label_values_length: usize,
         value: u64,
     ) -> u32;
+}
+
+// A filter's scheduler: the timer thread's way to wake a worker.
+unsafe extern "C" {
+    fn envoy_dynamic_module_callback_http_filter_scheduler_new(fe: *mut c_void) -> *mut c_void;
+    fn envoy_dynamic_module_callback_http_filter_scheduler_commit(
+        scheduler: *mut c_void,
+        event_id: u64,
+    );
+    fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: *mut c_void);
 }
 
 /// The bytes of an Envoy buffer, for the rest of the hook.

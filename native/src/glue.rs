@@ -377,11 +377,16 @@ fn forget_wake(state: &FilterState) -> Option<(u32, Arc<Scheduler>)> {
 /// retries, so one is live; none left: nothing is owed).
 fn arm(worker: &Worker) {
     let period = host::tick_period(worker.id);
+    // A retry waiting makes the core ask for its delivery tick: a slower period (the
+    // metrics' second) or none is the common case, decided without looking further.
+    if period.is_zero() || period > fanout::pipeline::DELIVERY_TICK {
+        return;
+    }
     let retrying = worker
         .plugin
         .try_borrow()
         .is_ok_and(|p| p.owed().retrying > 0);
-    if period.is_zero() || !retrying {
+    if !retrying {
         return;
     }
     let Some(scheduler) = wake_handle(worker) else {

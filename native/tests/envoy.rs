@@ -332,6 +332,19 @@ impl Envoy {
             .join("\n")
     }
 
+    /// Envoy's log once it shows `text` (Envoy writes its log file every 20 ms: a line
+    /// logged just now may not be there yet), or as it is after a few seconds.
+    fn log_showing(&self, text: &str) -> String {
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let log = self.log();
+            if log.contains(text) || Instant::now() >= until {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// A counter or gauge of Envoy's `/stats` (`None`: not there).
     fn stat(&self, name: &str) -> Option<u64> {
         let admin = self.admin?;
@@ -439,7 +452,7 @@ fn a_sync_fan_out_to_two_subscribers_answers_202_and_both_get_the_event() {
     );
     assert_eq!(reply.status, 202, "{}", reply.body);
     // The ABI version the library was written for is Envoy's.
-    let log = envoy.log();
+    let log = envoy.log_showing("Dynamic module ABI version v0.2.0 matched");
     assert!(
         log.contains("Dynamic module ABI version v0.2.0 matched"),
         "{log}"
