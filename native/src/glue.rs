@@ -19,7 +19,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
@@ -28,7 +28,7 @@ use fanout::plugin::Plugin;
 use fanout::stream::{Flow, Stream};
 
 use crate::abi::{ConfigDef, Filter, Scheduler, CONTINUE, STOP};
-use crate::host::{self, NativeHost};
+use crate::host::{self, CallAnswer, NativeConfig, NativeHost};
 use crate::timer::Timer;
 
 /// The process's timer thread: wakes a worker whose plugin has a retry waiting.
@@ -36,37 +36,6 @@ static TIMER: LazyLock<Timer<Scheduler>> = LazyLock::new(Timer::default);
 
 /// The configurations Envoy holds: the timer thread stops with the last one.
 static CONFIGS: AtomicUsize = AtomicUsize::new(0);
-
-/// A filter configuration, shared by the main thread and the workers: its JSON and the ids
-/// of the metrics defined for it.
-pub struct NativeConfig {
-    pub id: u32,
-    pub bytes: Vec<u8>,
-    pub metrics: HashMap<String, u32>,
-    pub max_body_bytes: u64,
-    /// Envoy destroyed it (a configuration update replaced it): once no stream of a worker
-    /// uses it, that worker's plugin of it goes.
-    retired: AtomicBool,
-}
-
-impl NativeConfig {
-    fn new(id: u32, bytes: &[u8], max_body_bytes: u64) -> Self {
-        NativeConfig {
-            id,
-            bytes: bytes.to_vec(),
-            metrics: HashMap::new(),
-            max_body_bytes,
-            retired: AtomicBool::new(false),
-        }
-    }
-}
-
-/// A call's answer, copied out of Envoy's hook.
-#[derive(Default)]
-pub struct CallAnswer {
-    pub headers: Vec<(String, Vec<u8>)>,
-    pub body: Vec<u8>,
-}
 
 /// A worker's plugin of one configuration.
 struct Worker {

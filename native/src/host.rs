@@ -3,10 +3,12 @@
 //! for (`enter`/`leave`, `set_effective_context`), the live streams by the core's context
 //! id, the calls in flight by their filter and Envoy's callout id (Envoy numbers a stream's
 //! callouts from 1; the core wants one token space per worker), the call answer being
-//! delivered, and the plugin's timer period.
+//! delivered, and the plugin's timer period; and what they share with the glue: a filter
+//! configuration (`NativeConfig`) and a call's answer (`CallAnswer`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -17,8 +19,7 @@ use fanout::headers::HeaderMap;
 use fanout::host::{CasMismatch, Host};
 use fanout::metrics::Kind;
 
-use crate::abi::{self, ConfigDef, Filter, MetricKind};
-use crate::glue::{CallAnswer, NativeConfig};
+use crate::abi::{ConfigDef, Filter, MetricKind};
 use crate::shared::CasStore;
 
 /// Envoy's shared data, as the wasm build has it: one store for the process.
@@ -27,6 +28,37 @@ static SHARED: LazyLock<CasStore> = LazyLock::new(CasStore::new);
 /// A metric id as the core holds it: the kind in the top two bits, Envoy's id below.
 const KIND_SHIFT: u32 = 30;
 const ID_MASK: u32 = (1 << KIND_SHIFT) - 1;
+
+/// A filter configuration, shared by the main thread and the workers: its JSON and the ids
+/// of the metrics defined for it.
+pub struct NativeConfig {
+    pub id: u32,
+    pub bytes: Vec<u8>,
+    pub metrics: HashMap<String, u32>,
+    pub max_body_bytes: u64,
+    /// Envoy destroyed it (a configuration update replaced it): once no stream of a worker
+    /// uses it, that worker's plugin of it goes.
+    pub retired: AtomicBool,
+}
+
+impl NativeConfig {
+    pub fn new(id: u32, bytes: &[u8], max_body_bytes: u64) -> Self {
+        NativeConfig {
+            id,
+            bytes: bytes.to_vec(),
+            metrics: HashMap::new(),
+            max_body_bytes,
+            retired: AtomicBool::new(false),
+        }
+    }
+}
+
+/// A call's answer, copied out of Envoy's hook.
+#[derive(Default)]
+pub struct CallAnswer {
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub body: Vec<u8>,
+}
 
 thread_local! {
     /// The filter whose hook is running on this worker.
@@ -444,32 +476,4 @@ fn refused(cluster: &str, code: u32) -> Failure {
     Failure::DispatchError {
         detail: format!("Envoy refused the call ({why}, {code})"),
     }
-}
-
-/// Envoy's log level number of a `log` record's level.
-pub fn envoy_level(level: log::Level) -> u32 {
-    match level {
-        log::Level::Trace => 0,
-        log::Level::Debug => 1,
-        log::Level::Info => 2,
-        log::Level::Warn => 3,
-        log::Level::Error => 4,
-    }
-}
-
-/// The `log` crate's filter for Envoy's level number.
-pub fn level_filter(envoy: u32) -> log::LevelFilter {
-    match envoy {
-        0 => log::LevelFilter::Trace,
-        1 => log::LevelFilter::Debug,
-        2 => log::LevelFilter::Info,
-        3 => log::LevelFilter::Warn,
-        4 | 5 => log::LevelFilter::Error,
-        _ => log::LevelFilter::Off,
-    }
-}
-
-/// The line of a log record, through Envoy.
-pub fn log_line(level: log::Level, message: &str, file: &str, line: u32) {
-    abi::log(envoy_level(level), message, file, line);
 }

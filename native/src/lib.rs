@@ -2,10 +2,11 @@
 //! loaded natively by Envoy's `envoy.filters.http.dynamic_modules` HTTP filter (Envoy 1.40.0
 //! or later), with the same JSON configuration as its `filter_config`.
 //!
-//! `abi.rs` is the only module with `unsafe`: Envoy's ABI declared by hand, each hook a thin
-//! wrapper around `glue.rs`, which drives the core's `Plugin` and `Stream` exactly as the
-//! proxy-wasm glue (`src/filter/`) does, through `host.rs`'s `Host`. What the native build
-//! cannot serve is refused at configuration (`refuse.rs`).
+//! Data flows one way: `hooks.rs` (the hooks Envoy calls, each a thin wrapper) → `glue.rs`,
+//! which drives the core's `Plugin` and `Stream` exactly as the proxy-wasm glue
+//! (`src/filter/`) does → `host.rs`'s `Host` → `abi.rs` (Envoy's callbacks, declared by hand
+//! behind safe handles). `hooks.rs` and `abi.rs` are the only modules with `unsafe`. What
+//! the native build cannot serve is refused at configuration (`refuse.rs`).
 //!
 //! Without the `envoy` feature only the configuration path is built ([`configure`]): the
 //! glue imports Envoy's callbacks, which only Envoy provides.
@@ -19,6 +20,9 @@ pub mod timer;
 mod abi;
 #[cfg(all(feature = "envoy", not(test)))]
 mod glue;
+#[cfg(all(feature = "envoy", not(test)))]
+#[allow(unsafe_code)]
+mod hooks;
 #[cfg(all(feature = "envoy", not(test)))]
 mod host;
 #[cfg(all(feature = "envoy", not(test)))]
