@@ -17,7 +17,6 @@
 //!   is kept and handled when its hook ends.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -26,6 +25,7 @@ use std::time::{Duration, Instant};
 use fanout::cell::with_mut;
 use fanout::plugin::Plugin;
 use fanout::stream::{Flow, Stream};
+use hashbrown::HashMap;
 
 use crate::abi::{ConfigDef, Filter, Scheduler, CONTINUE, STOP};
 use crate::host::{self, CallAnswer, NativeConfig, NativeHost};
@@ -218,14 +218,14 @@ fn defer(state: &FilterState, event: Deferred) {
 
 /// The plugin's tick if it is due, then the timer's next wake-up if a retry waits.
 fn keep_time(worker: &Worker) {
-    tick_if_due(worker);
-    arm(worker);
+    let period = host::tick_period(worker.id);
+    tick_if_due(worker, period);
+    arm(worker, period);
 }
 
 /// The plugin's tick, when its period has passed (the timer Envoy's ABI does not have):
 /// it hands the counts to Envoy's stats, and sends the retries due.
-fn tick_if_due(worker: &Worker) {
-    let period = host::tick_period(worker.id);
+fn tick_if_due(worker: &Worker, period: Duration) {
     let now = host::now_ms();
     if period.is_zero() || now < worker.next_tick.get() {
         return;
@@ -319,7 +319,7 @@ pub fn destroy(state: Box<FilterState>) {
         let wake = forget_wake(&state);
         let saved = host::detached();
         with_mut(&state.stream, |s| s.on_done());
-        arm(&state.worker);
+        arm(&state.worker, host::tick_period(state.worker.id));
         host::leave(saved);
         drop(wake);
     }
@@ -344,8 +344,7 @@ fn forget_wake(state: &FilterState) -> Option<(u32, Arc<Scheduler>)> {
 /// While the plugin has a retry waiting, asks the timer to wake this worker when its tick is
 /// due, through the scheduler of one of its live streams (a sync sender waits for its
 /// retries, so one is live; none left: nothing is owed).
-fn arm(worker: &Worker) {
-    let period = host::tick_period(worker.id);
+fn arm(worker: &Worker, period: Duration) {
     // A retry waiting makes the core ask for its delivery tick: a slower period (the
     // metrics' second) or none is the common case, decided without looking further.
     if period.is_zero() || period > fanout::pipeline::DELIVERY_TICK {
@@ -403,7 +402,8 @@ pub fn scheduled(state: &FilterState, filter: Filter, event: u64) {
     };
     let saved = host::enter(filter);
     worker.next_tick.set(0);
-    tick_if_due(&worker);
-    arm(&worker);
+    let period = host::tick_period(worker.id);
+    tick_if_due(&worker, period);
+    arm(&worker, period);
     host::leave(saved);
 }

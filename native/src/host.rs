@@ -7,7 +7,6 @@
 //! configuration (`NativeConfig`) and a call's answer (`CallAnswer`).
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -18,6 +17,7 @@ use fanout::cell::with_mut;
 use fanout::headers::HeaderMap;
 use fanout::host::{CasMismatch, Host};
 use fanout::metrics::Kind;
+use hashbrown::HashMap;
 
 use crate::abi::{ConfigDef, Filter, MetricKind};
 use crate::shared::CasStore;
