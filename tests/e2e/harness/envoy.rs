@@ -54,6 +54,90 @@ pub fn wasm_path() -> PathBuf {
     fs::canonicalize(&path).unwrap_or(path)
 }
 
+/// Which build of fanout the bootstraps written here load: the wasm module (the default), or
+/// the native build with `FANOUT_BUILD=native` (an Envoy dynamic module, docs/native.md), so
+/// that the whole suite runs on either.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Build {
+    Wasm,
+    Native,
+}
+
+pub fn fanout_build() -> Build {
+    match std::env::var("FANOUT_BUILD").as_deref() {
+        Err(_) | Ok("") | Ok("wasm") => Build::Wasm,
+        Ok("native") => Build::Native,
+        Ok(other) => panic!("FANOUT_BUILD must be `wasm` or `native`, not {other:?}"),
+    }
+}
+
+/// The native build: `$FANOUT_NATIVE_DIR/libfanout.so`, else `target/native/libfanout.so`
+/// (what `make build-native` produces), as an absolute path.
+pub fn native_lib_path() -> PathBuf {
+    let dir = env_path("FANOUT_NATIVE_DIR").unwrap_or_else(|| manifest_dir().join("target/native"));
+    let path = dir.join("libfanout.so");
+    if !path.is_file() {
+        panic!(
+            "the native build is missing: {} does not exist (in FANOUT_NATIVE_DIR, default \
+             target/native). Build it with `make build-native`, or run the end-to-end tests \
+             on it with `make test-e2e-native`.",
+            path.display()
+        );
+    }
+    warn_if_stale(&path);
+    fs::canonicalize(&path).unwrap_or(path)
+}
+
+const NATIVE_FILTER: &str = "envoy.filters.http.dynamic_modules";
+
+/// The native build's HTTP filter (docs/native.md) with the same JSON configuration as the
+/// wasm filter's, the library named by its path.
+fn native_filter(config: &str) -> Value {
+    json!({
+        "name": NATIVE_FILTER,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+            "dynamic_module_config": {
+                "module": { "local": { "filename": native_lib_path() } },
+                "do_not_close": true
+            },
+            "filter_name": "fanout",
+            "filter_config": {
+                "@type": "type.googleapis.com/google.protobuf.StringValue",
+                "value": config
+            }
+        }
+    })
+}
+
+/// On the native build, why this test cannot run there, said before Envoy starts: the
+/// configuration asks for something the native build refuses on purpose (its own check,
+/// `fanout_native::configure`, on what the harness is about to serve), or the bootstrap
+/// loads the wasm module anyway (a shipped configuration, a module file the test names).
+/// `None` on the wasm build, and for a configuration the core itself refuses (Envoy refuses
+/// it on either build, which is what such a test checks).
+fn native_skip(plugin_config: Option<&str>, bootstrap: &Value) -> Option<String> {
+    if fanout_build() != Build::Native {
+        return None;
+    }
+    if let Some(config) = plugin_config {
+        if fanout::config::Config::from_json(config.as_bytes()).is_ok() {
+            if let Err(refusal) = fanout_native::configure(config.as_bytes()) {
+                return Some(format!("{} is refused ({refusal})", refusal.path));
+            }
+        }
+    }
+    let wasm = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+    bootstrap
+        .to_string()
+        .contains(wasm)
+        .then(|| "the bootstrap loads the wasm module (a shipped or given one)".to_owned())
+}
+
+/// The panic that ends a test the native build cannot run: a failure in cargo's summary (never
+/// a pass), which `make test-e2e-native` counts as skipped by this message.
+pub const NATIVE_SKIP: &str = "SKIPPED on the native build:";
+
 fn env_path(name: &str) -> Option<PathBuf> {
     std::env::var_os(name)
         .filter(|v| !v.is_empty())
@@ -308,29 +392,12 @@ impl EnvoyBuilder {
             } else {
                 config.clone()
             };
-            let mut wasm = json!({
-                "name": "fanout",
-                "root_id": "fanout",
-                "configuration": {
-                    "@type": "type.googleapis.com/google.protobuf.StringValue",
-                    "value": config
-                },
-                "vm_config": {
-                    "vm_id": "fanout",
-                    "runtime": "envoy.wasm.runtime.v8",
-                    "code": { "local": { "filename": self.wasm_file.clone().unwrap_or_else(wasm_path) } }
-                }
-            });
-            if !continue_mode {
-                wasm["allow_on_headers_stop_iteration"] = json!(true);
-            }
-            http_filters.push(json!({
-                "name": "envoy.filters.http.wasm",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-                    "config": wasm
-                }
-            }));
+            // A module file the test names is the wasm module, whatever the build.
+            let filter = match (fanout_build(), &self.wasm_file) {
+                (Build::Native, None) => native_filter(&config),
+                _ => self.wasm_filter(&config, continue_mode),
+            };
+            http_filters.push(filter);
             if continue_mode && !self.without_buffer_filter {
                 // Holds the headers away from the router until the body is complete; the
                 // body reaches fanout first, which keeps it. Its own limit is set high so
@@ -406,6 +473,34 @@ impl EnvoyBuilder {
                 json!(bytes);
         }
         bootstrap
+    }
+
+    /// The wasm filter's stanza: the module (the built one, or [`EnvoyBuilder::wasm_file`])
+    /// configured with `config`.
+    fn wasm_filter(&self, config: &str, continue_mode: bool) -> Value {
+        let mut wasm = json!({
+            "name": "fanout",
+            "root_id": "fanout",
+            "configuration": {
+                "@type": "type.googleapis.com/google.protobuf.StringValue",
+                "value": config
+            },
+            "vm_config": {
+                "vm_id": "fanout",
+                "runtime": "envoy.wasm.runtime.v8",
+                "code": { "local": { "filename": self.wasm_file.clone().unwrap_or_else(wasm_path) } }
+            }
+        });
+        if !continue_mode {
+            wasm["allow_on_headers_stop_iteration"] = json!(true);
+        }
+        json!({
+            "name": "envoy.filters.http.wasm",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                "config": wasm
+            }
+        })
     }
 
     /// Check this bootstrap with `envoy --mode validate` (see [`validate_config`]); returns
@@ -502,7 +597,12 @@ impl EnvoyBuilder {
     fn spawn(self) -> Envoy {
         // Both panic with a how-to when missing: check them before making anything.
         let bin = envoy_bin();
-        let bootstrap = serde_json::to_string_pretty(&self.bootstrap()).expect("serialize");
+        let bootstrap = self.bootstrap();
+        if let Some(why) = native_skip(self.plugin_config.as_deref(), &bootstrap) {
+            panic!("{NATIVE_SKIP} {why}");
+        }
+        let native = bootstrap.to_string().contains(NATIVE_FILTER);
+        let bootstrap = serde_json::to_string_pretty(&bootstrap).expect("serialize");
         let dir = TempDir::new("fanout-e2e", "Envoy's config and logs");
         let config_path = dir.path().join("envoy.yaml");
         fs::write(&config_path, bootstrap).expect("write the Envoy config");
@@ -551,6 +651,7 @@ impl EnvoyBuilder {
             dir,
             admin: None,
             listener: None,
+            native,
         }
     }
 }
@@ -594,6 +695,8 @@ pub struct Envoy {
     dir: TempDir,
     admin: Option<SocketAddr>,
     listener: Option<SocketAddr>,
+    /// It runs the native build: its stats are read under the wasm build's names.
+    pub(super) native: bool,
 }
 
 impl Envoy {
