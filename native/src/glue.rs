@@ -8,7 +8,8 @@
 //!   thread): a plugin is configured there once, to define them, then dropped; each worker
 //!   configures its own plugin from the same bytes on its first stream, finding the ids;
 //! - there is no timer: the plugin's tick (which hands the counts to Envoy's stats) runs at
-//!   the end of a hook of one of its streams once its period has passed; and while a retry
+//!   the end of a hook of one of its streams once its period has passed, and when the
+//!   worker's last stream completes (else its counts would wait for its next one); while a retry
 //!   waits, the process's timer thread (`timer.rs`) wakes the worker at the tick's period
 //!   through a live stream's scheduler (`on_http_filter_scheduled`), even with no traffic.
 //!   A retry is its sender's stream's call (`dispatch_serving`): that stream waits for it;
@@ -230,8 +231,16 @@ fn tick_if_due(worker: &Worker) {
     if period.is_zero() || now < worker.next_tick.get() {
         return;
     }
+    tick(worker);
+}
+
+/// The plugin's tick now, and the next one a period later.
+fn tick(worker: &Worker) {
+    let period = host::tick_period(worker.id);
     let period_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
-    worker.next_tick.set(now.saturating_add(period_ms));
+    worker
+        .next_tick
+        .set(host::now_ms().saturating_add(period_ms));
     with_mut(&worker.plugin, Plugin::on_tick);
 }
 
@@ -281,6 +290,14 @@ pub fn stream_complete(state: &FilterState, filter: Filter) {
     let wake = forget_wake(state);
     if run(state, filter, |s| s.on_done()).is_none() {
         defer(state, Deferred::Complete);
+    } else if host::stream_of(state.worker.id).is_none()
+        && !host::tick_period(state.worker.id).is_zero()
+    {
+        // The worker's last stream: no hook may come to it for long, and the counts waiting
+        // for one would not reach Envoy's stats until then. They go now, through this one.
+        let saved = host::enter(filter);
+        tick(&state.worker);
+        host::leave(saved);
     }
     drop(wake);
 }

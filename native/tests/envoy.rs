@@ -651,6 +651,37 @@ fn counters_reach_envoys_stats_under_steady_traffic() {
 }
 
 #[test]
+fn the_counts_of_the_last_requests_reach_envoys_stats_without_another_request() {
+    let a = Subscriber::ok("a");
+    let config = json!({ "subscribers": [{ "cluster": "a" }] });
+    let envoy = Envoy::start(&config, &[&a]);
+    let client = client();
+    for _ in 0..3 {
+        assert_eq!(send(client.post(envoy.url("/")).body("e")).status, 202);
+    }
+    assert_eq!(send(client.get(envoy.url("/"))).status, 405);
+    // Nothing comes after them: each worker hands its counts over when its last stream
+    // completes, not on a next request.
+    let want = [
+        ("dynamicmodulescustom.fanout.requests.accepted", 3),
+        ("dynamicmodulescustom.fanout.requests.rejected.405", 1),
+        ("dynamicmodulescustom.fanout.subscriber.a.delivered", 3),
+        ("dynamicmodulescustom.fanout.in_flight", 0),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let seen = loop {
+        let seen: Vec<_> = want.iter().map(|(name, _)| envoy.stat(name)).collect();
+        let all = want.iter().zip(&seen).all(|((_, n), s)| *s == Some(*n));
+        if all || Instant::now() > deadline {
+            break seen;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let expected: Vec<_> = want.iter().map(|(_, n)| Some(*n)).collect();
+    assert_eq!(seen, expected, "{:?}: {}", want, envoy.log());
+}
+
+#[test]
 fn body_wait_continue_with_a_buffer_filter_fans_out_the_whole_body() {
     let a = Subscriber::ok("a");
     let config = json!({ "body_wait": "continue", "subscribers": [{ "cluster": "a" }] });
