@@ -120,18 +120,61 @@ fn native_skip(plugin_config: Option<&str>, bootstrap: &Value) -> Option<String>
     if fanout_build() != Build::Native {
         return None;
     }
-    if let Some(config) = plugin_config {
-        if fanout::config::Config::from_json(config.as_bytes()).is_ok() {
-            if let Err(refusal) = fanout_native::configure(config.as_bytes()) {
-                return Some(format!("{} is refused ({refusal})", refusal.path));
-            }
-        }
+    if let Some(why) = plugin_config.and_then(native_refusal) {
+        return Some(why);
     }
     let wasm = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
     bootstrap
         .to_string()
         .contains(wasm)
         .then(|| "the bootstrap loads the wasm module (a shipped or given one)".to_owned())
+}
+
+/// `^wasmcustom\.` in every regular expression under `stats_config` made
+/// `^dynamicmodulescustom\.`.
+fn rename_stats(value: &mut Value) {
+    match value {
+        Value::String(text) => {
+            if let Some(rest) = text.strip_prefix("^wasmcustom\\.") {
+                *text = format!("^dynamicmodulescustom\\.{rest}");
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(rename_stats),
+        Value::Object(fields) => fields.values_mut().for_each(rename_stats),
+        _ => {}
+    }
+}
+
+/// On the native build, what it refuses on purpose in this plugin configuration, which the
+/// core itself accepts: `"<field> is refused (<why>)"`. `None` on the wasm build.
+pub fn native_refusal(config: &str) -> Option<String> {
+    if fanout_build() != Build::Native
+        || fanout::config::Config::from_json(config.as_bytes()).is_err()
+    {
+        return None;
+    }
+    let refusal = fanout_native::configure(config.as_bytes()).err()?;
+    Some(format!("{} is refused ({refusal})", refusal.path))
+}
+
+/// The lines of an Envoy log (or `envoy --mode validate`'s output) that fanout logged itself,
+/// on either build: the wasm VM's (`wasm log ...`) or the dynamic module's
+/// (`[dynamic_modules] [src/...] fanout: ...`), the native build's refusal said as the wasm
+/// build says it (`invalid plugin configuration: <field>: ...`).
+pub fn filter_log_lines(log: &str) -> Vec<String> {
+    const NATIVE_REFUSAL: &str = "invalid plugin configuration for filter \"";
+    log.lines()
+        .filter(|l| {
+            l.contains("wasm log") || (l.contains("[dynamic_modules]") && l.contains("] fanout: "))
+        })
+        .map(|l| match l.split_once(NATIVE_REFUSAL) {
+            Some((head, rest)) => match rest.split_once("\": ") {
+                Some((_, error)) => format!("{head}invalid plugin configuration: {error}"),
+                None => l.to_owned(),
+            },
+            None => l.to_owned(),
+        })
+        .collect()
 }
 
 /// The panic that ends a test the native build cannot run: a failure in cargo's summary (never
@@ -382,6 +425,7 @@ impl EnvoyBuilder {
             }),
         };
         let mut http_filters = self.http_filters.clone().unwrap_or_default();
+        let mut native = false;
         if let Some(config) = &self.plugin_config {
             let configured_continue = serde_json::from_str::<Value>(config)
                 .ok()
@@ -394,7 +438,10 @@ impl EnvoyBuilder {
             };
             // A module file the test names is the wasm module, whatever the build.
             let filter = match (fanout_build(), &self.wasm_file) {
-                (Build::Native, None) => native_filter(&config),
+                (Build::Native, None) => {
+                    native = true;
+                    native_filter(&config)
+                }
                 _ => self.wasm_filter(&config, continue_mode),
             };
             http_filters.push(filter);
@@ -467,6 +514,12 @@ impl EnvoyBuilder {
         });
         for (name, value) in &self.bootstrap_fields {
             bootstrap[name.as_str()] = value.clone();
+        }
+        if native {
+            // The tag rules of fanout's stats, for the native build's names (docs/native.md).
+            if let Some(stats) = bootstrap.get_mut("stats_config") {
+                rename_stats(stats);
+            }
         }
         if let Some(bytes) = self.buffer_limit {
             bootstrap["static_resources"]["listeners"][0]["per_connection_buffer_limit_bytes"] =
