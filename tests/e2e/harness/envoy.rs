@@ -130,13 +130,16 @@ fn native_skip(plugin_config: Option<&str>, bootstrap: &Value) -> Option<String>
         .then(|| "the bootstrap loads the wasm module (a shipped or given one)".to_owned())
 }
 
-/// `^wasmcustom\.` in every regular expression under `stats_config` made
-/// `^dynamicmodulescustom\.`.
+/// fanout's stats named as the native build names them under `stats_config`: a regular
+/// expression's `^wasmcustom\.` made `^dynamicmodulescustom\.`, a prefix's `wasmcustom.`
+/// made `dynamicmodulescustom.`.
 fn rename_stats(value: &mut Value) {
     match value {
         Value::String(text) => {
             if let Some(rest) = text.strip_prefix("^wasmcustom\\.") {
                 *text = format!("^dynamicmodulescustom\\.{rest}");
+            } else if let Some(rest) = text.strip_prefix("wasmcustom.") {
+                *text = format!("dynamicmodulescustom.{rest}");
             }
         }
         Value::Array(items) => items.iter_mut().for_each(rename_stats),
