@@ -84,10 +84,12 @@ pub fn native_lib_path() -> PathBuf {
             path.display()
         );
     }
-    warn_if_stale(&path);
+    warn_if_older_than(&path, "src", "src/", "make test-e2e-native");
+    warn_if_older_than(&path, "native/src", "native/src/", "make test-e2e-native");
     fs::canonicalize(&path).unwrap_or(path)
 }
 
+/// The native build's HTTP filter's name (the harness tells an Envoy running it by it).
 const NATIVE_FILTER: &str = "envoy.filters.http.dynamic_modules";
 
 /// The native build's HTTP filter (docs/native.md) with the same JSON configuration as the
@@ -197,15 +199,21 @@ fn is_executable(path: &Path) -> bool {
 
 /// `cargo test` alone does not rebuild the wasm: say so when src/ is newer than it.
 fn warn_if_stale(wasm: &Path) {
-    let Ok(built) = fs::metadata(wasm).and_then(|m| m.modified()) else {
+    warn_if_older_than(wasm, "src", "src/", "make test-e2e");
+}
+
+/// `built` older than the newest file under `sources`: say so, and that `make_target`
+/// rebuilds it.
+fn warn_if_older_than(built: &Path, sources: &str, said: &str, make_target: &str) {
+    let Ok(built_at) = fs::metadata(built).and_then(|m| m.modified()) else {
         return;
     };
-    let newest_src = newest_mtime(&manifest_dir().join("src"));
-    if newest_src.is_some_and(|src| src > built) {
+    let newest_src = newest_mtime(&manifest_dir().join(sources));
+    if newest_src.is_some_and(|src| src > built_at) {
         eprintln!(
-            "warning: {} is older than src/; these tests run the old filter. `make test-e2e` \
+            "warning: {} is older than {said}; these tests run the old filter. `{make_target}` \
              rebuilds it.",
-            wasm.display()
+            built.display()
         );
     }
 }

@@ -4,9 +4,10 @@
 //! fanout's own metrics are `wasmcustom.fanout.*` in `/stats` and `fanout_*` in
 //! `/stats/prometheus`. The native build's are `dynamicmodulescustom.fanout.*` and
 //! `envoy_dynamicmodulescustom_fanout_*` (docs/native.md); an Envoy running it is read here
-//! under the wasm build's names, so that a test reads either the same. The filter hands its counts to Envoy on its root context's tick (once a
-//! second), so a test that reads them after some requests waits for them with
-//! [`Envoy::wait_for_stat`] or [`Envoy::wait_for_stats`], bounded, instead of sleeping.
+//! under the wasm build's names, so that a test reads either the same. The filter hands its
+//! counts to Envoy on its root context's tick (once a second), so a test that reads them
+//! after some requests waits for them with [`Envoy::wait_for_stat`] or
+//! [`Envoy::wait_for_stats`], bounded, instead of sleeping.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
