@@ -14,8 +14,13 @@ CARGO=${CARGO:-cargo}
 mkdir -p target
 log=target/test-e2e-native.log
 
-FANOUT_BUILD=native $CARGO test --test e2e -- "$@" 2>&1 | tee "$log"
-cargo_status=${PIPESTATUS[0]}
+# Into a file, followed: not through a pipe, which a child process (Node) may make
+# non-blocking, and cargo's long list of failures would then be cut short.
+FANOUT_BUILD=native $CARGO test --test e2e -- "$@" >"$log" 2>&1 &
+cargo_pid=$!
+tail -n +1 -f --pid="$cargo_pid" "$log"
+wait "$cargo_pid"
+cargo_status=$?
 
 skip_mark="SKIPPED on the native build:"
 # The failed tests, by name, from cargo's closing list; and each one's panic (its captured
@@ -29,6 +34,12 @@ reason_of() {
   ' "$log"
 }
 passed=$(sed -n 's/^test result: [A-Za-z]*\. \([0-9]*\) passed.*/\1/p' "$log" | tail -1)
+if [ -z "$passed" ]; then
+  # No summary: the test binary did not build, or did not finish (killed, aborted).
+  echo
+  echo "== e2e on the native build: cargo test ended with status $cargo_status and no summary (see $log)"
+  exit "$(( cargo_status == 0 ? 1 : cargo_status ))"
+fi
 skipped=() real=()
 for name in $failed; do
   why=$(reason_of "$name")
