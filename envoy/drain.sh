@@ -21,7 +21,8 @@
 #      new connections are still accepted until `--drain-time-s` has passed (default 600 s:
 #      set it to a few seconds), then the listeners stop and new connections are refused.
 #      Envoy keeps running and its admin keeps answering.
-#   2. Every POLL_S (default 1) it reads `wasmcustom.fanout.in_flight` (what fanout owes) and
+#   2. Every POLL_S (default 1) it reads `wasmcustom.fanout.in_flight` (what fanout owes;
+#      `dynamicmodulescustom.fanout.in_flight` from the native build) and
 #      every `http.<stat prefix>.downstream_rq_active` but those whose prefix starts with
 #      `admin` (the admin's own, the probes' listener): requests still being received or
 #      answered. The stat prefix may have dots (Istio's inbound one is
@@ -55,6 +56,7 @@ params=${FANOUT_DRAIN_PARAMS:-graceful}
 poll_s=${FANOUT_DRAIN_POLL_S:-1}
 quiet_needed=${FANOUT_DRAIN_QUIET:-3}
 gauge=wasmcustom.fanout.in_flight
+native_gauge=dynamicmodulescustom.fanout.in_flight
 
 started=$(date +%s)
 log() {
@@ -124,8 +126,9 @@ quiet=0
 missing=0
 while :; do
     # One read of both: `name: value` lines. The filter is a regex, percent-encoded.
-    if stats=$(admin GET "/stats?filter=%5E(wasmcustom%5C.fanout%5C.in_flight%7Chttp%5C..%2B%5C.downstream_rq_active)%24"); then
-        owed=$(printf '%s\n' "$stats" | awk -v g="$gauge" -F': ' '$1 == g { print $2 }')
+    if stats=$(admin GET "/stats?filter=%5E((wasmcustom%7Cdynamicmodulescustom)%5C.fanout%5C.in_flight%7Chttp%5C..%2B%5C.downstream_rq_active)%24"); then
+        owed=$(printf '%s\n' "$stats" | awk -v g="$gauge" -v n="$native_gauge" -F': ' '
+            $1 == g || $1 == n { owed += $2; seen = 1 } END { if (seen) print owed }')
         listeners=$(printf '%s\n' "$stats" | awk -F': ' '
             $1 ~ /^http\./ && $1 !~ /^http\.admin/ { n++ } END { print n + 0 }')
         active=$(printf '%s\n' "$stats" | awk -F': ' '
@@ -141,8 +144,8 @@ proxyStatsMatcher), so nothing says which requests are in progress"
         if [ -z "$owed" ]; then
             missing=$((missing + 1))
             if [ "$missing" -ge "$quiet_needed" ]; then
-                log "Envoy has no $gauge: fanout is not loaded or its metrics are off, so \
-nothing says what it owes"
+                log "Envoy has no $gauge (nor $native_gauge): fanout is not loaded or its \
+metrics are off, so nothing says what it owes"
                 exit 1
             fi
             owed=unknown

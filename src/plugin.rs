@@ -194,6 +194,14 @@ impl<H: Host + Clone> Plugin<H> {
         self.retune_timer();
     }
 
+    /// Hands what was counted since the last flush to Envoy's stats now, whatever the timer's
+    /// period: for a glue with no timer of its own (the native build), when no stream is left
+    /// on the worker to end a later hook.
+    pub fn flush_metrics(&mut self) {
+        with_mut(&self.telemetry, |telemetry| telemetry.flush(&self.host));
+        self.last_flush_ms = self.host.now_ms();
+    }
+
     /// Answers to the calls the root made (retries, async deliveries).
     pub fn on_call_response(&mut self, token: u32, num_headers: usize, body_size: usize) {
         let actor = Actor::Root(self.id);

@@ -8,8 +8,9 @@
 //!   thread): a plugin is configured there once, to define them, then dropped; each worker
 //!   configures its own plugin from the same bytes on its first stream, finding the ids;
 //! - there is no timer: the plugin's tick (which hands the counts to Envoy's stats) runs at
-//!   the end of a hook of one of its streams once its period has passed; and while a retry
-//!   waits, the process's timer thread (`timer.rs`) wakes the worker at the tick's period
+//!   the end of a hook of one of its streams once its period has passed (the counts also go
+//!   when the worker's last stream completes, else they would wait for its next one); while
+//!   a retry waits, the process's timer thread (`timer.rs`) wakes the worker at the tick's period
 //!   through a live stream's scheduler (`on_http_filter_scheduled`), even with no traffic.
 //!   A retry is its sender's stream's call (`dispatch_serving`): that stream waits for it;
 //! - a local reply sent to a stream may complete it (and call its hooks) before the call
@@ -191,11 +192,23 @@ fn run<R>(
     let saved = host::enter(filter);
     let result = with_mut(&state.stream, hook);
     if result.is_some() {
-        drain(state);
-        keep_time(&state.worker);
+        after_hook(state);
     }
     host::leave(saved);
     result
+}
+
+/// What follows a hook of the stream (its filter current): what was deferred while it ran,
+/// the plugin's tick if it is due, and the counts if the worker's last stream is over.
+fn after_hook(state: &FilterState) {
+    drain(state);
+    keep_time(&state.worker);
+    if state.completed.get() && host::stream_of(state.worker.id).is_none() {
+        // Completed here, or by a local reply inside the hook: no hook may come to the
+        // worker for long, and the counts waiting for one would not reach Envoy's stats
+        // until then. They go now, through this stream.
+        with_mut(&state.worker.plugin, Plugin::flush_metrics);
+    }
 }
 
 /// What came while the stream's own hook ran.
@@ -290,8 +303,7 @@ pub fn callout_done(state: &FilterState, filter: Filter, callout: u64, answer: C
     let saved = host::enter(filter);
     if state.stream.try_borrow().is_ok() {
         deliver(state, callout, answer);
-        drain(state);
-        keep_time(&state.worker);
+        after_hook(state);
     } else {
         // Inside the stream's own hook (an answer Envoy gave at dispatch): once it ends.
         defer(state, Deferred::Answer(callout, answer));

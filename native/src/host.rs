@@ -470,7 +470,15 @@ fn refused(cluster: &str, code: u32) -> Failure {
             }
         }
         3 => "DuplicateCalloutId",
-        4 => "CannotCreateRequest",
+        // Envoy's async client gives no request back when it failed the call inline: when the
+        // cluster's circuit breaker is full (a cluster with no endpoint at all fails the same
+        // way, and the two cannot be told apart here), as the wasm build's InternalFailure.
+        4 => {
+            return fanout::call::overflow(
+                cluster,
+                "refused at dispatch, CannotCreateRequest; or the cluster has no endpoint",
+            )
+        }
         _ => "unknown result",
     };
     Failure::DispatchError {

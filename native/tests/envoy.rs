@@ -651,6 +651,63 @@ fn counters_reach_envoys_stats_under_steady_traffic() {
 }
 
 #[test]
+fn the_counts_of_the_last_requests_reach_envoys_stats_without_another_request() {
+    let subscribers = json!([{ "cluster": "a" }, { "cluster": "down" }]);
+    counts_reach_envoy_after_the_last_request(&json!({ "subscribers": subscribers }));
+    // The envoy store's tick is quicker than the metrics' second.
+    counts_reach_envoy_after_the_last_request(&json!({
+        "subscribers": subscribers,
+        "dedupe": { "store": "envoy" }
+    }));
+}
+
+/// 202s, a 405 and 500 reports (a local reply that completes the stream inside a hook), and
+/// nothing after them: each worker hands its counts over when its last stream is over, not
+/// on a next request.
+fn counts_reach_envoy_after_the_last_request(config: &Value) {
+    let a = Subscriber::ok("a");
+    let down = Subscriber::start(
+        "down",
+        Behavior::Sequence(vec![
+            Behavior::Status(200),
+            Behavior::Status(200),
+            Behavior::Status(200),
+            Behavior::Status(500),
+        ]),
+    );
+    let envoy = Envoy::start(config, &[&a, &down]);
+    let client = client();
+    for _ in 0..3 {
+        assert_eq!(send(client.post(envoy.url("/")).body("e")).status, 202);
+    }
+    assert_eq!(send(client.get(envoy.url("/"))).status, 405);
+    for _ in 0..2 {
+        assert_eq!(send(client.post(envoy.url("/")).body("e")).status, 500);
+    }
+    let want = [
+        ("dynamicmodulescustom.fanout.requests.accepted", 3),
+        ("dynamicmodulescustom.fanout.requests.rejected.405", 1),
+        ("dynamicmodulescustom.fanout.subscriber.a.delivered", 5),
+        (
+            "dynamicmodulescustom.fanout.subscriber.down.failed.status_5xx",
+            2,
+        ),
+        ("dynamicmodulescustom.fanout.in_flight", 0),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let seen = loop {
+        let seen: Vec<_> = want.iter().map(|(name, _)| envoy.stat(name)).collect();
+        let all = want.iter().zip(&seen).all(|((_, n), s)| *s == Some(*n));
+        if all || Instant::now() > deadline {
+            break seen;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let expected: Vec<_> = want.iter().map(|(_, n)| Some(*n)).collect();
+    assert_eq!(seen, expected, "{config}: {want:?}: {}", envoy.log());
+}
+
+#[test]
 fn body_wait_continue_with_a_buffer_filter_fans_out_the_whole_body() {
     let a = Subscriber::ok("a");
     let config = json!({ "body_wait": "continue", "subscribers": [{ "cluster": "a" }] });

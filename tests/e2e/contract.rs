@@ -866,8 +866,8 @@ fn every_kind_of_config_error_stops_envoy_and_names_its_field() {
         if status.success() {
             problems.push(format!("{what}: Envoy exited with success"));
         }
-        // The filter's own lines ("wasm log ..."): Envoy's other lines could contain the words.
-        let filter_lines: Vec<&str> = log.lines().filter(|l| l.contains("wasm log")).collect();
+        // The filter's own lines: Envoy's other lines could contain the words.
+        let filter_lines = harness::filter_log_lines(&log);
         if filter_lines.is_empty() {
             problems.push(format!("{what}: the filter logged nothing"));
         }

@@ -54,6 +54,138 @@ pub fn wasm_path() -> PathBuf {
     fs::canonicalize(&path).unwrap_or(path)
 }
 
+/// Which build of fanout the bootstraps written here load: the wasm module (the default), or
+/// the native build with `FANOUT_BUILD=native` (an Envoy dynamic module, docs/native.md), so
+/// that the whole suite runs on either.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Build {
+    Wasm,
+    Native,
+}
+
+pub fn fanout_build() -> Build {
+    match std::env::var("FANOUT_BUILD").as_deref() {
+        Err(_) | Ok("") | Ok("wasm") => Build::Wasm,
+        Ok("native") => Build::Native,
+        Ok(other) => panic!("FANOUT_BUILD must be `wasm` or `native`, not {other:?}"),
+    }
+}
+
+/// The native build: `$FANOUT_NATIVE_DIR/libfanout.so`, else `target/native/libfanout.so`
+/// (what `make build-native` produces), as an absolute path.
+pub fn native_lib_path() -> PathBuf {
+    let dir = env_path("FANOUT_NATIVE_DIR").unwrap_or_else(|| manifest_dir().join("target/native"));
+    let path = dir.join("libfanout.so");
+    if !path.is_file() {
+        panic!(
+            "the native build is missing: {} does not exist (in FANOUT_NATIVE_DIR, default \
+             target/native). Build it with `make build-native`, or run the end-to-end tests \
+             on it with `make test-e2e-native`.",
+            path.display()
+        );
+    }
+    warn_if_older_than(&path, "src", "src/", "make test-e2e-native");
+    warn_if_older_than(&path, "native/src", "native/src/", "make test-e2e-native");
+    fs::canonicalize(&path).unwrap_or(path)
+}
+
+/// The native build's HTTP filter's name (the harness tells an Envoy running it by it).
+const NATIVE_FILTER: &str = "envoy.filters.http.dynamic_modules";
+
+/// The native build's HTTP filter (docs/native.md) with the same JSON configuration as the
+/// wasm filter's, the library named by its path.
+fn native_filter(config: &str) -> Value {
+    json!({
+        "name": NATIVE_FILTER,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+            "dynamic_module_config": {
+                "module": { "local": { "filename": native_lib_path() } },
+                "do_not_close": true
+            },
+            "filter_name": "fanout",
+            "filter_config": {
+                "@type": "type.googleapis.com/google.protobuf.StringValue",
+                "value": config
+            }
+        }
+    })
+}
+
+/// On the native build, why this test cannot run there, said before Envoy starts: the
+/// configuration asks for something the native build refuses on purpose (its own check,
+/// `fanout_native::configure`, on what the harness is about to serve), or the bootstrap
+/// loads the wasm module anyway (a shipped configuration, a module file the test names).
+/// `None` on the wasm build, and for a configuration the core itself refuses (Envoy refuses
+/// it on either build, which is what such a test checks).
+fn native_skip(plugin_config: Option<&str>, bootstrap: &Value) -> Option<String> {
+    if fanout_build() != Build::Native {
+        return None;
+    }
+    if let Some(why) = plugin_config.and_then(native_refusal) {
+        return Some(why);
+    }
+    let wasm = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+    bootstrap
+        .to_string()
+        .contains(wasm)
+        .then(|| "the bootstrap loads the wasm module (a shipped or given one)".to_owned())
+}
+
+/// fanout's stats named as the native build names them under `stats_config`: a regular
+/// expression's `^wasmcustom\.` made `^dynamicmodulescustom\.`, a prefix's `wasmcustom.`
+/// made `dynamicmodulescustom.`.
+fn rename_stats(value: &mut Value) {
+    match value {
+        Value::String(text) => {
+            if let Some(rest) = text.strip_prefix("^wasmcustom\\.") {
+                *text = format!("^dynamicmodulescustom\\.{rest}");
+            } else if let Some(rest) = text.strip_prefix("wasmcustom.") {
+                *text = format!("dynamicmodulescustom.{rest}");
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(rename_stats),
+        Value::Object(fields) => fields.values_mut().for_each(rename_stats),
+        _ => {}
+    }
+}
+
+/// On the native build, what it refuses on purpose in this plugin configuration, which the
+/// core itself accepts: `"<field> is refused (<why>)"`. `None` on the wasm build.
+pub fn native_refusal(config: &str) -> Option<String> {
+    if fanout_build() != Build::Native
+        || fanout::config::Config::from_json(config.as_bytes()).is_err()
+    {
+        return None;
+    }
+    let refusal = fanout_native::configure(config.as_bytes()).err()?;
+    Some(format!("{} is refused ({refusal})", refusal.path))
+}
+
+/// The lines of an Envoy log (or `envoy --mode validate`'s output) that fanout logged itself,
+/// on either build: the wasm VM's (`wasm log ...`) or the dynamic module's
+/// (`[dynamic_modules] [src/...] fanout: ...`), the native build's refusal said as the wasm
+/// build says it (`invalid plugin configuration: <field>: ...`).
+pub fn filter_log_lines(log: &str) -> Vec<String> {
+    const NATIVE_REFUSAL: &str = "invalid plugin configuration for filter \"";
+    log.lines()
+        .filter(|l| {
+            l.contains("wasm log") || (l.contains("[dynamic_modules]") && l.contains("] fanout: "))
+        })
+        .map(|l| match l.split_once(NATIVE_REFUSAL) {
+            Some((head, rest)) => match rest.split_once("\": ") {
+                Some((_, error)) => format!("{head}invalid plugin configuration: {error}"),
+                None => l.to_owned(),
+            },
+            None => l.to_owned(),
+        })
+        .collect()
+}
+
+/// The panic that ends a test the native build cannot run: a failure in cargo's summary (never
+/// a pass), which `make test-e2e-native` counts as skipped by this message.
+pub const NATIVE_SKIP: &str = "SKIPPED on the native build:";
+
 fn env_path(name: &str) -> Option<PathBuf> {
     std::env::var_os(name)
         .filter(|v| !v.is_empty())
@@ -67,15 +199,21 @@ fn is_executable(path: &Path) -> bool {
 
 /// `cargo test` alone does not rebuild the wasm: say so when src/ is newer than it.
 fn warn_if_stale(wasm: &Path) {
-    let Ok(built) = fs::metadata(wasm).and_then(|m| m.modified()) else {
+    warn_if_older_than(wasm, "src", "src/", "make test-e2e");
+}
+
+/// `built` older than the newest file under `sources`: say so, and that `make_target`
+/// rebuilds it.
+fn warn_if_older_than(built: &Path, sources: &str, said: &str, make_target: &str) {
+    let Ok(built_at) = fs::metadata(built).and_then(|m| m.modified()) else {
         return;
     };
-    let newest_src = newest_mtime(&manifest_dir().join("src"));
-    if newest_src.is_some_and(|src| src > built) {
+    let newest_src = newest_mtime(&manifest_dir().join(sources));
+    if newest_src.is_some_and(|src| src > built_at) {
         eprintln!(
-            "warning: {} is older than src/; these tests run the old filter. `make test-e2e` \
+            "warning: {} is older than {said}; these tests run the old filter. `{make_target}` \
              rebuilds it.",
-            wasm.display()
+            built.display()
         );
     }
 }
@@ -298,6 +436,7 @@ impl EnvoyBuilder {
             }),
         };
         let mut http_filters = self.http_filters.clone().unwrap_or_default();
+        let mut native = false;
         if let Some(config) = &self.plugin_config {
             let configured_continue = serde_json::from_str::<Value>(config)
                 .ok()
@@ -308,29 +447,15 @@ impl EnvoyBuilder {
             } else {
                 config.clone()
             };
-            let mut wasm = json!({
-                "name": "fanout",
-                "root_id": "fanout",
-                "configuration": {
-                    "@type": "type.googleapis.com/google.protobuf.StringValue",
-                    "value": config
-                },
-                "vm_config": {
-                    "vm_id": "fanout",
-                    "runtime": "envoy.wasm.runtime.v8",
-                    "code": { "local": { "filename": self.wasm_file.clone().unwrap_or_else(wasm_path) } }
+            // A module file the test names is the wasm module, whatever the build.
+            let filter = match (fanout_build(), &self.wasm_file) {
+                (Build::Native, None) => {
+                    native = true;
+                    native_filter(&config)
                 }
-            });
-            if !continue_mode {
-                wasm["allow_on_headers_stop_iteration"] = json!(true);
-            }
-            http_filters.push(json!({
-                "name": "envoy.filters.http.wasm",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-                    "config": wasm
-                }
-            }));
+                _ => self.wasm_filter(&config, continue_mode),
+            };
+            http_filters.push(filter);
             if continue_mode && !self.without_buffer_filter {
                 // Holds the headers away from the router until the body is complete; the
                 // body reaches fanout first, which keeps it. Its own limit is set high so
@@ -401,11 +526,45 @@ impl EnvoyBuilder {
         for (name, value) in &self.bootstrap_fields {
             bootstrap[name.as_str()] = value.clone();
         }
+        if native {
+            // The tag rules of fanout's stats, for the native build's names (docs/native.md).
+            if let Some(stats) = bootstrap.get_mut("stats_config") {
+                rename_stats(stats);
+            }
+        }
         if let Some(bytes) = self.buffer_limit {
             bootstrap["static_resources"]["listeners"][0]["per_connection_buffer_limit_bytes"] =
                 json!(bytes);
         }
         bootstrap
+    }
+
+    /// The wasm filter's stanza: the module (the built one, or [`EnvoyBuilder::wasm_file`])
+    /// configured with `config`.
+    fn wasm_filter(&self, config: &str, continue_mode: bool) -> Value {
+        let mut wasm = json!({
+            "name": "fanout",
+            "root_id": "fanout",
+            "configuration": {
+                "@type": "type.googleapis.com/google.protobuf.StringValue",
+                "value": config
+            },
+            "vm_config": {
+                "vm_id": "fanout",
+                "runtime": "envoy.wasm.runtime.v8",
+                "code": { "local": { "filename": self.wasm_file.clone().unwrap_or_else(wasm_path) } }
+            }
+        });
+        if !continue_mode {
+            wasm["allow_on_headers_stop_iteration"] = json!(true);
+        }
+        json!({
+            "name": "envoy.filters.http.wasm",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                "config": wasm
+            }
+        })
     }
 
     /// Check this bootstrap with `envoy --mode validate` (see [`validate_config`]); returns
@@ -502,7 +661,12 @@ impl EnvoyBuilder {
     fn spawn(self) -> Envoy {
         // Both panic with a how-to when missing: check them before making anything.
         let bin = envoy_bin();
-        let bootstrap = serde_json::to_string_pretty(&self.bootstrap()).expect("serialize");
+        let bootstrap = self.bootstrap();
+        if let Some(why) = native_skip(self.plugin_config.as_deref(), &bootstrap) {
+            panic!("{NATIVE_SKIP} {why}");
+        }
+        let native = bootstrap.to_string().contains(NATIVE_FILTER);
+        let bootstrap = serde_json::to_string_pretty(&bootstrap).expect("serialize");
         let dir = TempDir::new("fanout-e2e", "Envoy's config and logs");
         let config_path = dir.path().join("envoy.yaml");
         fs::write(&config_path, bootstrap).expect("write the Envoy config");
@@ -551,6 +715,7 @@ impl EnvoyBuilder {
             dir,
             admin: None,
             listener: None,
+            native,
         }
     }
 }
@@ -594,6 +759,8 @@ pub struct Envoy {
     dir: TempDir,
     admin: Option<SocketAddr>,
     listener: Option<SocketAddr>,
+    /// It runs the native build: its stats are read under the wasm build's names.
+    pub(super) native: bool,
 }
 
 impl Envoy {

@@ -15,7 +15,8 @@
 //! | check that Envoy refuses a config | [`EnvoyBuilder::start_expecting_failure`] (exit status and log) |
 //! | check a bootstrap with `envoy --mode validate` | [`validate_config`]`(text, what)`, [`EnvoyBuilder::validate`] |
 //! | find Envoy and the filter | [`envoy_bin`], [`wasm_path`] (`ENVOY_BIN`, `FANOUT_WASM`); [`body_wait`] (`FANOUT_E2E_BODY_WAIT`) |
-//! | read Envoy's log | [`Envoy::log`], [`Envoy::wait_for_log`] |
+//! | run the suite on the native build | `FANOUT_BUILD=native` ([`fanout_build`]): the filter the harness writes is the dynamic module [`native_lib_path`]; a test whose configuration it refuses, or whose bootstrap loads the wasm module anyway, ends with [`NATIVE_SKIP`] before Envoy starts; fanout's stats are read under the wasm build's names |
+//! | read Envoy's log | [`Envoy::log`], [`Envoy::wait_for_log`]; fanout's own lines on either build: [`filter_log_lines`] |
 //! | read Envoy's stats | [`Envoy::stat`]`(name) -> Option<u64>`, [`Envoy::stats`]`(prefix)`, [`Envoy::text_stat`], [`Envoy::stats_text`], [`Envoy::prometheus`]`(prefix)` |
 //! | wait (bounded) for a stat | [`Envoy::wait_for_stat`]`(name, pred, timeout)` (last value), [`Envoy::expect_stat`] (panics), [`Envoy::wait_for_stats`]`(prefix, pred, timeout)` |
 //! | check a wait Envoy timed; poll anything with a deadline | [`timing::assert_waited_at_least`], [`timing::assert_waited_about`] (Envoy's coarse timer clock), [`timing::poll_until`] |
@@ -56,7 +57,8 @@ pub use client::{
     assert_202, assert_202_empty, assert_rejected, assert_status, chunked_body, send, Client, Reply,
 };
 pub use envoy::{
-    body_wait, envoy_bin, http_get, validate_config, wasm_path, BodyWait, Envoy, EnvoyBuilder,
+    body_wait, envoy_bin, fanout_build, filter_log_lines, http_get, native_lib_path,
+    native_refusal, validate_config, wasm_path, BodyWait, Build, Envoy, EnvoyBuilder, NATIVE_SKIP,
     TRIPWIRE_BODY,
 };
 pub use server::set_linger_zero;

@@ -2,9 +2,12 @@
 //! as a scraper sees it), its heap (admin `/memory`) and its resident set (`/proc`).
 //!
 //! fanout's own metrics are `wasmcustom.fanout.*` in `/stats` and `fanout_*` in
-//! `/stats/prometheus`. The filter hands its counts to Envoy on its root context's tick (once a
-//! second), so a test that reads them after some requests waits for them with
-//! [`Envoy::wait_for_stat`] or [`Envoy::wait_for_stats`], bounded, instead of sleeping.
+//! `/stats/prometheus`. The native build's are `dynamicmodulescustom.fanout.*` and
+//! `envoy_dynamicmodulescustom_fanout_*` (docs/native.md); an Envoy running it is read here
+//! under the wasm build's names, so that a test reads either the same. The filter hands its
+//! counts to Envoy on its root context's tick (once a second), so a test that reads them
+//! after some requests waits for them with [`Envoy::wait_for_stat`] or
+//! [`Envoy::wait_for_stats`], bounded, instead of sleeping.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,7 +15,13 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::timing::poll_until;
-use super::Envoy;
+use super::{Envoy, NATIVE_SKIP};
+
+/// The prefix of fanout's stats in `/stats`: the wasm build's, and the native build's.
+const WASM_STATS: &str = "wasmcustom";
+const NATIVE_STATS: &str = "dynamicmodulescustom";
+/// The native build's prefix in `/stats/prometheus`, where Envoy drops the wasm build's.
+const NATIVE_PROMETHEUS: &str = "envoy_dynamicmodulescustom_";
 
 /// How often the waits below read Envoy's stats again.
 const POLL: Duration = Duration::from_millis(10);
@@ -22,6 +31,11 @@ impl Envoy {
     /// value as Envoy prints it: a number for counters and gauges, `P0(...) ...` or
     /// `No recorded values` for histograms, a quoted string for text readouts.
     pub fn stats_text(&self, prefix: &str) -> BTreeMap<String, String> {
+        if self.native && prefix.starts_with("wasm.") {
+            panic!("{NATIVE_SKIP} the test reads the wasm VMs' own stats ({prefix}...)");
+        }
+        let asked = prefix;
+        let prefix = &self.native_name(prefix, WASM_STATS, NATIVE_STATS);
         let path = if prefix.is_empty() {
             "/stats".to_owned()
         } else {
@@ -33,10 +47,22 @@ impl Envoy {
         body.lines()
             .filter_map(|line| {
                 let (name, value) = line.split_once(": ")?;
-                name.starts_with(prefix)
-                    .then(|| (name.to_owned(), value.trim().to_owned()))
+                name.starts_with(prefix).then(|| {
+                    let name = self.native_name(name, NATIVE_STATS, WASM_STATS);
+                    (name, value.trim().to_owned())
+                })
             })
+            .filter(|(name, _)| name.starts_with(asked))
             .collect()
+    }
+
+    /// `name` with its leading `from` replaced by `to` when this Envoy runs the native build;
+    /// as it is otherwise.
+    fn native_name(&self, name: &str, from: &str, to: &str) -> String {
+        match name.strip_prefix(from) {
+            Some(rest) if self.native => format!("{to}{rest}"),
+            _ => name.to_owned(),
+        }
     }
 
     /// Every counter and gauge whose name starts with `prefix` (`""`: all), by name.
@@ -111,6 +137,7 @@ impl Envoy {
         let (code, text) = self.admin_get("/stats/prometheus");
         assert_eq!(code, 200, "GET /stats/prometheus: {text}");
         text.lines()
+            .map(|line| self.native_name(line, NATIVE_PROMETHEUS, ""))
             .filter(|line| line.starts_with(prefix))
             .filter_map(|line| {
                 let (key, value) = line.rsplit_once(' ')?;
