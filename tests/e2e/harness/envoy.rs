@@ -663,7 +663,7 @@ impl EnvoyBuilder {
         let bin = envoy_bin();
         let bootstrap = self.bootstrap();
         if let Some(why) = native_skip(self.plugin_config.as_deref(), &bootstrap) {
-            panic!("{NATIVE_SKIP} {why}");
+            super::skip_on_native(&why);
         }
         let native = bootstrap.to_string().contains(NATIVE_FILTER);
         let bootstrap = serde_json::to_string_pretty(&bootstrap).expect("serialize");
