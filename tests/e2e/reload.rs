@@ -515,7 +515,16 @@ fn fifty_quick_swaps_leave_no_more_wasm_vms_and_no_memory_growth() {
             |v| v <= vms_before,
             SWAP_TIMEOUT,
         );
-        let mem_after = envoy.heap_allocated();
+        // What the retired instances held is freed by Envoy's deferred deletion, later on a
+        // loaded machine: a leak stays over the bound, a late free comes back under it.
+        let settled_by = std::time::Instant::now() + SWAP_TIMEOUT;
+        let mut mem_after = envoy.heap_allocated();
+        while mem_after as i64 - mem_before as i64 >= bound
+            && std::time::Instant::now() < settled_by
+        {
+            std::thread::sleep(Duration::from_millis(200));
+            mem_after = envoy.heap_allocated();
+        }
         let rss_after = envoy.rss_kib();
         let growth = mem_after as i64 - mem_before as i64;
         eprintln!(
