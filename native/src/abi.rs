@@ -89,6 +89,10 @@ unsafe extern "C" {
         source_line: u32,
     );
     fn envoy_dynamic_module_callback_get_log_level() -> u32;
+}
+
+// A stream's request: its headers and body, its buffer limit, a local reply.
+unsafe extern "C" {
     fn envoy_dynamic_module_callback_http_get_headers_size(fe: *mut c_void, kind: u32) -> usize;
     fn envoy_dynamic_module_callback_http_get_headers(
         fe: *mut c_void,
@@ -114,6 +118,10 @@ unsafe extern "C" {
         body: ModuleBuffer,
         details: ModuleBuffer,
     );
+}
+
+// A call to a cluster, made by a stream.
+unsafe extern "C" {
     fn envoy_dynamic_module_callback_http_filter_http_callout(
         fe: *mut c_void,
         callout_id_out: *mut u64,
@@ -123,6 +131,10 @@ unsafe extern "C" {
         body: ModuleBuffer,
         timeout_milliseconds: u64,
     ) -> u32;
+}
+
+// Metrics: defined with a configuration, changed by a stream.
+unsafe extern "C" {
     fn envoy_dynamic_module_callback_http_filter_config_define_counter(
         config: *mut c_void,
         name: ModuleBuffer,
