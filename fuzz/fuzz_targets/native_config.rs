@@ -5,9 +5,9 @@
 //! Properties:
 //! - `configure` never panics;
 //! - it refuses with a message, the same way every time;
-//! - it accepts exactly what `Config::from_json` accepts and needs no worker timer: sync
-//!   mode, no `tracing`, no etcd store, every subscriber required, with no retry, dead
-//!   letter, reply or call cap;
+//! - it accepts exactly what `Config::from_json` accepts and needs no worker context of its
+//!   own: sync mode, no `tracing`, no etcd store, every subscriber required, with no dead
+//!   letter or reply (retries and call caps are served: the sender waits for them);
 //! - what `Config::from_json` accepts but the native build refuses is refused with the path
 //!   of a field, one the document has (the subscriber's own or the top-level default).
 #![no_main]
@@ -27,10 +27,10 @@ fuzz_target!(|data: &[u8]| {
         );
     }
     match (Config::from_json(data), native) {
-        (Ok(config), Ok(_)) => assert!(!needs_timer(&config), "served what needs a timer"),
+        (Ok(config), Ok(_)) => assert!(!needs_worker_context(&config), "served what needs a worker context"),
         (Ok(config), Err(error)) => {
             assert!(
-                needs_timer(&config),
+                needs_worker_context(&config),
                 "refused a config it can serve: {error}"
             );
             assert!(!error.path.is_empty(), "a refusal without a path: {error}");
@@ -45,9 +45,9 @@ fuzz_target!(|data: &[u8]| {
     }
 });
 
-/// What only a worker's timer can do (the wasm build's root context), read independently of
-/// `fanout_native::refuse`.
-fn needs_timer(config: &Config) -> bool {
+/// What only a worker's own context can do (the wasm build's root context: work after the
+/// sender's answer, or for no sender), read independently of `fanout_native::refuse`.
+fn needs_worker_context(config: &Config) -> bool {
     config.mode == AnswerMode::Async
         || config.tracing.is_some()
         || matches!(
@@ -59,11 +59,7 @@ fn needs_timer(config: &Config) -> bool {
             .iter()
             .flat_map(|c| &c.subscribers)
             .any(|s| {
-                !s.required
-                    || s.retry.retry > 0
-                    || s.dead_letter.is_some()
-                    || s.reply.is_some()
-                    || s.call_cap.is_some()
+!s.required || s.dead_letter.is_some() || s.reply.is_some()
             })
 }
 

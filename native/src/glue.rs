@@ -10,9 +10,10 @@
 //! - there is no timer: the plugin's tick (which hands the counts to Envoy's stats) runs at
 //!   the end of a hook of one of its streams once its period has passed (the counts also go
 //!   when the worker's last stream completes, else they would wait for its next one); while
-//!   a retry waits, the process's timer thread (`timer.rs`) wakes the worker at the tick's period
-//!   through a live stream's scheduler (`on_http_filter_scheduled`), even with no traffic.
-//!   A retry is its sender's stream's call (`dispatch_serving`): that stream waits for it;
+//!   a retry waits, or a call waits for its slot (`max_concurrent_calls`), the process's
+//!   timer thread (`timer.rs`) wakes the worker at the tick's period through a live stream's
+//!   scheduler (`on_http_filter_scheduled`), even with no traffic, and the tick sends them.
+//!   Such a call is its sender's stream's (`dispatch_serving`): that stream waits for it;
 //! - a local reply sent to a stream may complete it (and call its hooks) before the call
 //!   returns, even from inside that stream's own hook: what comes to a stream that is busy
 //!   is kept and handled when its hook ends.
@@ -229,7 +230,7 @@ fn defer(state: &FilterState, event: Deferred) {
     with_mut(&state.deferred, |d| d.insert(0, event));
 }
 
-/// The plugin's tick if it is due, then the timer's next wake-up if a retry waits.
+/// The plugin's tick if it is due, then the timer's next wake-up if a retry or a call waits.
 fn keep_time(worker: &Worker) {
     let period = host::tick_period(worker.id);
     tick_if_due(worker, period);
@@ -353,20 +354,21 @@ fn forget_wake(state: &FilterState) -> Option<(u32, Arc<Scheduler>)> {
     }
 }
 
-/// While the plugin has a retry waiting, asks the timer to wake this worker when its tick is
-/// due, through the scheduler of one of its live streams (a sync sender waits for its
-/// retries, so one is live; none left: nothing is owed).
+/// While the plugin has a retry waiting, or a call waiting for its slot, asks the timer to
+/// wake this worker when its tick is due (the tick sends them), through the scheduler of one
+/// of its live streams (a sync sender waits for its calls, so one is live; none left:
+/// nothing is owed).
 fn arm(worker: &Worker, period: Duration) {
-    // A retry waiting makes the core ask for its delivery tick: a slower period (the
-    // metrics' second) or none is the common case, decided without looking further.
+    // Either makes the core ask for its delivery tick: a slower period (the metrics'
+    // second) or none is the common case, decided without looking further.
     if period.is_zero() || period > fanout::pipeline::DELIVERY_TICK {
         return;
     }
-    let retrying = worker
-        .plugin
-        .try_borrow()
-        .is_ok_and(|p| p.owed().retrying > 0);
-    if !retrying {
+    let waiting = worker.plugin.try_borrow().is_ok_and(|p| {
+        let owed = p.owed();
+        owed.retrying > 0 || owed.queued > 0
+    });
+    if !waiting {
         return;
     }
     let Some(scheduler) = wake_handle(worker) else {

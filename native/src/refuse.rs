@@ -2,9 +2,9 @@
 //! sender's answer, or for no sender, needs a context that lives on a worker without a
 //! request in flight (proxy-wasm's root context). Envoy's dynamic-module HTTP filter has no
 //! such context, so the native build delivers only while the sender waits: every call is a
-//! callout of the sender's stream. Retries of a sync fan-out are served (the sender waits
-//! for them; the glue's timer thread wakes the worker when one is due, and the retry is the
-//! sender's stream's call). A configuration that asks for more is refused here, with the
+//! callout of the sender's stream. Retries and call caps (`max_concurrent_calls`) of a sync
+//! fan-out are served: the sender waits for them; the glue's timer thread wakes the worker
+//! when a retry is due or a call got its slot, and the call is the sender's stream's. A configuration that asks for more is refused here, with the
 //! path of the field that asks for it, before Envoy takes it.
 
 use fanout::config::{AnswerMode, Config, ConfigError, Store, Subscriber};
@@ -69,7 +69,7 @@ pub fn refusal(config: &Config, doc: &Value) -> Option<ConfigError> {
                 format!("channels[{c}].subscribers[{s}]")
             };
             let raw = pointer(doc, &at);
-            if let Some(error) = subscriber_refusal(subscriber, &at, raw, doc) {
+            if let Some(error) = subscriber_refusal(subscriber, &at, raw) {
                 return Some(error);
             }
         }
@@ -78,12 +78,11 @@ pub fn refusal(config: &Config, doc: &Value) -> Option<ConfigError> {
 }
 
 /// What one subscriber asks for that the native build cannot do. `raw` is the subscriber as
-/// written, `doc` the whole document (a default given at the top level is named there).
+/// written (a field it does not write is a top-level default's).
 fn subscriber_refusal(
     subscriber: &Subscriber,
     at: &str,
     raw: Option<&Value>,
-    doc: &Value,
 ) -> Option<ConfigError> {
     // The field's path: the subscriber's own if it wrote it, else the top-level default's.
     let path = |field: &str| {
@@ -114,22 +113,6 @@ fn subscriber_refusal(
         return refuse(
             path("reply"),
             format!("replies need {WASM}: they go out after the sender's answer"),
-        );
-    }
-    if subscriber.call_cap.is_some() {
-        let field = "max_concurrent_calls";
-        let own = raw.and_then(|r| r.get(field)).is_some() || doc.get(field).is_none();
-        let path = if own {
-            format!("{at}.{field}")
-        } else {
-            field.to_string()
-        };
-        return refuse(
-            path,
-            format!(
-                "needs {WASM}: the calls waiting for a slot are sent when another call \
-                 ends, by the worker's plugin, with no timer wake-up in the native build"
-            ),
         );
     }
     None
@@ -290,13 +273,13 @@ mod tests {
     }
 
     #[test]
-    fn call_caps_are_refused() {
-        let own = refused(r#"{"subscribers": [{"cluster": "a", "max_concurrent_calls": 2}]}"#);
-        assert!(
-            own.starts_with("subscribers[0].max_concurrent_calls: needs"),
-            "{own}"
-        );
-        let top = refused(r#"{"subscribers": [{"cluster": "a"}], "max_concurrent_calls": 2}"#);
-        assert!(top.starts_with("max_concurrent_calls: needs"), "{top}");
+    fn call_caps_are_served() {
+        for json in [
+            r#"{"subscribers": [{"cluster": "a", "max_concurrent_calls": 2}]}"#,
+            r#"{"subscribers": [{"cluster": "a"}], "max_concurrent_calls": 2,
+                "max_queued_calls": 4}"#,
+        ] {
+            assert!(configure(json.as_bytes()).is_ok(), "{json}");
+        }
     }
 }

@@ -399,6 +399,7 @@ fn admin_get(admin: SocketAddr, path: &str) -> Option<(u16, String)> {
 
 struct Reply {
     status: u16,
+    retry_after: Option<String>,
     body: String,
 }
 
@@ -419,12 +420,21 @@ fn client() -> reqwest::blocking::Client {
 fn send(request: reqwest::blocking::RequestBuilder) -> Reply {
     let reply = request.send().expect("Envoy answers");
     let status = reply.status().as_u16();
+    let retry_after = reply
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let body = reply.text().expect("a body");
     assert_ne!(
         status, 418,
         "the request got past fanout to the router: {body}"
     );
-    Reply { status, body }
+    Reply {
+        status,
+        retry_after,
+        body,
+    }
 }
 
 fn header<'a>(request: &'a Recorded, name: &str) -> Option<&'a str> {
@@ -547,10 +557,6 @@ fn what_the_native_build_cannot_serve_makes_envoy_refuse_the_config() {
         (
             json!({ "subscribers": [sub(json!({}))], "tracing": { "collector": { "cluster": "otel" } } }),
             "tracing: needs the wasm build",
-        ),
-        (
-            json!({ "subscribers": [sub(json!({ "max_concurrent_calls": 4 }))] }),
-            "subscribers[0].max_concurrent_calls: needs the wasm build",
         ),
         // The reader's own errors, as in the wasm build.
         (
@@ -1014,4 +1020,142 @@ fn concurrent_senders_with_retries_on_both_workers_each_get_202() {
         .collect();
     assert!(statuses.iter().all(|s| *s == 202), "{statuses:?}");
     assert_eq!((flaky.count(), ok.count()), (60, 30));
+}
+
+/// Twelve senders at once (their own connections, over Envoy's two workers) to a subscriber
+/// capped at one call per worker, whose first calls fail and are retried, and to one without
+/// a cap: every sender gets 202, every event reaches both, the capped one never sees more
+/// than two calls at once (one per worker) and the other sees more. Nothing but the timer
+/// wakes a worker when a call's slot comes free after the last request arrived.
+#[test]
+fn a_capped_subscriber_sees_at_most_its_cap_per_worker_and_every_sender_gets_202() {
+    const SENDERS: usize = 12;
+    let answer = |status| Behavior::Delay(Duration::from_millis(100), status);
+    let mut steps = vec![answer(503); 2];
+    steps.push(answer(200));
+    let capped = Subscriber::start("capped", Behavior::Sequence(steps));
+    let free = Subscriber::start("free", answer(200));
+    let config = json!({
+        "delivery": { "retry": 1, "backoff_delay_ms": 20 },
+        "subscribers": [
+            { "cluster": "capped", "max_concurrent_calls": 1, "timeout_ms": 500 },
+            { "cluster": "free" }
+        ]
+    });
+    let envoy = Envoy::start(&config, &[&capped, &free]);
+    let url = envoy.url("/");
+    let senders: Vec<_> = (0..SENDERS)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || send(client().post(&url).body(format!("event {i}"))))
+        })
+        .collect();
+    for sender in senders {
+        let reply = sender.join().expect("a sender");
+        assert_eq!(reply.status, 202, "{}", reply.body);
+    }
+    assert_eq!(
+        capped.count(),
+        SENDERS + 2,
+        "every event and the two retries"
+    );
+    assert_eq!(free.count(), SENDERS);
+    let mut bodies: Vec<Vec<u8>> = capped.requests().into_iter().map(|r| r.body).collect();
+    bodies.sort();
+    bodies.dedup();
+    assert_eq!(
+        bodies.len(),
+        SENDERS,
+        "every event reached the capped subscriber"
+    );
+    assert!(
+        capped.max_concurrent() <= 2,
+        "the capped subscriber saw {} calls at once (one per worker allowed)",
+        capped.max_concurrent()
+    );
+    assert!(
+        free.max_concurrent() > 2,
+        "the uncapped subscriber saw at most {} calls at once: the senders were not \
+         concurrent, so this test showed nothing",
+        free.max_concurrent()
+    );
+    assert_eq!(envoy.stat("dynamicmodulescustom.fanout.in_flight"), Some(0));
+}
+
+/// A subscriber capped at one call with room for one more in line, on each worker: once both
+/// workers have one call in flight and one in line, the next sender gets 503 with
+/// `retry-after` and a JSON error naming the subscriber, and nobody is called for it.
+#[test]
+fn a_full_line_answers_503_with_retry_after_and_calls_nobody() {
+    let other = Subscriber::ok("other");
+    let slow = Subscriber::start("slow", Behavior::Delay(Duration::from_secs(2), 200));
+    let config = json!({ "subscribers": [
+        { "cluster": "other" },
+        { "cluster": "slow", "max_concurrent_calls": 1, "max_queued_calls": 1 }
+    ] });
+    let envoy = Envoy::start(&config, &[&other, &slow]);
+    let url = envoy.url("/");
+    // Four senders fill both workers' slot and line (Envoy spreads connections over them;
+    // which worker takes which is Envoy's choice, so the refusals are counted, not placed).
+    let senders: Vec<_> = (0..6)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || send(client().post(&url).body(format!("event {i}"))))
+        })
+        .collect();
+    let replies: Vec<Reply> = senders
+        .into_iter()
+        .map(|s| s.join().expect("a sender"))
+        .collect();
+    let refused: Vec<&Reply> = replies.iter().filter(|r| r.status == 503).collect();
+    let taken = replies.iter().filter(|r| r.status == 202).count();
+    assert_eq!(
+        taken + refused.len(),
+        6,
+        "{:?}",
+        replies.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    assert!(
+        !refused.is_empty(),
+        "six senders, at most four places: none refused"
+    );
+    assert!(
+        taken <= 4,
+        "{taken} taken: more than a slot and a place in line per worker"
+    );
+    for reply in &refused {
+        let error = reply.json();
+        assert_eq!(error["subscriber"], "slow", "{error}");
+        let retry_after = reply.retry_after.as_deref().unwrap_or_default();
+        assert!(
+            retry_after.parse::<u64>().is_ok_and(|secs| secs >= 1),
+            "retry-after {retry_after:?}"
+        );
+    }
+    // Nobody was called for a refused event: every call made was for a taken one.
+    assert_eq!(slow.count(), taken);
+    assert_eq!(other.count(), taken);
+}
+
+/// Calls that get their slot within the worker's tick period of its last tick (a subscriber
+/// answering at once) are sent by the timer's wake-up: no other request comes to wake the
+/// worker, and every sender still gets its 202.
+#[test]
+fn a_call_given_its_slot_between_two_ticks_is_sent_with_no_other_request() {
+    const SENDERS: usize = 12;
+    let quick = Subscriber::ok("quick");
+    let config = json!({ "subscribers": [{ "cluster": "quick", "max_concurrent_calls": 1 }] });
+    let envoy = Envoy::start(&config, &[&quick]);
+    let url = envoy.url("/");
+    let senders: Vec<_> = (0..SENDERS)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || send(client().post(&url).body(format!("event {i}"))))
+        })
+        .collect();
+    for sender in senders {
+        let reply = sender.join().expect("a sender");
+        assert_eq!(reply.status, 202, "{}", reply.body);
+    }
+    assert_eq!(quick.count(), SENDERS);
 }
