@@ -27,7 +27,10 @@ fuzz_target!(|data: &[u8]| {
         );
     }
     match (Config::from_json(data), native) {
-        (Ok(config), Ok(_)) => assert!(!needs_worker_context(&config), "served what needs a worker context"),
+        (Ok(config), Ok(_)) => assert!(
+            !needs_worker_context(&config),
+            "served what needs a worker context"
+        ),
         (Ok(config), Err(error)) => {
             assert!(
                 needs_worker_context(&config),
@@ -58,9 +61,7 @@ fn needs_worker_context(config: &Config) -> bool {
             .channels
             .iter()
             .flat_map(|c| &c.subscribers)
-            .any(|s| {
-!s.required || s.dead_letter.is_some() || s.reply.is_some()
-            })
+            .any(|s| !s.required || s.dead_letter.is_some() || s.reply.is_some())
 }
 
 /// Whether the document has a value at a path like `channels[0].subscribers[1].reply`.
