@@ -6,8 +6,9 @@
 //! - `configure` never panics;
 //! - it refuses with a message, the same way every time;
 //! - it accepts exactly what `Config::from_json` accepts and needs no worker context of its
-//!   own: sync mode, no `tracing`, no etcd store, every subscriber required, with no dead
-//!   letter or reply (retries and call caps are served: the sender waits for them);
+//!   own: sync mode, no `tracing`, no etcd store, every subscriber required (retries, call
+//!   caps, replies and dead letters of required subscribers are served: the sender waits
+//!   for them);
 //! - what `Config::from_json` accepts but the native build refuses is refused with the path
 //!   of a field, one the document has (the subscriber's own or the top-level default).
 #![no_main]
@@ -61,7 +62,7 @@ fn needs_worker_context(config: &Config) -> bool {
             .channels
             .iter()
             .flat_map(|c| &c.subscribers)
-            .any(|s| !s.required || s.dead_letter.is_some() || s.reply.is_some())
+            .any(|s| !s.required)
 }
 
 /// Whether the document has a value at a path like `channels[0].subscribers[1].reply`.

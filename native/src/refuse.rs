@@ -2,10 +2,11 @@
 //! sender's answer, or for no sender, needs a context that lives on a worker without a
 //! request in flight (proxy-wasm's root context). Envoy's dynamic-module HTTP filter has no
 //! such context, so the native build delivers only while the sender waits: every call is a
-//! callout of the sender's stream. Retries and call caps (`max_concurrent_calls`) of a sync
-//! fan-out are served: the sender waits for them; the glue's timer thread wakes the worker
-//! when a retry is due or a call got its slot, and the call is the sender's stream's. A configuration that asks for more is refused here, with the
-//! path of the field that asks for it, before Envoy takes it.
+//! callout of the sender's stream. What a sync sender waits for is served: retries, calls
+//! waiting for a slot (`max_concurrent_calls`), a required subscriber's reply and dead
+//! letter (the glue's timer thread wakes the worker when a retry is due or a call got its
+//! slot; every such call is the sender's stream's). A configuration that asks for more is
+//! refused here, with the path of the field that asks for it, before Envoy takes it.
 
 use fanout::config::{AnswerMode, Config, ConfigError, Store, Subscriber};
 use serde_json::Value;
@@ -68,8 +69,7 @@ pub fn refusal(config: &Config, doc: &Value) -> Option<ConfigError> {
             } else {
                 format!("channels[{c}].subscribers[{s}]")
             };
-            let raw = pointer(doc, &at);
-            if let Some(error) = subscriber_refusal(subscriber, &at, raw) {
+            if let Some(error) = subscriber_refusal(subscriber, &at) {
                 return Some(error);
             }
         }
@@ -77,64 +77,20 @@ pub fn refusal(config: &Config, doc: &Value) -> Option<ConfigError> {
     None
 }
 
-/// What one subscriber asks for that the native build cannot do. `raw` is the subscriber as
-/// written (a field it does not write is a top-level default's).
-fn subscriber_refusal(
-    subscriber: &Subscriber,
-    at: &str,
-    raw: Option<&Value>,
-) -> Option<ConfigError> {
-    // The field's path: the subscriber's own if it wrote it, else the top-level default's.
-    let path = |field: &str| {
-        let own = raw.and_then(|r| pointer(r, field)).is_some();
-        if own {
-            format!("{at}.{field}")
-        } else {
-            field.to_string()
-        }
-    };
-    let refuse = |path: String, message: String| Some(ConfigError { path, message });
-    if !subscriber.required {
-        return refuse(
-            format!("{at}.required"),
-            format!(
-                "best-effort subscribers need {WASM}; the native build delivers while the \
-                 sender waits"
-            ),
-        );
+/// What one subscriber asks for that the native build cannot do: a best-effort subscriber's
+/// calls go on after the sender's answer. (A required subscriber's reply and dead letter are
+/// part of its delivery: the sender waits for them, and they are its stream's calls.)
+fn subscriber_refusal(subscriber: &Subscriber, at: &str) -> Option<ConfigError> {
+    if subscriber.required {
+        return None;
     }
-    if subscriber.dead_letter.is_some() {
-        return refuse(
-            path("delivery.dead_letter"),
-            format!("dead letters need {WASM}: they may go out after the sender's answer"),
-        );
-    }
-    if subscriber.reply.is_some() {
-        return refuse(
-            path("reply"),
-            format!("replies need {WASM}: they go out after the sender's answer"),
-        );
-    }
-    None
-}
-
-/// The value at a dotted path with `[i]` indices (`channels[0].subscribers[1]`).
-fn pointer<'a>(doc: &'a Value, path: &str) -> Option<&'a Value> {
-    let mut at = doc;
-    for part in path.split('.') {
-        let (name, index) = match part.split_once('[') {
-            Some((name, rest)) => (name, rest.trim_end_matches(']').parse::<usize>().ok()),
-            None => (part, None),
-        };
-        at = at.get(name)?;
-        if let Some(i) = index {
-            at = at.get(i)?;
-        }
-        if at.is_null() {
-            return None;
-        }
-    }
-    Some(at)
+    Some(ConfigError {
+        path: format!("{at}.required"),
+        message: format!(
+            "best-effort subscribers need {WASM}; the native build delivers while the \
+             sender waits"
+        ),
+    })
 }
 
 #[cfg(test)]
@@ -224,13 +180,10 @@ mod tests {
     #[test]
     fn retries_do_not_make_what_needs_a_worker_context_served() {
         let error = refused(
-            r#"{"subscribers": [{"cluster": "a", "delivery": {"retry": 2,
-                "dead_letter": {"cluster": "dl"}}}]}"#,
+            r#"{"subscribers": [{"cluster": "a", "required": false,
+                "delivery": {"retry": 2}}]}"#,
         );
-        assert!(
-            error.starts_with("subscribers[0].delivery.dead_letter: dead letters"),
-            "{error}"
-        );
+        assert!(error.starts_with("subscribers[0].required: "), "{error}");
         let error = refused(
             r#"{"mode": "async", "subscribers": [{"cluster": "a"}],
             "delivery": {"retry": 2}}"#,
@@ -253,23 +206,16 @@ mod tests {
     }
 
     #[test]
-    fn dead_letters_are_refused() {
-        let error = refused(
+    fn a_required_subscribers_dead_letter_and_reply_are_served() {
+        for json in [
             r#"{"channels": [{"name": "c", "subscribers": [{"cluster": "a",
-                "delivery": {"dead_letter": {"cluster": "dl"}}}]}]}"#,
-        );
-        assert!(
-            error.starts_with("channels[0].subscribers[0].delivery.dead_letter: dead letters"),
-            "{error}"
-        );
-    }
-
-    #[test]
-    fn replies_are_refused() {
-        let own = refused(r#"{"subscribers": [{"cluster": "a", "reply": {"cluster": "r"}}]}"#);
-        assert!(own.starts_with("subscribers[0].reply: replies"), "{own}");
-        let top = refused(r#"{"subscribers": [{"cluster": "a"}], "reply": {"cluster": "r"}}"#);
-        assert!(top.starts_with("reply: replies"), "{top}");
+                "delivery": {"retry": 1, "dead_letter": {"cluster": "dl"}}}]}]}"#,
+            r#"{"subscribers": [{"cluster": "a", "reply": {"cluster": "r"}}]}"#,
+            r#"{"subscribers": [{"cluster": "a"}], "reply": {"cluster": "r"},
+                "delivery": {"dead_letter": {"cluster": "dl"}}}"#,
+        ] {
+            assert!(configure(json.as_bytes()).is_ok(), "{json}");
+        }
     }
 
     #[test]

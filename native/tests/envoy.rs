@@ -543,14 +543,6 @@ fn what_the_native_build_cannot_serve_makes_envoy_refuse_the_config() {
             "channels[0].subscribers[1].required: best-effort subscribers need the wasm build",
         ),
         (
-            json!({ "subscribers": [sub(json!({ "delivery": { "dead_letter": { "cluster": "dl" } } }))] }),
-            "subscribers[0].delivery.dead_letter: dead letters need",
-        ),
-        (
-            json!({ "subscribers": [sub(json!({ "reply": { "cluster": "r" } }))] }),
-            "subscribers[0].reply: replies need",
-        ),
-        (
             json!({ "subscribers": [sub(json!({}))], "dedupe": { "store": { "etcd": { "cluster": "etcd" } } } }),
             "dedupe.store: etcd needs the wasm build",
         ),
@@ -1158,4 +1150,65 @@ fn a_call_given_its_slot_between_two_ticks_is_sent_with_no_other_request() {
         assert_eq!(reply.status, 202, "{}", reply.body);
     }
     assert_eq!(quick.count(), SENDERS);
+}
+
+/// A required subscriber that fails for good sends the event to its dead-letter target, and
+/// one that answers with an event passes it to its reply target, while the sender waits: it
+/// gets 202 once both are taken (the dead-lettered one named in its header), and the 500
+/// report when the dead-letter target fails too.
+#[test]
+fn a_required_subscribers_dead_letter_and_reply_go_out_before_the_answer() {
+    let down = Subscriber::start("down", Behavior::Status(503));
+    let dl = Subscriber::ok("dl");
+    let replier = Subscriber::start(
+        "replier",
+        Behavior::respond(
+            200,
+            &[
+                ("ce-id", "reply-1"),
+                ("ce-source", "/replier"),
+                ("ce-specversion", "1.0"),
+                ("ce-type", "reply"),
+            ],
+            "the reply",
+        ),
+    );
+    let replies = Subscriber::ok("replies");
+    let config = json!({ "subscribers": [
+        { "cluster": "down", "delivery": { "retry": 1, "backoff_delay_ms": 20,
+            "dead_letter": { "cluster": "dl" } } },
+        { "cluster": "replier", "reply": { "cluster": "replies" } }
+    ] });
+    let envoy = Envoy::start(&config, &[&down, &dl, &replier, &replies]);
+    let event = || {
+        client()
+            .post(envoy.url("/"))
+            .header("ce-id", "1")
+            .header("ce-source", "/native")
+            .header("ce-specversion", "1.0")
+            .header("ce-type", "t")
+            .body("event")
+    };
+    let reply = send(event());
+    assert_eq!(reply.status, 202, "{}", reply.body);
+    // Both went out before the answer: nothing is left to come.
+    assert_eq!(down.count(), 2, "the event and its retry");
+    assert_eq!(dl.count(), 1);
+    assert_eq!(dl.requests()[0].body, b"event".to_vec());
+    assert_eq!(replies.count(), 1);
+    assert_eq!(replies.requests()[0].body, b"the reply".to_vec());
+    assert_eq!(header(&replies.requests()[0], "ce-id"), Some("reply-1"));
+
+    // The dead-letter target down too: the subscriber failed, and the sender is told.
+    dl.set_behavior(Behavior::Status(500));
+    let reply = send(event());
+    assert_eq!(reply.status, 500, "{}", reply.body);
+    assert_eq!(
+        reply.json()["failed"][0]["cluster"],
+        "down",
+        "{}",
+        reply.body
+    );
+    // The dead letter is retried as the event is (once more): 1 + 2 calls in all.
+    assert_eq!((dl.count(), replies.count()), (3, 2));
 }
