@@ -132,6 +132,9 @@ impl HttpHeader {
     }
 }
 
+/// The headers of a call that are passed to Envoy without a heap allocation.
+const CALL_HEADERS_ON_STACK: usize = 16;
+
 // The C enums are `int`-sized.
 const HEADER_TYPE_REQUEST: u32 = 0;
 const BODY_TYPE_RECEIVED_REQUEST: u32 = 0;
@@ -480,10 +483,25 @@ impl Filter {
         body: &[u8],
         timeout_ms: u64,
     ) -> Result<u64, u32> {
-        let mut headers: Vec<HttpHeader> = headers
-            .iter()
-            .map(|(name, value)| HttpHeader::of(name.as_bytes(), value))
-            .collect();
+        // On the stack when they fit (every call builds this list), else on the heap.
+        let mut room = [HttpHeader::EMPTY; CALL_HEADERS_ON_STACK];
+        let mut spilled = Vec::new();
+        let headers: &mut [HttpHeader] = match room.get_mut(..headers.len()) {
+            Some(list) => {
+                for (slot, (name, value)) in list.iter_mut().zip(headers) {
+                    *slot = HttpHeader::of(name.as_bytes(), value);
+                }
+                list
+            }
+            None => {
+                spilled.extend(
+                    headers
+                        .iter()
+                        .map(|(name, value)| HttpHeader::of(name.as_bytes(), value)),
+                );
+                &mut spilled
+            }
+        };
         let mut id: u64 = 0;
         // SAFETY: a live filter; every buffer is valid for the call (Envoy copies them);
         // `id` is valid for one write.
