@@ -6,13 +6,18 @@ compiled, libc).
     python3 bench/callgrind.py floor/0 floor+clock+headers/0 fanout-nometrics/0 fanout/0
     python3 bench/callgrind.py --requests 300 floor/4 fanout/4
     python3 bench/callgrind.py proxy/1 native/0 native/1 native/4 fanout/1
+    python3 bench/callgrind.py --before-native /tmp/before/libfanout.so native@before/4 native/4
 
 Each key is a configuration of `make bench`'s throughput phase (bench/run.py
 throughput_specs; `fanout@<build>/N` builds fanout another way first). For each: one Envoy
 (`--concurrency 1`) under `valgrind --tool=callgrind --smc-check=all-non-file` (V8 writes
 code), 300 warm-up requests, counters zeroed, then --requests requests one after another on
 one keep-alive connection, counters dumped. Subscribers (N > 0): the bench's subscriber Envoy,
-not under valgrind. About a minute per configuration.
+not under valgrind. About a minute per configuration. `native@before/N`: the native build with
+`--before-native`'s library (e.g. built from the commit before a change) in place of
+target/native/libfanout.so, measured in the same run. The raw callgrind files stay in
+bench/tmp/callgrind/ (`callgrind_annotate` reads them; a library built with symbols names its
+functions: `CARGO_PROFILE_RELEASE_STRIP=none`).
 """
 
 import sys
@@ -35,6 +40,8 @@ import envoy_configs as cfg  # noqa: E402
 import run  # noqa: E402
 
 WARMUP = 300
+# `--before-native SO`: the library of the `native@before/N` configurations.
+BEFORE_NATIVE = None
 BODY = (b'{"specversion":"1.0","type":"dev.fanout.bench","source":"/bench","id":"1",'
         b'"data":{"order":42}}')
 HEADERS = {"content-type": "application/json", "ce-specversion": "1.0",
@@ -82,7 +89,7 @@ def where(obj):
         return "jit"
     if "libc.so" in obj:
         return "libc"
-    if os.path.basename(obj) == "libfanout.so":
+    if os.path.basename(obj).startswith("libfanout"):
         return "native"
     if os.path.basename(obj) == "envoy" or "envoy-" in os.path.basename(obj):
         return "envoy"
@@ -96,7 +103,10 @@ def measure(spec, requests, ports, sub_port, builds, workdir):
     if "etcd" in extra:
         # The etcd store: its etcd (not under valgrind), started on first use.
         extra["etcd_port"] = run.etcd_for(extra.pop("etcd"), ports).client_port
-    conf = cfg.system(kind, n, port, admin, sub_port, run.modules(builds), **extra)
+    modules = run.modules(builds)
+    if BEFORE_NATIVE:
+        modules["native-before"] = BEFORE_NATIVE
+    conf = cfg.system(kind, n, port, admin, sub_port, modules, **extra)
     name = run.file_name(key)
     e = run.Envoy(name, conf, admin, port, workdir)
     path = os.path.join(workdir, f"{name}.yaml")
@@ -149,6 +159,8 @@ def main():
     p.add_argument("--requests", type=int, default=500)
     p.add_argument("--before", metavar="WASM", help="the module of the `<dedupe key>@before` "
                    "configurations (as bench/run.py --before)")
+    p.add_argument("--before-native", metavar="SO", help="the native library of the "
+                   "`native@before/N` configurations")
     p.add_argument("--port-base", type=int, default=int(os.environ.get("BENCH_PORT_BASE", 24000)))
     args = p.parse_args()
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
@@ -156,6 +168,12 @@ def main():
     builds = sorted({m.group(1) for k in args.keys for m in [re.match(r"fanout@([^/]+)/", k)] if m})
     run.BEFORE_WASM = os.path.abspath(args.before) if args.before else None
     specs = {s[0]: s for s in run.with_before(run.throughput_specs(builds))}
+    if args.before_native:
+        global BEFORE_NATIVE
+        BEFORE_NATIVE = os.path.abspath(args.before_native)
+        natives = [n for _, kind, n, _ in specs.values() if kind == "native"]
+        specs.update({f"native@before/{n}": (f"native@before/{n}", "native", n, {"build": "before"})
+                      for n in natives})
     unknown = [k for k in args.keys if k not in specs]
     if unknown:
         sys.exit(f"unknown configurations {unknown}; known: {', '.join(specs)}")

@@ -294,7 +294,7 @@ def system(kind, n, port, admin_port, sub_port, wasm, metrics=True, timeout_ms=3
            tracing=False):
     """The Envoy configuration of one system under test. `wasm`: the modules by name
     ("fanout", "noop", "floor", "fanout-<build>" for each other build of fanout, and
-    "native", fanout's native build)."""
+    "native", fanout's native build, and "native-<build>" for another build of it)."""
     name = "bench"
     clusters = sub_clusters(n, sub_port)
     names = [c["name"] for c in clusters]
@@ -306,7 +306,8 @@ def system(kind, n, port, admin_port, sub_port, wasm, metrics=True, timeout_ms=3
         filters, routes = [wasm_filter("fanout", path, conf)], TRIPWIRE
     elif kind == "native":
         conf = fanout_json(n, metrics, timeout_ms, dedupe, call_cap, format, etcd_port, tracing)
-        filters, routes = [native_filter(wasm["native"], conf)], TRIPWIRE
+        path = wasm[f"native-{build}"] if build else wasm["native"]
+        filters, routes = [native_filter(path, conf)], TRIPWIRE
     elif kind == "floor":
         filters, routes = [wasm_filter("floor", wasm["floor"], floor_conf(n, extras))], TRIPWIRE
     elif kind == "mirror":

@@ -132,8 +132,8 @@ const CALL_FAILURE_KINDS: usize = 8;
 /// What a flush hands to Envoy.
 #[derive(Debug, Default, PartialEq)]
 pub struct Flush {
-    /// Counter name and how much to add.
-    pub counters: Vec<(String, u64)>,
+    /// Counter (its index in [`Tally::counter_names`]) and how much to add.
+    pub counters: Vec<(usize, u64)>,
     /// Change of the in-flight gauge (each worker adds its own change).
     pub in_flight_delta: i64,
     pub fanout_ms: Vec<u64>,
@@ -526,12 +526,12 @@ impl Tally {
     pub fn flush(&mut self) -> Flush {
         // In the order the counters were registered (no sort: its code costs module size per
         // element type, and Envoy does not care in which order stats change).
-        let counters: Vec<(String, u64)> = self
-            .names
-            .iter()
-            .zip(self.counts.iter_mut())
+        let counters: Vec<(usize, u64)> = self
+            .counts
+            .iter_mut()
+            .enumerate()
             .filter(|(_, n)| **n > 0)
-            .map(|(name, n)| (name.clone(), std::mem::take(n)))
+            .map(|(at, n)| (at, std::mem::take(n)))
             .collect();
         Flush {
             counters,
@@ -552,6 +552,36 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A flush with its counters by name, sorted (the order they were registered in is not
+    /// what is tested).
+    struct Named {
+        counters: Vec<(String, u64)>,
+        in_flight_delta: i64,
+        fanout_ms: Vec<u64>,
+        call_ms: Vec<u64>,
+    }
+
+    fn flushed(tally: &mut Tally) -> Named {
+        let flush = tally.flush();
+        let mut counters: Vec<(String, u64)> = flush
+            .counters
+            .iter()
+            .map(|&(at, n)| {
+                (
+                    tally.counter_names().get(at).cloned().unwrap_or_default(),
+                    n,
+                )
+            })
+            .collect();
+        counters.sort_unstable();
+        Named {
+            counters,
+            in_flight_delta: flush.in_flight_delta,
+            fanout_ms: flush.fanout_ms,
+            call_ms: flush.call_ms,
+        }
+    }
 
     #[test]
     fn stat_segments_are_one_readable_segment() {
@@ -619,8 +649,7 @@ mod tests {
         tally.reply_failed("answering", &Failure::Timeout);
         // A call never fails too_large; counting one changes nothing.
         tally.call_ended(plain, &Err(Failure::TooLarge { size: 2, limit: 1 }), None);
-        let mut flush = tally.flush();
-        flush.counters.sort_unstable(); // the order they were registered in: not what is tested
+        let counters = flushed(&mut tally).counters;
         let expected: Vec<(String, u64)> = [
             ("fanout.subscriber.answering.reply_discarded", 2),
             ("fanout.subscriber.answering.reply_failed.timeout", 1),
@@ -629,7 +658,7 @@ mod tests {
         .iter()
         .map(|(n, c)| (n.to_string(), *c))
         .collect();
-        assert_eq!(flush.counters, expected);
+        assert_eq!(counters, expected);
     }
 
     #[test]
@@ -648,8 +677,7 @@ mod tests {
         tally.answered(500);
         tally.fanout_ended(Some(251));
         tally.answered(404);
-        let mut flush = tally.flush();
-        flush.counters.sort_unstable(); // the order they were registered in: not what is tested
+        let flush = flushed(&mut tally);
         let expected: Vec<(String, u64)> = [
             ("fanout.requests.failed", 1),
             ("fanout.requests.received", 2),
@@ -671,7 +699,7 @@ mod tests {
         assert_eq!(tally.flush(), Flush::default());
         tally.fanout_started();
         tally.received();
-        let flush = tally.flush();
+        let flush = flushed(&mut tally);
         assert_eq!(flush.in_flight_delta, 1);
         assert_eq!(
             flush.counters,
@@ -691,7 +719,7 @@ mod tests {
         for _ in 0..10 * HISTOGRAM_BUFFER {
             tally.fanout_ended(Some(1));
         }
-        let flush = tally.flush();
+        let flush = flushed(&mut tally);
         assert_eq!(flush.fanout_ms.len(), 4 * HISTOGRAM_BUFFER);
         let dropped = 11 * HISTOGRAM_BUFFER as u64 - 4 * HISTOGRAM_BUFFER as u64;
         assert_eq!(

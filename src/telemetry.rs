@@ -14,15 +14,29 @@ pub struct Telemetry {
     pub tally: Tally,
     /// Envoy metric ids by name.
     ids: HashMap<String, u32>,
+    /// The counters' ids by their index in the tally, once looked up (a flush names no
+    /// counter: no name copied or hashed per count handed over).
+    counter_ids: Vec<Option<u32>>,
 }
 
 impl Telemetry {
     fn id<H: Host>(&mut self, host: &H, kind: Kind, name: &str) -> Option<u32> {
-        if let Some(&id) = self.ids.get(name) {
+        define(&mut self.ids, host, kind, name)
+    }
+
+    /// The id of the tally's counter at `at`.
+    fn counter_id<H: Host>(&mut self, host: &H, at: usize) -> Option<u32> {
+        if let Some(&Some(id)) = self.counter_ids.get(at) {
             return Some(id);
         }
-        let id = host.define_metric(kind, name)?;
-        self.ids.insert(name.to_string(), id);
+        let name = self.tally.counter_names().get(at)?;
+        let id = define(&mut self.ids, host, Kind::Counter, name)?;
+        if self.counter_ids.len() <= at {
+            self.counter_ids.resize(at + 1, None);
+        }
+        if let Some(slot) = self.counter_ids.get_mut(at) {
+            *slot = Some(id);
+        }
         Some(id)
     }
 
@@ -48,8 +62,8 @@ impl Telemetry {
     /// Adds what was counted since the last flush to Envoy's stats.
     pub fn flush<H: Host>(&mut self, host: &H) {
         let flush = self.tally.flush();
-        for (name, n) in flush.counters {
-            if let Some(id) = self.id(host, Kind::Counter, &name) {
+        for (at, n) in flush.counters {
+            if let Some(id) = self.counter_id(host, at) {
                 host.increment_metric(id, i64::try_from(n).unwrap_or(i64::MAX));
             }
         }
@@ -82,6 +96,21 @@ impl Telemetry {
             }
         }
     }
+}
+
+/// The id of the metric `name`, defined with the host on first use.
+fn define<H: Host>(
+    ids: &mut HashMap<String, u32>,
+    host: &H,
+    kind: Kind,
+    name: &str,
+) -> Option<u32> {
+    if let Some(&id) = ids.get(name) {
+        return Some(id);
+    }
+    let id = host.define_metric(kind, name)?;
+    ids.insert(name.to_string(), id);
+    Some(id)
 }
 
 /// How a stream counts: into its worker's [`Telemetry`], or not at all when the configuration

@@ -25,6 +25,68 @@ pub struct EnvoyBuffer {
     pub length: usize,
 }
 
+/// A call's answer as Envoy hands it to `on_http_filter_http_callout_done`: its headers
+/// (`:status` first) and body chunks, read in place for the rest of the hook (`'a`).
+#[derive(Clone, Copy)]
+pub struct LentAnswer<'a> {
+    headers: &'a [HttpHeader],
+    chunks: &'a [EnvoyBuffer],
+}
+
+impl<'a> LentAnswer<'a> {
+    /// The answer of the hook's `headers` and `body_chunks`, null when there are none.
+    ///
+    /// SAFETY (callers): each pointer is null or points at its count of entries, and every
+    /// buffer they name is readable, for `'a` (the hook).
+    pub unsafe fn from_hook(
+        headers: *const HttpHeader,
+        headers_size: usize,
+        chunks: *const EnvoyBuffer,
+        chunks_size: usize,
+    ) -> LentAnswer<'a> {
+        // SAFETY: as the caller promised.
+        unsafe {
+            LentAnswer {
+                headers: entries(headers, headers_size),
+                chunks: entries(chunks, chunks_size),
+            }
+        }
+    }
+
+    /// Each header's name and value, in Envoy's order.
+    pub fn headers(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+        self.headers.iter().map(|h| {
+            // SAFETY: each header's buffers, readable for `'a` (`from_hook`).
+            unsafe {
+                (
+                    bytes(h.key_ptr, h.key_length),
+                    bytes(h.value_ptr, h.value_length),
+                )
+            }
+        })
+    }
+
+    /// The body's chunks, in order.
+    pub fn chunks(&self) -> impl Iterator<Item = &'a [u8]> {
+        // SAFETY: each chunk's bytes, readable for `'a` (`from_hook`).
+        self.chunks
+            .iter()
+            .map(|chunk| unsafe { bytes(chunk.ptr, chunk.length) })
+    }
+}
+
+/// `n` entries at `ptr`, none if it is null.
+///
+/// SAFETY (callers): `ptr` is null or points at `n` entries that outlive `'a`.
+unsafe fn entries<'a, T>(ptr: *const T, n: usize) -> &'a [T] {
+    if ptr.is_null() || n == 0 {
+        &[]
+    } else {
+        // SAFETY: as the caller promised.
+        unsafe { std::slice::from_raw_parts(ptr, n) }
+    }
+}
+
 /// A buffer the module owns, lent to Envoy for one call.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -69,6 +131,9 @@ impl HttpHeader {
         }
     }
 }
+
+/// The headers of a call that are passed to Envoy without a heap allocation.
+const CALL_HEADERS_ON_STACK: usize = 16;
 
 // The C enums are `int`-sized.
 const HEADER_TYPE_REQUEST: u32 = 0;
@@ -418,10 +483,25 @@ impl Filter {
         body: &[u8],
         timeout_ms: u64,
     ) -> Result<u64, u32> {
-        let mut headers: Vec<HttpHeader> = headers
-            .iter()
-            .map(|(name, value)| HttpHeader::of(name.as_bytes(), value))
-            .collect();
+        // On the stack when they fit (every call builds this list), else on the heap.
+        let mut room = [HttpHeader::EMPTY; CALL_HEADERS_ON_STACK];
+        let mut spilled = Vec::new();
+        let headers: &mut [HttpHeader] = match room.get_mut(..headers.len()) {
+            Some(list) => {
+                for (slot, (name, value)) in list.iter_mut().zip(headers) {
+                    *slot = HttpHeader::of(name.as_bytes(), value);
+                }
+                list
+            }
+            None => {
+                spilled.extend(
+                    headers
+                        .iter()
+                        .map(|(name, value)| HttpHeader::of(name.as_bytes(), value)),
+                );
+                &mut spilled
+            }
+        };
         let mut id: u64 = 0;
         // SAFETY: a live filter; every buffer is valid for the call (Envoy copies them);
         // `id` is valid for one write.

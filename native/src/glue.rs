@@ -29,8 +29,8 @@ use fanout::plugin::Plugin;
 use fanout::stream::{Flow, Stream};
 use hashbrown::HashMap;
 
-use crate::abi::{ConfigDef, Filter, Scheduler, CONTINUE, STOP};
-use crate::host::{self, CallAnswer, NativeConfig, NativeHost};
+use crate::abi::{ConfigDef, Filter, LentAnswer, Scheduler, CONTINUE, STOP};
+use crate::host::{self, CallAnswer, Delivered, NativeConfig, NativeHost};
 use crate::timer::Timer;
 
 /// The process's timer thread: wakes a worker whose plugin has a retry waiting.
@@ -221,7 +221,9 @@ fn drain(state: &FilterState) {
             Some(Deferred::Complete) => {
                 with_mut(&state.stream, |s| s.on_done());
             }
-            Some(Deferred::Answer(callout, answer)) => deliver(state, callout, answer),
+            Some(Deferred::Answer(callout, answer)) => {
+                deliver(state, callout, Delivered::Kept(answer));
+            }
         }
     }
 }
@@ -299,28 +301,28 @@ pub fn stream_complete(state: &FilterState, filter: Filter) {
     drop(wake);
 }
 
-/// The answer to a call of this stream.
-pub fn callout_done(state: &FilterState, filter: Filter, callout: u64, answer: CallAnswer) {
+/// The answer to a call of this stream (Envoy's, for this hook).
+pub fn callout_done(state: &FilterState, filter: Filter, callout: u64, answer: LentAnswer<'_>) {
     let saved = host::enter(filter);
     if state.stream.try_borrow().is_ok() {
-        deliver(state, callout, answer);
+        deliver(state, callout, Delivered::Lent(answer));
         after_hook(state);
     } else {
-        // Inside the stream's own hook (an answer Envoy gave at dispatch): once it ends.
-        defer(state, Deferred::Answer(callout, answer));
+        // Inside the stream's own hook (an answer Envoy gave at dispatch): once it ends, so
+        // copied.
+        defer(state, Deferred::Answer(callout, CallAnswer::of(&answer)));
     }
     host::leave(saved);
 }
 
 /// An answer handed to the core: the call's token, then the answer as the call answer
 /// being delivered.
-fn deliver(state: &FilterState, callout: u64, answer: CallAnswer) {
+fn deliver(state: &FilterState, callout: u64, answer: Delivered<'_>) {
     let Some(token) = host::take_token(state.filter, callout) else {
         log::debug!("[#{}] an answer to a call nobody waits for", state.id);
         return;
     };
-    let (headers, body) = (answer.headers.len(), answer.body.len());
-    host::with_answer(answer, || {
+    host::with_answer(answer, |headers, body| {
         with_mut(&state.stream, |s| s.on_call_response(token, headers, body))
     });
 }

@@ -9,9 +9,11 @@
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
-use crate::abi::{bytes, ConfigDef, EnvoyBuffer, Filter, HttpHeader, ABI_VERSION, CONTINUE};
+use crate::abi::{
+    bytes, ConfigDef, EnvoyBuffer, Filter, HttpHeader, LentAnswer, ABI_VERSION, CONTINUE,
+};
 use crate::glue::{self, FilterState};
-use crate::host::{CallAnswer, NativeConfig};
+use crate::host::NativeConfig;
 
 /// The filter state behind a module pointer Envoy hands back, for the hook.
 ///
@@ -191,7 +193,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
 }
 
 /// The answer to a call this stream made: its headers (`:status` first) and body chunks,
-/// valid during the hook only (copied here). One-shot calls carry no trailers.
+/// valid during the hook only (read in place, copied by the glue). One-shot calls carry no
+/// trailers.
 ///
 /// SAFETY: as the stream hooks; `headers` and `body_chunks` point at the counts given.
 #[unsafe(no_mangle)]
@@ -210,33 +213,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
     let (Some(fe), Some(state)) = (filter(fe), unsafe { state(fm) }) else {
         return;
     };
-    let mut answer = CallAnswer::default();
-    if !headers.is_null() {
-        // SAFETY: Envoy's `headers_size` headers, valid during the hook.
-        let headers = unsafe { std::slice::from_raw_parts(headers, headers_size) };
-        for h in headers {
-            // SAFETY: each header's buffers, valid during the hook; copied.
-            let (name, value) = unsafe {
-                (
-                    bytes(h.key_ptr, h.key_length),
-                    bytes(h.value_ptr, h.value_length),
-                )
-            };
-            answer
-                .headers
-                .push((String::from_utf8_lossy(name).into_owned(), value.to_vec()));
-        }
-    }
-    if !body_chunks.is_null() {
-        // SAFETY: Envoy's `body_chunks_size` chunks, valid during the hook.
-        let chunks = unsafe { std::slice::from_raw_parts(body_chunks, body_chunks_size) };
-        for chunk in chunks {
-            // SAFETY: each chunk's bytes, valid during the hook; copied.
-            answer
-                .body
-                .extend_from_slice(unsafe { bytes(chunk.ptr, chunk.length) });
-        }
-    }
+    // SAFETY: Envoy's `headers_size` headers and `body_chunks_size` chunks, valid during
+    // the hook; the glue copies what it keeps.
+    let answer =
+        unsafe { LentAnswer::from_hook(headers, headers_size, body_chunks, body_chunks_size) };
     glue::callout_done(state, fe, callout_id, answer);
 }
 

@@ -19,7 +19,7 @@ use fanout::host::{CasMismatch, Host};
 use fanout::metrics::Kind;
 use hashbrown::HashMap;
 
-use crate::abi::{ConfigDef, Filter, MetricKind};
+use crate::abi::{ConfigDef, Filter, LentAnswer, MetricKind};
 use crate::shared::CasStore;
 
 /// Envoy's shared data, as the wasm build has it: one store for the process.
@@ -53,12 +53,71 @@ impl NativeConfig {
     }
 }
 
-/// A call's answer, copied out of Envoy's hook.
+/// A call's answer, copied out of Envoy's hook: every header's name and value in one
+/// buffer, each header a span of it, and the body. The worker's answers are copied into one
+/// such copy, reused (`with_answer`): no allocation per call once it has room.
 #[derive(Default)]
 pub struct CallAnswer {
-    pub headers: Vec<(String, Vec<u8>)>,
-    pub body: Vec<u8>,
+    text: Vec<u8>,
+    /// Where each name starts, where its value starts (the name ends there) and ends.
+    headers: Vec<(usize, usize, usize)>,
+    body: Vec<u8>,
 }
+
+impl CallAnswer {
+    const EMPTY: CallAnswer = CallAnswer {
+        text: Vec::new(),
+        headers: Vec::new(),
+        body: Vec::new(),
+    };
+
+    /// A copy of `answer` (one that must outlive its hook).
+    pub fn of(answer: &LentAnswer<'_>) -> CallAnswer {
+        let mut copy = CallAnswer::default();
+        copy.copy(answer);
+        copy
+    }
+
+    /// `answer` copied in place of what this held, in the room it has.
+    fn copy(&mut self, answer: &LentAnswer<'_>) {
+        self.text.clear();
+        self.headers.clear();
+        self.body.clear();
+        for (name, value) in answer.headers() {
+            let name_start = self.text.len();
+            self.text.extend_from_slice(name);
+            let value_start = self.text.len();
+            self.text.extend_from_slice(value);
+            self.headers
+                .push((name_start, value_start, self.text.len()));
+        }
+        for chunk in answer.chunks() {
+            self.body.extend_from_slice(chunk);
+        }
+    }
+
+    fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.headers.iter().filter_map(|&(name, value, end)| {
+            Some((self.text.get(name..value)?, self.text.get(value..end)?))
+        })
+    }
+
+    /// The value of the first header named `name` (any case).
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, value)| value)
+    }
+}
+
+/// The answer `deliver` is given: Envoy's own, in the hook it came with, or a copy of it.
+pub enum Delivered<'a> {
+    Lent(LentAnswer<'a>),
+    Kept(CallAnswer),
+}
+
+/// The most bytes of an answer's copy a worker keeps for the next answer.
+const SPARE_ROOM: usize = 64 << 10;
 
 thread_local! {
     /// The filter whose hook is running on this worker.
@@ -73,6 +132,8 @@ thread_local! {
     static NEXT_TOKEN: Cell<u32> = const { Cell::new(0) };
     /// The call answer being delivered (`call_status`, `call_body`, ...).
     static ANSWER: RefCell<Option<CallAnswer>> = const { RefCell::new(None) };
+    /// The last delivered answer's copy, whose room the next one reuses.
+    static SPARE: RefCell<CallAnswer> = const { RefCell::new(CallAnswer::EMPTY) };
     /// Each plugin's timer period (the core's `set_tick_period`), by plugin id.
     static TICKS: RefCell<HashMap<u32, Duration>> = RefCell::new(HashMap::new());
     /// The metrics found undefined on this worker (said once each).
@@ -164,13 +225,31 @@ pub fn take_token(filter: Filter, callout: u64) -> Option<u32> {
         .flatten()
 }
 
-/// Runs `deliver` with `answer` as the call answer being delivered.
-pub fn with_answer<R>(answer: CallAnswer, deliver: impl FnOnce() -> R) -> R {
+/// Runs `deliver` with `answer` as the call answer being delivered, given its number of
+/// headers and its body's size. Envoy's own answer is copied into the room of the last one.
+pub fn with_answer<R>(answer: Delivered<'_>, deliver: impl FnOnce(usize, usize) -> R) -> R {
+    let answer = match answer {
+        Delivered::Kept(kept) => kept,
+        Delivered::Lent(lent) => {
+            let mut copy = SPARE
+                .with(|s| with_mut(s, std::mem::take))
+                .unwrap_or_default();
+            copy.copy(&lent);
+            copy
+        }
+    };
+    let (headers, body) = (answer.headers.len(), answer.body.len());
     let outer = ANSWER
         .with(|a| with_mut(a, |a| a.replace(answer)))
         .flatten();
-    let result = deliver();
-    ANSWER.with(|a| with_mut(a, |a| *a = outer));
+    let result = deliver(headers, body);
+    let done = ANSWER
+        .with(|a| with_mut(a, |a| std::mem::replace(a, outer)))
+        .flatten();
+    // A large answer's room is not kept: a worker holds at most this much for the next.
+    if let Some(done) = done.filter(|d| d.text.capacity() + d.body.capacity() <= SPARE_ROOM) {
+        SPARE.with(|s| with_mut(s, |s| *s = done));
+    }
     result
 }
 
@@ -202,6 +281,22 @@ fn since_epoch() -> Duration {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
+}
+
+/// A `:status` value's number: its decimal digits (Envoy's are three).
+fn status_code(value: &[u8]) -> Option<u16> {
+    if value.is_empty() {
+        return None;
+    }
+    value.iter().try_fold(0u16, |n, &b| {
+        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
+        n.checked_mul(10)?.checked_add(u16::from(digit))
+    })
+}
+
+/// `read` of the call answer being delivered; `None` if there is none.
+fn answering<R>(read: impl FnOnce(&CallAnswer) -> Option<R>) -> Option<R> {
+    ANSWER.with(|a| read(a.try_borrow().ok()?.as_ref()?))
 }
 
 fn current() -> Option<Filter> {
@@ -289,40 +384,29 @@ impl Host for NativeHost {
     }
 
     fn call_status(&self) -> Option<u16> {
-        self.call_header(":status")?.parse().ok()
+        // Read in place: every answer's status is read.
+        answering(|a| status_code(a.header(":status")?))
     }
 
     fn call_body(&self, max: usize) -> Vec<u8> {
-        ANSWER.with(|a| {
-            a.try_borrow()
-                .ok()
-                .and_then(|a| {
-                    a.as_ref()
-                        .map(|a| a.body.iter().take(max).copied().collect())
-                })
-                .unwrap_or_default()
-        })
+        answering(|a| Some(a.body.get(..max).unwrap_or(&a.body).to_vec())).unwrap_or_default()
     }
 
     fn call_header(&self, name: &str) -> Option<String> {
-        ANSWER.with(|a| {
-            let answer = a.try_borrow().ok()?;
-            let (_, value) = answer
-                .as_ref()?
-                .headers
-                .iter()
-                .find(|(n, _)| n.eq_ignore_ascii_case(name))?;
-            String::from_utf8(value.clone()).ok()
-        })
+        answering(|a| String::from_utf8(a.header(name)?.to_vec()).ok())
     }
 
     fn call_headers(&self) -> Vec<(String, Vec<u8>)> {
-        ANSWER.with(|a| {
-            a.try_borrow()
-                .ok()
-                .and_then(|a| a.as_ref().map(|a| a.headers.clone()))
-                .unwrap_or_default()
+        answering(|a| {
+            Some(
+                a.headers()
+                    .map(|(name, value)| {
+                        (String::from_utf8_lossy(name).into_owned(), value.to_vec())
+                    })
+                    .collect(),
+            )
         })
+        .unwrap_or_default()
     }
 
     fn call_trailer(&self, _name: &str) -> Option<String> {
