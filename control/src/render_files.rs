@@ -16,7 +16,7 @@ use crate::model::{Problem, Snapshot};
 use crate::render::{self, Served};
 use crate::resource_json;
 use crate::source::{self, DirSource, Listing};
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use serde_json::{json, Value};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -47,7 +47,13 @@ struct RenderArgs {
 
 /// Runs `render` with its arguments (`args`: from the word `render` on).
 pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
-    let args = RenderArgs::parse_from(args);
+    let matches = RenderArgs::command().get_matches_from(args);
+    let args = RenderArgs::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Some(message) = args.config.mismatch(&matches) {
+        RenderArgs::command()
+            .error(clap::error::ErrorKind::ArgumentConflict, message)
+            .exit();
+    }
     let listing = match read(&args.source) {
         Ok(listing) => listing,
         Err(lines) => {
