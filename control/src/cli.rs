@@ -33,7 +33,7 @@ pub struct ConfigArgs {
     )]
     pub wasm: String,
     /// The native build as the Envoys see it, with --build native: a NAME (Envoy loads
-    /// lib<NAME>.so from the directory in its ENVOY_DYNAMIC_MODULES_SEARCH_PATH, then from
+    /// `lib<NAME>.so` from the directory in its ENVOY_DYNAMIC_MODULES_SEARCH_PATH, then from
     /// the system's library paths), or the library's absolute PATH on their machine.
     #[arg(long, value_name = "NAME|PATH", default_value = "fanout", value_parser = native_module)]
     pub native_module: String,
