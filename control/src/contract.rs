@@ -6,6 +6,7 @@
 //! from; it never reaches the one resource every channel shares.
 
 use crate::model::{ChannelSpec, Problem};
+use crate::render::Build;
 use fanout::config::RawChannel;
 use serde::Serialize;
 use serde_json::json;
@@ -48,20 +49,28 @@ pub fn document(channels: &[&RawValue]) -> Result<String, Problem> {
     })
 }
 
-/// Whether the filter takes `spec` served alone; its refusal as a problem of the channel.
+/// Whether the wasm filter takes `spec` served alone; its refusal as a problem of the channel.
 #[cfg(test)]
 pub fn check(name: &str, spec: &ChannelSpec) -> Result<(), Problem> {
-    check_entry(name, spec, &entry(name, spec)?)
+    let wasm = Build::Wasm(String::new());
+    check_entry(name, spec, &entry(name, spec)?, &wasm)
 }
 
-/// Whether the filter takes `spec`, written as `entry`, served alone; its refusal as a
-/// problem of the channel.
-pub fn check_entry(name: &str, spec: &ChannelSpec, entry: &RawValue) -> Result<(), Problem> {
+/// Whether the filter of `build` takes `spec`, written as `entry`, served alone; its refusal
+/// as a problem of the channel. The native build reads it with the same code, then refuses
+/// what it cannot serve (`fanout_native::configure`, what it runs in Envoy).
+pub fn check_entry(
+    name: &str,
+    spec: &ChannelSpec,
+    entry: &RawValue,
+    build: &Build,
+) -> Result<(), Problem> {
     let text = document(&[entry])?;
-    match fanout::config::Config::from_json(text.as_bytes()) {
-        Ok(_) => Ok(()),
-        Err(e) => Err(refused(name, spec, &e.path, &e.message)),
-    }
+    let checked = match build {
+        Build::Wasm(_) => fanout::config::Config::from_json(text.as_bytes()).map(drop),
+        Build::Native(_) => fanout_native::configure(text.as_bytes()).map(drop),
+    };
+    checked.map_err(|e| refused(name, spec, &e.path, &e.message))
 }
 
 /// The filter's error at `path` (of a document with `spec` as its only channel), charged to

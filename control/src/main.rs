@@ -21,7 +21,7 @@ mod state;
 mod tls;
 mod xds;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use model::MapOptions;
 use render::{RenderOptions, Served};
@@ -90,7 +90,13 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "render") {
         return render_files::main(std::env::args_os().skip(1));
     }
-    let args = Args::parse();
+    let matches = Args::command().get_matches();
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Some(message) = args.config.mismatch(&matches) {
+        Args::command()
+            .error(clap::error::ErrorKind::ArgumentConflict, message)
+            .exit();
+    }
     let map_options = args.config.map_options();
     let source = match args.source.as_str() {
         "kubernetes" => {

@@ -12,6 +12,8 @@ use crate::senders::{self, Oidc};
 use envoy_types::pb::envoy::config::core::v3::{
     async_data_source, data_source, AsyncDataSource, DataSource, TypedExtensionConfig,
 };
+use envoy_types::pb::envoy::extensions::dynamic_modules::v3::DynamicModuleConfig;
+use envoy_types::pb::envoy::extensions::filters::http::dynamic_modules::v3::DynamicModuleFilter;
 use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
 use envoy_types::pb::envoy::extensions::wasm::v3::{plugin_config, PluginConfig, VmConfig};
 use envoy_types::pb::google::protobuf::{Any, BoolValue, StringValue};
@@ -26,11 +28,31 @@ use std::sync::Arc;
 /// The ECDS resource's name: what the bootstrap's `config_discovery` asks for.
 pub const FILTER_NAME: &str = "fanout";
 
+/// Which build of fanout the Envoys load, as they see it (`--build`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Build {
+    /// The wasm module: its file (`--wasm`).
+    Wasm(String),
+    /// The native build: the library's name, or its absolute path (`--native-module`).
+    Native(String),
+}
+
+impl Build {
+    /// What the filter's version digests besides its configuration: the module file for the
+    /// wasm build (as ever), the library for the native build.
+    fn identity(&self) -> String {
+        match self {
+            Build::Wasm(path) => path.clone(),
+            Build::Native(module) => format!("native:{module}"),
+        }
+    }
+}
+
 /// How the resources are rendered (the server's command line).
 #[derive(Clone, Debug)]
 pub struct RenderOptions {
-    /// fanout.wasm as the Envoys see it.
-    pub wasm: String,
+    /// The build of fanout the Envoys load.
+    pub build: Build,
     /// The CA bundle an https cluster trusts when the source names no CA certificates.
     pub trusted_ca: String,
     /// Check senders' tokens from this issuer (`--oidc-issuer`, `--jwks`).
@@ -113,7 +135,7 @@ struct Written {
 /// version in `previous` (served with the same `options`: what it wrote is reused for what
 /// did not change).
 pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOptions) -> Served {
-    let (channels, entries) = decide(snapshot, previous);
+    let (channels, entries) = decide(snapshot, previous, &options.build);
     let written: Vec<&RawValue> = entries.values().map(|e| &**e).collect();
     let plugin = match contract::document(&written) {
         Ok(plugin) => plugin,
@@ -125,8 +147,8 @@ pub fn serve(snapshot: &Snapshot, previous: Option<&Served>, options: &RenderOpt
         .map(|(n, c)| (n, &c.spec))
         .collect();
     let (mut ecds, who) = senders::filters(&specs, options.oidc.as_ref());
-    let ecds_version = digest(&format!("{plugin}\n{}\n{who}", options.wasm));
-    ecds.insert(0, any(&filter_config(&plugin, &options.wasm)));
+    let ecds_version = digest(&format!("{plugin}\n{}\n{who}", options.build.identity()));
+    ecds.insert(0, any(&filter_config(&plugin, &options.build)));
     let specs = cluster_specs(&channels);
     let clusters = render_clusters(&specs, previous, options);
     let cds_version = cds_version(clusters.values());
@@ -222,7 +244,7 @@ fn render_clusters(
 /// (or keeps its last good version), so a channel that claims another's host is the one
 /// charged with it, whatever the names' order. With them, each served channel's entry of
 /// the filter's `channels`.
-fn decide(snapshot: &Snapshot, previous: Option<&Served>) -> (Channels, Entries) {
+fn decide(snapshot: &Snapshot, previous: Option<&Served>, build: &Build) -> (Channels, Entries) {
     let served_before = |name: &str| {
         let previous = previous?;
         let channel = previous.channels.get(name)?;
@@ -237,7 +259,7 @@ fn decide(snapshot: &Snapshot, previous: Option<&Served>) -> (Channels, Entries)
     }
     let (mut channels, mut entries) = (BTreeMap::new(), BTreeMap::new());
     for (name, mapping) in &snapshot.channels {
-        let (channel, entry) = choose(name, mapping, served_before(name), &hosts);
+        let (channel, entry) = choose(name, mapping, served_before(name), &hosts, build);
         hosts.claim(mapping.object_or(name), &channel.spec);
         entries.extend(entry.map(|e| (name.clone(), e)));
         channels.insert(name.clone(), channel);
@@ -248,14 +270,15 @@ fn decide(snapshot: &Snapshot, previous: Option<&Served>) -> (Channels, Entries)
 type Channels = BTreeMap<String, ServedChannel>;
 type Entries = BTreeMap<String, Arc<RawValue>>;
 
-/// The channel as it is now if it has no problems, the filter takes it and its hosts are
-/// free; else its last good version `last` (with its entry) on the same terms; else not
+/// The channel as it is now if it has no problems, the filter (of the build the Envoys
+/// load) takes it and its hosts are free; else its last good version `last` (with its entry) on the same terms; else not
 /// served.
 fn choose(
     name: &str,
     mapping: &ChannelMapping,
     last: Option<(&ServedChannel, &Arc<RawValue>)>,
     hosts: &Hosts,
+    build: &Build,
 ) -> (ServedChannel, Option<Arc<RawValue>>) {
     let mut problems = mapping.problems.clone();
     let current = mapping
@@ -266,7 +289,7 @@ fn choose(
         .into_iter()
         .chain(last.map(|(l, _)| (Serving::LastGood, &l.spec)));
     for (serving, spec) in candidates {
-        let taken = written(name, spec, last)
+        let taken = written(name, spec, last, build)
             .and_then(|w| hosts.free(mapping.object_or(name), spec).map(|()| w));
         match taken {
             Ok((digest, entry)) => {
@@ -300,6 +323,7 @@ fn written(
     name: &str,
     spec: &ChannelSpec,
     last: Option<(&ServedChannel, &Arc<RawValue>)>,
+    build: &Build,
 ) -> Result<(String, Arc<RawValue>), Problem> {
     if let Some((last, entry)) = last.filter(|(l, _)| l.spec == *spec) {
         return Ok((last.digest.clone(), entry.clone()));
@@ -307,7 +331,7 @@ fn written(
     let entry = contract::entry(name, spec)?;
     let digest = channel_digest(entry.get(), spec);
     if last.is_none_or(|(l, _)| l.digest != digest) {
-        contract::check_entry(name, spec, &entry)?;
+        contract::check_entry(name, spec, &entry, build)?;
     }
     Ok((digest, entry))
 }
@@ -387,14 +411,58 @@ fn hex16(bytes: &[u8]) -> String {
     bytes.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
-/// The fanout filter as an ECDS resource (`fanout-control render` writes it as `fanout.yaml`).
-fn filter_config(plugin: &str, wasm: &str) -> TypedExtensionConfig {
-    let code = AsyncDataSource {
+/// The fanout filter as an ECDS resource (`fanout-control render` writes it as `fanout.yaml`),
+/// for the build the Envoys load.
+fn filter_config(plugin: &str, build: &Build) -> TypedExtensionConfig {
+    let typed_config = match build {
+        Build::Wasm(wasm) => any(&wasm_filter(plugin, wasm)),
+        Build::Native(module) => any(&native_filter(plugin, module)),
+    };
+    TypedExtensionConfig {
+        name: FILTER_NAME.to_owned(),
+        typed_config: Some(typed_config),
+    }
+}
+
+/// The native build's filter (docs/native.md): the library by its name (Envoy's
+/// `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`) or by its absolute path, and the same JSON as the
+/// wasm filter's plugin configuration.
+fn native_filter(plugin: &str, module: &str) -> DynamicModuleFilter {
+    let (name, file) = if module.starts_with('/') {
+        (String::new(), Some(local_file(module)))
+    } else {
+        (module.to_owned(), None)
+    };
+    // do_not_close: every new version is a new filter configuration on the same library;
+    // kept loaded, the library keeps its dedupe store across versions.
+    let config = DynamicModuleConfig {
+        name,
+        module: file,
+        do_not_close: true,
+        ..DynamicModuleConfig::default()
+    };
+    DynamicModuleFilter {
+        dynamic_module_config: Some(config),
+        filter_name: FILTER_NAME.to_owned(),
+        filter_config: Some(any(&StringValue {
+            value: plugin.to_owned(),
+        })),
+        ..DynamicModuleFilter::default()
+    }
+}
+
+fn local_file(path: &str) -> AsyncDataSource {
+    AsyncDataSource {
         specifier: Some(async_data_source::Specifier::Local(DataSource {
-            specifier: Some(data_source::Specifier::Filename(wasm.to_owned())),
+            specifier: Some(data_source::Specifier::Filename(path.to_owned())),
             ..DataSource::default()
         })),
-    };
+    }
+}
+
+/// The wasm filter: the module file, its VM and the plugin configuration.
+fn wasm_filter(plugin: &str, wasm: &str) -> Wasm {
+    let code = local_file(wasm);
     // The same vm_id and code in every version: Envoy keeps the VMs and starts only a new
     // plugin in them for each new configuration.
     let vm = VmConfig {
@@ -413,11 +481,8 @@ fn filter_config(plugin: &str, wasm: &str) -> TypedExtensionConfig {
         vm: Some(plugin_config::Vm::VmConfig(vm)),
         ..PluginConfig::default()
     };
-    TypedExtensionConfig {
-        name: FILTER_NAME.to_owned(),
-        typed_config: Some(any(&Wasm {
-            config: Some(config),
-        })),
+    Wasm {
+        config: Some(config),
     }
 }
 

@@ -16,7 +16,7 @@ use crate::model::{Problem, Snapshot};
 use crate::render::{self, Served};
 use crate::resource_json;
 use crate::source::{self, DirSource, Listing};
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use serde_json::{json, Value};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -47,7 +47,13 @@ struct RenderArgs {
 
 /// Runs `render` with its arguments (`args`: from the word `render` on).
 pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
-    let args = RenderArgs::parse_from(args);
+    let matches = RenderArgs::command().get_matches_from(args);
+    let args = RenderArgs::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Some(message) = args.config.mismatch(&matches) {
+        RenderArgs::command()
+            .error(clap::error::ErrorKind::ArgumentConflict, message)
+            .exit();
+    }
     let listing = match read(&args.source) {
         Ok(listing) => listing,
         Err(lines) => {
@@ -179,7 +185,11 @@ fn write(out: &Path, served: &Served, senders: bool) -> Result<(), String> {
     let plugin = filters
         .iter()
         .find(|(name, _)| name == render::FILTER_NAME)
-        .and_then(|(_, r)| r.pointer("/typed_config/config/configuration/value"))
+        .and_then(|(_, r)| {
+            // The wasm filter's plugin configuration, or the native build's filter_config.
+            r.pointer("/typed_config/config/configuration/value")
+                .or_else(|| r.pointer("/typed_config/filter_config/value"))
+        })
         .and_then(Value::as_str)
         .ok_or("the served filter has no configuration")?;
     let plugin: Value = serde_json::from_str(plugin).map_err(|e| e.to_string())?;
@@ -244,4 +254,46 @@ fn summary(out: &Path, served: &Served, policies: Option<usize>, warnings: usize
         text += &format!(", {warnings} warning(s)");
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::MapOptions;
+    use crate::render::{Build, RenderOptions};
+
+    /// `render --build native` writes the native build's filter, and the fan-out JSON it
+    /// carries as `fanout.json`.
+    #[test]
+    fn the_native_filter_is_written_with_its_configuration() {
+        let channel = json!({
+            "apiVersion": "messaging.knative.dev/v1", "kind": "InMemoryChannel",
+            "metadata": { "name": "a", "namespace": "default" },
+            "spec": { "subscribers": [{ "subscriberUri": "http://x.example/" }] },
+            "status": { "address": { "url": "http://a.example" } }
+        });
+        let snapshot = crate::knative::map(&MapOptions::default(), vec![channel]);
+        let options = RenderOptions {
+            build: Build::Native("fanout".into()),
+            trusted_ca: "/ca.crt".into(),
+            oidc: None,
+            resolve: Vec::new(),
+            connect_timeout: std::time::Duration::from_secs(1),
+        };
+        let served = render::serve(&snapshot, None, &options);
+        let out = std::env::temp_dir().join(format!("fanout-render-native-{}", std::process::id()));
+        let written = write(&out, &served, false);
+        let read = |name: &str| std::fs::read_to_string(out.join(name));
+        let (filter, plugin) = (read("fanout.yaml"), read("fanout.json"));
+        let _ = std::fs::remove_dir_all(&out);
+        written.unwrap();
+        let filter: Value = serde_json::from_str(&filter.unwrap()).unwrap();
+        let carried = &filter["resources"][0]["typed_config"];
+        assert_eq!(carried["dynamic_module_config"]["name"], "fanout");
+        let carried: Value =
+            serde_json::from_str(carried["filter_config"]["value"].as_str().unwrap()).unwrap();
+        let plugin: Value = serde_json::from_str(&plugin.unwrap()).unwrap();
+        assert_eq!(carried, plugin);
+        assert_eq!(plugin["channels"][0]["hosts"], json!(["a.example"]));
+    }
 }

@@ -2,7 +2,8 @@
 //! JSON mapping, with the protos' own field names): what `fanout-control render` writes. It
 //! decodes the very `Any`s the server sends, so a file and the xDS server never differ.
 //!
-//! It knows the messages the server builds (clusters, TLS, the wasm filter, jwt_authn, rbac)
+//! It knows the messages the server builds (clusters, TLS, the wasm filter, the native build's
+//! dynamic-module filter, jwt_authn, rbac)
 //! and nothing else: a field it does not know is an error naming the message, never a field
 //! dropped from the file. Each message's function moves out the fields it writes; what is left
 //! must be the message's default.
@@ -17,6 +18,8 @@ use envoy_types::pb::envoy::config::rbac::v3::{
     permission, principal, rbac, Permission, Policy, Principal, Rbac as RbacRules, SourcedMetadata,
 };
 use envoy_types::pb::envoy::config::route::v3::{header_matcher, route_match, HeaderMatcher};
+use envoy_types::pb::envoy::extensions::dynamic_modules::v3::DynamicModuleConfig;
+use envoy_types::pb::envoy::extensions::filters::http::dynamic_modules::v3::DynamicModuleFilter;
 use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::{
     jwt_provider, jwt_requirement, requirement_rule, JwtAuthentication, JwtProvider,
     RequirementRule,
@@ -52,6 +55,8 @@ pub fn any(resource: &Any) -> Json {
         extension(decode(bytes)?)
     } else if url == Wasm::type_url() {
         wasm(decode(bytes)?)
+    } else if url == DynamicModuleFilter::type_url() {
+        dynamic_module_filter(decode(bytes)?)
     } else if url == UpstreamTlsContext::type_url() {
         upstream_tls(decode(bytes)?)
     } else if url == StringValue::type_url() {
@@ -339,6 +344,27 @@ fn plugin(mut p: PluginConfig) -> Json {
         )
         .value("vm_config", vm)
         .done("PluginConfig", &p)
+}
+
+fn dynamic_module_filter(mut f: DynamicModuleFilter) -> Json {
+    let module = some(take(&mut f.dynamic_module_config), dynamic_module)?;
+    Fields::default()
+        .value("dynamic_module_config", module)
+        .text("filter_name", take(&mut f.filter_name))
+        .value(
+            "filter_config",
+            some(take(&mut f.filter_config), |c| any(&c))?,
+        )
+        .done("DynamicModuleFilter", &f)
+}
+
+fn dynamic_module(mut m: DynamicModuleConfig) -> Json {
+    let do_not_close = take(&mut m.do_not_close).then_some(Value::Bool(true));
+    Fields::default()
+        .text("name", take(&mut m.name))
+        .value("module", some(take(&mut m.module), async_source)?)
+        .value("do_not_close", do_not_close)
+        .done("DynamicModuleConfig", &m)
 }
 
 fn async_source(mut a: AsyncDataSource) -> Json {

@@ -239,6 +239,7 @@ fn cluster_envoy(
             endpoint["port_value"] = json!(admin_port);
         }
     }
+    crate::harness::native_ecds(&mut bootstrap);
     let envoy = Envoy::builder()
         .raw_bootstrap(bootstrap)
         .args_list(&["--service-node", node])

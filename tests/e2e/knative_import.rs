@@ -25,9 +25,7 @@ use std::time::Duration;
 use harness::control::{render_objects, RENDER_PREFIX};
 use harness::reload::{ReloadEnvoy, ECDS};
 use harness::timing::assert_waited_at_least;
-use harness::{
-    assert_202, assert_status, send, wasm_path, Behavior, Client, Envoy, Subscriber, TempDir,
-};
+use harness::{assert_202, assert_status, send, Behavior, Client, Envoy, Subscriber, TempDir};
 use serde_json::{json, Value};
 
 const SCRIPT: &str = "fanout-control render";
@@ -1132,19 +1130,31 @@ fn tls_front(cert: &Path, key: &Path, hosts: &[&str], backend: &Subscriber) -> E
         .start()
 }
 
-/// Runs the import on `input`, with `--resolve` for each (host, port), and the built filter.
+/// Runs the import on `input`, with `--resolve` for each (host, port), and the built filter
+/// (on the native build, `--build native`: a skip if the native build refuses the objects).
 fn import_for_envoy(input: &str, stdin: &str, resolve: &[(&str, u16)], extra: &[&str]) -> Import {
-    let wasm = wasm_path().to_string_lossy().into_owned();
+    let build: Vec<String> = harness::control::build_args(&[])
+        .into_iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let resolve: Vec<String> = resolve
         .iter()
         .map(|(host, port)| format!("{host}=127.0.0.1:{port}"))
         .collect();
-    let mut args = vec!["--wasm", wasm.as_str()];
+    let mut args: Vec<&str> = build.iter().map(String::as_str).collect();
     for r in &resolve {
         args.extend(["--resolve", r.as_str()]);
     }
     args.extend_from_slice(extra);
     let import = Import::run(input, stdin, &args);
+    if harness::fanout_build() == harness::Build::Native && import.code != 0 {
+        let refused = import.stderr.lines().find(|l| l.contains("the wasm build"));
+        if let Some(line) = refused {
+            harness::skip_on_native(&format!(
+                "`fanout-control render --build native` refuses these objects: {line}"
+            ));
+        }
+    }
     import.succeeded();
     // Every cluster on loopback: nothing may send a DNS query or traffic elsewhere.
     for cluster in import.json("clusters.yaml")["resources"]

@@ -88,14 +88,16 @@ fn event_policies_decide_who_may_send_to_each_imported_channel() {
             )
         })
         .collect();
-    let mut args = vec![
-        "--wasm".to_owned(),
-        harness::wasm_path().display().to_string(),
+    let mut args: Vec<String> = harness::control::build_args(&[])
+        .into_iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    args.extend([
         "--oidc-issuer".to_owned(),
         ISSUER.to_owned(),
         "--jwks".to_owned(),
         jwks_path.display().to_string(),
-    ];
+    ]);
     for r in &resolve {
         args.extend(["--resolve".to_owned(), r.clone()]);
     }

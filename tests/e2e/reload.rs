@@ -560,13 +560,29 @@ fn render_writes_the_ecds_file_the_tests_use() {
     by_render["version_info"] = json!("");
     by_harness["version_info"] = json!("");
     assert_eq!(by_render, by_harness);
-    let wasm = &by_render["resources"][0]["typed_config"]["config"];
-    assert_eq!(wasm["allow_on_headers_stop_iteration"], json!(true));
-    assert_eq!(
-        wasm["configuration"]["value"],
-        json!(config),
-        "passed on as written"
-    );
+    if harness::fanout_build() == harness::Build::Native {
+        // `render --build native`: the native build's filter, the library by its name.
+        let native = &by_render["resources"][0]["typed_config"];
+        assert_eq!(native["@type"], harness::NATIVE_TYPE);
+        assert_eq!(
+            native["dynamic_module_config"],
+            json!({ "name": "fanout", "do_not_close": true })
+        );
+        assert_eq!(native["filter_name"], "fanout");
+        assert_eq!(
+            native["filter_config"]["value"],
+            json!(config),
+            "passed on as written"
+        );
+    } else {
+        let wasm = &by_render["resources"][0]["typed_config"]["config"];
+        assert_eq!(wasm["allow_on_headers_stop_iteration"], json!(true));
+        assert_eq!(
+            wasm["configuration"]["value"],
+            json!(config),
+            "passed on as written"
+        );
+    }
     assert_eq!(by_render["resources"][0]["name"], "fanout");
 
     // No source, or a malformed option: refused before Envoy ever sees a file.

@@ -4,7 +4,7 @@
 
 use crate::knative;
 use crate::model::{AuthorizationMode, MapOptions};
-use crate::render::{self, RenderOptions, Served, Serving};
+use crate::render::{self, Build, RenderOptions, Served, Serving};
 use crate::senders::Oidc;
 use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
 use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
@@ -317,7 +317,7 @@ fn options() -> impl Strategy<Value = (MapOptions, RenderOptions)> {
     ]);
     mode.prop_map(|senders| {
         let render = RenderOptions {
-            wasm: "/fanout.wasm".into(),
+            build: Build::Wasm("/fanout.wasm".into()),
             trusted_ca: "/ca.crt".into(),
             oidc: senders.map(|_| Oidc {
                 issuer: "https://issuer.example".into(),

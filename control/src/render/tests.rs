@@ -8,12 +8,12 @@ use envoy_types::pb::envoy::config::cluster::v3::{
 };
 use envoy_types::pb::envoy::config::core::v3::transport_socket;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
-use prost::Message;
+use prost::{Message, Name};
 use serde_json::Value;
 
 fn options() -> RenderOptions {
     RenderOptions {
-        wasm: "/w/fanout.wasm".into(),
+        build: Build::Wasm("/w/fanout.wasm".into()),
         trusted_ca: "/ca.crt".into(),
         oidc: None,
         resolve: Vec::new(),
@@ -30,11 +30,35 @@ fn imc(name: &str, uri: &str) -> Value {
     })
 }
 
+fn native(module: &str) -> RenderOptions {
+    RenderOptions {
+        build: Build::Native(module.into()),
+        ..options()
+    }
+}
+
+/// The plugin configuration the served fanout filter carries, on either build.
 fn plugin(served: &Served) -> Value {
     let filter = TypedExtensionConfig::decode(served.ecds[0].value.as_slice()).unwrap();
-    let wasm = Wasm::decode(filter.typed_config.unwrap().value.as_slice()).unwrap();
-    let config = wasm.config.unwrap().configuration.unwrap();
+    let typed = filter.typed_config.unwrap();
+    let config = if typed.type_url == DynamicModuleFilter::type_url() {
+        let native = DynamicModuleFilter::decode(typed.value.as_slice()).unwrap();
+        native.filter_config.unwrap()
+    } else {
+        let wasm = Wasm::decode(typed.value.as_slice()).unwrap();
+        wasm.config.unwrap().configuration.unwrap()
+    };
+    assert_eq!(config.type_url, StringValue::type_url());
     serde_json::from_str(&StringValue::decode(config.value.as_slice()).unwrap().value).unwrap()
+}
+
+/// The served fanout filter as the native build's, decoded.
+fn native_filter_of(served: &Served) -> DynamicModuleFilter {
+    let filter = TypedExtensionConfig::decode(served.ecds[0].value.as_slice()).unwrap();
+    assert_eq!(filter.name, FILTER_NAME);
+    let typed = filter.typed_config.unwrap();
+    assert_eq!(typed.type_url, DynamicModuleFilter::type_url());
+    DynamicModuleFilter::decode(typed.value.as_slice()).unwrap()
 }
 
 #[test]
@@ -252,5 +276,125 @@ fn versions_are_digests_of_the_content() {
             .unwrap()
             .sni,
         "x.example"
+    );
+}
+
+/// With `--build native` the fanout filter is the native build's dynamic-module filter, with
+/// the very configuration the wasm filter gets (one the native build takes), the library
+/// kept loaded; by name (Envoy's search path) or by its absolute path.
+#[test]
+fn the_native_build_is_served_the_same_configuration_as_a_dynamic_module() {
+    let objects = vec![
+        imc("a", "http://x.example/"),
+        imc("b", "https://y.example/"),
+    ];
+    let snapshot = knative::map(&MapOptions::default(), objects);
+    let wasm = serve(&snapshot, None, &options());
+    let by_name = serve(&snapshot, None, &native("fanout"));
+    assert_eq!(plugin(&by_name), plugin(&wasm));
+    let text = plugin(&by_name).to_string();
+    let config = fanout_native::configure(text.as_bytes()).unwrap();
+    assert_eq!(config.channels.len(), 2);
+    let filter = native_filter_of(&by_name);
+    assert_eq!(filter.filter_name, "fanout");
+    let module = filter.dynamic_module_config.unwrap();
+    assert_eq!(module.name, "fanout");
+    assert!(module.module.is_none());
+    assert!(
+        module.do_not_close,
+        "the library stays loaded across versions"
+    );
+    assert!(!filter.terminal_filter);
+    // The clusters and the senders filters do not depend on the build.
+    assert_eq!(by_name.clusters, wasm.clusters);
+    assert_eq!(by_name.ecds[1..], wasm.ecds[1..]);
+    assert_eq!(by_name.cds_version, wasm.cds_version);
+    assert_ne!(by_name.ecds_version, wasm.ecds_version);
+
+    let by_path = serve(&snapshot, None, &native("/etc/envoy/modules/libfanout.so"));
+    let module = native_filter_of(&by_path).dynamic_module_config.unwrap();
+    assert_eq!(module.name, "");
+    let Some(async_data_source::Specifier::Local(local)) = module.module.unwrap().specifier else {
+        panic!("no local file")
+    };
+    assert_eq!(
+        local.specifier,
+        Some(data_source::Specifier::Filename(
+            "/etc/envoy/modules/libfanout.so".into()
+        ))
+    );
+    assert_ne!(by_path.ecds_version, by_name.ecds_version);
+}
+
+/// The JSON views (`/state`'s resources, `render`'s `fanout.yaml`) write the native filter
+/// as Envoy reads it from a file.
+#[test]
+fn the_native_filter_is_written_as_envoys_json() {
+    let snapshot = knative::map(&MapOptions::default(), vec![imc("a", "http://x.example/")]);
+    let served = serve(&snapshot, None, &native("fanout"));
+    let written = crate::resource_json::any(&served.ecds[0]).unwrap();
+    let plugin_text = plugin(&served).to_string();
+    assert_eq!(
+        written,
+        json!({
+            "@type": TypedExtensionConfig::type_url(),
+            "name": "fanout",
+            "typed_config": {
+                "@type": DynamicModuleFilter::type_url(),
+                "dynamic_module_config": { "name": "fanout", "do_not_close": true },
+                "filter_name": "fanout",
+                "filter_config": { "@type": StringValue::type_url(), "value": plugin_text }
+            }
+        })
+    );
+    let served = serve(&snapshot, None, &native("/m/libfanout.so"));
+    let written = crate::resource_json::any(&served.ecds[0]).unwrap();
+    assert_eq!(
+        written["typed_config"]["dynamic_module_config"],
+        json!({ "module": { "local": { "filename": "/m/libfanout.so" } }, "do_not_close": true })
+    );
+}
+
+/// What the native build refuses (here a reply) is the problem of the channel that asks for
+/// it, charged to its subscriber, and never reaches the filter every channel shares: the
+/// channel keeps its last good version, the others are served. The wasm build serves it.
+#[test]
+fn a_channel_the_native_build_refuses_is_that_channels_problem() {
+    let mut replying = imc("a", "http://x.example/");
+    replying["spec"]["subscribers"][0]["replyUri"] = json!("http://r.example/r");
+    let objects = vec![replying, imc("b", "http://y.example/")];
+    let snapshot = knative::map(&MapOptions::default(), objects.clone());
+    let wasm = serve(&snapshot, None, &options());
+    assert_eq!(wasm.channels["default/a"].serving, Serving::Current);
+    let served = serve(&snapshot, None, &native("fanout"));
+    let refused = &served.channels["default/a"];
+    assert_eq!(refused.serving, Serving::NotServed);
+    let problem = &refused.problems[0];
+    assert_eq!(problem.object, "InMemoryChannel default/a");
+    assert!(
+        problem.message.contains("reply") && problem.message.contains("wasm build"),
+        "{problem:?}"
+    );
+    assert_eq!(served.channels["default/b"].serving, Serving::Current);
+    let config = plugin(&served);
+    assert_eq!(config["channels"].as_array().map(Vec::len), Some(1));
+    assert!(fanout_native::configure(config.to_string().as_bytes()).is_ok());
+    // A channel served before keeps its last good version when it starts asking for it.
+    let first = serve(
+        &knative::map(&MapOptions::default(), vec![imc("a", "http://x.example/")]),
+        None,
+        &native("fanout"),
+    );
+    let mut now = imc("a", "http://z.example/");
+    now["spec"]["subscribers"][0]["replyUri"] = json!("http://r.example/r");
+    let second = serve(
+        &knative::map(&MapOptions::default(), vec![now]),
+        Some(&first),
+        &native("fanout"),
+    );
+    assert_eq!(second.channels["default/a"].serving, Serving::LastGood);
+    assert_eq!(
+        plugin(&second)["channels"][0]["subscribers"][0]["cluster"],
+        "http|x.example|80"
     );
 }

@@ -15,7 +15,7 @@
 
 use super::{StreamState, CLUSTER_TYPE, FILTER_TYPE};
 use crate::model::{MapOptions, Snapshot};
-use crate::render::{serve, RenderOptions, Served};
+use crate::render::{serve, Build, RenderOptions, Served};
 use crate::source::{mapped, parse, Listing};
 use crate::state::Ledger;
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -47,7 +47,7 @@ fn channels(changed: usize) -> String {
 
 fn options() -> RenderOptions {
     RenderOptions {
-        wasm: "/w/fanout.wasm".into(),
+        build: Build::Wasm("/w/fanout.wasm".into()),
         trusted_ca: "/ca.crt".into(),
         oidc: None,
         resolve: Vec::new(),

@@ -21,6 +21,23 @@ pub fn control_bin() -> PathBuf {
     bin
 }
 
+/// The options that choose the build the server's Envoys load, unless `more` chooses: the
+/// built wasm module, or on the native build (`FANOUT_BUILD=native`) the native build by its
+/// name, `fanout`, which the Envoys find in their `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`.
+pub fn build_args(more: &[&str]) -> Vec<std::ffi::OsString> {
+    let chosen = |flag: &str| {
+        more.iter()
+            .any(|a| *a == flag || a.starts_with(&format!("{flag}=")))
+    };
+    if chosen("--wasm") || chosen("--build") {
+        return Vec::new();
+    }
+    match super::fanout_build() {
+        super::Build::Wasm => vec!["--wasm".into(), super::wasm_path().into()],
+        super::Build::Native => vec!["--build".into(), "native".into()],
+    }
+}
+
 /// A running `fanout-control`. Dropping it stops its process group.
 pub struct Control {
     child: Option<Child>,
@@ -64,8 +81,7 @@ impl Control {
             .envs(env.iter().copied())
             .args(["--xds-address", &format!("127.0.0.1:{xds_port}")])
             .args(["--http-address", &format!("127.0.0.1:{http_port}")])
-            .arg("--wasm")
-            .arg(super::wasm_path())
+            .args(build_args(more))
             .args(more)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -191,7 +207,8 @@ impl Drop for Control {
 }
 
 /// The shipped `envoy/xds/envoy.yaml`, on ephemeral ports, pointed at the server on
-/// `xds_port`, with node id `node` (Envoy's `--service-node`, as the file says).
+/// `xds_port`, with node id `node` (Envoy's `--service-node`, as the file says); on the native
+/// build, made the native build's ([`native_ecds`](super::native_ecds)).
 pub fn xds_envoy(node: &str, xds_port: u16) -> EnvoyBuilder {
     let mut bootstrap = read_shipped_yaml("envoy/xds/envoy.yaml");
     let zero = json!({ "socket_address": { "address": "127.0.0.1", "port_value": 0 } });
@@ -201,6 +218,7 @@ pub fn xds_envoy(node: &str, xds_port: u16) -> EnvoyBuilder {
     assert_eq!(cluster["name"], "fanout-control");
     cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
         ["socket_address"]["port_value"] = json!(xds_port);
+    super::native_ecds(&mut bootstrap);
     Envoy::builder()
         .raw_bootstrap(bootstrap)
         .args_list(&["--service-node", node])

@@ -91,6 +91,52 @@ pub fn native_lib_path() -> PathBuf {
 
 /// The native build's HTTP filter's name (the harness tells an Envoy running it by it).
 const NATIVE_FILTER: &str = "envoy.filters.http.dynamic_modules";
+/// The native build's filter's type, which a bootstrap's ECDS `type_urls` name for a fanout
+/// filter that comes from fanout-control (`--build native`) or from a file `render` wrote.
+pub const NATIVE_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter";
+/// The wasm filter's type.
+pub const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+
+/// On the native build, a shipped bootstrap whose fanout filter comes over ECDS made the
+/// native build's the way docs/native.md says: the `type_urls` that name the wasm filter name
+/// the native build's filter instead, and the stats tag rules match the native build's names.
+/// A filter the bootstrap configures itself is left as it is (and a wasm one is a skip). On
+/// the wasm build, nothing changes.
+pub fn native_ecds(bootstrap: &mut Value) {
+    fn retype(value: &mut Value) {
+        match value {
+            Value::Object(fields) => {
+                for (key, field) in fields.iter_mut() {
+                    match (key.as_str(), field) {
+                        ("type_urls", Value::Array(urls)) => {
+                            for url in urls.iter_mut().filter(|u| *u == WASM_TYPE) {
+                                *url = json!(NATIVE_TYPE);
+                            }
+                        }
+                        (_, field) => retype(field),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(retype),
+            _ => {}
+        }
+    }
+    if fanout_build() != Build::Native {
+        return;
+    }
+    retype(bootstrap);
+    if let Some(stats) = bootstrap.get_mut("stats_config") {
+        rename_stats(stats);
+    }
+}
+
+/// The directory Envoy finds the native build in by its name (`libfanout.so`, for
+/// `dynamic_module_config.name: fanout`): its `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`.
+pub fn native_search_path() -> PathBuf {
+    let lib = native_lib_path();
+    lib.parent().map(Path::to_path_buf).unwrap_or(lib)
+}
 
 /// The native build's HTTP filter (docs/native.md) with the same JSON configuration as the
 /// wasm filter's, the library named by its path.
@@ -115,21 +161,56 @@ fn native_filter(config: &str) -> Value {
 /// On the native build, why this test cannot run there, said before Envoy starts: the
 /// configuration asks for something the native build refuses on purpose (its own check,
 /// `fanout_native::configure`, on what the harness is about to serve), or the bootstrap
-/// loads the wasm module anyway (a shipped configuration, a module file the test names).
+/// loads the wasm module anyway: a module file the test names, a shipped bootstrap that
+/// configures the wasm filter itself, or one whose ECDS takes only the wasm filter (a shipped
+/// xDS or ConfigMap bootstrap is made the native build's by [`native_ecds`] first).
 /// `None` on the wasm build, and for a configuration the core itself refuses (Envoy refuses
 /// it on either build, which is what such a test checks).
-fn native_skip(plugin_config: Option<&str>, bootstrap: &Value) -> Option<String> {
+fn native_skip(
+    plugin_config: Option<&str>,
+    bootstrap: &Value,
+    wasm_file: Option<&Path>,
+) -> Option<String> {
     if fanout_build() != Build::Native {
         return None;
     }
     if let Some(why) = plugin_config.and_then(native_refusal) {
         return Some(why);
     }
-    let wasm = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
-    bootstrap
-        .to_string()
-        .contains(wasm)
-        .then(|| "the bootstrap loads the wasm module (a shipped or given one)".to_owned())
+    let text = bootstrap.to_string();
+    if let Some(file) = wasm_file.filter(|_| text.contains(WASM_TYPE)) {
+        let name = file.file_name().map_or("", |n| n.to_str().unwrap_or(""));
+        return Some(format!(
+            "the test loads a wasm module file of its own ({name}), not the built filter"
+        ));
+    }
+    let mut filters = Vec::new();
+    wasm_filters(bootstrap, &mut filters);
+    if !filters.is_empty() {
+        return Some(format!(
+            "the bootstrap configures the wasm filter itself ({})",
+            filters.join(", ")
+        ));
+    }
+    text.contains(WASM_TYPE).then(|| {
+        "the bootstrap's ECDS takes only the wasm filter for fanout (its type_urls)".to_owned()
+    })
+}
+
+/// The names of the filters `value` configures as the wasm filter (`"@type"` the wasm
+/// filter's type, under a filter's `typed_config`).
+fn wasm_filters(value: &Value, found: &mut Vec<String>) {
+    match value {
+        Value::Object(fields) => {
+            if fields.get("typed_config").and_then(|c| c.get("@type")) == Some(&json!(WASM_TYPE)) {
+                let name = fields.get("name").and_then(Value::as_str).unwrap_or("?");
+                found.push(name.to_owned());
+            }
+            fields.values().for_each(|v| wasm_filters(v, found));
+        }
+        Value::Array(items) => items.iter().for_each(|v| wasm_filters(v, found)),
+        _ => {}
+    }
 }
 
 /// fanout's stats named as the native build names them under `stats_config`: a regular
@@ -662,10 +743,15 @@ impl EnvoyBuilder {
         // Both panic with a how-to when missing: check them before making anything.
         let bin = envoy_bin();
         let bootstrap = self.bootstrap();
-        if let Some(why) = native_skip(self.plugin_config.as_deref(), &bootstrap) {
+        let wasm_file = self.wasm_file.as_deref();
+        if let Some(why) = native_skip(self.plugin_config.as_deref(), &bootstrap, wasm_file) {
             super::skip_on_native(&why);
         }
-        let native = bootstrap.to_string().contains(NATIVE_FILTER);
+        // The native build's filter, in the bootstrap or accepted over ECDS.
+        let native = {
+            let text = bootstrap.to_string();
+            text.contains(NATIVE_FILTER) || text.contains(NATIVE_TYPE)
+        };
         let bootstrap = serde_json::to_string_pretty(&bootstrap).expect("serialize");
         let dir = TempDir::new("fanout-e2e", "Envoy's config and logs");
         let config_path = dir.path().join("envoy.yaml");
@@ -706,6 +792,10 @@ impl EnvoyBuilder {
                 }
                 Ok(())
             });
+        }
+        if native {
+            // Where a filter that names the library by its name (fanout-control's) finds it.
+            command.env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", native_search_path());
         }
         let child = command
             .spawn()

@@ -57,9 +57,9 @@ pub use client::{
     assert_202, assert_202_empty, assert_rejected, assert_status, chunked_body, send, Client, Reply,
 };
 pub use envoy::{
-    body_wait, envoy_bin, fanout_build, filter_log_lines, http_get, native_lib_path,
-    native_refusal, validate_config, wasm_path, BodyWait, Build, Envoy, EnvoyBuilder, NATIVE_SKIP,
-    TRIPWIRE_BODY,
+    body_wait, envoy_bin, fanout_build, filter_log_lines, http_get, native_ecds, native_lib_path,
+    native_refusal, native_search_path, validate_config, wasm_path, BodyWait, Build, Envoy,
+    EnvoyBuilder, NATIVE_SKIP, NATIVE_TYPE, TRIPWIRE_BODY, WASM_TYPE,
 };
 pub use server::set_linger_zero;
 pub use subscriber::{Behavior, Recorded, Subscriber};

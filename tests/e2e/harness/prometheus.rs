@@ -80,12 +80,23 @@ impl Prometheus {
             rule_files.push(path.to_string_lossy().into_owned());
         }
         let targets: Vec<String> = setup.targets.iter().map(ToString::to_string).collect();
-        let mut jobs = vec![json!({
+        let mut envoys = json!({
             "job_name": setup.job,
             "metrics_path": "/stats/prometheus",
             "scrape_timeout": interval,
             "static_configs": [{ "targets": targets }]
-        })];
+        });
+        if super::fanout_build() == super::Build::Native {
+            // docs/native.md's rule: the native build's series under the wasm build's names,
+            // which the shipped rules and dashboards use.
+            envoys["metric_relabel_configs"] = json!([{
+                "source_labels": ["__name__"],
+                "regex": "envoy_dynamicmodulescustom_(fanout_.*)",
+                "target_label": "__name__",
+                "replacement": "$1"
+            }]);
+        }
+        let mut jobs = vec![envoys];
         for job in more {
             let targets: Vec<String> = job.targets.iter().map(ToString::to_string).collect();
             jobs.push(json!({

@@ -2,7 +2,8 @@
 //! `envoy/configmap/envoy.yaml` (the filter through ECDS, the clusters through CDS, both from
 //! files in a watched directory), and the test replaces those files the way the kubelet does,
 //! with an atomic flip of the `..data` symlink. The filter's file is the one
-//! `fanout-control render` writes, with the test's fan-out config in it.
+//! `fanout-control render` writes, with the test's fan-out config in it. On the native build,
+//! the bootstrap takes the native build's filter and render writes it (`--build native`).
 //!
 //! Waits poll Envoy's admin stats with a deadline; nothing sleeps a fixed time for Envoy.
 
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use super::{manifest_dir, read_shipped_yaml, wasm_path, Client, Envoy, TempDir};
+use super::{manifest_dir, read_shipped_yaml, Client, Envoy, TempDir};
 
 /// The shipped bootstrap.
 pub const SHIPPED_BOOTSTRAP: &str = "envoy/configmap/envoy.yaml";
@@ -99,19 +100,33 @@ impl Default for ConfigMapVolume {
 /// made unique for it. `render_writes_the_ecds_file_the_tests_use` checks that this equals
 /// what render writes for the same config.
 pub fn render_filter(fanout_config: &str) -> String {
+    if let Some(why) = super::native_refusal(fanout_config) {
+        super::skip_on_native(&why);
+    }
     static TEMPLATE: OnceLock<Value> = OnceLock::new();
     let template = TEMPLATE.get_or_init(|| rendered_filter().0);
     let mut document = template.clone();
-    document["resources"][0]["typed_config"]["config"]["configuration"]["value"] =
-        json!(fanout_config.trim());
+    *plugin_value(&mut document) = json!(fanout_config.trim());
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     std::hash::Hash::hash(fanout_config.trim(), &mut hasher);
     document["version_info"] = json!(format!("{:016x}", std::hash::Hasher::finish(&hasher)));
     serde_json::to_string_pretty(&document).expect("serialize")
 }
 
-/// `fanout.yaml` as `fanout-control render --wasm <built filter>` writes it for one small
-/// InMemoryChannel, and the fan-out config it carries.
+/// The field of an ECDS file (`fanout.yaml`) that carries the fan-out config: the wasm
+/// filter's plugin configuration, or the native build's `filter_config`.
+fn plugin_value(document: &mut Value) -> &mut Value {
+    let filter = &mut document["resources"][0]["typed_config"];
+    if filter["@type"] == super::NATIVE_TYPE {
+        &mut filter["filter_config"]["value"]
+    } else {
+        &mut filter["config"]["configuration"]["value"]
+    }
+}
+
+/// `fanout.yaml` as `fanout-control render` writes it for one small InMemoryChannel, with
+/// the built filter (`--wasm <built filter>`, or on the native build `--build native`), and
+/// the fan-out config it carries.
 pub fn rendered_filter() -> (Value, String) {
     let dir = TempDir::new("fanout-render-template", "the rendered filter");
     let channel = json!({
@@ -121,14 +136,17 @@ pub fn rendered_filter() -> (Value, String) {
         "status": { "address": { "url": "http://template-kn-channel.default.svc.cluster.local" } }
     });
     let out = dir.path().join("out");
-    let wasm = wasm_path();
-    let wasm = wasm.to_string_lossy();
+    let build: Vec<String> = super::control::build_args(&[])
+        .into_iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let build: Vec<&str> = build.iter().map(String::as_str).collect();
     let (code, _, err) =
-        super::control::render_objects(dir.path(), &channel.to_string(), &out, &["--wasm", &wasm]);
+        super::control::render_objects(dir.path(), &channel.to_string(), &out, &build);
     assert_eq!(code, 0, "fanout-control render failed: {err}");
     let text = fs::read_to_string(out.join("fanout.yaml")).expect("render wrote fanout.yaml");
-    let document: Value = serde_json::from_str(&text).expect("render writes JSON");
-    let config = document["resources"][0]["typed_config"]["config"]["configuration"]["value"]
+    let mut document: Value = serde_json::from_str(&text).expect("render writes JSON");
+    let config = plugin_value(&mut document)
         .as_str()
         .expect("the filter carries its config")
         .to_owned();
@@ -169,6 +187,7 @@ pub fn shipped_bootstrap(volume: &Path) -> Value {
 /// listener's) with it.
 pub fn shipped_bootstrap_from(rel: &str, volume: &Path) -> Value {
     let mut bootstrap = read_shipped_yaml(rel);
+    super::native_ecds(&mut bootstrap);
     move_volume(&mut bootstrap, &volume.to_string_lossy());
     let shipped_admin = bootstrap["admin"]["address"]["socket_address"]["port_value"].clone();
     let admin_port = super::free_ports(1)[0];
@@ -265,6 +284,12 @@ impl ReloadEnvoy {
     /// e.g. as `fanout-control render` wrote them), then start Envoy on them. As with
     /// `start_unconfigured`, whether Envoy took the filter's file is for the caller to check.
     pub fn start_on_files(filter: String, clusters: String) -> ReloadEnvoy {
+        if super::fanout_build() == super::Build::Native && filter.contains(super::WASM_TYPE) {
+            super::skip_on_native(
+                "the filter's file Envoy is given (fanout.yaml) is the wasm filter: a shipped \
+                 one, not one render writes for the native build",
+            );
+        }
         let mut volume = ConfigMapVolume::new();
         volume.publish(&[("fanout.yaml", &filter), ("clusters.yaml", &clusters)]);
         let bootstrap = shipped_bootstrap(volume.path());
