@@ -15,7 +15,9 @@ mkdir -p target
 log=target/test-e2e-native.log
 
 # Into a file, followed: not through a pipe, which a child process (Node) may make
-# non-blocking, and cargo's long list of failures would then be cut short.
+# non-blocking, and cargo's long list of failures would then be cut short. Emptied first, so
+# that `tail` finds it and never shows the last run's.
+: >"$log"
 FANOUT_BUILD=native $CARGO test --test e2e -- "$@" >"$log" 2>&1 &
 cargo_pid=$!
 tail -n +1 -f --pid="$cargo_pid" "$log"

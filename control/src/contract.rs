@@ -163,6 +163,51 @@ mod tests {
         assert!(problem.message.contains("hosts[0]"), "{problem:?}");
     }
 
+    /// What the native build refuses (a best-effort subscriber: its calls go on after the
+    /// sender's answer) is charged to the subscriber it comes from, on the native build only;
+    /// what it serves (a reply, a dead letter) passes on both.
+    #[test]
+    fn what_the_native_build_refuses_is_charged_to_the_subscriber() {
+        let checked = |config: RawSubscriber, build: &Build| {
+            let spec = ChannelSpec {
+                hosts: vec!["a.example".into()],
+                subscribers: vec![subscriber(config)],
+                ..ChannelSpec::default()
+            };
+            check_entry(
+                "default/a",
+                &spec,
+                &entry("default/a", &spec).unwrap(),
+                build,
+            )
+        };
+        let (wasm, native) = (Build::Wasm(String::new()), Build::Native("fanout".into()));
+        let best_effort = RawSubscriber {
+            required: Some(false),
+            ..RawSubscriber::from(target("c", "/", None))
+        };
+        assert_eq!(checked(best_effort.clone(), &wasm), Ok(()));
+        let problem = checked(best_effort, &native).unwrap_err();
+        assert_eq!(
+            (problem.object.as_str(), problem.field.as_str()),
+            ("InMemoryChannel default/a", "spec.subscribers[0]")
+        );
+        assert!(
+            problem.message.starts_with("the filter refuses required: ")
+                && problem.message.contains("wasm build"),
+            "{problem:?}"
+        );
+        let replying = RawSubscriber {
+            delivery: Some(RawDelivery {
+                dead_letter: Some(target("d", "/d", None)),
+                ..RawDelivery::default()
+            }),
+            reply: Some(target("r", "/r", None)),
+            ..RawSubscriber::from(target("c", "/", None))
+        };
+        assert_eq!(checked(replying, &native), Ok(()));
+    }
+
     fn target(cluster: &str, path: &str, timeout_ms: Option<u32>) -> RawTarget {
         RawTarget {
             cluster: cluster.into(),
