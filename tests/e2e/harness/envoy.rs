@@ -161,9 +161,9 @@ fn native_filter(config: &str) -> Value {
 /// On the native build, why this test cannot run there, said before Envoy starts: the
 /// configuration asks for something the native build refuses on purpose (its own check,
 /// `fanout_native::configure`, on what the harness is about to serve), or the bootstrap
-/// loads the wasm module anyway: a module file the test names, a shipped bootstrap that
-/// configures the wasm filter itself, or one whose ECDS takes only the wasm filter (a shipped
-/// xDS or ConfigMap bootstrap is made the native build's by [`native_ecds`] first).
+/// loads the wasm module anyway: a module file the test names, a wasm filter left in the
+/// bootstrap, or an ECDS that takes only the wasm filter (a shipped xDS or ConfigMap bootstrap
+/// is made the native build's by [`native_ecds`] first, a static one by `native_in_place`).
 /// `None` on the wasm build, and for a configuration the core itself refuses (Envoy refuses
 /// it on either build, which is what such a test checks).
 fn native_skip(
@@ -195,6 +195,47 @@ fn native_skip(
     text.contains(WASM_TYPE).then(|| {
         "the bootstrap's ECDS takes only the wasm filter for fanout (its type_urls)".to_owned()
     })
+}
+
+/// On the native build, each wasm filter a bootstrap configures itself (a shipped static
+/// bootstrap) made the native build's filter with the same JSON, where it was, as
+/// docs/native.md tells its users to; its stats tag rules read the native build's names.
+/// Returns the configurations moved over (to be checked against what the native build
+/// refuses). On the wasm build, nothing changes.
+fn native_in_place(bootstrap: &mut Value) -> Vec<String> {
+    fn swap(value: &mut Value, moved: &mut Vec<String>) {
+        match value {
+            Value::Object(fields) => {
+                let is_wasm = fields.get("typed_config").and_then(|c| c.get("@type"))
+                    == Some(&json!(WASM_TYPE));
+                let config = fields
+                    .get("typed_config")
+                    .and_then(|c| c.pointer("/config/configuration/value"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                match (is_wasm, config) {
+                    (true, Some(config)) => {
+                        *value = native_filter(&config);
+                        moved.push(config);
+                    }
+                    _ => fields.values_mut().for_each(|v| swap(v, moved)),
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|v| swap(v, moved)),
+            _ => {}
+        }
+    }
+    let mut moved = Vec::new();
+    if fanout_build() != Build::Native {
+        return moved;
+    }
+    swap(bootstrap, &mut moved);
+    if !moved.is_empty() {
+        if let Some(stats) = bootstrap.get_mut("stats_config") {
+            rename_stats(stats);
+        }
+    }
+    moved
 }
 
 /// The names of the filters `value` configures as the wasm filter (`"@type"` the wasm
@@ -742,8 +783,15 @@ impl EnvoyBuilder {
     fn spawn(self) -> Envoy {
         // Both panic with a how-to when missing: check them before making anything.
         let bin = envoy_bin();
-        let bootstrap = self.bootstrap();
+        let mut bootstrap = self.bootstrap();
         let wasm_file = self.wasm_file.as_deref();
+        if wasm_file.is_none() {
+            for config in native_in_place(&mut bootstrap) {
+                if let Some(why) = native_refusal(&config) {
+                    super::skip_on_native(&why);
+                }
+            }
+        }
         if let Some(why) = native_skip(self.plugin_config.as_deref(), &bootstrap, wasm_file) {
             super::skip_on_native(&why);
         }
