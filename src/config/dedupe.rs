@@ -183,8 +183,10 @@ impl Fnv {
 
 /// Stable identities of a channel's subscribers, in order: a hash of what makes a delivery
 /// target (cluster, authority, path, its own headers), so that records survive a
-/// configuration update that reorders or adds subscribers. Two identical subscribers get
-/// different identities (the second hashes its occurrence too).
+/// configuration update that reorders or adds subscribers, or writes a subscriber's headers
+/// in another order (a JSON object's keys have none: a tool that writes them sorted must not
+/// make every subscriber new). Two identical subscribers get different identities (the
+/// second hashes its occurrence too).
 /// Each subscriber is given as its cluster and its own headers.
 pub fn subscriber_ids<'a>(
     subscribers: impl ExactSizeIterator<Item = (&'a str, &'a [(String, String)])>,
@@ -192,7 +194,17 @@ pub fn subscriber_ids<'a>(
     let mut ids: Vec<u64> = Vec::with_capacity(subscribers.len());
     for (cluster, call_headers) in subscribers {
         let mut h = Fnv::new();
-        for (name, value) in call_headers {
+        // The pseudo-headers (`:method`, `:path`, `:authority`) come first, in the order the
+        // core writes them; the subscriber's own headers after them, sorted. (With one own
+        // header or none, the identity is what it was when their order counted.)
+        let own = call_headers
+            .iter()
+            .position(|(name, _)| !name.starts_with(':'))
+            .unwrap_or(call_headers.len());
+        let (pseudo, own) = call_headers.split_at(own);
+        let mut sorted: Vec<&(String, String)> = own.iter().collect();
+        sorted.sort_unstable();
+        for (name, value) in pseudo.iter().chain(sorted) {
             h.write(name.as_bytes());
             h.write(&[0]);
             h.write(value.as_bytes());
@@ -354,5 +366,23 @@ mod tests {
         // Reordered, a subscriber keeps its identity; a different path is another target.
         assert_eq!(a[1], b[0]);
         assert_ne!(a[0], b[1]);
+    }
+
+    /// A subscriber's headers written in another order (a JSON object's keys, re-serialized
+    /// sorted) are the same subscriber; another value is another one. Found by the `config`
+    /// fuzz target: the normalized form of a configuration meant other subscribers.
+    #[test]
+    fn a_subscribers_identity_does_not_depend_on_the_order_of_its_headers() {
+        let id = |json: &str| {
+            Config::from_json(json.as_bytes()).unwrap().channels[0].subscribers[0].dedupe_id
+        };
+        let written =
+            id(r#"{"subscribers": [{"cluster": "a", "headers": {"X-A": "1", "-xa": "2"}}]}"#);
+        let sorted =
+            id(r#"{"subscribers": [{"cluster": "a", "headers": {"-xa": "2", "X-A": "1"}}]}"#);
+        let other =
+            id(r#"{"subscribers": [{"cluster": "a", "headers": {"-xa": "2", "X-A": "3"}}]}"#);
+        assert_eq!(written, sorted);
+        assert_ne!(written, other);
     }
 }
