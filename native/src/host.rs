@@ -283,17 +283,6 @@ fn since_epoch() -> Duration {
         .unwrap_or_default()
 }
 
-/// A `:status` value's number: its decimal digits (Envoy's are three).
-fn status_code(value: &[u8]) -> Option<u16> {
-    if value.is_empty() {
-        return None;
-    }
-    value.iter().try_fold(0u16, |n, &b| {
-        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
-        n.checked_mul(10)?.checked_add(u16::from(digit))
-    })
-}
-
 /// `read` of the call answer being delivered; `None` if there is none.
 fn answering<R>(read: impl FnOnce(&CallAnswer) -> Option<R>) -> Option<R> {
     ANSWER.with(|a| read(a.try_borrow().ok()?.as_ref()?))
@@ -385,7 +374,7 @@ impl Host for NativeHost {
 
     fn call_status(&self) -> Option<u16> {
         // Read in place: every answer's status is read.
-        answering(|a| status_code(a.header(":status")?))
+        answering(|a| std::str::from_utf8(a.header(":status")?).ok()?.parse().ok())
     }
 
     fn call_body(&self, max: usize) -> Vec<u8> {
