@@ -1014,6 +1014,22 @@ fn concurrent_senders_with_retries_on_both_workers_each_get_202() {
     assert_eq!((flaky.count(), ok.count()), (60, 30));
 }
 
+/// `n` events (`event 0`, `event 1`, ...) sent at once, each from a thread and a connection
+/// of its own (Envoy spreads them over its workers); their replies, in that order.
+fn send_at_once(envoy: &Envoy, n: usize) -> Vec<Reply> {
+    let url = envoy.url("/");
+    let senders: Vec<_> = (0..n)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || send(client().post(&url).body(format!("event {i}"))))
+        })
+        .collect();
+    senders
+        .into_iter()
+        .map(|s| s.join().expect("a sender"))
+        .collect()
+}
+
 /// Twelve senders at once (their own connections, over Envoy's two workers) to a subscriber
 /// capped at one call per worker, whose first calls fail and are retried, and to one without
 /// a cap: every sender gets 202, every event reaches both, the capped one never sees more
@@ -1035,15 +1051,7 @@ fn a_capped_subscriber_sees_at_most_its_cap_per_worker_and_every_sender_gets_202
         ]
     });
     let envoy = Envoy::start(&config, &[&capped, &free]);
-    let url = envoy.url("/");
-    let senders: Vec<_> = (0..SENDERS)
-        .map(|i| {
-            let url = url.clone();
-            std::thread::spawn(move || send(client().post(&url).body(format!("event {i}"))))
-        })
-        .collect();
-    for sender in senders {
-        let reply = sender.join().expect("a sender");
+    for reply in send_at_once(&envoy, SENDERS) {
         assert_eq!(reply.status, 202, "{}", reply.body);
     }
     assert_eq!(
@@ -1086,19 +1094,9 @@ fn a_full_line_answers_503_with_retry_after_and_calls_nobody() {
         { "cluster": "slow", "max_concurrent_calls": 1, "max_queued_calls": 1 }
     ] });
     let envoy = Envoy::start(&config, &[&other, &slow]);
-    let url = envoy.url("/");
     // Four senders fill both workers' slot and line (Envoy spreads connections over them;
     // which worker takes which is Envoy's choice, so the refusals are counted, not placed).
-    let senders: Vec<_> = (0..6)
-        .map(|i| {
-            let url = url.clone();
-            std::thread::spawn(move || send(client().post(&url).body(format!("event {i}"))))
-        })
-        .collect();
-    let replies: Vec<Reply> = senders
-        .into_iter()
-        .map(|s| s.join().expect("a sender"))
-        .collect();
+    let replies = send_at_once(&envoy, 6);
     let refused: Vec<&Reply> = replies.iter().filter(|r| r.status == 503).collect();
     let taken = replies.iter().filter(|r| r.status == 202).count();
     assert_eq!(
@@ -1138,15 +1136,7 @@ fn a_call_given_its_slot_between_two_ticks_is_sent_with_no_other_request() {
     let quick = Subscriber::ok("quick");
     let config = json!({ "subscribers": [{ "cluster": "quick", "max_concurrent_calls": 1 }] });
     let envoy = Envoy::start(&config, &[&quick]);
-    let url = envoy.url("/");
-    let senders: Vec<_> = (0..SENDERS)
-        .map(|i| {
-            let url = url.clone();
-            std::thread::spawn(move || send(client().post(&url).body(format!("event {i}"))))
-        })
-        .collect();
-    for sender in senders {
-        let reply = sender.join().expect("a sender");
+    for reply in send_at_once(&envoy, SENDERS) {
         assert_eq!(reply.status, 202, "{}", reply.body);
     }
     assert_eq!(quick.count(), SENDERS);
