@@ -57,8 +57,9 @@ pub fn check(name: &str, spec: &ChannelSpec) -> Result<(), Problem> {
 }
 
 /// Whether the filter of `build` takes `spec`, written as `entry`, served alone; its refusal
-/// as a problem of the channel. The native build reads it with the same code, then refuses
-/// what it cannot serve (`fanout_native::configure`, what it runs in Envoy).
+/// as a problem of the channel. The native build reads it with its own entry point
+/// (`fanout_native::configure`, what it runs in Envoy), which takes what the wasm build
+/// takes.
 pub fn check_entry(
     name: &str,
     spec: &ChannelSpec,
@@ -163,11 +164,11 @@ mod tests {
         assert!(problem.message.contains("hosts[0]"), "{problem:?}");
     }
 
-    /// What the native build refuses (a best-effort subscriber: its calls go on after the
-    /// sender's answer) is charged to the subscriber it comes from, on the native build only;
-    /// what it serves (a reply, a dead letter) passes on both.
+    /// The native build takes what the wasm build takes (a best-effort subscriber, whose
+    /// calls go on after the sender's answer; a reply and a dead letter), and refuses what
+    /// it refuses with the same problem, charged to the same subscriber.
     #[test]
-    fn what_the_native_build_refuses_is_charged_to_the_subscriber() {
+    fn the_native_build_takes_and_refuses_what_the_wasm_build_does() {
         let checked = |config: RawSubscriber, build: &Build| {
             let spec = ChannelSpec {
                 hosts: vec!["a.example".into()],
@@ -186,17 +187,6 @@ mod tests {
             required: Some(false),
             ..RawSubscriber::from(target("c", "/", None))
         };
-        assert_eq!(checked(best_effort.clone(), &wasm), Ok(()));
-        let problem = checked(best_effort, &native).unwrap_err();
-        assert_eq!(
-            (problem.object.as_str(), problem.field.as_str()),
-            ("InMemoryChannel default/a", "spec.subscribers[0]")
-        );
-        assert!(
-            problem.message.starts_with("the filter refuses required: ")
-                && problem.message.contains("wasm build"),
-            "{problem:?}"
-        );
         let replying = RawSubscriber {
             delivery: Some(RawDelivery {
                 dead_letter: Some(target("d", "/d", None)),
@@ -205,7 +195,23 @@ mod tests {
             reply: Some(target("r", "/r", None)),
             ..RawSubscriber::from(target("c", "/", None))
         };
-        assert_eq!(checked(replying, &native), Ok(()));
+        for served in [best_effort, replying] {
+            assert_eq!(checked(served.clone(), &wasm), Ok(()));
+            assert_eq!(checked(served, &native), Ok(()));
+        }
+        let bad = RawSubscriber {
+            delivery: Some(RawDelivery {
+                retry: Some(101),
+                ..RawDelivery::default()
+            }),
+            ..RawSubscriber::from(target("c", "/", None))
+        };
+        let problem = checked(bad.clone(), &native).unwrap_err();
+        assert_eq!(checked(bad, &wasm).unwrap_err(), problem);
+        assert_eq!(
+            (problem.object.as_str(), problem.field.as_str()),
+            ("InMemoryChannel default/a", "spec.subscribers[0]")
+        );
     }
 
     fn target(cluster: &str, path: &str, timeout_ms: Option<u32>) -> RawTarget {

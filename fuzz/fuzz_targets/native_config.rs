@@ -1,57 +1,45 @@
 //! The native build's configuration path (`fanout_native::configure`: the bytes Envoy hands
-//! `on_http_filter_config_new`, read and validated as the wasm build reads them, then checked
-//! against what the native build can serve) on arbitrary input. No Envoy: the path is pure.
+//! `on_http_filter_config_new`, read and validated as the wasm build reads them) on arbitrary
+//! input, and where it is served (`needs_hub`: on the workers, or by the configuration's own
+//! context on Envoy's main thread). No Envoy: the path is pure.
 //!
 //! Properties:
 //! - `configure` never panics;
-//! - it refuses with a message, the same way every time;
-//! - it accepts exactly what `Config::from_json` accepts and needs no worker context of its
-//!   own: sync mode, no `tracing`, no etcd store, every subscriber required (retries, call
-//!   caps, replies and dead letters of required subscribers are served: the sender waits
-//!   for them);
-//! - what `Config::from_json` accepts but the native build refuses is refused with the path
-//!   of a field, one the document has (the subscriber's own or the top-level default).
+//! - it accepts exactly what `Config::from_json` accepts, and refuses with the reader's own
+//!   error (its path and message), the same way every time;
+//! - a configuration is served by its hub exactly when it asks for work after the sender's
+//!   answer or for no sender (async mode, `tracing`, the etcd store, a best-effort
+//!   subscriber), read here independently of `fanout_native::serve`.
 #![no_main]
 
 use fanout::config::{AnswerMode, Config, Store};
 use fanout_native::configure;
+use fanout_native::serve::needs_hub;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let native = configure(data);
-    if let Err(error) = &native {
-        assert!(!error.message.is_empty(), "a refusal without a message");
-        assert_eq!(
-            configure(data).err().as_ref(),
-            Some(error),
-            "refused another way"
-        );
-    }
+    assert_eq!(
+        configure(data).err(),
+        native.as_ref().err().cloned(),
+        "refused another way"
+    );
     match (Config::from_json(data), native) {
-        (Ok(config), Ok(_)) => assert!(
-            !needs_worker_context(&config),
-            "served what needs a worker context"
-        ),
-        (Ok(config), Err(error)) => {
-            assert!(
-                needs_worker_context(&config),
-                "refused a config it can serve: {error}"
-            );
-            assert!(!error.path.is_empty(), "a refusal without a path: {error}");
-            let doc: serde_json::Value = serde_json::from_slice(data).expect("accepted JSON");
-            assert!(
-                has_path(&doc, &error.path),
-                "{error}: no such field in the document"
+        (Ok(_), Ok(served)) => {
+            assert_eq!(
+                needs_hub(&served),
+                after_the_answer(&served),
+                "served in the wrong place"
             );
         }
         (Err(reader), Err(error)) => assert_eq!(reader, error, "not the reader's own refusal"),
+        (Ok(_), Err(error)) => panic!("refused a config the reader takes: {error}"),
         (Err(reader), Ok(_)) => panic!("served a config the reader refuses: {reader}"),
     }
 });
 
-/// What only a worker's own context can do (the wasm build's root context: work after the
-/// sender's answer, or for no sender), read independently of `fanout_native::refuse`.
-fn needs_worker_context(config: &Config) -> bool {
+/// What needs a context that outlives every request (the wasm build's root context).
+fn after_the_answer(config: &Config) -> bool {
     config.mode == AnswerMode::Async
         || config.tracing.is_some()
         || matches!(
@@ -63,26 +51,4 @@ fn needs_worker_context(config: &Config) -> bool {
             .iter()
             .flat_map(|c| &c.subscribers)
             .any(|s| !s.required)
-}
-
-/// Whether the document has a value at a path like `channels[0].subscribers[1].reply`.
-fn has_path(doc: &serde_json::Value, path: &str) -> bool {
-    let mut at = doc;
-    for part in path.split('.') {
-        let (name, index) = match part.split_once('[') {
-            Some((name, rest)) => (name, rest.trim_end_matches(']').parse::<usize>().ok()),
-            None => (part, None),
-        };
-        let Some(next) = at.get(name) else {
-            return false;
-        };
-        at = next;
-        if let Some(i) = index {
-            let Some(next) = at.get(i) else {
-                return false;
-            };
-            at = next;
-        }
-    }
-    true
 }

@@ -1,6 +1,6 @@
 //! Envoy's dynamic-module ABI (Envoy 1.40.0, ABI `v0.2.0`), declared by hand: the C types
 //! and the callbacks Envoy exports (imported here), each behind a safe handle (`Filter`,
-//! `ConfigDef`, `Scheduler`). The hooks Envoy calls are `hooks.rs`'s. With `hooks.rs`, the
+//! `ConfigDef`, `ConfigHandle`, `Scheduler`, `ConfigScheduler`). The hooks Envoy calls are `hooks.rs`'s. With `hooks.rs`, the
 //! only module with `unsafe`; nothing here decides anything.
 //!
 //! A pointer Envoy hands over is used only during the hook it came with, except a filter's
@@ -251,6 +251,56 @@ unsafe extern "C" {
     ) -> u32;
 }
 
+// A configuration's own calls, metrics and scheduler: its context on Envoy's main thread.
+unsafe extern "C" {
+    fn envoy_dynamic_module_callback_http_filter_config_start_http_stream(
+        config: *mut c_void,
+        stream_id_out: *mut u64,
+        cluster_name: ModuleBuffer,
+        headers: *mut HttpHeader,
+        headers_size: usize,
+        body: ModuleBuffer,
+        end_stream: bool,
+        timeout_milliseconds: u64,
+    ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
+        config: *mut c_void,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_increment_gauge(
+        config: *mut c_void,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
+        config: *mut c_void,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_record_histogram_value(
+        config: *mut c_void,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(
+        config: *mut c_void,
+    ) -> *mut c_void;
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+        scheduler: *mut c_void,
+        event_id: u64,
+    );
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(scheduler: *mut c_void);
+}
+
 // A filter's scheduler: the timer thread's way to wake a worker.
 unsafe extern "C" {
     fn envoy_dynamic_module_callback_http_filter_scheduler_new(fe: *mut c_void) -> *mut c_void;
@@ -483,44 +533,27 @@ impl Filter {
         body: &[u8],
         timeout_ms: u64,
     ) -> Result<u64, u32> {
-        // On the stack when they fit (every call builds this list), else on the heap.
-        let mut room = [HttpHeader::EMPTY; CALL_HEADERS_ON_STACK];
-        let mut spilled = Vec::new();
-        let headers: &mut [HttpHeader] = match room.get_mut(..headers.len()) {
-            Some(list) => {
-                for (slot, (name, value)) in list.iter_mut().zip(headers) {
-                    *slot = HttpHeader::of(name.as_bytes(), value);
-                }
-                list
+        with_headers(headers, |list| {
+            let mut id: u64 = 0;
+            // SAFETY: a live filter; every buffer is valid for the call (Envoy copies them);
+            // `id` is valid for one write.
+            let result = unsafe {
+                envoy_dynamic_module_callback_http_filter_http_callout(
+                    self.ptr(),
+                    &mut id,
+                    ModuleBuffer::of(cluster.as_bytes()),
+                    list.as_mut_ptr(),
+                    list.len(),
+                    ModuleBuffer::of(body),
+                    timeout_ms,
+                )
+            };
+            if result == 0 {
+                Ok(id)
+            } else {
+                Err(result)
             }
-            None => {
-                spilled.extend(
-                    headers
-                        .iter()
-                        .map(|(name, value)| HttpHeader::of(name.as_bytes(), value)),
-                );
-                &mut spilled
-            }
-        };
-        let mut id: u64 = 0;
-        // SAFETY: a live filter; every buffer is valid for the call (Envoy copies them);
-        // `id` is valid for one write.
-        let result = unsafe {
-            envoy_dynamic_module_callback_http_filter_http_callout(
-                self.ptr(),
-                &mut id,
-                ModuleBuffer::of(cluster.as_bytes()),
-                headers.as_mut_ptr(),
-                headers.len(),
-                ModuleBuffer::of(body),
-                timeout_ms,
-            )
-        };
-        if result == 0 {
-            Ok(id)
-        } else {
-            Err(result)
-        }
+        })
     }
 
     /// Adds to, or takes from, a metric this filter's configuration defined.
@@ -542,6 +575,152 @@ impl Filter {
                 0,
                 delta.unsigned_abs(),
             );
+        }
+    }
+}
+
+/// `headers` as the ABI's list, lent to `call`: on the stack when they fit (every call
+/// builds this list), else on the heap.
+fn with_headers<R>(headers: &[(&str, &[u8])], call: impl FnOnce(&mut [HttpHeader]) -> R) -> R {
+    let mut room = [HttpHeader::EMPTY; CALL_HEADERS_ON_STACK];
+    match room.get_mut(..headers.len()) {
+        Some(list) => {
+            for (slot, (name, value)) in list.iter_mut().zip(headers) {
+                *slot = HttpHeader::of(name.as_bytes(), value);
+            }
+            call(list)
+        }
+        None => {
+            let mut spilled: Vec<HttpHeader> = headers
+                .iter()
+                .map(|(name, value)| HttpHeader::of(name.as_bytes(), value))
+                .collect();
+            call(&mut spilled)
+        }
+    }
+}
+
+/// A filter configuration of Envoy's, kept past `config_new` for the configuration's own
+/// context on Envoy's main thread (`hub.rs`): its calls, its metrics, its scheduler. Envoy
+/// lets these be used on the main thread only; the hub uses it there, and only while
+/// Envoy holds the configuration (the hub is dropped in `config_destroy`, and Envoy runs
+/// the hub's hooks only for a configuration it still holds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConfigHandle(NonNull<c_void>);
+
+// SAFETY: a pointer kept by a configuration every thread shares, but only used on Envoy's
+// main thread (see above), except the scheduler's commit, which Envoy makes thread-safe.
+unsafe impl Send for ConfigHandle {}
+// SAFETY: as `Send`.
+unsafe impl Sync for ConfigHandle {}
+
+impl ConfigHandle {
+    /// The handle of the configuration pointer `on_http_filter_config_new` was given.
+    pub fn from_hook(ptr: *mut c_void) -> Option<ConfigHandle> {
+        NonNull::new(ptr).map(ConfigHandle)
+    }
+
+    /// Starts a call of the configuration's (main thread), the whole request sent at once:
+    /// Envoy's stream id, or the ABI's refusal code, as [`Filter::callout`]. A stream, not
+    /// a one-shot call, because Envoy hands a one-shot call's answer over without its
+    /// trailers (a gRPC answer's `grpc-status`); a stream's come in their own hook.
+    pub fn start_call(
+        self,
+        cluster: &str,
+        headers: &[(&str, &[u8])],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u64, u32> {
+        with_headers(headers, |list| {
+            let mut id: u64 = 0;
+            // SAFETY: a configuration Envoy holds, on the main thread; every buffer is valid
+            // for the call (Envoy copies them); `id` is valid for one write.
+            let result = unsafe {
+                envoy_dynamic_module_callback_http_filter_config_start_http_stream(
+                    self.0.as_ptr(),
+                    &mut id,
+                    ModuleBuffer::of(cluster.as_bytes()),
+                    list.as_mut_ptr(),
+                    list.len(),
+                    ModuleBuffer::of(body),
+                    true,
+                    timeout_ms,
+                )
+            };
+            if result == 0 {
+                Ok(id)
+            } else {
+                Err(result)
+            }
+        })
+    }
+
+    /// Adds to, or takes from, a metric of this configuration (main thread).
+    pub fn update_metric(self, kind: MetricKind, id: usize, delta: i64) {
+        let update = match (kind, delta >= 0) {
+            (MetricKind::Counter, _) => {
+                envoy_dynamic_module_callback_http_filter_config_increment_counter
+            }
+            (MetricKind::Gauge, true) => {
+                envoy_dynamic_module_callback_http_filter_config_increment_gauge
+            }
+            (MetricKind::Gauge, false) => {
+                envoy_dynamic_module_callback_http_filter_config_decrement_gauge
+            }
+            (MetricKind::Histogram, _) => {
+                envoy_dynamic_module_callback_http_filter_config_record_histogram_value
+            }
+        };
+        // SAFETY: a configuration Envoy holds, on the main thread; no labels.
+        unsafe {
+            update(
+                self.0.as_ptr(),
+                id,
+                std::ptr::null_mut(),
+                0,
+                delta.unsigned_abs(),
+            );
+        }
+    }
+
+    /// A new scheduler of this configuration: a commit, from any thread, posts
+    /// `on_http_filter_config_scheduled` to the main thread.
+    pub fn scheduler(self) -> Option<Arc<ConfigScheduler>> {
+        // SAFETY: a configuration Envoy holds (called from `config_new`).
+        let ptr = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_scheduler_new(self.0.as_ptr())
+        };
+        NonNull::new(ptr).map(|ptr| Arc::new(ConfigScheduler(ptr)))
+    }
+}
+
+/// A configuration's scheduler: as [`Scheduler`], for the main thread (nothing comes once
+/// Envoy's configuration is gone: the scheduler holds it weakly).
+pub struct ConfigScheduler(NonNull<c_void>);
+
+// SAFETY: Envoy's configuration scheduler only posts to the main thread's dispatcher, which
+// is thread-safe, and may be deleted from any thread (it holds the configuration weakly).
+unsafe impl Send for ConfigScheduler {}
+// SAFETY: `commit` takes `&self` and only posts (see `Send`).
+unsafe impl Sync for ConfigScheduler {}
+
+impl crate::timer::Wake for ConfigScheduler {
+    fn commit(&self, event: u64) {
+        // SAFETY: a scheduler not deleted yet (we are one of its holders).
+        unsafe {
+            envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+                self.0.as_ptr(),
+                event,
+            )
+        }
+    }
+}
+
+impl Drop for ConfigScheduler {
+    fn drop(&mut self) {
+        // SAFETY: the last holder, once.
+        unsafe {
+            envoy_dynamic_module_callback_http_filter_config_scheduler_delete(self.0.as_ptr())
         }
     }
 }

@@ -29,12 +29,14 @@ use fanout::plugin::Plugin;
 use fanout::stream::{Flow, Stream};
 use hashbrown::HashMap;
 
-use crate::abi::{ConfigDef, Filter, LentAnswer, Scheduler, CONTINUE, STOP};
+use crate::abi::{ConfigDef, ConfigHandle, Filter, LentAnswer, Scheduler, CONTINUE, STOP};
 use crate::host::{self, CallAnswer, Delivered, NativeConfig, NativeHost};
-use crate::timer::Timer;
+use crate::hub::{self, HubLink, Relayed};
+use crate::timer::{Timer, Wake};
 
-/// The process's timer thread: wakes a worker whose plugin has a retry waiting.
-static TIMER: LazyLock<Timer<Scheduler>> = LazyLock::new(Timer::default);
+/// The process's timer thread: wakes a worker whose plugin has a retry waiting, and a hub
+/// whose plugin has a period.
+pub static TIMER: LazyLock<Timer<dyn Wake>> = LazyLock::new(Timer::default);
 
 /// The configurations Envoy holds: the timer thread stops with the last one.
 static CONFIGS: AtomicUsize = AtomicUsize::new(0);
@@ -50,7 +52,16 @@ struct Worker {
     wake: RefCell<Option<(u32, Arc<Scheduler>)>>,
 }
 
-/// One request: Envoy holds it as the filter's module pointer.
+/// One request: Envoy holds it as the filter's module pointer. Served on its worker, or
+/// relayed to its configuration's hub (`hub.rs`). Boxed whole (`filter_new`): the sizes of
+/// its variants cost nothing more, and the worker's variant needs no second allocation.
+#[allow(clippy::large_enum_variant)]
+pub enum FilterModule {
+    Local(FilterState),
+    Relayed(Relayed),
+}
+
+/// One request served on its worker.
 pub struct FilterState {
     id: u32,
     filter: Filter,
@@ -70,7 +81,7 @@ enum Deferred {
 /// Context ids for plugins, streams and configurations: one space for the process.
 static NEXT_ID: AtomicU32 = AtomicU32::new(1);
 
-fn next_id() -> u32 {
+pub fn next_id() -> u32 {
     NEXT_ID.fetch_add(1, Ordering::Relaxed)
 }
 
@@ -93,9 +104,14 @@ pub fn program_init() {
 
 /// A configuration: validated, checked against what the native build serves, and its
 /// metrics defined. `None` refuses it (the reason is logged, with its path).
-pub fn config_new(def: &ConfigDef, name: &[u8], bytes: &[u8]) -> Option<Arc<NativeConfig>> {
+pub fn config_new(
+    def: &ConfigDef,
+    handle: ConfigHandle,
+    name: &[u8],
+    bytes: &[u8],
+) -> Option<Arc<NativeConfig>> {
     crate::log::follow_envoy();
-    let config = match crate::refuse::configure(bytes) {
+    let config = match crate::serve::configure(bytes) {
         Ok(config) => config,
         Err(error) => {
             log::error!(
@@ -106,6 +122,15 @@ pub fn config_new(def: &ConfigDef, name: &[u8], bytes: &[u8]) -> Option<Arc<Nati
         }
     };
     let mut native = NativeConfig::new(next_id(), bytes, config.max_body_bytes);
+    native.body_wait_continue = config.body_wait == fanout::config::BodyWait::Continue;
+    if crate::serve::needs_hub(&config) {
+        native.envoy = Some(handle);
+        native.hub = HubLink::new(handle);
+        if native.hub.is_none() {
+            log::error!("Envoy gave no scheduler for the configuration's own context");
+            return None;
+        }
+    }
     if config.metrics {
         // A plugin configured here, once, defines them; the workers' plugins find them.
         let defining = Arc::new(NativeConfig::new(native.id, bytes, native.max_body_bytes));
@@ -119,14 +144,19 @@ pub fn config_new(def: &ConfigDef, name: &[u8], bytes: &[u8]) -> Option<Arc<Nati
             }
         });
     }
+    let native = Arc::new(native);
+    if native.hub.is_some() {
+        hub::start(&native);
+    }
     CONFIGS.fetch_add(1, Ordering::SeqCst);
-    Some(Arc::new(native))
+    Some(native)
 }
 
 /// Envoy is done with a configuration (its streams may still run). With the last one the
 /// timer thread stops: nothing commits to a scheduler after this.
 pub fn config_destroy(config: &NativeConfig) {
     config.retired.store(true, Ordering::Relaxed);
+    hub::stop(config);
     if CONFIGS.fetch_sub(1, Ordering::SeqCst) == 1 {
         TIMER.stop();
     }
@@ -167,12 +197,15 @@ fn worker(config: &Arc<NativeConfig>) -> Option<Rc<Worker>> {
     Some(worker)
 }
 
-pub fn filter_new(config: &Arc<NativeConfig>, filter: Filter) -> Option<Box<FilterState>> {
+pub fn filter_new(config: &Arc<NativeConfig>, filter: Filter) -> Option<Box<FilterModule>> {
+    if config.hub.is_some() {
+        return hub::relay_new(config, filter).map(|r| Box::new(FilterModule::Relayed(r)));
+    }
     let worker = worker(config)?;
     let id = next_id();
     let stream = worker.plugin.try_borrow().ok()?.create_stream(id);
     host::live(id, filter, worker.id);
-    Some(Box::new(FilterState {
+    Some(Box::new(FilterModule::Local(FilterState {
         id,
         filter,
         max_body_bytes: config.max_body_bytes,
@@ -180,7 +213,7 @@ pub fn filter_new(config: &Arc<NativeConfig>, filter: Filter) -> Option<Box<Filt
         stream: RefCell::new(stream),
         deferred: RefCell::new(Vec::new()),
         completed: Cell::new(false),
-    }))
+    })))
 }
 
 /// Runs `hook` on the stream, then what was deferred while it ran, then the plugin's tick if
@@ -235,20 +268,21 @@ fn defer(state: &FilterState, event: Deferred) {
 /// The plugin's tick if it is due, then the timer's next wake-up if a retry or a call waits.
 fn keep_time(worker: &Worker) {
     let period = host::tick_period(worker.id);
-    tick_if_due(worker, period);
+    tick_if_due(&worker.next_tick, &worker.plugin, period);
     arm(worker, period);
 }
 
 /// The plugin's tick, when its period has passed (the timer Envoy's ABI does not have):
-/// it hands the counts to Envoy's stats, and sends the retries due.
-fn tick_if_due(worker: &Worker, period: Duration) {
+/// it hands the counts to Envoy's stats, and sends the retries due (`next_tick`: when it is
+/// due, ms).
+pub fn tick_if_due(next_tick: &Cell<u64>, plugin: &RefCell<Plugin<NativeHost>>, period: Duration) {
     let now = host::now_ms();
-    if period.is_zero() || now < worker.next_tick.get() {
+    if period.is_zero() || now < next_tick.get() {
         return;
     }
     let period_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
-    worker.next_tick.set(now.saturating_add(period_ms));
-    with_mut(&worker.plugin, Plugin::on_tick);
+    next_tick.set(now.saturating_add(period_ms));
+    with_mut(plugin, Plugin::on_tick);
 }
 
 fn status(flow: Flow) -> u32 {
@@ -258,13 +292,17 @@ fn status(flow: Flow) -> u32 {
     }
 }
 
-pub fn request_headers(state: &FilterState, filter: Filter, end_of_stream: bool) -> u32 {
-    // Envoy answers 413 itself past the stream's buffer limit (1 MiB by default): room for
-    // `max_body_bytes`, so that the filter's own 413 is the one the sender gets.
-    let wanted = state.max_body_bytes.saturating_add(1 << 20);
+/// Envoy answers 413 itself past the stream's buffer limit (1 MiB by default): room for
+/// `max_body_bytes`, so that the filter's own 413 is the one the sender gets.
+pub fn room_for_body(filter: Filter, max_body_bytes: u64) {
+    let wanted = max_body_bytes.saturating_add(1 << 20);
     if filter.buffer_limit() < wanted {
         filter.set_buffer_limit(wanted);
     }
+}
+
+pub fn request_headers(state: &FilterState, filter: Filter, end_of_stream: bool) -> u32 {
+    room_for_body(filter, state.max_body_bytes);
     run(state, filter, |s| {
         status(s.on_request_headers(end_of_stream))
     })
@@ -328,10 +366,17 @@ fn deliver(state: &FilterState, callout: u64, answer: Delivered<'_>) {
 }
 
 /// Envoy is done with the filter. Its stream learns it, if Envoy never completed it.
-pub fn destroy(state: Box<FilterState>) {
+pub fn destroy(state: Box<FilterModule>) {
+    match *state {
+        FilterModule::Local(state) => destroy_local(&state),
+        FilterModule::Relayed(relayed) => hub::over(&relayed),
+    }
+}
+
+fn destroy_local(state: &FilterState) {
     if !state.completed.get() {
         host::gone(state.id, state.filter);
-        let wake = forget_wake(&state);
+        let wake = forget_wake(state);
         let saved = host::detached();
         with_mut(&state.stream, |s| s.on_done());
         arm(&state.worker, host::tick_period(state.worker.id));
@@ -419,7 +464,7 @@ pub fn scheduled(state: &FilterState, filter: Filter, event: u64) {
     let saved = host::enter(filter);
     worker.next_tick.set(0);
     let period = host::tick_period(worker.id);
-    tick_if_due(&worker, period);
+    tick_if_due(&worker.next_tick, &worker.plugin, period);
     arm(&worker, period);
     host::leave(saved);
 }

@@ -10,18 +10,29 @@ use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
 use crate::abi::{
-    bytes, ConfigDef, EnvoyBuffer, Filter, HttpHeader, LentAnswer, ABI_VERSION, CONTINUE,
+    bytes, ConfigDef, ConfigHandle, EnvoyBuffer, Filter, HttpHeader, LentAnswer, ABI_VERSION,
+    CONTINUE,
 };
-use crate::glue::{self, FilterState};
+use crate::glue::{self, FilterModule};
 use crate::host::NativeConfig;
+use crate::hub;
 
 /// The filter state behind a module pointer Envoy hands back, for the hook.
 ///
 /// SAFETY (callers): `fm` is null or a pointer `on_http_filter_new` returned that
 /// `on_http_filter_destroy` has not taken back.
-unsafe fn state<'a>(fm: *const c_void) -> Option<&'a FilterState> {
-    // SAFETY: as the caller promised: a `Box<FilterState>` Envoy holds for us.
-    unsafe { fm.cast::<FilterState>().as_ref() }
+unsafe fn state<'a>(fm: *const c_void) -> Option<&'a FilterModule> {
+    // SAFETY: as the caller promised: a `Box<FilterModule>` Envoy holds for us.
+    unsafe { fm.cast::<FilterModule>().as_ref() }
+}
+
+/// The configuration behind a module pointer Envoy hands back, for the hook.
+///
+/// SAFETY (callers): `cm` is null or a pointer `on_http_filter_config_new` returned that
+/// `on_http_filter_config_destroy` has not taken back.
+unsafe fn config<'a>(cm: *const c_void) -> Option<&'a Arc<NativeConfig>> {
+    // SAFETY: as the caller promised: a `Box<Arc<NativeConfig>>` Envoy holds for us.
+    unsafe { cm.cast::<Arc<NativeConfig>>().as_ref() }
 }
 
 fn filter(fe: *mut c_void) -> Option<Filter> {
@@ -47,7 +58,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
     name: EnvoyBuffer,
     config: EnvoyBuffer,
 ) -> *const c_void {
-    let Some(def) = ConfigDef::from_hook(config_envoy_ptr) else {
+    let (Some(def), Some(handle)) = (
+        ConfigDef::from_hook(config_envoy_ptr),
+        ConfigHandle::from_hook(config_envoy_ptr),
+    ) else {
         return std::ptr::null();
     };
     // SAFETY: Envoy's buffers, valid for this call; copied by the glue.
@@ -57,13 +71,14 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
             bytes(config.ptr, config.length),
         )
     };
-    match glue::config_new(&def, name, config) {
+    match glue::config_new(&def, handle, name, config) {
         Some(config) => Box::into_raw(Box::new(config)).cast_const().cast(),
         None => std::ptr::null(),
     }
 }
 
-/// Main thread: Envoy is done with a configuration (its filters hold their own reference).
+/// Envoy is done with a configuration (its filters hold their own reference): on the main
+/// thread, or on the worker whose stream held the last reference.
 ///
 /// SAFETY: `config_module_ptr` is what `config_new` returned, handed back once.
 #[unsafe(no_mangle)]
@@ -86,8 +101,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
     config_module_ptr: *const c_void,
     fe: *mut c_void,
 ) -> *const c_void {
-    // SAFETY: a `Box<Arc<NativeConfig>>` from `config_new` that Envoy has not destroyed.
-    let config = unsafe { config_module_ptr.cast::<Arc<NativeConfig>>().as_ref() };
+    // SAFETY: a configuration of ours that Envoy has not destroyed.
+    let config = unsafe { config(config_module_ptr) };
     match (config, filter(fe)) {
         (Some(config), Some(fe)) => match glue::filter_new(config, fe) {
             Some(state) => Box::into_raw(state).cast_const().cast(),
@@ -105,8 +120,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(fm: *const c_void) {
     if !fm.is_null() {
-        // SAFETY: the `Box<FilterState>` `filter_new` made, taken back once.
-        glue::destroy(unsafe { Box::from_raw(fm.cast::<FilterState>().cast_mut()) });
+        // SAFETY: the `Box<FilterModule>` `filter_new` made, taken back once.
+        glue::destroy(unsafe { Box::from_raw(fm.cast::<FilterModule>().cast_mut()) });
     }
 }
 
@@ -119,7 +134,12 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
 ) -> u32 {
     // SAFETY: see above.
     match (filter(fe), unsafe { state(fm) }) {
-        (Some(fe), Some(state)) => glue::request_headers(state, fe, end_of_stream),
+        (Some(fe), Some(FilterModule::Local(state))) => {
+            glue::request_headers(state, fe, end_of_stream)
+        }
+        (Some(fe), Some(FilterModule::Relayed(state))) => {
+            hub::request_headers(state, fe, end_of_stream)
+        }
         _ => CONTINUE,
     }
 }
@@ -132,7 +152,12 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
 ) -> u32 {
     // SAFETY: see `request_headers`.
     match (filter(fe), unsafe { state(fm) }) {
-        (Some(fe), Some(state)) => glue::request_body(state, fe, end_of_stream),
+        (Some(fe), Some(FilterModule::Local(state))) => {
+            glue::request_body(state, fe, end_of_stream)
+        }
+        (Some(fe), Some(FilterModule::Relayed(state))) => {
+            hub::request_body(state, fe, end_of_stream)
+        }
         _ => CONTINUE,
     }
 }
@@ -144,7 +169,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
 ) -> u32 {
     // SAFETY: see `request_headers`.
     match (filter(fe), unsafe { state(fm) }) {
-        (Some(fe), Some(state)) => glue::request_trailers(state, fe),
+        (Some(fe), Some(FilterModule::Local(state))) => glue::request_trailers(state, fe),
+        (Some(fe), Some(FilterModule::Relayed(state))) => hub::request_trailers(state, fe),
         _ => CONTINUE,
     }
 }
@@ -157,7 +183,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
 ) -> u32 {
     // SAFETY: see `request_headers`.
     match (filter(fe), unsafe { state(fm) }) {
-        (Some(fe), Some(state)) => glue::response_headers(state, fe),
+        (Some(fe), Some(FilterModule::Local(state))) => glue::response_headers(state, fe),
+        (Some(_), Some(FilterModule::Relayed(state))) => hub::response_headers(state),
         _ => CONTINUE,
     }
 }
@@ -187,8 +214,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
     fm: *const c_void,
 ) {
     // SAFETY: see `request_headers`.
-    if let (Some(fe), Some(state)) = (filter(fe), unsafe { state(fm) }) {
-        glue::stream_complete(state, fe);
+    match (filter(fe), unsafe { state(fm) }) {
+        (Some(fe), Some(FilterModule::Local(state))) => glue::stream_complete(state, fe),
+        (Some(_), Some(FilterModule::Relayed(state))) => hub::over(state),
+        _ => {}
     }
 }
 
@@ -210,7 +239,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
     body_chunks_size: usize,
 ) {
     // SAFETY: see `request_headers`.
-    let (Some(fe), Some(state)) = (filter(fe), unsafe { state(fm) }) else {
+    let (Some(fe), Some(FilterModule::Local(state))) = (filter(fe), unsafe { state(fm) }) else {
         return;
     };
     // SAFETY: Envoy's `headers_size` headers and `body_chunks_size` chunks, valid during
@@ -280,8 +309,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
     event_id: u64,
 ) {
     // SAFETY: see `request_headers`.
-    if let (Some(fe), Some(state)) = (filter(fe), unsafe { state(fm) }) {
-        glue::scheduled(state, fe, event_id);
+    match (filter(fe), unsafe { state(fm) }) {
+        (Some(fe), Some(FilterModule::Local(state))) => glue::scheduled(state, fe, event_id),
+        (Some(fe), Some(FilterModule::Relayed(state))) => hub::relay_scheduled(state, fe),
+        _ => {}
     }
 }
 
@@ -297,4 +328,115 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buf
     _fe: *mut c_void,
     _fm: *const c_void,
 ) {
+}
+
+// The configuration's own context, on the main thread (`hub.rs`).
+
+/// A commit to a configuration's scheduler: its hub's turn, on the main thread.
+///
+/// SAFETY: `config_module_ptr` is null (Envoy is destroying the configuration) or a live
+/// configuration of ours.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
+    _config_envoy_ptr: *mut c_void,
+    config_module_ptr: *const c_void,
+    _event_id: u64,
+) {
+    // SAFETY: see above.
+    if let Some(config) = unsafe { config(config_module_ptr) } {
+        hub::scheduled(config);
+    }
+}
+
+/// A call of a configuration's hub, on the main thread (a stream: its answer comes in
+/// parts, trailers included): its headers.
+///
+/// SAFETY: as `config_scheduled`; `headers` points at `headers_size` headers, valid during
+/// the hook (the hub copies them).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_headers(
+    _config_envoy_ptr: *mut c_void,
+    config_module_ptr: *const c_void,
+    stream_id: u64,
+    headers: *const HttpHeader,
+    headers_size: usize,
+    _end_stream: bool,
+) {
+    // SAFETY: see above.
+    if let Some(config) = unsafe { config(config_module_ptr) } {
+        // SAFETY: see above.
+        let part = unsafe { LentAnswer::from_hook(headers, headers_size, std::ptr::null(), 0) };
+        hub::call_part(config, stream_id, part, false);
+    }
+}
+
+/// A chunk of the answer's body.
+///
+/// SAFETY: as `config_scheduled`; `data` points at `data_count` buffers, valid during the
+/// hook (the hub copies them).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_data(
+    _config_envoy_ptr: *mut c_void,
+    config_module_ptr: *const c_void,
+    stream_id: u64,
+    data: *const EnvoyBuffer,
+    data_count: usize,
+    _end_stream: bool,
+) {
+    // SAFETY: see above.
+    if let Some(config) = unsafe { config(config_module_ptr) } {
+        // SAFETY: see above.
+        let part = unsafe { LentAnswer::from_hook(std::ptr::null(), 0, data, data_count) };
+        hub::call_part(config, stream_id, part, false);
+    }
+}
+
+/// The answer's trailers.
+///
+/// SAFETY: as `..._stream_headers`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_trailers(
+    _config_envoy_ptr: *mut c_void,
+    config_module_ptr: *const c_void,
+    stream_id: u64,
+    trailers: *const HttpHeader,
+    trailers_size: usize,
+) {
+    // SAFETY: see above.
+    if let Some(config) = unsafe { config(config_module_ptr) } {
+        // SAFETY: see above.
+        let part = unsafe { LentAnswer::from_hook(trailers, trailers_size, std::ptr::null(), 0) };
+        hub::call_part(config, stream_id, part, true);
+    }
+}
+
+/// The answer is complete.
+///
+/// SAFETY: as `config_scheduled`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_complete(
+    _config_envoy_ptr: *mut c_void,
+    config_module_ptr: *const c_void,
+    stream_id: u64,
+) {
+    // SAFETY: see above.
+    if let Some(config) = unsafe { config(config_module_ptr) } {
+        hub::call_done(config, stream_id, true);
+    }
+}
+
+/// The call failed (reset: no answer, or part of one).
+///
+/// SAFETY: as `config_scheduled`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_stream_reset(
+    _config_envoy_ptr: *mut c_void,
+    config_module_ptr: *const c_void,
+    stream_id: u64,
+    _reason: u32,
+) {
+    // SAFETY: see above.
+    if let Some(config) = unsafe { config(config_module_ptr) } {
+        hub::call_done(config, stream_id, false);
+    }
 }

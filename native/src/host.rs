@@ -19,7 +19,8 @@ use fanout::host::{CasMismatch, Host};
 use fanout::metrics::Kind;
 use hashbrown::HashMap;
 
-use crate::abi::{ConfigDef, Filter, LentAnswer, MetricKind};
+use crate::abi::{ConfigDef, ConfigHandle, Filter, LentAnswer, MetricKind};
+use crate::hub::{self, HubLink};
 use crate::shared::CasStore;
 
 /// Envoy's shared data, as the wasm build has it: one store for the process.
@@ -39,6 +40,12 @@ pub struct NativeConfig {
     /// Envoy destroyed it (a configuration update replaced it): once no stream of a worker
     /// uses it, that worker's plugin of it goes.
     pub retired: AtomicBool,
+    /// `body_wait: continue`: the request's headers go on to the buffer filter after this one.
+    pub body_wait_continue: bool,
+    /// Envoy's configuration, for its hub's calls and metrics (main thread).
+    pub envoy: Option<ConfigHandle>,
+    /// The way to its hub, when it is served there (`hub.rs`).
+    pub hub: Option<HubLink>,
 }
 
 impl NativeConfig {
@@ -49,6 +56,9 @@ impl NativeConfig {
             metrics: HashMap::new(),
             max_body_bytes,
             retired: AtomicBool::new(false),
+            body_wait_continue: false,
+            envoy: None,
+            hub: None,
         }
     }
 }
@@ -62,6 +72,8 @@ pub struct CallAnswer {
     /// Where each name starts, where its value starts (the name ends there) and ends.
     headers: Vec<(usize, usize, usize)>,
     body: Vec<u8>,
+    /// The trailers, as the headers (a streamed call's only: a one-shot call has none).
+    trailers: Vec<(usize, usize, usize)>,
 }
 
 impl CallAnswer {
@@ -69,6 +81,7 @@ impl CallAnswer {
         text: Vec::new(),
         headers: Vec::new(),
         body: Vec::new(),
+        trailers: Vec::new(),
     };
 
     /// A copy of `answer` (one that must outlive its hook).
@@ -83,31 +96,65 @@ impl CallAnswer {
         self.text.clear();
         self.headers.clear();
         self.body.clear();
-        for (name, value) in answer.headers() {
-            let name_start = self.text.len();
-            self.text.extend_from_slice(name);
-            let value_start = self.text.len();
-            self.text.extend_from_slice(value);
-            self.headers
-                .push((name_start, value_start, self.text.len()));
+        self.trailers.clear();
+        self.append(answer);
+    }
+
+    /// A streamed call's part (its headers, or a body chunk) added to what came before.
+    pub fn append(&mut self, part: &LentAnswer<'_>) {
+        for (name, value) in part.headers() {
+            let span = self.keep(name, value);
+            self.headers.push(span);
         }
-        for chunk in answer.chunks() {
+        for chunk in part.chunks() {
             self.body.extend_from_slice(chunk);
         }
     }
 
+    /// A streamed call's trailers (`part`'s headers).
+    pub fn append_trailers(&mut self, part: &LentAnswer<'_>) {
+        for (name, value) in part.headers() {
+            let span = self.keep(name, value);
+            self.trailers.push(span);
+        }
+    }
+
+    fn keep(&mut self, name: &[u8], value: &[u8]) -> (usize, usize, usize) {
+        let name_start = self.text.len();
+        self.text.extend_from_slice(name);
+        let value_start = self.text.len();
+        self.text.extend_from_slice(value);
+        (name_start, value_start, self.text.len())
+    }
+
     fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.headers.iter().filter_map(|&(name, value, end)| {
+        self.spans(&self.headers)
+    }
+
+    fn spans<'a>(
+        &'a self,
+        spans: &'a [(usize, usize, usize)],
+    ) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+        spans.iter().filter_map(|&(name, value, end)| {
             Some((self.text.get(name..value)?, self.text.get(value..end)?))
         })
     }
 
     /// The value of the first header named `name` (any case).
     fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
-            .map(|(_, value)| value)
+        find(self.headers(), name)
     }
+
+    /// The value of the first trailer named `name` (any case).
+    fn trailer(&self, name: &str) -> Option<&[u8]> {
+        find(self.spans(&self.trailers), name)
+    }
+}
+
+fn find<'a>(mut pairs: impl Iterator<Item = (&'a [u8], &'a [u8])>, name: &str) -> Option<&'a [u8]> {
+    pairs
+        .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+        .map(|(_, value)| value)
 }
 
 /// The answer `deliver` is given: Envoy's own, in the hook it came with, or a copy of it.
@@ -145,16 +192,43 @@ thread_local! {
         const { RefCell::new(None) };
 }
 
-/// The host one plugin and its streams call: a configuration's metric ids and bytes.
+/// The host one plugin and its streams call: a configuration's metric ids and bytes; a
+/// worker's, or the configuration's hub's on the main thread (`hub.rs`: the request, the
+/// calls, the answers and the metrics are the hub's there).
 #[derive(Clone)]
 pub struct NativeHost {
     config: Arc<NativeConfig>,
     plugin: u32,
+    hub: bool,
 }
 
 impl NativeHost {
     pub fn new(config: Arc<NativeConfig>, plugin: u32) -> Self {
-        NativeHost { config, plugin }
+        NativeHost {
+            config,
+            plugin,
+            hub: false,
+        }
+    }
+
+    /// The host of a configuration's hub.
+    pub fn hub(config: Arc<NativeConfig>, plugin: u32) -> Self {
+        NativeHost {
+            config,
+            plugin,
+            hub: true,
+        }
+    }
+
+    fn update_metric(&self, kind: MetricKind, id: u32, delta: i64) {
+        let id = (id & ID_MASK) as usize;
+        if self.hub {
+            if let Some(envoy) = self.config.envoy {
+                envoy.update_metric(kind, id, delta);
+            }
+        } else if let Some(filter) = current() {
+            filter.update_metric(kind, id, delta);
+        }
     }
 }
 
@@ -310,10 +384,16 @@ impl Host for NativeHost {
     }
 
     fn request_headers(&self) -> HeaderMap {
+        if self.hub {
+            return hub::relayed_headers();
+        }
         current().map(Filter::request_headers).unwrap_or_default()
     }
 
     fn request_body(&self, size: usize) -> Vec<u8> {
+        if self.hub {
+            return hub::relayed_body(size);
+        }
         let mut body = current().map(Filter::request_body).unwrap_or_default();
         body.truncate(size);
         body
@@ -326,6 +406,10 @@ impl Host for NativeHost {
         body: &[u8],
         timeout: Duration,
     ) -> Result<u32, Failure> {
+        if self.hub {
+            let owner = hub::current_context(self.plugin);
+            return hub::dispatch(&self.config, owner, cluster, &headers, body, timeout);
+        }
         let Some(filter) = current() else {
             return Err(Failure::DispatchError {
                 detail: "no stream to make the call from".to_string(),
@@ -347,6 +431,14 @@ impl Host for NativeHost {
         let Some(stream) = stream else {
             return self.dispatch(cluster, headers, body, timeout);
         };
+        if self.hub {
+            if !hub::is_stream(stream) {
+                return Err(Failure::DispatchError {
+                    detail: "the sender left: no stream to call for".to_string(),
+                });
+            }
+            return hub::dispatch(&self.config, stream, cluster, &headers, body, timeout);
+        }
         let Some(filter) = live_filter(stream) else {
             return Err(Failure::DispatchError {
                 detail: "the sender left: no stream to make the call from".to_string(),
@@ -357,17 +449,20 @@ impl Host for NativeHost {
 
     fn dispatch_for(
         &self,
-        _context_id: u32,
+        context_id: u32,
         cluster: &str,
-        _headers: Vec<(&str, &[u8])>,
-        _body: &[u8],
-        _timeout: Duration,
+        headers: Vec<(&str, &[u8])>,
+        body: &[u8],
+        timeout: Duration,
     ) -> Result<u32, Failure> {
-        // The configurations that would make one are refused (`refuse.rs`).
+        if self.hub {
+            return hub::dispatch(&self.config, context_id, cluster, &headers, body, timeout);
+        }
+        // A configuration that makes one is served by its hub (`serve::needs_hub`).
         Err(Failure::DispatchError {
             detail: format!(
-                "the native build has no worker context to call \"{cluster}\" from \
-                 (a configuration needing one is refused)"
+                "a worker's plugin has no context of its own to call \"{cluster}\" from \
+                 (its configuration is served by its hub)"
             ),
         })
     }
@@ -398,12 +493,15 @@ impl Host for NativeHost {
         .unwrap_or_default()
     }
 
-    fn call_trailer(&self, _name: &str) -> Option<String> {
-        // Envoy's one-shot callouts carry no trailers.
-        None
+    fn call_trailer(&self, name: &str) -> Option<String> {
+        // A streamed call's (the hub's); Envoy's one-shot callouts carry none.
+        answering(|a| String::from_utf8(a.trailer(name)?.to_vec()).ok())
     }
 
     fn set_effective_context(&self, context_id: u32) -> bool {
+        if self.hub {
+            return hub::set_effective_context(context_id, self.plugin);
+        }
         match live_filter(context_id) {
             Some(filter) => {
                 CURRENT.set(Some(filter));
@@ -417,16 +515,14 @@ impl Host for NativeHost {
     }
 
     fn respond(&self, answer: &Answer) {
+        if self.hub {
+            return hub::respond(answer);
+        }
         let Some(filter) = current() else {
             log::warn!("fanout: no stream to answer {} to", answer.status);
             return;
         };
-        let headers: Vec<(&str, &[u8])> = answer
-            .headers
-            .iter()
-            .map(|(name, value)| (*name, value.as_bytes()))
-            .collect();
-        filter.send_response(answer.status, &headers, &answer.body, "fanout");
+        send_answer(filter, answer);
     }
 
     fn now_ms(&self) -> u64 {
@@ -465,16 +561,12 @@ impl Host for NativeHost {
     }
 
     fn increment_metric(&self, id: u32, delta: i64) {
-        if let Some(filter) = current() {
-            filter.update_metric(kind_of(id), (id & ID_MASK) as usize, delta);
-        }
+        self.update_metric(kind_of(id), id, delta);
     }
 
     fn record_metric(&self, id: u32, value: u64) {
-        if let Some(filter) = current() {
-            let value = i64::try_from(value).unwrap_or(i64::MAX);
-            filter.update_metric(MetricKind::Histogram, (id & ID_MASK) as usize, value);
-        }
+        let value = i64::try_from(value).unwrap_or(i64::MAX);
+        self.update_metric(MetricKind::Histogram, id, value);
     }
 
     fn set_tick_period(&self, period: Duration) {
@@ -495,6 +587,25 @@ impl Host for NativeHost {
     }
 }
 
+/// Sends the core's answer to `filter`'s sender.
+pub fn send_answer(filter: Filter, answer: &Answer) {
+    let headers: Vec<(&str, &[u8])> = answer
+        .headers
+        .iter()
+        .map(|(name, value)| (*name, value.as_bytes()))
+        .collect();
+    filter.send_response(answer.status, &headers, &answer.body, "fanout");
+}
+
+/// A new token for a call (one space for the thread's calls).
+pub fn next_token() -> u32 {
+    NEXT_TOKEN.with(|t| {
+        let next = t.get().wrapping_add(1).max(1);
+        t.set(next);
+        next
+    })
+}
+
 /// A call from `filter`: the core's token for it.
 fn call_from(
     filter: Filter,
@@ -507,11 +618,7 @@ fn call_from(
     let callout = filter
         .callout(cluster, headers, body, timeout_ms)
         .map_err(|code| refused(cluster, code))?;
-    let token = NEXT_TOKEN.with(|t| {
-        let next = t.get().wrapping_add(1).max(1);
-        t.set(next);
-        next
-    });
+    let token = next_token();
     CALLOUTS.with(|c| with_mut(c, |c| c.insert((filter, callout), token)));
     Ok(token)
 }
@@ -531,7 +638,7 @@ fn not_counted(name: &str) {
 }
 
 /// How Envoy refused a call at dispatch (`envoy_dynamic_module_type_http_callout_init_result`).
-fn refused(cluster: &str, code: u32) -> Failure {
+pub fn refused(cluster: &str, code: u32) -> Failure {
     let why = match code {
         1 => "MissingRequiredHeaders",
         2 => {

@@ -5,13 +5,14 @@
 //! Data flows one way: `hooks.rs` (the hooks Envoy calls, each a thin wrapper) → `glue.rs`,
 //! which drives the core's `Plugin` and `Stream` exactly as the proxy-wasm glue
 //! (`src/filter/`) does → `host.rs`'s `Host` → `abi.rs` (Envoy's callbacks, declared by hand
-//! behind safe handles). `hooks.rs` and `abi.rs` are the only modules with `unsafe`. What
-//! the native build cannot serve is refused at configuration (`refuse.rs`).
+//! behind safe handles). `hooks.rs` and `abi.rs` are the only modules with `unsafe`. A
+//! configuration that asks for work after the sender's answer, or for no sender, is served
+//! by its own context on Envoy's main thread (`hub.rs`; `serve.rs` says which).
 //!
 //! Without the `envoy` feature only the configuration path is built ([`configure`]): the
 //! glue imports Envoy's callbacks, which only Envoy provides.
 
-pub mod refuse;
+pub mod serve;
 pub mod shared;
 pub mod timer;
 
@@ -26,6 +27,8 @@ mod hooks;
 #[cfg(all(feature = "envoy", not(test)))]
 mod host;
 #[cfg(all(feature = "envoy", not(test)))]
+mod hub;
+#[cfg(all(feature = "envoy", not(test)))]
 mod log;
 
-pub use refuse::configure;
+pub use serve::configure;

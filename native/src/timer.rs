@@ -15,24 +15,24 @@ pub trait Wake: Send + Sync + 'static {
 }
 
 /// One wake-up asked for.
-struct Due<W> {
+struct Due<W: ?Sized> {
     at: Instant,
     event: u64,
     handle: Arc<W>,
 }
 
-struct Schedule<W> {
+struct Schedule<W: ?Sized> {
     due: Vec<Due<W>>,
     stop: bool,
 }
 
 /// The wake-ups asked for, and the thread that makes them.
-pub struct Timer<W> {
+pub struct Timer<W: ?Sized> {
     shared: Arc<(Mutex<Schedule<W>>, Condvar)>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-impl<W: Wake> Default for Timer<W> {
+impl<W: Wake + ?Sized> Default for Timer<W> {
     fn default() -> Self {
         Timer {
             shared: Arc::new((
@@ -51,7 +51,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl<W: Wake> Timer<W> {
+impl<W: Wake + ?Sized> Timer<W> {
     /// Commits `event` to `handle` at `at`, or earlier if it is asked for earlier already (one
     /// wake-up per event: a later ask for the same event moves it only forward in time, and
     /// to the newer handle).
@@ -112,7 +112,7 @@ impl<W: Wake> Timer<W> {
 
 /// The thread: waits for the earliest wake-up, commits it (outside the lock), and drops
 /// its handle.
-fn run<W: Wake>(shared: &(Mutex<Schedule<W>>, Condvar)) {
+fn run<W: Wake + ?Sized>(shared: &(Mutex<Schedule<W>>, Condvar)) {
     let (schedule, changed) = shared;
     let mut guard = lock(schedule);
     loop {

@@ -525,35 +525,15 @@ fn bad_requests_get_their_4xx_with_an_error() {
 }
 
 #[test]
-fn what_the_native_build_cannot_serve_makes_envoy_refuse_the_config() {
-    let sub = |extra: Value| {
-        let mut s = json!({ "cluster": "a" });
-        if let (Some(s), Some(extra)) = (s.as_object_mut(), extra.as_object()) {
-            s.extend(extra.clone());
-        }
-        s
-    };
+fn a_config_the_reader_refuses_makes_envoy_refuse_it_with_the_fields_path() {
     let cases = [
-        (
-            json!({ "mode": "async", "subscribers": [sub(json!({}))] }),
-            "mode: \"async\" needs the wasm build",
-        ),
-        (
-            json!({ "channels": [{ "name": "c", "subscribers": [sub(json!({})), sub(json!({ "required": false }))] }] }),
-            "channels[0].subscribers[1].required: best-effort subscribers need the wasm build",
-        ),
-        (
-            json!({ "subscribers": [sub(json!({}))], "dedupe": { "store": { "etcd": { "cluster": "etcd" } } } }),
-            "dedupe.store: etcd needs the wasm build",
-        ),
-        (
-            json!({ "subscribers": [sub(json!({}))], "tracing": { "collector": { "cluster": "otel" } } }),
-            "tracing: needs the wasm build",
-        ),
-        // The reader's own errors, as in the wasm build.
         (
             json!({ "subscribers": [{ "cluster": "" }] }),
             "subscribers[0].cluster: must not be empty",
+        ),
+        (
+            json!({ "mode": "async", "subscribers": [{ "cluster": "a", "delivery": { "retry": 101 } }] }),
+            "subscribers[0].delivery.retry",
         ),
     ];
     for (config, says) in cases {
@@ -564,6 +544,45 @@ fn what_the_native_build_cannot_serve_makes_envoy_refuse_the_config() {
             "the log does not say {says:?} for {config}:\n{log}"
         );
         assert!(log.contains("Failed to create filter config"), "{log}");
+    }
+}
+
+/// Async mode and a best-effort subscriber are served by the configuration's own context
+/// on Envoy's main thread: the sender has its answer, the deliveries go on after it, and
+/// they are counted in Envoy's stats.
+#[test]
+fn work_after_the_answer_is_served_by_the_configurations_own_context() {
+    let (a, b) = (Subscriber::ok("a"), Subscriber::ok("b"));
+    for config in [
+        json!({ "mode": "async", "metrics": true,
+                "subscribers": [{ "cluster": "a" }, { "cluster": "b" }] }),
+        json!({ "metrics": true,
+                "subscribers": [{ "cluster": "a" }, { "cluster": "b", "required": false }] }),
+    ] {
+        let (before_a, before_b) = (a.count(), b.count());
+        let envoy = Envoy::start(&config, &[&a, &b]);
+        let reply = send(client().post(envoy.url("/")).body("{}"));
+        assert_eq!(reply.status, 202, "{config}: {}", reply.body);
+        let until = Instant::now() + Duration::from_secs(10);
+        while (a.count(), b.count()) != (before_a + 1, before_b + 1) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            (a.count(), b.count()),
+            (before_a + 1, before_b + 1),
+            "{config}"
+        );
+        let until = Instant::now() + Duration::from_secs(10);
+        while envoy.stat("dynamicmodulescustom.fanout.subscriber.b.delivered") != Some(1)
+            && Instant::now() < until
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            envoy.stat("dynamicmodulescustom.fanout.subscriber.b.delivered"),
+            Some(1),
+            "{config}"
+        );
     }
 }
 
@@ -870,11 +889,12 @@ fn a_configuration_update_serves_new_senders_and_a_refused_one_keeps_the_last() 
     }
     let before = a.count();
 
-    // A configuration the native build refuses: Envoy rejects the update and keeps serving
-    // the last one.
-    envoy.reconfigure(&json!({ "mode": "async", "subscribers": [{ "cluster": "a" }] }));
+    // A configuration the filter refuses: Envoy rejects the update and keeps serving the
+    // last one.
+    envoy
+        .reconfigure(&json!({ "subscribers": [{ "cluster": "a", "delivery": { "retry": 101 } }] }));
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !envoy.log().contains("mode: \"async\" needs the wasm build") {
+    while !envoy.log().contains("subscribers[0].delivery.retry") {
         assert!(
             Instant::now() < deadline,
             "no refusal logged: {}",
