@@ -3,8 +3,8 @@
 # build where the wasm filter goes; docs/native.md), and a summary that tells apart what
 # failed from what the native build cannot run:
 #   e2e on the native build: 120 passed, 0 failed, 14 SKIPPED (not run on the native build)
-# A test the native build cannot run (its configuration is refused on purpose, or its
-# bootstrap loads the wasm module) ends before Envoy starts with a panic saying
+# A test the native build cannot run (its bootstrap loads the wasm module, or it reads the
+# wasm VMs' own stats) ends before Envoy starts with a panic saying
 # "SKIPPED on the native build: <why>"; cargo counts it failed, never passed, and this
 # script lists it as skipped, with its reason. Exit status 1 if any other test failed.
 # Arguments go to cargo test after `--` (e.g. `contract::`, `--test-threads=1`).

@@ -1,9 +1,10 @@
 //! The timer Envoy's dynamic-module HTTP filter does not have: one thread for the process
-//! that, when a worker's tick is due, commits to a wake-up handle of that worker (a live
-//! stream's scheduler, whose `on_http_filter_scheduled` runs the worker's tick on the
-//! worker). It holds each handle (an `Arc`) until it has committed to it, so a handle is
-//! deleted only once nobody can commit to it any more; the thread is started by the first
-//! wake-up asked for and stopped (joined) by [`Timer::stop`].
+//! that, when a plugin's tick is due, commits to a wake-up handle of its thread (a worker's
+//! live stream's scheduler, whose `on_http_filter_scheduled` runs the worker's tick on the
+//! worker; or a configuration's scheduler, whose `on_http_filter_config_scheduled` runs its
+//! hub's tick on the main thread). It holds each handle (an `Arc`) until it has committed to
+//! it, so a handle is deleted only once nobody can commit to it any more; the thread is
+//! started by the first wake-up asked for and stopped (joined) by [`Timer::stop`].
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;

@@ -25,8 +25,7 @@ use std::process::Command;
 use std::sync::Mutex;
 
 use crate::harness::{
-    envoy_bin, filter_log_lines, manifest_dir as repo_root, native_refusal, EnvoyBuilder, TempDir,
-    NATIVE_SKIP,
+    envoy_bin, filter_log_lines, manifest_dir as repo_root, EnvoyBuilder, TempDir,
 };
 
 /// The documents whose links and examples are checked, relative to the crate root.
@@ -472,23 +471,12 @@ fn every_example_configuration_in_the_docs_is_accepted_or_refused_as_documented(
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
     let next = Mutex::new(examples.iter());
     let found = Mutex::new(Vec::new());
-    // Examples the native build refuses on purpose (FANOUT_BUILD=native): not checked there.
-    let refused_here = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| loop {
                 let Some(example) = next.lock().unwrap().next() else {
                     break;
                 };
-                if let (Expect::Accepted, Some(why)) =
-                    (&example.expect, native_refusal(&example.config))
-                {
-                    refused_here
-                        .lock()
-                        .unwrap()
-                        .push(format!("{}: {why}", example.place));
-                    continue;
-                }
                 let (ok, log) = validate(&example.config);
                 let filter_lines = filter_log_lines(&log);
                 let problem = match &example.expect {
@@ -531,13 +519,6 @@ fn every_example_configuration_in_the_docs_is_accepted_or_refused_as_documented(
     });
     problems.extend(found.into_inner().unwrap());
     assert!(problems.is_empty(), "{}", problems.join("\n"));
-    let refused_here = refused_here.into_inner().unwrap();
-    assert!(
-        refused_here.is_empty(),
-        "{NATIVE_SKIP} {} example(s): {}",
-        refused_here.len(),
-        refused_here.join("; ")
-    );
 }
 
 #[test]

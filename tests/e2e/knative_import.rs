@@ -1131,7 +1131,7 @@ fn tls_front(cert: &Path, key: &Path, hosts: &[&str], backend: &Subscriber) -> E
 }
 
 /// Runs the import on `input`, with `--resolve` for each (host, port), and the built filter
-/// (on the native build, `--build native`: a skip if the native build refuses the objects).
+/// (on the native build, `--build native`).
 fn import_for_envoy(input: &str, stdin: &str, resolve: &[(&str, u16)], extra: &[&str]) -> Import {
     let build: Vec<String> = harness::control::build_args(&[])
         .into_iter()
@@ -1147,14 +1147,6 @@ fn import_for_envoy(input: &str, stdin: &str, resolve: &[(&str, u16)], extra: &[
     }
     args.extend_from_slice(extra);
     let import = Import::run(input, stdin, &args);
-    if harness::fanout_build() == harness::Build::Native && import.code != 0 {
-        let refused = import.stderr.lines().find(|l| l.contains("the wasm build"));
-        if let Some(line) = refused {
-            harness::skip_on_native(&format!(
-                "`fanout-control render --build native` refuses these objects: {line}"
-            ));
-        }
-    }
     import.succeeded();
     // Every cluster on loopback: nothing may send a DNS query or traffic elsewhere.
     for cluster in import.json("clusters.yaml")["resources"]

@@ -159,23 +159,13 @@ fn native_filter(config: &str) -> Value {
 }
 
 /// On the native build, why this test cannot run there, said before Envoy starts: the
-/// configuration asks for something the native build refuses on purpose (its own check,
-/// `fanout_native::configure`, on what the harness is about to serve), or the bootstrap
-/// loads the wasm module anyway: a module file the test names, a wasm filter left in the
-/// bootstrap, or an ECDS that takes only the wasm filter (a shipped xDS or ConfigMap bootstrap
-/// is made the native build's by [`native_ecds`] first, a static one by `native_in_place`).
-/// `None` on the wasm build, and for a configuration the core itself refuses (Envoy refuses
-/// it on either build, which is what such a test checks).
-fn native_skip(
-    plugin_config: Option<&str>,
-    bootstrap: &Value,
-    wasm_file: Option<&Path>,
-) -> Option<String> {
+/// bootstrap loads the wasm module anyway: a module file the test names, a wasm filter left
+/// in the bootstrap, or an ECDS that takes only the wasm filter (a shipped xDS or ConfigMap
+/// bootstrap is made the native build's by [`native_ecds`] first, a static one by
+/// `native_in_place`). `None` on the wasm build.
+fn native_skip(bootstrap: &Value, wasm_file: Option<&Path>) -> Option<String> {
     if fanout_build() != Build::Native {
         return None;
-    }
-    if let Some(why) = plugin_config.and_then(native_refusal) {
-        return Some(why);
     }
     let text = bootstrap.to_string();
     if let Some(file) = wasm_file.filter(|_| text.contains(WASM_TYPE)) {
@@ -200,9 +190,8 @@ fn native_skip(
 /// On the native build, each wasm filter a bootstrap configures itself (a shipped static
 /// bootstrap) made the native build's filter with the same JSON, where it was, as
 /// docs/native.md tells its users to; its stats tag rules read the native build's names.
-/// Returns the configurations moved over (to be checked against what the native build
-/// refuses). On the wasm build, nothing changes.
-fn native_in_place(bootstrap: &mut Value) -> Vec<String> {
+/// On the wasm build, nothing changes.
+fn native_in_place(bootstrap: &mut Value) {
     fn swap(value: &mut Value, moved: &mut Vec<String>) {
         match value {
             Value::Object(fields) => {
@@ -227,7 +216,7 @@ fn native_in_place(bootstrap: &mut Value) -> Vec<String> {
     }
     let mut moved = Vec::new();
     if fanout_build() != Build::Native {
-        return moved;
+        return;
     }
     swap(bootstrap, &mut moved);
     if !moved.is_empty() {
@@ -235,7 +224,6 @@ fn native_in_place(bootstrap: &mut Value) -> Vec<String> {
             rename_stats(stats);
         }
     }
-    moved
 }
 
 /// The names of the filters `value` configures as the wasm filter (`"@type"` the wasm
@@ -270,18 +258,6 @@ fn rename_stats(value: &mut Value) {
         Value::Object(fields) => fields.values_mut().for_each(rename_stats),
         _ => {}
     }
-}
-
-/// On the native build, what it refuses on purpose in this plugin configuration, which the
-/// core itself accepts: `"<field> is refused (<why>)"`. `None` on the wasm build.
-pub fn native_refusal(config: &str) -> Option<String> {
-    if fanout_build() != Build::Native
-        || fanout::config::Config::from_json(config.as_bytes()).is_err()
-    {
-        return None;
-    }
-    let refusal = fanout_native::configure(config.as_bytes()).err()?;
-    Some(format!("{} is refused ({refusal})", refusal.path))
 }
 
 /// The lines of an Envoy log (or `envoy --mode validate`'s output) that fanout logged itself,
@@ -786,13 +762,9 @@ impl EnvoyBuilder {
         let mut bootstrap = self.bootstrap();
         let wasm_file = self.wasm_file.as_deref();
         if wasm_file.is_none() {
-            for config in native_in_place(&mut bootstrap) {
-                if let Some(why) = native_refusal(&config) {
-                    super::skip_on_native(&why);
-                }
-            }
+            native_in_place(&mut bootstrap);
         }
-        if let Some(why) = native_skip(self.plugin_config.as_deref(), &bootstrap, wasm_file) {
+        if let Some(why) = native_skip(&bootstrap, wasm_file) {
             super::skip_on_native(&why);
         }
         // The native build's filter, in the bootstrap or accepted over ECDS.

@@ -58,8 +58,8 @@ pub use client::{
 };
 pub use envoy::{
     body_wait, envoy_bin, fanout_build, filter_log_lines, http_get, native_ecds, native_lib_path,
-    native_refusal, native_search_path, validate_config, wasm_path, BodyWait, Build, Envoy,
-    EnvoyBuilder, NATIVE_SKIP, NATIVE_TYPE, TRIPWIRE_BODY, WASM_TYPE,
+    native_search_path, validate_config, wasm_path, BodyWait, Build, Envoy, EnvoyBuilder,
+    NATIVE_SKIP, NATIVE_TYPE, TRIPWIRE_BODY, WASM_TYPE,
 };
 pub use server::set_linger_zero;
 pub use subscriber::{Behavior, Recorded, Subscriber};
