@@ -20,8 +20,8 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fanout::cell::with_mut;
@@ -30,13 +30,10 @@ use fanout::stream::{Flow, Stream};
 use hashbrown::HashMap;
 
 use crate::abi::{ConfigDef, ConfigHandle, Filter, LentAnswer, Scheduler, CONTINUE, STOP};
+use crate::host::HubLink;
 use crate::host::{self, CallAnswer, Delivered, NativeConfig, NativeHost};
-use crate::hub::{self, HubLink, Relayed};
-use crate::timer::{Timer, Wake};
-
-/// The process's timer thread: wakes a worker whose plugin has a retry waiting, and a hub
-/// whose plugin has a period.
-pub static TIMER: LazyLock<Timer<dyn Wake>> = LazyLock::new(Timer::default);
+use crate::hub::{self, Relayed};
+use crate::timer::TIMER;
 
 /// The configurations Envoy holds: the timer thread stops with the last one.
 static CONFIGS: AtomicUsize = AtomicUsize::new(0);
@@ -78,13 +75,6 @@ enum Deferred {
     Answer(u64, CallAnswer),
 }
 
-/// Context ids for plugins, streams and configurations: one space for the process.
-static NEXT_ID: AtomicU32 = AtomicU32::new(1);
-
-pub fn next_id() -> u32 {
-    NEXT_ID.fetch_add(1, Ordering::Relaxed)
-}
-
 /// A worker's plugin of a configuration, and the configuration.
 type WorkerOf = (Arc<NativeConfig>, Rc<Worker>);
 
@@ -121,7 +111,7 @@ pub fn config_new(
             return None;
         }
     };
-    let mut native = NativeConfig::new(next_id(), bytes, config.max_body_bytes);
+    let mut native = NativeConfig::new(host::next_id(), bytes, config.max_body_bytes);
     native.body_wait_continue = config.body_wait == fanout::config::BodyWait::Continue;
     if crate::serve::needs_hub(&config) {
         native.envoy = Some(handle);
@@ -172,7 +162,7 @@ fn worker(config: &Arc<NativeConfig>) -> Option<Rc<Worker>> {
     if known.is_some() {
         return known;
     }
-    let id = next_id();
+    let id = host::next_id();
     let mut plugin = Plugin::new(id, NativeHost::new(config.clone(), id));
     plugin.on_vm_start();
     if !plugin.on_configure() {
@@ -202,7 +192,7 @@ pub fn filter_new(config: &Arc<NativeConfig>, filter: Filter) -> Option<Box<Filt
         return hub::relay_new(config, filter).map(|r| Box::new(FilterModule::Relayed(r)));
     }
     let worker = worker(config)?;
-    let id = next_id();
+    let id = host::next_id();
     let stream = worker.plugin.try_borrow().ok()?.create_stream(id);
     host::live(id, filter, worker.id);
     Some(Box::new(FilterModule::Local(FilterState {
@@ -268,21 +258,8 @@ fn defer(state: &FilterState, event: Deferred) {
 /// The plugin's tick if it is due, then the timer's next wake-up if a retry or a call waits.
 fn keep_time(worker: &Worker) {
     let period = host::tick_period(worker.id);
-    tick_if_due(&worker.next_tick, &worker.plugin, period);
+    host::tick_if_due(&worker.next_tick, &worker.plugin, period);
     arm(worker, period);
-}
-
-/// The plugin's tick, when its period has passed (the timer Envoy's ABI does not have):
-/// it hands the counts to Envoy's stats, and sends the retries due (`next_tick`: when it is
-/// due, ms).
-pub fn tick_if_due(next_tick: &Cell<u64>, plugin: &RefCell<Plugin<NativeHost>>, period: Duration) {
-    let now = host::now_ms();
-    if period.is_zero() || now < next_tick.get() {
-        return;
-    }
-    let period_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
-    next_tick.set(now.saturating_add(period_ms));
-    with_mut(plugin, Plugin::on_tick);
 }
 
 fn status(flow: Flow) -> u32 {
@@ -292,17 +269,8 @@ fn status(flow: Flow) -> u32 {
     }
 }
 
-/// Envoy answers 413 itself past the stream's buffer limit (1 MiB by default): room for
-/// `max_body_bytes`, so that the filter's own 413 is the one the sender gets.
-pub fn room_for_body(filter: Filter, max_body_bytes: u64) {
-    let wanted = max_body_bytes.saturating_add(1 << 20);
-    if filter.buffer_limit() < wanted {
-        filter.set_buffer_limit(wanted);
-    }
-}
-
 pub fn request_headers(state: &FilterState, filter: Filter, end_of_stream: bool) -> u32 {
-    room_for_body(filter, state.max_body_bytes);
+    host::room_for_body(filter, state.max_body_bytes);
     run(state, filter, |s| {
         status(s.on_request_headers(end_of_stream))
     })
@@ -464,7 +432,7 @@ pub fn scheduled(state: &FilterState, filter: Filter, event: u64) {
     let saved = host::enter(filter);
     worker.next_tick.set(0);
     let period = host::tick_period(worker.id);
-    tick_if_due(&worker.next_tick, &worker.plugin, period);
+    host::tick_if_due(&worker.next_tick, &worker.plugin, period);
     arm(&worker, period);
     host::leave(saved);
 }

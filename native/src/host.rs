@@ -7,8 +7,8 @@
 //! configuration (`NativeConfig`) and a call's answer (`CallAnswer`).
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, LazyLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fanout::answer::Answer;
@@ -19,9 +19,13 @@ use fanout::host::{CasMismatch, Host};
 use fanout::metrics::Kind;
 use hashbrown::HashMap;
 
-use crate::abi::{ConfigDef, ConfigHandle, Filter, LentAnswer, MetricKind};
-use crate::hub::{self, HubLink};
+use fanout::plugin::Plugin;
+
+use crate::abi::{
+    ConfigDef, ConfigHandle, ConfigScheduler, Filter, LentAnswer, MetricKind, Scheduler,
+};
 use crate::shared::CasStore;
+use crate::timer::Wake;
 
 /// Envoy's shared data, as the wasm build has it: one store for the process.
 static SHARED: LazyLock<CasStore> = LazyLock::new(CasStore::new);
@@ -346,6 +350,35 @@ pub fn defining(def: &ConfigDef, define: impl FnOnce()) -> HashMap<String, u32> 
         .unwrap_or_default()
 }
 
+/// Context ids for plugins, streams and configurations: one space for the process.
+static NEXT_ID: AtomicU32 = AtomicU32::new(1);
+
+pub fn next_id() -> u32 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The plugin's tick, when its period has passed (the timer Envoy's ABI does not have):
+/// it hands the counts to Envoy's stats, and sends the retries due (`next_tick`: when it is
+/// due, ms).
+pub fn tick_if_due(next_tick: &Cell<u64>, plugin: &RefCell<Plugin<NativeHost>>, period: Duration) {
+    let now = now_ms();
+    if period.is_zero() || now < next_tick.get() {
+        return;
+    }
+    let period_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
+    next_tick.set(now.saturating_add(period_ms));
+    with_mut(plugin, Plugin::on_tick);
+}
+
+/// Envoy answers 413 itself past the stream's buffer limit (1 MiB by default): room for
+/// `max_body_bytes`, so that the filter's own 413 is the one the sender gets.
+pub fn room_for_body(filter: Filter, max_body_bytes: u64) {
+    let wanted = max_body_bytes.saturating_add(1 << 20);
+    if filter.buffer_limit() < wanted {
+        filter.set_buffer_limit(wanted);
+    }
+}
+
 /// Milliseconds since the epoch.
 pub fn now_ms() -> u64 {
     since_epoch().as_millis() as u64
@@ -385,14 +418,14 @@ impl Host for NativeHost {
 
     fn request_headers(&self) -> HeaderMap {
         if self.hub {
-            return hub::relayed_headers();
+            return hub_headers();
         }
         current().map(Filter::request_headers).unwrap_or_default()
     }
 
     fn request_body(&self, size: usize) -> Vec<u8> {
         if self.hub {
-            return hub::relayed_body(size);
+            return hub_request_body(size);
         }
         let mut body = current().map(Filter::request_body).unwrap_or_default();
         body.truncate(size);
@@ -407,8 +440,8 @@ impl Host for NativeHost {
         timeout: Duration,
     ) -> Result<u32, Failure> {
         if self.hub {
-            let owner = hub::current_context(self.plugin);
-            return hub::dispatch(&self.config, owner, cluster, &headers, body, timeout);
+            let owner = hub_current_context(self.plugin);
+            return hub_dispatch(&self.config, owner, cluster, &headers, body, timeout);
         }
         let Some(filter) = current() else {
             return Err(Failure::DispatchError {
@@ -432,12 +465,12 @@ impl Host for NativeHost {
             return self.dispatch(cluster, headers, body, timeout);
         };
         if self.hub {
-            if !hub::is_stream(stream) {
+            if !hub_is_stream(stream) {
                 return Err(Failure::DispatchError {
                     detail: "the sender left: no stream to call for".to_string(),
                 });
             }
-            return hub::dispatch(&self.config, stream, cluster, &headers, body, timeout);
+            return hub_dispatch(&self.config, stream, cluster, &headers, body, timeout);
         }
         let Some(filter) = live_filter(stream) else {
             return Err(Failure::DispatchError {
@@ -456,7 +489,7 @@ impl Host for NativeHost {
         timeout: Duration,
     ) -> Result<u32, Failure> {
         if self.hub {
-            return hub::dispatch(&self.config, context_id, cluster, &headers, body, timeout);
+            return hub_dispatch(&self.config, context_id, cluster, &headers, body, timeout);
         }
         // A configuration that makes one is served by its hub (`serve::needs_hub`).
         Err(Failure::DispatchError {
@@ -500,7 +533,7 @@ impl Host for NativeHost {
 
     fn set_effective_context(&self, context_id: u32) -> bool {
         if self.hub {
-            return hub::set_effective_context(context_id, self.plugin);
+            return hub_set_effective_context(context_id, self.plugin);
         }
         match live_filter(context_id) {
             Some(filter) => {
@@ -516,7 +549,7 @@ impl Host for NativeHost {
 
     fn respond(&self, answer: &Answer) {
         if self.hub {
-            return hub::respond(answer);
+            return hub_respond(answer);
         }
         let Some(filter) = current() else {
             log::warn!("fanout: no stream to answer {} to", answer.status);
@@ -664,4 +697,300 @@ pub fn refused(cluster: &str, code: u32) -> Failure {
     Failure::DispatchError {
         detail: format!("Envoy refused the call ({why}, {code})"),
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// What a configuration served by its hub shares between threads (`hub.rs`).
+
+/// What a worker's filter tells the hub of its request, in the order Envoy gave it.
+pub enum Event {
+    /// The request's headers, and whether they end it.
+    Headers(HeaderMap, bool),
+    /// The body's size so far and whether it ends the request; with the whole body when it
+    /// does.
+    Body(Option<Vec<u8>>, usize, bool),
+    /// Trailers: they end the request; the whole body.
+    Trailers(Vec<u8>),
+    /// A response came back through the filter that the hub did not send.
+    Responded,
+    /// The stream is over (answered, or its client left).
+    Gone,
+}
+
+/// A request relayed to the hub, shared by its worker's filter and the hub: where the hub's
+/// answer waits for the worker, and how the worker is woken to send it.
+pub struct Relay {
+    /// The request's stream id (the core's context id, one space for the process).
+    id: u32,
+    answer: Mutex<Option<Answer>>,
+    wake: Arc<Scheduler>,
+}
+
+/// A configuration's way to its hub: the events the workers post, and the scheduler that
+/// wakes the main thread for them.
+pub struct HubLink {
+    inbox: Mutex<Vec<(Arc<Relay>, Event)>>,
+    wake: Arc<ConfigScheduler>,
+}
+
+/// The event a configuration's scheduler carries (one kind: the hub's turn).
+const HUB_TURN: u64 = 0;
+/// The event a relayed stream's scheduler carries: the hub's answer is there.
+const ANSWERED: u64 = 0;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Relay {
+    /// A request relayed by a worker's filter, woken through `wake` (its stream's).
+    pub fn new(wake: Arc<Scheduler>) -> Relay {
+        Relay {
+            id: next_id(),
+            answer: Mutex::new(None),
+            wake,
+        }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The hub's answer, once (the worker's side).
+    pub fn take_answer(&self) -> Option<Answer> {
+        lock(&self.answer).take()
+    }
+}
+
+impl HubLink {
+    /// The link of configuration `handle` (in `config_new`, main thread).
+    pub fn new(handle: ConfigHandle) -> Option<HubLink> {
+        Some(HubLink {
+            inbox: Mutex::new(Vec::new()),
+            wake: handle.scheduler()?,
+        })
+    }
+
+    /// Posts an event; the first one since the hub took the inbox wakes it.
+    pub fn post(&self, relay: &Arc<Relay>, event: Event) {
+        let first = {
+            let mut inbox = lock(&self.inbox);
+            inbox.push((relay.clone(), event));
+            inbox.len() == 1
+        };
+        if first {
+            self.wake.commit(HUB_TURN);
+        }
+    }
+
+    /// The events posted since the last take (the hub's side).
+    pub fn take(&self) -> Vec<(Arc<Relay>, Event)> {
+        std::mem::take(&mut *lock(&self.inbox))
+    }
+
+    /// The scheduler that wakes the hub.
+    pub fn wake(&self) -> Arc<ConfigScheduler> {
+        self.wake.clone()
+    }
+}
+
+/// A call of a hub in flight.
+pub struct HubCall {
+    pub token: u32,
+    /// The context its answer goes to: a stream, or the plugin.
+    pub owner: u32,
+    pub answer: CallAnswer,
+}
+
+/// A relayed request, as the hub's host reads it.
+struct Request {
+    relay: Arc<Relay>,
+    headers: HeaderMap,
+    body: Vec<u8>,
+}
+
+thread_local! {
+    /// The relayed requests, by stream id.
+    static HUB_REQUESTS: RefCell<HashMap<u32, Request>> = RefCell::new(HashMap::new());
+    /// The stream whose event the hub handles.
+    static HUB_HOOK: Cell<Option<u32>> = const { Cell::new(None) };
+    /// The stream the host calls act for; `None`: the plugin.
+    static HUB_CURRENT: Cell<Option<u32>> = const { Cell::new(None) };
+    /// The hubs' calls in flight: (configuration id, Envoy's stream id) → (the core's
+    /// token, the context its answer goes to), and the answer as it comes.
+    static HUB_CALLS: RefCell<HashMap<(u32, u64), HubCall>> = RefCell::new(HashMap::new());
+}
+
+// ---------------------------------------------------------------------------------------
+// The hub's tables and host calls (main thread): the relayed requests, the stream the
+// calls act for, the calls in flight.
+
+fn with_request<R>(read: impl FnOnce(&Request) -> R) -> Option<R> {
+    let id = HUB_CURRENT.get()?;
+    HUB_REQUESTS.with(|r| r.try_borrow().ok()?.get(&id).map(read))
+}
+
+pub fn hub_headers() -> HeaderMap {
+    with_request(|r| r.headers.clone()).unwrap_or_default()
+}
+
+pub fn hub_request_body(size: usize) -> Vec<u8> {
+    with_request(|r| r.body.get(..size).unwrap_or(&r.body).to_vec()).unwrap_or_default()
+}
+
+/// The context a call made now answers to: the current stream, else the plugin.
+pub fn hub_current_context(plugin: u32) -> u32 {
+    HUB_CURRENT.get().unwrap_or(plugin)
+}
+
+/// Whether `id` is a relayed request the hub still serves.
+pub fn hub_is_stream(id: u32) -> bool {
+    HUB_REQUESTS.with(|r| r.try_borrow().is_ok_and(|r| r.contains_key(&id)))
+}
+
+/// A call of the configuration's, its answer for context `owner`: the core's token.
+pub fn hub_dispatch(
+    config: &NativeConfig,
+    owner: u32,
+    cluster: &str,
+    headers: &[(&str, &[u8])],
+    body: &[u8],
+    timeout: Duration,
+) -> Result<u32, Failure> {
+    let Some(handle) = config
+        .envoy
+        .filter(|_| !config.retired.load(Ordering::Relaxed))
+    else {
+        return Err(Failure::DispatchError {
+            detail: "the configuration was replaced: no context to make the call from".to_string(),
+        });
+    };
+    let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    // A one-shot call's body goes with its length; a stream's would go chunked unless it
+    // says its length (as the one-shot call Envoy makes for a worker).
+    let length = body.len().to_string();
+    let mut sized;
+    let headers = if body.is_empty()
+        || headers
+            .iter()
+            .any(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+    {
+        headers
+    } else {
+        sized = Vec::with_capacity(headers.len() + 1);
+        sized.extend_from_slice(headers);
+        sized.push(("content-length", length.as_bytes()));
+        &sized[..]
+    };
+    let stream = handle
+        .start_call(cluster, headers, body, timeout_ms)
+        .map_err(|code| refused(cluster, code))?;
+    let token = next_token();
+    let call = HubCall {
+        token,
+        owner,
+        answer: CallAnswer::default(),
+    };
+    HUB_CALLS.with(|c| with_mut(c, |c| c.insert((config.id, stream), call)));
+    Ok(token)
+}
+
+pub fn hub_set_effective_context(context_id: u32, plugin: u32) -> bool {
+    if context_id == plugin {
+        HUB_CURRENT.set(None);
+        true
+    } else if hub_is_stream(context_id) {
+        HUB_CURRENT.set(Some(context_id));
+        true
+    } else {
+        HUB_CURRENT.set(HUB_HOOK.get());
+        false
+    }
+}
+
+/// Answers the current stream: its worker sends it.
+pub fn hub_respond(answer: &Answer) {
+    let Some(relay) = with_request(|r| r.relay.clone()) else {
+        log::warn!("fanout: no stream to answer {} to", answer.status);
+        return;
+    };
+    *lock(&relay.answer) = Some(answer.clone());
+    relay.wake.commit(ANSWERED);
+}
+
+/// A request relayed to the hub, with its headers: the hub's until [`hub_forget`].
+pub fn hub_relayed(relay: Arc<Relay>, headers: HeaderMap) {
+    let id = relay.id;
+    let request = Request {
+        relay,
+        headers,
+        body: Vec::new(),
+    };
+    HUB_REQUESTS.with(|r| with_mut(r, |r| r.insert(id, request)));
+}
+
+/// The whole body of relayed request `id`.
+pub fn hub_body(id: u32, body: Vec<u8>) {
+    HUB_REQUESTS.with(|r| {
+        with_mut(r, |r| {
+            if let Some(request) = r.get_mut(&id) {
+                request.body = body;
+            }
+        })
+    });
+}
+
+/// The relayed request `id` is over.
+pub fn hub_forget(id: u32) {
+    HUB_REQUESTS.with(|r| with_mut(r, |r| r.remove(&id)));
+}
+
+/// Runs `work` with the hub's calls acting for stream `stream` (`None`: the plugin), its
+/// event the one handled.
+pub fn hub_acting<R>(stream: Option<u32>, work: impl FnOnce() -> R) -> R {
+    let hook = stream.map(|id| HUB_HOOK.replace(Some(id)));
+    let saved = HUB_CURRENT.replace(stream);
+    let result = work();
+    HUB_CURRENT.set(saved);
+    if let Some(hook) = hook {
+        HUB_HOOK.set(hook);
+    }
+    result
+}
+
+/// A part of a hub call's answer (headers or a body chunk; `trailers`: its trailers).
+pub fn hub_call_part(config: u32, stream: u64, part: &LentAnswer<'_>, trailers: bool) {
+    HUB_CALLS.with(|c| {
+        with_mut(c, |c| {
+            if let Some(call) = c.get_mut(&(config, stream)) {
+                if trailers {
+                    call.answer.append_trailers(part);
+                } else {
+                    call.answer.append(part);
+                }
+            }
+        })
+    });
+}
+
+/// The call `stream` of configuration `config`, over: taken from the calls in flight.
+pub fn hub_take_call(config: u32, stream: u64) -> Option<HubCall> {
+    HUB_CALLS
+        .with(|c| with_mut(c, |c| c.remove(&(config, stream))))
+        .flatten()
+}
+
+/// Every call in flight of configuration `config`, taken: their tokens.
+pub fn hub_take_calls_of(config: u32) -> Vec<u32> {
+    HUB_CALLS
+        .with(|c| {
+            with_mut(c, |c| {
+                let keys: Vec<(u32, u64)> =
+                    c.keys().filter(|(id, _)| *id == config).copied().collect();
+                keys.iter()
+                    .filter_map(|key| c.remove(key).map(|call| call.token))
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
 }

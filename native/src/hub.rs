@@ -24,83 +24,17 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fanout::answer::Answer;
-use fanout::call::Failure;
 use fanout::cell::with_mut;
-use fanout::headers::HeaderMap;
 use fanout::plugin::{Plugin, VmShared};
 use fanout::stream::Stream;
 use hashbrown::HashMap;
 
-use crate::abi::{ConfigHandle, ConfigScheduler, Filter, LentAnswer, Scheduler, CONTINUE, STOP};
-use crate::glue::{self, TIMER};
-use crate::host::{self, CallAnswer, Delivered, NativeConfig, NativeHost};
-use crate::timer::Wake;
-
-/// What a worker's filter tells the hub of its request, in the order Envoy gave it.
-pub enum Event {
-    /// The request's headers, and whether they end it.
-    Headers(HeaderMap, bool),
-    /// The body's size so far and whether it ends the request; with the whole body when it
-    /// does.
-    Body(Option<Vec<u8>>, usize, bool),
-    /// Trailers: they end the request; the whole body.
-    Trailers(Vec<u8>),
-    /// A response came back through the filter that the hub did not send.
-    Responded,
-    /// The stream is over (answered, or its client left).
-    Gone,
-}
-
-/// A request relayed to the hub, shared by its worker's filter and the hub: where the hub's
-/// answer waits for the worker, and how the worker is woken to send it.
-pub struct Relay {
-    /// The request's stream id (the core's context id, one space for the process).
-    id: u32,
-    answer: Mutex<Option<Answer>>,
-    wake: Arc<Scheduler>,
-}
-
-/// A configuration's way to its hub: the events the workers post, and the scheduler that
-/// wakes the main thread for them.
-pub struct HubLink {
-    inbox: Mutex<Vec<(Arc<Relay>, Event)>>,
-    wake: Arc<ConfigScheduler>,
-}
-
-/// The event a configuration's scheduler carries (one kind: the hub's turn).
-const HUB_TURN: u64 = 0;
-/// The event a relayed stream's scheduler carries: the hub's answer is there.
-const ANSWERED: u64 = 0;
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl HubLink {
-    /// The link of configuration `handle` (in `config_new`, main thread).
-    pub fn new(handle: ConfigHandle) -> Option<HubLink> {
-        Some(HubLink {
-            inbox: Mutex::new(Vec::new()),
-            wake: handle.scheduler()?,
-        })
-    }
-
-    /// Posts an event; the first one since the hub took the inbox wakes it.
-    fn post(&self, relay: &Arc<Relay>, event: Event) {
-        let first = {
-            let mut inbox = lock(&self.inbox);
-            inbox.push((relay.clone(), event));
-            inbox.len() == 1
-        };
-        if first {
-            self.wake.commit(HUB_TURN);
-        }
-    }
-}
+use crate::abi::{Filter, LentAnswer, CONTINUE, STOP};
+use crate::host::{self, CallAnswer, Delivered, Event, NativeConfig, NativeHost, Relay};
+use crate::timer::{Wake, TIMER};
 
 // ---------------------------------------------------------------------------------------
 // The worker's side: a filter relaying its request.
@@ -118,11 +52,7 @@ pub struct Relayed {
 
 pub fn relay_new(config: &Arc<NativeConfig>, filter: Filter) -> Option<Relayed> {
     Some(Relayed {
-        relay: Arc::new(Relay {
-            id: glue::next_id(),
-            answer: Mutex::new(None),
-            wake: filter.scheduler()?,
-        }),
+        relay: Arc::new(Relay::new(filter.scheduler()?)),
         config: config.clone(),
         answered: Cell::new(false),
         over: Cell::new(false),
@@ -136,7 +66,7 @@ fn post(state: &Relayed, event: Event) {
 }
 
 pub fn request_headers(state: &Relayed, filter: Filter, end_of_stream: bool) -> u32 {
-    glue::room_for_body(filter, state.config.max_body_bytes);
+    host::room_for_body(filter, state.config.max_body_bytes);
     post(
         state,
         Event::Headers(filter.request_headers(), end_of_stream),
@@ -177,7 +107,7 @@ pub fn over(state: &Relayed) {
 
 /// The hub's answer is there (the relay's scheduler): it goes to the sender.
 pub fn relay_scheduled(state: &Relayed, filter: Filter) {
-    let answer = lock(&state.relay.answer).take();
+    let answer = state.relay.take_answer();
     if let Some(answer) = answer {
         if !state.over.get() && !state.answered.replace(true) {
             host::send_answer(filter, &answer);
@@ -201,40 +131,16 @@ struct Hub {
     configured: Cell<bool>,
 }
 
-/// A call of a hub in flight.
-struct Call {
-    token: u32,
-    /// The context its answer goes to: a stream, or the plugin.
-    owner: u32,
-    answer: CallAnswer,
-}
-
-/// A relayed request, as the hub's host reads it.
-struct Request {
-    relay: Arc<Relay>,
-    headers: HeaderMap,
-    body: Vec<u8>,
-}
-
 thread_local! {
     /// The hubs of the configurations Envoy holds, by configuration id (main thread).
     static HUBS: RefCell<HashMap<u32, Rc<Hub>>> = RefCell::new(HashMap::new());
-    /// The relayed requests, by stream id.
-    static REQUESTS: RefCell<HashMap<u32, Request>> = RefCell::new(HashMap::new());
-    /// The stream whose event the hub handles.
-    static HOOK: Cell<Option<u32>> = const { Cell::new(None) };
-    /// The stream the host calls act for; `None`: the plugin.
-    static CURRENT: Cell<Option<u32>> = const { Cell::new(None) };
-    /// The hubs' calls in flight: (configuration id, Envoy's stream id) → (the core's
-    /// token, the context its answer goes to), and the answer as it comes.
-    static CALLOUTS: RefCell<HashMap<(u32, u64), Call>> = RefCell::new(HashMap::new());
 }
 
 /// Starts the hub of `config` (in `config_new`, main thread). Its plugin is configured on
 /// its first request, when Envoy's clusters are there (the etcd store calls its cluster
 /// as it is configured; at `config_new` the main thread may have none yet).
 pub fn start(config: &Arc<NativeConfig>) {
-    let id = glue::next_id();
+    let id = host::next_id();
     // The hubs share one pipeline, as a wasm VM's root contexts do: what a replaced
     // configuration's hub owed, the newest one carries on.
     let host = NativeHost::hub(config.clone(), id);
@@ -301,20 +207,7 @@ fn sweep() {
 /// hub's plugin if there is one, so that the shared pipeline retries it where the
 /// subscriber's delivery allows, dead-letters or counts it; said once, with how many.
 fn retire(hub: &Hub) {
-    let cancelled: Vec<u32> = CALLOUTS
-        .with(|c| {
-            with_mut(c, |c| {
-                let keys: Vec<(u32, u64)> = c
-                    .keys()
-                    .filter(|(config, _)| *config == hub.config.id)
-                    .copied()
-                    .collect();
-                keys.iter()
-                    .filter_map(|key| c.remove(key).map(|call| call.token))
-                    .collect()
-            })
-        })
-        .unwrap_or_default();
+    let cancelled = host::hub_take_calls_of(hub.config.id);
     let newest = HUBS.with(|h| {
         h.try_borrow()
             .ok()
@@ -336,11 +229,11 @@ fn retire(hub: &Hub) {
     let answering = newest.as_deref().unwrap_or(hub);
     for token in cancelled {
         host::with_answer(Delivered::Kept(CallAnswer::default()), |headers, body| {
-            let saved = CURRENT.replace(None);
-            with_mut(&answering.plugin, |p| {
-                p.on_call_response(token, headers, body)
+            host::hub_acting(None, || {
+                with_mut(&answering.plugin, |p| {
+                    p.on_call_response(token, headers, body)
+                })
             });
-            CURRENT.set(saved);
         });
     }
     with_mut(&hub.plugin, |p| {
@@ -353,7 +246,7 @@ fn retire(hub: &Hub) {
         .try_borrow()
         .map(|s| s.keys().copied().collect())
         .unwrap_or_default();
-    REQUESTS.with(|r| with_mut(r, |r| ids.iter().for_each(|id| drop(r.remove(id)))));
+    ids.into_iter().for_each(host::hub_forget);
     if let Some(newest) = newest.as_deref() {
         keep_time(newest);
     }
@@ -371,7 +264,7 @@ pub fn scheduled(config: &NativeConfig) {
         return;
     };
     if let Some(link) = &config.hub {
-        let events = std::mem::take(&mut *lock(&link.inbox));
+        let events = link.take();
         if !events.is_empty() {
             configure(&hub);
         }
@@ -383,18 +276,13 @@ pub fn scheduled(config: &NativeConfig) {
 }
 
 fn handle(hub: &Hub, relay: Arc<Relay>, event: Event) {
-    let id = relay.id;
+    let id = relay.id();
     match event {
         Event::Headers(headers, end_of_stream) => {
             let Some(stream) = hub.plugin.try_borrow().ok().map(|p| p.create_stream(id)) else {
                 return;
             };
-            let request = Request {
-                relay,
-                headers,
-                body: Vec::new(),
-            };
-            REQUESTS.with(|r| with_mut(r, |r| r.insert(id, request)));
+            host::hub_relayed(relay, headers);
             with_mut(&hub.streams, |s| {
                 s.insert(id, Rc::new(RefCell::new(stream)))
             });
@@ -404,14 +292,14 @@ fn handle(hub: &Hub, relay: Arc<Relay>, event: Event) {
         }
         Event::Body(body, size, end_of_stream) => {
             if let Some(body) = body {
-                keep_body(id, body);
+                host::hub_body(id, body);
             }
             run(hub, id, |s| {
                 let _ = s.on_request_body(size, end_of_stream);
             });
         }
         Event::Trailers(body) => {
-            keep_body(id, body);
+            host::hub_body(id, body);
             run(hub, id, |s| {
                 let _ = s.on_request_trailers();
             });
@@ -424,19 +312,9 @@ fn handle(hub: &Hub, relay: Arc<Relay>, event: Event) {
                 s.on_done();
             });
             with_mut(&hub.streams, |s| s.remove(&id));
-            REQUESTS.with(|r| with_mut(r, |r| r.remove(&id)));
+            host::hub_forget(id);
         }
     }
-}
-
-fn keep_body(id: u32, body: Vec<u8>) {
-    REQUESTS.with(|r| {
-        with_mut(r, |r| {
-            if let Some(request) = r.get_mut(&id) {
-                request.body = body;
-            }
-        })
-    });
 }
 
 /// Runs `hook` on the hub's stream `id` (if it still has it), with it current.
@@ -449,26 +327,13 @@ fn run(hub: &Hub, id: u32, hook: impl FnOnce(&mut Stream<NativeHost>)) {
     let Some(stream) = stream else {
         return;
     };
-    let saved = (HOOK.replace(Some(id)), CURRENT.replace(Some(id)));
-    with_mut(&stream, hook);
-    HOOK.set(saved.0);
-    CURRENT.set(saved.1);
+    host::hub_acting(Some(id), || with_mut(&stream, hook));
 }
 
 /// A part of the answer to a call of the hub of `config` (its headers, a body chunk, its
 /// trailers: `on_http_filter_config_http_stream_*`), kept until the answer is complete.
 pub fn call_part(config: &NativeConfig, stream: u64, part: LentAnswer<'_>, trailers: bool) {
-    CALLOUTS.with(|c| {
-        with_mut(c, |c| {
-            if let Some(call) = c.get_mut(&(config.id, stream)) {
-                if trailers {
-                    call.answer.append_trailers(&part);
-                } else {
-                    call.answer.append(&part);
-                }
-            }
-        })
-    });
+    host::hub_call_part(config.id, stream, &part, trailers);
 }
 
 /// The call is over (`on_http_filter_config_http_stream_complete`, or `_reset`: then
@@ -479,10 +344,7 @@ pub fn call_done(config: &NativeConfig, stream: u64, complete: bool) {
     let Some(hub) = hub_of(config.id) else {
         return;
     };
-    let Some(call) = CALLOUTS
-        .with(|c| with_mut(c, |c| c.remove(&(config.id, stream))))
-        .flatten()
-    else {
+    let Some(call) = host::hub_take_call(config.id, stream) else {
         log::debug!("an answer to a call of the hub nobody waits for");
         return;
     };
@@ -494,16 +356,16 @@ pub fn call_done(config: &NativeConfig, stream: u64, complete: bool) {
     let token = call.token;
     // A call of a stream that is over (a best-effort delivery after the sender's answer, a
     // call its client left) goes on with the plugin, as a call the root made.
-    let owner = if is_stream(call.owner) {
+    let owner = if host::hub_is_stream(call.owner) {
         call.owner
     } else {
         hub.id
     };
     host::with_answer(Delivered::Kept(answer), |headers, body| {
         if owner == hub.id {
-            let saved = CURRENT.replace(None);
-            with_mut(&hub.plugin, |p| p.on_call_response(token, headers, body));
-            CURRENT.set(saved);
+            host::hub_acting(None, || {
+                with_mut(&hub.plugin, |p| p.on_call_response(token, headers, body))
+            });
         } else {
             run(&hub, owner, |s| s.on_call_response(token, headers, body));
         }
@@ -514,7 +376,7 @@ pub fn call_done(config: &NativeConfig, stream: u64, complete: bool) {
 /// The plugin's tick if it is due, then the timer's next wake-up of the hub while the
 /// plugin has a period.
 fn keep_time(hub: &Hub) {
-    glue::tick_if_due(&hub.next_tick, &hub.plugin, host::tick_period(hub.id));
+    host::tick_if_due(&hub.next_tick, &hub.plugin, host::tick_period(hub.id));
     if host::tick_period(hub.id).is_zero() {
         return;
     }
@@ -523,102 +385,6 @@ fn keep_time(hub: &Hub) {
     };
     let wait = hub.next_tick.get().saturating_sub(host::now_ms());
     let at = Instant::now() + Duration::from_millis(wait);
-    let handle: Arc<dyn Wake> = link.wake.clone();
+    let handle: Arc<dyn Wake> = link.wake();
     TIMER.wake_at(at, u64::from(hub.id), handle);
-}
-
-// ---------------------------------------------------------------------------------------
-// The hub's host calls (`NativeHost` of a hub forwards them here).
-
-fn with_request<R>(read: impl FnOnce(&Request) -> R) -> Option<R> {
-    let id = CURRENT.get()?;
-    REQUESTS.with(|r| r.try_borrow().ok()?.get(&id).map(read))
-}
-
-pub fn relayed_headers() -> HeaderMap {
-    with_request(|r| r.headers.clone()).unwrap_or_default()
-}
-
-pub fn relayed_body(size: usize) -> Vec<u8> {
-    with_request(|r| r.body.get(..size).unwrap_or(&r.body).to_vec()).unwrap_or_default()
-}
-
-/// The context a call made now answers to: the current stream, else the plugin.
-pub fn current_context(plugin: u32) -> u32 {
-    CURRENT.get().unwrap_or(plugin)
-}
-
-/// Whether `id` is a relayed request the hub still serves.
-pub fn is_stream(id: u32) -> bool {
-    REQUESTS.with(|r| r.try_borrow().is_ok_and(|r| r.contains_key(&id)))
-}
-
-/// A call of the configuration's, its answer for context `owner`: the core's token.
-pub fn dispatch(
-    config: &NativeConfig,
-    owner: u32,
-    cluster: &str,
-    headers: &[(&str, &[u8])],
-    body: &[u8],
-    timeout: Duration,
-) -> Result<u32, Failure> {
-    let Some(handle) = config
-        .envoy
-        .filter(|_| !config.retired.load(Ordering::Relaxed))
-    else {
-        return Err(Failure::DispatchError {
-            detail: "the configuration was replaced: no context to make the call from".to_string(),
-        });
-    };
-    let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-    // A one-shot call's body goes with its length; a stream's would go chunked unless it
-    // says its length (as the one-shot call Envoy makes for a worker).
-    let length = body.len().to_string();
-    let mut sized;
-    let headers = if body.is_empty()
-        || headers
-            .iter()
-            .any(|(name, _)| name.eq_ignore_ascii_case("content-length"))
-    {
-        headers
-    } else {
-        sized = Vec::with_capacity(headers.len() + 1);
-        sized.extend_from_slice(headers);
-        sized.push(("content-length", length.as_bytes()));
-        &sized[..]
-    };
-    let stream = handle
-        .start_call(cluster, headers, body, timeout_ms)
-        .map_err(|code| host::refused(cluster, code))?;
-    let token = host::next_token();
-    let call = Call {
-        token,
-        owner,
-        answer: CallAnswer::default(),
-    };
-    CALLOUTS.with(|c| with_mut(c, |c| c.insert((config.id, stream), call)));
-    Ok(token)
-}
-
-pub fn set_effective_context(context_id: u32, plugin: u32) -> bool {
-    if context_id == plugin {
-        CURRENT.set(None);
-        true
-    } else if is_stream(context_id) {
-        CURRENT.set(Some(context_id));
-        true
-    } else {
-        CURRENT.set(HOOK.get());
-        false
-    }
-}
-
-/// Answers the current stream: its worker sends it.
-pub fn respond(answer: &Answer) {
-    let Some(relay) = with_request(|r| r.relay.clone()) else {
-        log::warn!("fanout: no stream to answer {} to", answer.status);
-        return;
-    };
-    *lock(&relay.answer) = Some(answer.clone());
-    relay.wake.commit(ANSWERED);
 }

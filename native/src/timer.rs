@@ -6,9 +6,13 @@
 //! it, so a handle is deleted only once nobody can commit to it any more; the thread is
 //! started by the first wake-up asked for and stopped (joined) by [`Timer::stop`].
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
+
+/// The process's timer thread: wakes a worker whose plugin has a retry waiting, and a hub
+/// whose plugin has a period.
+pub static TIMER: LazyLock<Timer<dyn Wake>> = LazyLock::new(Timer::default);
 
 /// What the timer commits to: an event posted to the handle's worker, from any thread.
 pub trait Wake: Send + Sync + 'static {
