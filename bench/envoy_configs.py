@@ -306,6 +306,8 @@ def system(kind, n, port, admin_port, sub_port, wasm, metrics=True, timeout_ms=3
         filters, routes = [wasm_filter("fanout", path, conf)], TRIPWIRE
     elif kind == "native":
         conf = fanout_json(n, metrics, timeout_ms, dedupe, call_cap, format, etcd_port, tracing)
+        if tracing:
+            clusters.append(cluster("otel", sub_port))
         path = wasm[f"native-{build}"] if build else wasm["native"]
         filters, routes = [native_filter(path, conf)], TRIPWIRE
     elif kind == "floor":

@@ -686,6 +686,10 @@ def throughput_specs(builds):
               # target: at most 1.10x the CPU per subscriber).
               ("fanout-traced/1", "fanout", 1, {"tracing": True}),
               ("fanout-traced/4", "fanout", 4, {"tracing": True}),
+              # The same on the native build, whose `tracing` runs on Envoy's main thread
+              # (the configuration's own context: each request crosses to it and back).
+              ("native-traced/1", "native", 1, {"tracing": True}),
+              ("native-traced/4", "native", 4, {"tracing": True}),
               ("fanout-64k/4", "fanout", 4, {}), ("mirror-64k/4", "mirror", 4, {}),
               ("proxy-64k/1", "proxy", 1, {})]
     return specs
