@@ -819,6 +819,8 @@ thread_local! {
     /// The hubs' calls in flight: (configuration id, Envoy's stream id) → (the core's
     /// token, the context its answer goes to), and the answer as it comes.
     static HUB_CALLS: RefCell<HashMap<(u32, u64), HubCall>> = RefCell::new(HashMap::new());
+    /// The relayed requests answered, for the hub to be done with them after its turn.
+    static HUB_ANSWERED: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
 // ---------------------------------------------------------------------------------------
@@ -916,6 +918,15 @@ pub fn hub_respond(answer: &Answer) {
     };
     *lock(&relay.answer) = Some(answer.clone());
     relay.wake.commit(ANSWERED);
+    HUB_ANSWERED.with(|a| with_mut(a, |a| a.push(relay.id)));
+}
+
+/// The relayed requests answered since the last call: the hub is done with them (their
+/// workers tell it nothing more).
+pub fn hub_take_answered() -> Vec<u32> {
+    HUB_ANSWERED
+        .with(|a| with_mut(a, std::mem::take))
+        .unwrap_or_default()
 }
 
 /// A request relayed to the hub, with its headers: the hub's until [`hub_forget`].
