@@ -548,34 +548,59 @@ impl Filter {
                     timeout_ms,
                 )
             };
-            if result == 0 {
-                Ok(id)
-            } else {
-                Err(result)
-            }
+            started(result, id)
         })
     }
 
     /// Adds to, or takes from, a metric this filter's configuration defined.
     pub fn update_metric(self, kind: MetricKind, id: usize, delta: i64) {
-        let update = match (kind, delta >= 0) {
-            (MetricKind::Counter, _) => envoy_dynamic_module_callback_http_filter_increment_counter,
-            (MetricKind::Gauge, true) => envoy_dynamic_module_callback_http_filter_increment_gauge,
-            (MetricKind::Gauge, false) => envoy_dynamic_module_callback_http_filter_decrement_gauge,
-            (MetricKind::Histogram, _) => {
-                envoy_dynamic_module_callback_http_filter_record_histogram_value
-            }
-        };
-        // SAFETY: a live filter; no labels.
-        unsafe {
-            update(
-                self.ptr(),
-                id,
-                std::ptr::null_mut(),
-                0,
-                delta.unsigned_abs(),
-            );
-        }
+        const UPDATES: MetricUpdates = [
+            envoy_dynamic_module_callback_http_filter_increment_counter,
+            envoy_dynamic_module_callback_http_filter_increment_gauge,
+            envoy_dynamic_module_callback_http_filter_decrement_gauge,
+            envoy_dynamic_module_callback_http_filter_record_histogram_value,
+        ];
+        // SAFETY: a live filter.
+        unsafe { update_metric(&UPDATES, self.ptr(), kind, id, delta) }
+    }
+}
+
+/// A metric's updates in the ABI, by a filter or by a configuration (the same signature):
+/// increment a counter, increment and decrement a gauge, record a histogram value.
+type MetricUpdate = unsafe extern "C" fn(*mut c_void, usize, *mut ModuleBuffer, usize, u64) -> u32;
+type MetricUpdates = [MetricUpdate; 4];
+
+/// Adds `delta` to metric `id` of kind `kind` (a negative one takes from a gauge), without
+/// labels, through `updates`.
+///
+/// SAFETY (callers): `ptr` is what `updates` takes: a live filter, or a configuration Envoy
+/// holds on the main thread.
+unsafe fn update_metric(
+    updates: &MetricUpdates,
+    ptr: *mut c_void,
+    kind: MetricKind,
+    id: usize,
+    delta: i64,
+) {
+    let [counter, gauge_up, gauge_down, histogram] = *updates;
+    let update = match (kind, delta >= 0) {
+        (MetricKind::Counter, _) => counter,
+        (MetricKind::Gauge, true) => gauge_up,
+        (MetricKind::Gauge, false) => gauge_down,
+        (MetricKind::Histogram, _) => histogram,
+    };
+    // SAFETY: as the caller promised; no labels.
+    unsafe {
+        update(ptr, id, std::ptr::null_mut(), 0, delta.unsigned_abs());
+    }
+}
+
+/// A call's id, or the ABI's refusal code (`envoy_dynamic_module_type_http_callout_init_result`).
+fn started(result: u32, id: u64) -> Result<u64, u32> {
+    if result == 0 {
+        Ok(id)
+    } else {
+        Err(result)
     }
 }
 
@@ -647,40 +672,20 @@ impl ConfigHandle {
                     timeout_ms,
                 )
             };
-            if result == 0 {
-                Ok(id)
-            } else {
-                Err(result)
-            }
+            started(result, id)
         })
     }
 
     /// Adds to, or takes from, a metric of this configuration (main thread).
     pub fn update_metric(self, kind: MetricKind, id: usize, delta: i64) {
-        let update = match (kind, delta >= 0) {
-            (MetricKind::Counter, _) => {
-                envoy_dynamic_module_callback_http_filter_config_increment_counter
-            }
-            (MetricKind::Gauge, true) => {
-                envoy_dynamic_module_callback_http_filter_config_increment_gauge
-            }
-            (MetricKind::Gauge, false) => {
-                envoy_dynamic_module_callback_http_filter_config_decrement_gauge
-            }
-            (MetricKind::Histogram, _) => {
-                envoy_dynamic_module_callback_http_filter_config_record_histogram_value
-            }
-        };
-        // SAFETY: a configuration Envoy holds, on the main thread; no labels.
-        unsafe {
-            update(
-                self.0.as_ptr(),
-                id,
-                std::ptr::null_mut(),
-                0,
-                delta.unsigned_abs(),
-            );
-        }
+        const UPDATES: MetricUpdates = [
+            envoy_dynamic_module_callback_http_filter_config_increment_counter,
+            envoy_dynamic_module_callback_http_filter_config_increment_gauge,
+            envoy_dynamic_module_callback_http_filter_config_decrement_gauge,
+            envoy_dynamic_module_callback_http_filter_config_record_histogram_value,
+        ];
+        // SAFETY: a configuration Envoy holds, on the main thread.
+        unsafe { update_metric(&UPDATES, self.0.as_ptr(), kind, id, delta) }
     }
 
     /// A new scheduler of this configuration: a commit, from any thread, posts

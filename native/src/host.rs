@@ -870,8 +870,7 @@ pub fn hub_dispatch(
     let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
     // A one-shot call's body goes with its length; a stream's would go chunked unless it
     // says its length (as the one-shot call Envoy makes for a worker).
-    let length = body.len().to_string();
-    let mut sized;
+    let (length, mut sized);
     let headers = if body.is_empty()
         || headers
             .iter()
@@ -879,6 +878,7 @@ pub fn hub_dispatch(
     {
         headers
     } else {
+        length = body.len().to_string();
         sized = Vec::with_capacity(headers.len() + 1);
         sized.extend_from_slice(headers);
         sized.push(("content-length", length.as_bytes()));

@@ -282,19 +282,18 @@ pub fn scheduled(config: &NativeConfig) {
 /// send the answer and tell the hub nothing more (`over`).
 fn done_with_answered() {
     for id in host::hub_take_answered() {
-        let hubs: Vec<Rc<Hub>> = HUBS.with(|h| {
-            h.try_borrow()
-                .map(|h| h.values().cloned().collect())
-                .unwrap_or_default()
+        let hub = HUBS.with(|h| {
+            h.try_borrow().ok().and_then(|h| {
+                h.values()
+                    .find(|hub| hub.streams.try_borrow().is_ok_and(|s| s.contains_key(&id)))
+                    .cloned()
+            })
         });
-        for hub in hubs {
-            let mine = hub.streams.try_borrow().is_ok_and(|s| s.contains_key(&id));
-            if mine {
-                run(&hub, id, |s| {
-                    s.on_done();
-                });
-                with_mut(&hub.streams, |s| s.remove(&id));
-            }
+        if let Some(hub) = hub {
+            run(&hub, id, |s| {
+                s.on_done();
+            });
+            with_mut(&hub.streams, |s| s.remove(&id));
         }
         host::hub_forget(id);
     }
