@@ -1,8 +1,9 @@
 //! The options that say how the Knative objects become Envoy's configuration: the same for
 //! the server (`fanout-control --source ...`) and for `fanout-control render`.
 
+use crate::contract::Build;
 use crate::model::{AuthorizationMode, MapOptions};
-use crate::render::{Build, RenderOptions, Resolve};
+use crate::render::{RenderOptions, Resolve};
 use crate::senders::Oidc;
 use clap::parser::ValueSource;
 use clap::ArgMatches;

@@ -6,12 +6,31 @@
 //! from; it never reaches the one resource every channel shares.
 
 use crate::model::{ChannelSpec, Problem};
-use crate::render::Build;
 use fanout::config::RawChannel;
 use serde::Serialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 use std::sync::Arc;
+
+/// Which build of fanout the Envoys load, as they see it (`--build`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Build {
+    /// The wasm module: its file (`--wasm`).
+    Wasm(String),
+    /// The native build: the library's name, or its absolute path (`--native-module`).
+    Native(String),
+}
+
+impl Build {
+    /// What the filter's version digests besides its configuration: the module file for the
+    /// wasm build (as ever), the library for the native build.
+    pub fn identity(&self) -> String {
+        match self {
+            Build::Wasm(path) => path.clone(),
+            Build::Native(module) => format!("native:{module}"),
+        }
+    }
+}
 
 /// One channel as an entry of the filter's `channels`.
 pub fn channel(name: &str, spec: &ChannelSpec) -> RawChannel {

@@ -5,7 +5,7 @@
 
 use crate::clusters::cluster;
 pub use crate::clusters::Resolve;
-use crate::contract;
+use crate::contract::{self, Build};
 use crate::model::{ChannelMapping, ChannelSpec, ClusterSpec, Problem, Snapshot};
 use crate::resource::any;
 use crate::senders::{self, Oidc};
@@ -27,26 +27,6 @@ use std::sync::Arc;
 
 /// The ECDS resource's name: what the bootstrap's `config_discovery` asks for.
 pub const FILTER_NAME: &str = "fanout";
-
-/// Which build of fanout the Envoys load, as they see it (`--build`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Build {
-    /// The wasm module: its file (`--wasm`).
-    Wasm(String),
-    /// The native build: the library's name, or its absolute path (`--native-module`).
-    Native(String),
-}
-
-impl Build {
-    /// What the filter's version digests besides its configuration: the module file for the
-    /// wasm build (as ever), the library for the native build.
-    fn identity(&self) -> String {
-        match self {
-            Build::Wasm(path) => path.clone(),
-            Build::Native(module) => format!("native:{module}"),
-        }
-    }
-}
 
 /// How the resources are rendered (the server's command line).
 #[derive(Clone, Debug)]

@@ -259,8 +259,9 @@ fn summary(out: &Path, served: &Served, policies: Option<usize>, warnings: usize
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::Build;
     use crate::model::MapOptions;
-    use crate::render::{Build, RenderOptions};
+    use crate::render::RenderOptions;
 
     /// `render --build native` writes the native build's filter, and the fan-out JSON it
     /// carries as `fanout.json`.

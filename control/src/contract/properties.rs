@@ -2,9 +2,10 @@
 //! or hostile), everything the server serves is a configuration the filter takes, and a
 //! channel that is not served as it is now says why.
 
+use crate::contract::Build;
 use crate::knative;
 use crate::model::{AuthorizationMode, MapOptions};
-use crate::render::{self, Build, RenderOptions, Served, Serving};
+use crate::render::{self, RenderOptions, Served, Serving};
 use crate::senders::Oidc;
 use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
 use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;

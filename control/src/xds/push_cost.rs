@@ -14,8 +14,9 @@
 //! ```
 
 use super::{StreamState, CLUSTER_TYPE, FILTER_TYPE};
+use crate::contract::Build;
 use crate::model::{MapOptions, Snapshot};
-use crate::render::{serve, Build, RenderOptions, Served};
+use crate::render::{serve, RenderOptions, Served};
 use crate::source::{mapped, parse, Listing};
 use crate::state::Ledger;
 use envoy_types::pb::envoy::config::core::v3::Node;
