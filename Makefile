@@ -228,6 +228,24 @@ push-control: image-control skopeo
 	$(SKOPEO) copy --quiet --preserve-digests --dest-tls-verify=$(TLS_VERIFY) \
 	  oci:$(CONTROL_IMAGE_LAYOUT):$(CONTROL_IMAGE_TAG) docker://$(IMAGE)
 	@echo "pushed $(IMAGE)@$$(cat $(CONTROL_IMAGE_LAYOUT).digest)"
+# The native build's image (docs/native.md: "How a cluster gets the library"): one layer
+# holding libfanout.so at its root, linux/amd64, no base and no entrypoint (a pod mounts it as
+# an image volume; Envoy finds the library there by its name). Written as an OCI layout by
+# tools/native-image.py (reproducible: the same library gives the same digest), pushed by skopeo.
+#   make image-native                            -> $(NATIVE_IMAGE_LAYOUT) (+ .digest)
+#   make push-native IMAGE=host[:port]/repo:tag [TLS_VERIFY=false]
+NATIVE_IMAGE_LAYOUT := target/oci/fanout-native
+NATIVE_IMAGE_TAG ?= $(VERSION)
+.PHONY: image-native push-native
+image-native: build-native
+	$(PYTHON) tools/native-image.py --library $(NATIVE_LIB) --out $(NATIVE_IMAGE_LAYOUT) \
+	  --tag $(NATIVE_IMAGE_TAG) --version $(VERSION) --revision "$(IMAGE_REVISION)" \
+	  --licenses "$(IMAGE_LICENSES)" --source "$(IMAGE_SOURCE)"
+push-native: image-native skopeo
+	@test -n "$(IMAGE)" || { echo 'usage: make push-native IMAGE=host[:port]/repo:tag [TLS_VERIFY=false]' >&2; exit 2; }
+	$(SKOPEO) copy --quiet --preserve-digests --dest-tls-verify=$(TLS_VERIFY) \
+	  oci:$(NATIVE_IMAGE_LAYOUT):$(NATIVE_IMAGE_TAG) docker://$(IMAGE)
+	@echo "pushed $(IMAGE)@$$(cat $(NATIVE_IMAGE_LAYOUT).digest)"
 # Prometheus and promtool (Debian's `prometheus` package): `make test-rules` unit-tests the
 # shipped rules (deploy/prometheus/) with promtool; tests/e2e/alerts.rs runs a real Prometheus
 # on them, scraping a real Envoy.

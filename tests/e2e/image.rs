@@ -288,6 +288,143 @@ fn make_push_to_a_registry_then_the_module_istio_extracts_fans_out_in_envoy() {
     assert_eq!(got.body, br#"{"order":"A-1001"}"#);
 }
 
+/// The native build's image (`make image-native`, `make push-native`), pulled back over the
+/// registry's API: the manifest make wrote, a linux/amd64 config, one layer holding only
+/// `libfanout.so`, the library `make build-native` built. Its files, laid out as a pod's image
+/// volume mounts them, are where the real Envoy finds the library by its name (as
+/// fanout-control's filter names it): one event, one subscriber, 202.
+#[test]
+fn make_push_native_then_envoy_loads_the_library_from_the_image_by_its_name() {
+    let registry = Registry::start();
+    let work = TempDir::new("fanout-image", "the native image's layout and its files");
+    let layout = work.path().join("fanout-native");
+    let layout_arg = format!("NATIVE_IMAGE_LAYOUT={}", layout.display());
+    let image = format!(
+        "127.0.0.1:{}/fanout/fanout-native:0.1.0-test",
+        registry.port
+    );
+
+    // Reproducible: building again gives the same digest.
+    make(&["image-native", &layout_arg, "NATIVE_IMAGE_TAG=0.1.0-test"]);
+    let first = layout_digest(&layout);
+    make(&["image-native", &layout_arg, "NATIVE_IMAGE_TAG=0.1.0-test"]);
+    assert_eq!(
+        layout_digest(&layout),
+        first,
+        "two builds of one library differ"
+    );
+    make(&[
+        "push-native",
+        &layout_arg,
+        "NATIVE_IMAGE_TAG=0.1.0-test",
+        &format!("IMAGE={image}"),
+        "TLS_VERIFY=false",
+    ]);
+
+    let (status, content_type, digest, body) = registry.get(
+        "/v2/fanout/fanout-native/manifests/0.1.0-test",
+        OCI_MANIFEST,
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(content_type, OCI_MANIFEST);
+    assert_eq!(
+        digest, first,
+        "the registry holds another manifest than make wrote"
+    );
+    let manifest: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        manifest["annotations"]["org.opencontainers.image.title"],
+        json!("fanout-native")
+    );
+    let config_digest = manifest["config"]["digest"]
+        .as_str()
+        .expect("config digest");
+    let (status, _, _, config) = registry.get(
+        &format!("/v2/fanout/fanout-native/blobs/{config_digest}"),
+        "application/octet-stream",
+    );
+    assert_eq!(status, 200);
+    let config: Value = serde_json::from_slice(&config).unwrap();
+    assert_eq!(
+        (&config["architecture"], &config["os"]),
+        (&json!("amd64"), &json!("linux"))
+    );
+    let layers = manifest["layers"].as_array().expect("layers");
+    assert_eq!(layers.len(), 1, "one layer: {manifest:#}");
+    assert_eq!(layers[0]["mediaType"], json!(OCI_LAYER));
+    let layer_digest = layers[0]["digest"].as_str().expect("layer digest");
+    let (status, _, _, layer) = registry.get(
+        &format!("/v2/fanout/fanout-native/blobs/{layer_digest}"),
+        "application/octet-stream",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(format!("sha256:{}", sha256_hex(&layer)), layer_digest);
+
+    let files = layer_files(&layer);
+    assert_eq!(
+        files.keys().collect::<Vec<_>>(),
+        ["libfanout.so"],
+        "the layer holds the library alone, at its root"
+    );
+    let (mode, library) = &files["libfanout.so"];
+    assert_eq!(mode & 0o777, 0o755);
+    let built = std::fs::read(harness::native_lib_path()).unwrap();
+    assert_eq!(
+        sha256_hex(library),
+        sha256_hex(&built),
+        "the image's libfanout.so is not the library make build-native built"
+    );
+
+    // The image's files where a pod mounts them, Envoy's search path pointing there, the
+    // library named by its name: the real Envoy loads it and fans out.
+    let mount = work.path().join("modules");
+    std::fs::create_dir(&mount).unwrap();
+    std::fs::write(mount.join("libfanout.so"), library).unwrap();
+    let config = json!({ "channels": [{ "name": "default/orders", "hosts": ["*"],
+        "subscribers": [{ "cluster": "billing", "path": "/events" }] }] });
+    let filter = json!({
+        "name": "fanout",
+        "typed_config": {
+            "@type": harness::NATIVE_TYPE,
+            "dynamic_module_config": { "name": "fanout", "do_not_close": true },
+            "filter_name": "fanout",
+            "filter_config": {
+                "@type": "type.googleapis.com/google.protobuf.StringValue",
+                "value": config.to_string()
+            }
+        }
+    });
+    let billing = Subscriber::ok("billing");
+    let envoy = Envoy::builder()
+        .http_filters(vec![filter])
+        .native_search_path(&mount)
+        .subscribers(&[&billing])
+        .start();
+    let reply = send(
+        Client::http1()
+            .post(&envoy.url("/"))
+            .header("content-type", "application/json")
+            .body(r#"{"order":"A-1001"}"#),
+    );
+    assert_202_empty(&reply);
+    let got = billing.only_request();
+    assert_eq!(got.path, "/events");
+    assert_eq!(got.body, br#"{"order":"A-1001"}"#);
+    // The library Envoy mapped is the image's file, nothing else of that name.
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", envoy.pid())).unwrap();
+    let mapped: std::collections::BTreeSet<&str> = maps
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .filter(|path| path.ends_with("/libfanout.so"))
+        .collect();
+    let expected = std::fs::canonicalize(mount.join("libfanout.so")).unwrap();
+    assert_eq!(
+        mapped.into_iter().collect::<Vec<_>>(),
+        [expected.to_str().unwrap()],
+        "the library Envoy loaded"
+    );
+}
+
 /// The entries of an image layer (tar.gz): path -> (mode, bytes).
 fn layer_files(layer: &[u8]) -> std::collections::BTreeMap<String, (u32, Vec<u8>)> {
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(layer));

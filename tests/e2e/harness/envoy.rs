@@ -393,6 +393,9 @@ pub struct EnvoyBuilder {
     stat_prefix: Option<String>,
     /// A whole bootstrap instead of the one built here (e.g. the shipped xDS one).
     raw_bootstrap: Option<Value>,
+    /// Where Envoy finds a native filter that names its library by name, instead of
+    /// [`native_search_path`] (e.g. the files of an image, as a pod mounts them).
+    native_search_path: Option<PathBuf>,
 }
 
 impl EnvoyBuilder {
@@ -511,6 +514,13 @@ impl EnvoyBuilder {
 
     pub fn log_level(mut self, level: &str) -> Self {
         self.log_level = Some(level.to_owned());
+        self
+    }
+
+    /// Envoy's `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`: this directory instead of the built
+    /// library's ([`native_search_path`]).
+    pub fn native_search_path(mut self, dir: &Path) -> Self {
+        self.native_search_path = Some(dir.to_path_buf());
         self
     }
 
@@ -815,7 +825,11 @@ impl EnvoyBuilder {
         }
         if native {
             // Where a filter that names the library by its name (fanout-control's) finds it.
-            command.env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", native_search_path());
+            let search_path = self.native_search_path.clone();
+            command.env(
+                "ENVOY_DYNAMIC_MODULES_SEARCH_PATH",
+                search_path.unwrap_or_else(native_search_path),
+            );
         }
         let child = command
             .spawn()
