@@ -230,7 +230,15 @@ impl<N: AsRef<str>, V: AsRef<[u8]>> FromIterator<(N, V)> for Forwarded {
 /// `pairs` serialized as the proxy-wasm ABI does (see [`HeaderMap`]).
 pub fn serialize<N: AsRef<[u8]>, V: AsRef<[u8]>>(pairs: &[(N, V)]) -> Vec<u8> {
     let length = |b: &[u8]| u32::try_from(b.len()).unwrap_or(u32::MAX).to_le_bytes();
-    let mut bytes = Vec::new();
+    // One allocation: the count, then per pair two sizes (8 bytes) and two NULs, and the text.
+    let size: usize = pairs
+        .iter()
+        .map(|(name, value)| name.as_ref().len().saturating_add(value.as_ref().len()))
+        .fold(
+            pairs.len().saturating_mul(10).saturating_add(4),
+            usize::saturating_add,
+        );
+    let mut bytes = Vec::with_capacity(size);
     bytes.extend_from_slice(&u32::try_from(pairs.len()).unwrap_or(u32::MAX).to_le_bytes());
     for (name, value) in pairs {
         bytes.extend_from_slice(&length(name.as_ref()));
