@@ -1,7 +1,8 @@
 //! Envoy's dynamic-module ABI (Envoy 1.40.0, ABI `v0.2.0`), declared by hand: the C types
 //! and the callbacks Envoy exports (imported here), each behind a safe handle (`Filter`,
-//! `ConfigDef`, `ConfigHandle`, `Scheduler`, `ConfigScheduler`). The hooks Envoy calls are `hooks.rs`'s. With `hooks.rs`, the
-//! only module with `unsafe`; nothing here decides anything.
+//! `ConfigDef`, `ConfigHandle`, `Scheduler`: a filter's or a configuration's). The hooks
+//! Envoy calls are `hooks.rs`'s. With `hooks.rs`, the only module with `unsafe`; nothing
+//! here decides anything.
 //!
 //! A pointer Envoy hands over is used only during the hook it came with, except a filter's
 //! (`Filter`), which the glue drops from every table when Envoy completes or destroys that
@@ -10,6 +11,7 @@
 use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::time::Duration;
 
 use fanout::headers::HeaderMap;
 /// The ABI version this module was written against: Envoy 1.40.0's. Envoy only warns on a
@@ -531,8 +533,9 @@ impl Filter {
         cluster: &str,
         headers: &[(&str, &[u8])],
         body: &[u8],
-        timeout_ms: u64,
+        timeout: Duration,
     ) -> Result<u64, u32> {
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         with_headers(headers, |list| {
             let mut id: u64 = 0;
             // SAFETY: a live filter; every buffer is valid for the call (Envoy copies them);
@@ -654,8 +657,9 @@ impl ConfigHandle {
         cluster: &str,
         headers: &[(&str, &[u8])],
         body: &[u8],
-        timeout_ms: u64,
+        timeout: Duration,
     ) -> Result<u64, u32> {
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         with_headers(headers, |list| {
             let mut id: u64 = 0;
             // SAFETY: a configuration Envoy holds, on the main thread; every buffer is valid
@@ -690,71 +694,65 @@ impl ConfigHandle {
 
     /// A new scheduler of this configuration: a commit, from any thread, posts
     /// `on_http_filter_config_scheduled` to the main thread.
-    pub fn scheduler(self) -> Option<Arc<ConfigScheduler>> {
+    pub fn scheduler(self) -> Option<Arc<Scheduler>> {
         // SAFETY: a configuration Envoy holds (called from `config_new`).
         let ptr = unsafe {
             envoy_dynamic_module_callback_http_filter_config_scheduler_new(self.0.as_ptr())
         };
-        NonNull::new(ptr).map(|ptr| Arc::new(ConfigScheduler(ptr)))
+        Scheduler::of(ptr, &CONFIG_SCHEDULER)
     }
 }
 
-/// A configuration's scheduler: as [`Scheduler`], for the main thread (nothing comes once
-/// Envoy's configuration is gone: the scheduler holds it weakly).
-pub struct ConfigScheduler(NonNull<c_void>);
-
-// SAFETY: Envoy's configuration scheduler only posts to the main thread's dispatcher, which
-// is thread-safe, and may be deleted from any thread (it holds the configuration weakly).
-unsafe impl Send for ConfigScheduler {}
-// SAFETY: `commit` takes `&self` and only posts (see `Send`).
-unsafe impl Sync for ConfigScheduler {}
-
-impl crate::timer::Wake for ConfigScheduler {
-    fn commit(&self, event: u64) {
-        // SAFETY: a scheduler not deleted yet (we are one of its holders).
-        unsafe {
-            envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
-                self.0.as_ptr(),
-                event,
-            )
-        }
-    }
+/// An Envoy scheduler, a filter's or a configuration's: a commit, from any thread, posts
+/// `on_http_filter_scheduled` to the filter's worker, or `on_http_filter_config_scheduled` to
+/// the main thread (nothing comes once the filter or configuration is gone: the scheduler
+/// holds it weakly). Deleted when dropped: held in an `Arc` by whoever may commit, the last
+/// holder deletes it, so no commit ever follows the delete.
+pub struct Scheduler {
+    ptr: NonNull<c_void>,
+    ops: &'static SchedulerOps,
 }
 
-impl Drop for ConfigScheduler {
-    fn drop(&mut self) {
-        // SAFETY: the last holder, once.
-        unsafe {
-            envoy_dynamic_module_callback_http_filter_config_scheduler_delete(self.0.as_ptr())
-        }
-    }
+/// The ABI's commit and delete of one kind of scheduler.
+struct SchedulerOps {
+    commit: unsafe extern "C" fn(*mut c_void, u64),
+    delete: unsafe extern "C" fn(*mut c_void),
 }
 
-/// A filter's scheduler: a commit, from any thread, posts `on_http_filter_scheduled` to the
-/// filter's worker (nothing comes once the filter is gone: Envoy's scheduler holds it
-/// weakly). Deleted when dropped: held in an `Arc` by whoever may commit, the last holder
-/// deletes it, so no commit ever follows the delete.
-pub struct Scheduler(NonNull<c_void>);
+const FILTER_SCHEDULER: SchedulerOps = SchedulerOps {
+    commit: envoy_dynamic_module_callback_http_filter_scheduler_commit,
+    delete: envoy_dynamic_module_callback_http_filter_scheduler_delete,
+};
 
-// SAFETY: Envoy's scheduler only posts to its worker's dispatcher, which is thread-safe, and
-// may be deleted from any thread (it holds the filter weakly); `Drop` deletes it once.
+const CONFIG_SCHEDULER: SchedulerOps = SchedulerOps {
+    commit: envoy_dynamic_module_callback_http_filter_config_scheduler_commit,
+    delete: envoy_dynamic_module_callback_http_filter_config_scheduler_delete,
+};
+
+// SAFETY: Envoy's schedulers only post to a dispatcher (a worker's or the main thread's),
+// which is thread-safe, and may be deleted from any thread (they hold their filter or
+// configuration weakly); `Drop` deletes one once.
 unsafe impl Send for Scheduler {}
 // SAFETY: `commit` takes `&self` and only posts (see `Send`).
 unsafe impl Sync for Scheduler {}
 
+impl Scheduler {
+    fn of(ptr: *mut c_void, ops: &'static SchedulerOps) -> Option<Arc<Scheduler>> {
+        NonNull::new(ptr).map(|ptr| Arc::new(Scheduler { ptr, ops }))
+    }
+}
+
 impl crate::timer::Wake for Scheduler {
     fn commit(&self, event: u64) {
-        // SAFETY: a scheduler not deleted yet (we are one of its holders).
-        unsafe {
-            envoy_dynamic_module_callback_http_filter_scheduler_commit(self.0.as_ptr(), event)
-        }
+        // SAFETY: a scheduler not deleted yet (we are one of its holders), of `ops`' kind.
+        unsafe { (self.ops.commit)(self.ptr.as_ptr(), event) }
     }
 }
 
 impl Drop for Scheduler {
     fn drop(&mut self) {
-        // SAFETY: the last holder, once.
-        unsafe { envoy_dynamic_module_callback_http_filter_scheduler_delete(self.0.as_ptr()) }
+        // SAFETY: the last holder, once, of `ops`' kind.
+        unsafe { (self.ops.delete)(self.ptr.as_ptr()) }
     }
 }
 
@@ -763,6 +761,6 @@ impl Filter {
     pub fn scheduler(self) -> Option<Arc<Scheduler>> {
         // SAFETY: a live filter, on its worker.
         let ptr = unsafe { envoy_dynamic_module_callback_http_filter_scheduler_new(self.ptr()) };
-        NonNull::new(ptr).map(|ptr| Arc::new(Scheduler(ptr)))
+        Scheduler::of(ptr, &FILTER_SCHEDULER)
     }
 }

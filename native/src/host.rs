@@ -21,9 +21,7 @@ use hashbrown::HashMap;
 
 use fanout::plugin::Plugin;
 
-use crate::abi::{
-    ConfigDef, ConfigHandle, ConfigScheduler, Filter, LentAnswer, MetricKind, Scheduler,
-};
+use crate::abi::{ConfigDef, ConfigHandle, Filter, LentAnswer, MetricKind, Scheduler};
 use crate::shared::CasStore;
 use crate::timer::Wake;
 
@@ -647,9 +645,8 @@ fn call_from(
     body: &[u8],
     timeout: Duration,
 ) -> Result<u32, Failure> {
-    let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
     let callout = filter
-        .callout(cluster, headers, body, timeout_ms)
+        .callout(cluster, headers, body, timeout)
         .map_err(|code| refused(cluster, code))?;
     let token = next_token();
     CALLOUTS.with(|c| with_mut(c, |c| c.insert((filter, callout), token)));
@@ -730,7 +727,7 @@ pub struct Relay {
 /// wakes the main thread for them.
 pub struct HubLink {
     inbox: Mutex<Vec<(Arc<Relay>, Event)>>,
-    wake: Arc<ConfigScheduler>,
+    wake: Arc<Scheduler>,
 }
 
 /// The event a configuration's scheduler carries (one kind: the hub's turn).
@@ -789,7 +786,7 @@ impl HubLink {
     }
 
     /// The scheduler that wakes the hub.
-    pub fn wake(&self) -> Arc<ConfigScheduler> {
+    pub fn wake(&self) -> Arc<Scheduler> {
         self.wake.clone()
     }
 }
@@ -867,7 +864,6 @@ pub fn hub_dispatch(
             detail: "the configuration was replaced: no context to make the call from".to_string(),
         });
     };
-    let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
     // A one-shot call's body goes with its length; a stream's would go chunked unless it
     // says its length (as the one-shot call Envoy makes for a worker).
     let (length, mut sized);
@@ -885,7 +881,7 @@ pub fn hub_dispatch(
         &sized[..]
     };
     let stream = handle
-        .start_call(cluster, headers, body, timeout_ms)
+        .start_call(cluster, headers, body, timeout)
         .map_err(|code| refused(cluster, code))?;
     let token = next_token();
     let call = HubCall {
