@@ -34,16 +34,6 @@ GROUP = f"root:x:0:\nfanout:x:{USER}:\n"
 PORTS = ("18000/tcp", "18001/tcp")
 
 
-def add(tar, name, data, mode):
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mode = mode
-    info.mtime = 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    tar.addfile(info, io.BytesIO(data))
-
-
 def add_dir(tar, name):
     info = tarfile.TarInfo(name)
     info.type = tarfile.DIRTYPE
@@ -57,9 +47,9 @@ def layer_tar(binary: bytes) -> bytes:
     with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for d in ("etc", "usr", "usr/local", "usr/local/bin"):
             add_dir(tar, d)
-        add(tar, "etc/group", GROUP.encode(), 0o644)
-        add(tar, "etc/passwd", PASSWD.encode(), 0o644)
-        add(tar, BINARY_PATH, binary, 0o755)
+        oci.add_file(tar, "etc/group", GROUP.encode(), 0o644)
+        oci.add_file(tar, "etc/passwd", PASSWD.encode(), 0o644)
+        oci.add_file(tar, BINARY_PATH, binary, 0o755)
     return out.getvalue()
 
 
@@ -80,12 +70,7 @@ def is_static_elf(binary: bytes) -> bool:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--binary", required=True, help="the static fanout-control (x86_64 Linux)")
-    p.add_argument("--out", required=True, help="the OCI layout directory (replaced)")
-    p.add_argument("--tag", required=True, help="the reference name inside the layout")
-    p.add_argument("--version", required=True)
-    p.add_argument("--revision", required=True)
-    p.add_argument("--licenses", required=True)
-    p.add_argument("--source", default="", help="the repository URL (left out when empty)")
+    oci.image_arguments(p)
     args = p.parse_args()
 
     with open(args.binary, "rb") as f:

@@ -15,10 +15,8 @@ Reproducible as tools/oci-image.py's image is (its layout writer is the one used
 """
 import argparse
 import importlib.util
-import io
 import os
 import sys
-import tarfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location("oci_image", os.path.join(HERE, "oci-image.py"))
@@ -27,19 +25,6 @@ _spec.loader.exec_module(oci)
 
 # The name Envoy looks for in its search path for `dynamic_module_config.name: fanout`.
 LIBRARY_FILE = "libfanout.so"
-
-
-def layer_tar(library: bytes) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        info = tarfile.TarInfo(LIBRARY_FILE)
-        info.size = len(library)
-        info.mode = 0o755
-        info.mtime = 0
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        tar.addfile(info, io.BytesIO(library))
-    return out.getvalue()
 
 
 def is_x86_64_shared_object(library: bytes) -> bool:
@@ -55,12 +40,7 @@ def is_x86_64_shared_object(library: bytes) -> bool:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--library", required=True, help="the native build (x86-64 Linux)")
-    p.add_argument("--out", required=True, help="the OCI layout directory (replaced)")
-    p.add_argument("--tag", required=True, help="the reference name inside the layout")
-    p.add_argument("--version", required=True)
-    p.add_argument("--revision", required=True)
-    p.add_argument("--licenses", required=True)
-    p.add_argument("--source", default="", help="the repository URL (left out when empty)")
+    oci.image_arguments(p)
     args = p.parse_args()
 
     with open(args.library, "rb") as f:
@@ -72,7 +52,7 @@ def main() -> int:
     manifest, layer = oci.write_image(
         args.out,
         args.tag,
-        layer_tar(library),
+        oci.one_file_tar(LIBRARY_FILE, library, 0o755),
         {"architecture": "amd64", "os": "linux", "config": {}},
         oci.annotations(
             args,

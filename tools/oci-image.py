@@ -30,16 +30,22 @@ MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 PLUGIN_FILE = "plugin.wasm"
 
 
-def layer_tar(module: bytes) -> bytes:
+def add_file(tar, name: str, data: bytes, mode: int) -> None:
+    """One file entry with nothing of this machine or this moment: owner 0, no names, mtime 0."""
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = mode
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    tar.addfile(info, io.BytesIO(data))
+
+
+def one_file_tar(name: str, data: bytes, mode: int) -> bytes:
+    """A layer's tar holding one file, `name`, at its root."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        info = tarfile.TarInfo(PLUGIN_FILE)
-        info.size = len(module)
-        info.mode = 0o644
-        info.mtime = 0
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        tar.addfile(info, io.BytesIO(module))
+        add_file(tar, name, data, mode)
     return out.getvalue()
 
 
@@ -130,15 +136,20 @@ def annotations(args, title: str, description: str) -> dict:
     return out
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--wasm", required=True, help="the module to ship")
+def image_arguments(p) -> None:
+    """The command-line arguments every image tool takes besides its input."""
     p.add_argument("--out", required=True, help="the OCI layout directory (replaced)")
     p.add_argument("--tag", required=True, help="the reference name inside the layout")
     p.add_argument("--version", required=True)
     p.add_argument("--revision", required=True)
     p.add_argument("--licenses", required=True)
     p.add_argument("--source", default="", help="the repository URL (left out when empty)")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--wasm", required=True, help="the module to ship")
+    image_arguments(p)
     args = p.parse_args()
 
     with open(args.wasm, "rb") as f:
@@ -152,7 +163,7 @@ def main() -> int:
     manifest, layer = write_image(
         args.out,
         args.tag,
-        layer_tar(module),
+        one_file_tar(PLUGIN_FILE, module, 0o644),
         {"architecture": "wasm", "os": "wasip1", "config": {}},
         annotations(
             args,
