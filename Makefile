@@ -191,14 +191,19 @@ IMAGE_LICENSES := $(shell sed -n 's/^license = "\(.*\)"$$/\1/p' Cargo.toml | hea
 TLS_VERIFY ?= true
 SKOPEO ?= skopeo
 .PHONY: image push skopeo
+# push_image LAYOUT,TAG: the image TAG of the OCI layout LAYOUT to $(IMAGE) with skopeo,
+# digests kept; then the digest make wrote beside the layout (the target's recipe: push,
+# push-control, push-native).
+define push_image
+@test -n "$(IMAGE)" || { echo 'usage: make $@ IMAGE=host[:port]/repo:tag [TLS_VERIFY=false]' >&2; exit 2; }
+$(SKOPEO) copy --quiet --preserve-digests --dest-tls-verify=$(TLS_VERIFY) oci:$(1):$(2) docker://$(IMAGE)
+@echo "pushed $(IMAGE)@$$(cat $(1).digest)"
+endef
 image: build
 	$(PYTHON) tools/oci-image.py --wasm $(WASM) --out $(IMAGE_LAYOUT) --tag $(IMAGE_TAG) \
 	  --version $(VERSION) --revision "$(IMAGE_REVISION)" --licenses "$(IMAGE_LICENSES)" --source "$(IMAGE_SOURCE)"
 push: image skopeo
-	@test -n "$(IMAGE)" || { echo 'usage: make push IMAGE=host[:port]/repo:tag [TLS_VERIFY=false]' >&2; exit 2; }
-	$(SKOPEO) copy --quiet --preserve-digests --dest-tls-verify=$(TLS_VERIFY) \
-	  oci:$(IMAGE_LAYOUT):$(IMAGE_TAG) docker://$(IMAGE)
-	@echo "pushed $(IMAGE)@$$(cat $(IMAGE_LAYOUT).digest)"
+	$(call push_image,$(IMAGE_LAYOUT),$(IMAGE_TAG))
 skopeo:
 	@command -v $(SKOPEO) >/dev/null || $(call apt_install,skopeo)
 
@@ -224,10 +229,7 @@ image-control: control-static
 	  --tag $(CONTROL_IMAGE_TAG) --version $(CONTROL_VERSION) --revision "$(IMAGE_REVISION)" \
 	  --licenses "$(IMAGE_LICENSES)" --source "$(IMAGE_SOURCE)"
 push-control: image-control skopeo
-	@test -n "$(IMAGE)" || { echo 'usage: make push-control IMAGE=host[:port]/repo:tag [TLS_VERIFY=false]' >&2; exit 2; }
-	$(SKOPEO) copy --quiet --preserve-digests --dest-tls-verify=$(TLS_VERIFY) \
-	  oci:$(CONTROL_IMAGE_LAYOUT):$(CONTROL_IMAGE_TAG) docker://$(IMAGE)
-	@echo "pushed $(IMAGE)@$$(cat $(CONTROL_IMAGE_LAYOUT).digest)"
+	$(call push_image,$(CONTROL_IMAGE_LAYOUT),$(CONTROL_IMAGE_TAG))
 # The native build's image (docs/native.md: "How a cluster gets the library"): one layer
 # holding libfanout.so at its root, linux/amd64, no base and no entrypoint (a pod mounts it as
 # an image volume; Envoy finds the library there by its name). Written as an OCI layout by
@@ -242,10 +244,7 @@ image-native: build-native
 	  --tag $(NATIVE_IMAGE_TAG) --version $(VERSION) --revision "$(IMAGE_REVISION)" \
 	  --licenses "$(IMAGE_LICENSES)" --source "$(IMAGE_SOURCE)"
 push-native: image-native skopeo
-	@test -n "$(IMAGE)" || { echo 'usage: make push-native IMAGE=host[:port]/repo:tag [TLS_VERIFY=false]' >&2; exit 2; }
-	$(SKOPEO) copy --quiet --preserve-digests --dest-tls-verify=$(TLS_VERIFY) \
-	  oci:$(NATIVE_IMAGE_LAYOUT):$(NATIVE_IMAGE_TAG) docker://$(IMAGE)
-	@echo "pushed $(IMAGE)@$$(cat $(NATIVE_IMAGE_LAYOUT).digest)"
+	$(call push_image,$(NATIVE_IMAGE_LAYOUT),$(NATIVE_IMAGE_TAG))
 # Prometheus and promtool (Debian's `prometheus` package): `make test-rules` unit-tests the
 # shipped rules (deploy/prometheus/) with promtool; tests/e2e/alerts.rs runs a real Prometheus
 # on them, scraping a real Envoy.
