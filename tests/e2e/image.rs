@@ -121,6 +121,36 @@ impl Registry {
     }
 }
 
+impl Registry {
+    /// The manifest of `repo:tag`, as a client asking for OCI (or Docker's v2) gets it: the OCI
+    /// manifest whose digest make wrote (`made`), served under that digest.
+    fn manifest(&self, repo: &str, tag: &str, made: &str) -> Value {
+        let (status, content_type, served, body) = self.get(
+            &format!("/v2/{repo}/manifests/{tag}"),
+            &format!("{OCI_MANIFEST}, application/vnd.docker.distribution.manifest.v2+json"),
+        );
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        assert_eq!(content_type, OCI_MANIFEST);
+        assert_eq!(
+            served, made,
+            "the registry holds another manifest than make wrote"
+        );
+        assert_eq!(format!("sha256:{}", sha256_hex(&body)), made);
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    /// The blob `digest` of `repo`, its bytes checked against the digest.
+    fn blob(&self, repo: &str, digest: &str) -> Vec<u8> {
+        let (status, _, _, bytes) = self.get(
+            &format!("/v2/{repo}/blobs/{digest}"),
+            "application/octet-stream",
+        );
+        assert_eq!(status, 200, "{digest}");
+        assert_eq!(format!("sha256:{}", sha256_hex(&bytes)), digest);
+        bytes
+    }
+}
+
 impl Drop for Registry {
     fn drop(&mut self) {
         // SAFETY: a plain kill(2) of the registry's own process group.
@@ -187,45 +217,65 @@ fn layout_digest(layout: &Path) -> String {
         .to_owned()
 }
 
+/// One of the images (`make <image>`, `make <push>`; its Makefile variables start with
+/// `vars`: "", `CONTROL_`, `NATIVE_`) built twice into `work` (the same digest: reproducible),
+/// then pushed to `registry` as `repo:0.1.0-test`: the image's reference and digest.
+fn build_twice_and_push(
+    registry: &Registry,
+    work: &Path,
+    (image, push): (&str, &str),
+    vars: &str,
+    repo: &str,
+) -> (String, String) {
+    let layout = work.join(repo.rsplit('/').next().unwrap());
+    let layout_arg = format!("{vars}IMAGE_LAYOUT={}", layout.display());
+    let tag_arg = format!("{vars}IMAGE_TAG=0.1.0-test");
+    let reference = format!("127.0.0.1:{}/{repo}:0.1.0-test", registry.port);
+    make(&[image, &layout_arg, &tag_arg]);
+    let first = layout_digest(&layout);
+    make(&[image, &layout_arg, &tag_arg]);
+    assert_eq!(
+        layout_digest(&layout),
+        first,
+        "two builds of one {image} differ"
+    );
+    make(&[
+        push,
+        &layout_arg,
+        &tag_arg,
+        &format!("IMAGE={reference}"),
+        "TLS_VERIFY=false",
+    ]);
+    (reference, first)
+}
+
+/// One event from a sender to `envoy`, fanned out to `billing` (the only subscriber, path
+/// `/events`): 202, and billing got it.
+fn one_order_fans_out(envoy: &Envoy, billing: &Subscriber) {
+    let reply = send(
+        Client::http1()
+            .post(&envoy.url("/"))
+            .header("content-type", "application/json")
+            .body(r#"{"order":"A-1001"}"#),
+    );
+    assert_202_empty(&reply);
+    let got = billing.only_request();
+    assert_eq!(got.path, "/events");
+    assert_eq!(got.body, br#"{"order":"A-1001"}"#);
+}
+
 #[test]
 fn make_push_to_a_registry_then_the_module_istio_extracts_fans_out_in_envoy() {
     let registry = Registry::start();
     let work = TempDir::new("fanout-image", "the image layouts and the pulled module");
-    let layout = work.path().join("fanout");
-    let layout_arg = format!("IMAGE_LAYOUT={}", layout.display());
-    let image = format!("127.0.0.1:{}/fanout/fanout:0.1.0-test", registry.port);
-
-    // Reproducible: building again gives the same digest.
-    make(&["image", &layout_arg, "IMAGE_TAG=0.1.0-test"]);
-    let first = layout_digest(&layout);
-    make(&["image", &layout_arg, "IMAGE_TAG=0.1.0-test"]);
-    assert_eq!(
-        layout_digest(&layout),
-        first,
-        "two builds of one module differ"
+    let (_, digest) = build_twice_and_push(
+        &registry,
+        work.path(),
+        ("image", "push"),
+        "",
+        "fanout/fanout",
     );
-
-    make(&[
-        "push",
-        &layout_arg,
-        "IMAGE_TAG=0.1.0-test",
-        &format!("IMAGE={image}"),
-        "TLS_VERIFY=false",
-    ]);
-
-    // The manifest, as a client asking for OCI gets it: the digest make image wrote.
-    let (status, content_type, digest, body) = registry.get(
-        "/v2/fanout/fanout/manifests/0.1.0-test",
-        &format!("{OCI_MANIFEST}, application/vnd.docker.distribution.manifest.v2+json"),
-    );
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-    assert_eq!(content_type, OCI_MANIFEST);
-    assert_eq!(
-        digest, first,
-        "the registry holds another manifest than make image wrote"
-    );
-    assert_eq!(format!("sha256:{}", sha256_hex(&body)), first);
-    let manifest: Value = serde_json::from_slice(&body).unwrap();
+    let manifest = registry.manifest("fanout/fanout", "0.1.0-test", &digest);
     let annotations = &manifest["annotations"];
     for key in ["version", "revision", "licenses"] {
         let value = annotations[format!("org.opencontainers.image.{key}")].as_str();
@@ -247,13 +297,10 @@ fn make_push_to_a_registry_then_the_module_istio_extracts_fans_out_in_envoy() {
         media_type == OCI_LAYER || media_type == DOCKER_LAYER,
         "last layer: {last}"
     );
-    let layer_digest = last["digest"].as_str().expect("layer digest");
-    let (status, _, _, layer) = registry.get(
-        &format!("/v2/fanout/fanout/blobs/{layer_digest}"),
-        "application/octet-stream",
+    let layer = registry.blob(
+        "fanout/fanout",
+        last["digest"].as_str().expect("layer digest"),
     );
-    assert_eq!(status, 200);
-    assert_eq!(format!("sha256:{}", sha256_hex(&layer)), layer_digest);
     assert_eq!(last["size"], json!(layer.len()));
 
     let module = plugin_wasm(&layer);
@@ -276,16 +323,7 @@ fn make_push_to_a_registry_then_the_module_istio_extracts_fans_out_in_envoy() {
         )
         .subscribers(&[&billing])
         .start();
-    let reply = send(
-        Client::http1()
-            .post(&envoy.url("/"))
-            .header("content-type", "application/json")
-            .body(r#"{"order":"A-1001"}"#),
-    );
-    assert_202_empty(&reply);
-    let got = billing.only_request();
-    assert_eq!(got.path, "/events");
-    assert_eq!(got.body, br#"{"order":"A-1001"}"#);
+    one_order_fans_out(&envoy, &billing);
 }
 
 /// The native build's image (`make image-native`, `make push-native`), pulled back over the
@@ -297,41 +335,10 @@ fn make_push_to_a_registry_then_the_module_istio_extracts_fans_out_in_envoy() {
 fn make_push_native_then_envoy_loads_the_library_from_the_image_by_its_name() {
     let registry = Registry::start();
     let work = TempDir::new("fanout-image", "the native image's layout and its files");
-    let layout = work.path().join("fanout-native");
-    let layout_arg = format!("NATIVE_IMAGE_LAYOUT={}", layout.display());
-    let image = format!(
-        "127.0.0.1:{}/fanout/fanout-native:0.1.0-test",
-        registry.port
-    );
-
-    // Reproducible: building again gives the same digest.
-    make(&["image-native", &layout_arg, "NATIVE_IMAGE_TAG=0.1.0-test"]);
-    let first = layout_digest(&layout);
-    make(&["image-native", &layout_arg, "NATIVE_IMAGE_TAG=0.1.0-test"]);
-    assert_eq!(
-        layout_digest(&layout),
-        first,
-        "two builds of one library differ"
-    );
-    make(&[
-        "push-native",
-        &layout_arg,
-        "NATIVE_IMAGE_TAG=0.1.0-test",
-        &format!("IMAGE={image}"),
-        "TLS_VERIFY=false",
-    ]);
-
-    let (status, content_type, digest, body) = registry.get(
-        "/v2/fanout/fanout-native/manifests/0.1.0-test",
-        OCI_MANIFEST,
-    );
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-    assert_eq!(content_type, OCI_MANIFEST);
-    assert_eq!(
-        digest, first,
-        "the registry holds another manifest than make wrote"
-    );
-    let manifest: Value = serde_json::from_slice(&body).unwrap();
+    let repo = "fanout/fanout-native";
+    let targets = ("image-native", "push-native");
+    let (_, digest) = build_twice_and_push(&registry, work.path(), targets, "NATIVE_", repo);
+    let manifest = registry.manifest(repo, "0.1.0-test", &digest);
     assert_eq!(
         manifest["annotations"]["org.opencontainers.image.title"],
         json!("fanout-native")
@@ -339,12 +346,7 @@ fn make_push_native_then_envoy_loads_the_library_from_the_image_by_its_name() {
     let config_digest = manifest["config"]["digest"]
         .as_str()
         .expect("config digest");
-    let (status, _, _, config) = registry.get(
-        &format!("/v2/fanout/fanout-native/blobs/{config_digest}"),
-        "application/octet-stream",
-    );
-    assert_eq!(status, 200);
-    let config: Value = serde_json::from_slice(&config).unwrap();
+    let config: Value = serde_json::from_slice(&registry.blob(repo, config_digest)).unwrap();
     assert_eq!(
         (&config["architecture"], &config["os"]),
         (&json!("amd64"), &json!("linux"))
@@ -352,13 +354,7 @@ fn make_push_native_then_envoy_loads_the_library_from_the_image_by_its_name() {
     let layers = manifest["layers"].as_array().expect("layers");
     assert_eq!(layers.len(), 1, "one layer: {manifest:#}");
     assert_eq!(layers[0]["mediaType"], json!(OCI_LAYER));
-    let layer_digest = layers[0]["digest"].as_str().expect("layer digest");
-    let (status, _, _, layer) = registry.get(
-        &format!("/v2/fanout/fanout-native/blobs/{layer_digest}"),
-        "application/octet-stream",
-    );
-    assert_eq!(status, 200);
-    assert_eq!(format!("sha256:{}", sha256_hex(&layer)), layer_digest);
+    let layer = registry.blob(repo, layers[0]["digest"].as_str().expect("layer digest"));
 
     let files = layer_files(&layer);
     assert_eq!(
@@ -400,16 +396,7 @@ fn make_push_native_then_envoy_loads_the_library_from_the_image_by_its_name() {
         .native_search_path(&mount)
         .subscribers(&[&billing])
         .start();
-    let reply = send(
-        Client::http1()
-            .post(&envoy.url("/"))
-            .header("content-type", "application/json")
-            .body(r#"{"order":"A-1001"}"#),
-    );
-    assert_202_empty(&reply);
-    let got = billing.only_request();
-    assert_eq!(got.path, "/events");
-    assert_eq!(got.body, br#"{"order":"A-1001"}"#);
+    one_order_fans_out(&envoy, &billing);
     // The library Envoy mapped is the image's file, nothing else of that name.
     let maps = std::fs::read_to_string(format!("/proc/{}/maps", envoy.pid())).unwrap();
     let mapped: std::collections::BTreeSet<&str> = maps
@@ -440,23 +427,11 @@ fn layer_files(layer: &[u8]) -> std::collections::BTreeMap<String, (u32, Vec<u8>
     files
 }
 
-/// `make image-control` then `make push-control` to `registry`: the image's reference.
+/// `make image-control` then `make push-control` to `registry`: the image's reference and
+/// digest.
 fn push_control_image(registry: &Registry, work: &Path) -> (String, String) {
-    let layout = work.join("fanout-control");
-    let layout_arg = format!("CONTROL_IMAGE_LAYOUT={}", layout.display());
-    let image = format!(
-        "127.0.0.1:{}/fanout/fanout-control:0.1.0-test",
-        registry.port
-    );
-    make(&["image-control", &layout_arg, "CONTROL_IMAGE_TAG=0.1.0-test"]);
-    make(&[
-        "push-control",
-        &layout_arg,
-        "CONTROL_IMAGE_TAG=0.1.0-test",
-        &format!("IMAGE={image}"),
-        "TLS_VERIFY=false",
-    ]);
-    (image, layout_digest(&layout))
+    let targets = ("image-control", "push-control");
+    build_twice_and_push(registry, work, targets, "CONTROL_", "fanout/fanout-control")
 }
 
 /// fanout-control's image (`make image-control`, `make push-control`), pulled back over the
@@ -468,23 +443,8 @@ fn make_push_control_then_the_pulled_image_holds_the_static_binary_run_as_non_ro
     let registry = Registry::start();
     let work = TempDir::new("fanout-control-image", "the image layout");
     let (_, digest) = push_control_image(&registry, work.path());
-    let (status, content_type, served, body) = registry.get(
-        "/v2/fanout/fanout-control/manifests/0.1.0-test",
-        &format!("{OCI_MANIFEST}, application/vnd.docker.distribution.manifest.v2+json"),
-    );
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-    assert_eq!(content_type, OCI_MANIFEST);
-    assert_eq!(served, digest);
-    let manifest: Value = serde_json::from_slice(&body).unwrap();
-    let blob = |digest: &str| {
-        let (status, _, _, bytes) = registry.get(
-            &format!("/v2/fanout/fanout-control/blobs/{digest}"),
-            "application/octet-stream",
-        );
-        assert_eq!(status, 200, "{digest}");
-        assert_eq!(format!("sha256:{}", sha256_hex(&bytes)), digest);
-        bytes
-    };
+    let manifest = registry.manifest("fanout/fanout-control", "0.1.0-test", &digest);
+    let blob = |digest: &str| registry.blob("fanout/fanout-control", digest);
     let config: Value =
         serde_json::from_slice(&blob(manifest["config"]["digest"].as_str().unwrap())).unwrap();
     assert_eq!(config["os"], "linux");
