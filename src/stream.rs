@@ -202,8 +202,8 @@ impl<H: Host> Stream<H> {
     pub fn on_done(&mut self) -> bool {
         if let Some(job) = self.waiting_job() {
             log::info!(
-                "[#{}] the client went away before the fan-out ended; its calls are \
-                 cancelled",
+                "[#{}] the client went away before the fan-out ended; it is dropped, \
+                 with no retry, reply or dead letter",
                 self.id
             );
             let actor = self.actor();

@@ -234,9 +234,10 @@ impl Deliveries {
         (id, finished)
     }
 
-    /// The sender went away: a sync fan-out is dropped (its stream's calls are cancelled by
-    /// Envoy; answers to the root's calls for it are ignored from now on). Its `dedupe`
-    /// claims are settled: what was delivered so far is recorded, the rest released.
+    /// The sender went away: a sync fan-out is dropped, its calls forgotten (on wasm they
+    /// still run to their answer, which nobody reads; a native stream's are cancelled by
+    /// Envoy with it). Its `dedupe` claims are settled: what was delivered so far is
+    /// recorded, the rest released.
     pub fn abandon<H: Host>(&mut self, host: &H, calls: &mut CallTable, id: u64) {
         if let Some(job) = self.jobs.get(&id) {
             // Async, or answered already with best-effort deliveries still going on.

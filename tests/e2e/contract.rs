@@ -797,6 +797,46 @@ fn a_client_that_goes_away_mid_fan_out_does_not_disturb_other_requests() {
     assert!(!log.contains("panicked"), "the filter panicked:\n{log}");
 }
 
+// What becomes of the calls of a sender that goes away once they reached the subscriber
+// (docs/answers.md): the wasm build's run to their answer; the native build's are cancelled
+// by Envoy with the sender's stream, which over HTTP/1.1 closes each call's connection.
+#[test]
+fn a_sender_that_goes_away_leaves_its_calls_answered_on_wasm_and_cancelled_on_native() {
+    use std::io::Write;
+    // Its answers come well after each sender has left, even on a loaded machine.
+    let slow = Subscriber::start("slow", Behavior::Delay(Duration::from_secs(2), 200));
+    let envoy = Envoy::with_subscribers(&one_channel(json!([{ "cluster": "slow" }])), &[&slow]);
+    for sent in 1..=3 {
+        let mut sender = std::net::TcpStream::connect(envoy.addr()).unwrap();
+        sender
+            .write_all(b"POST / HTTP/1.1\r\nhost: a.test\r\ncontent-length: 1\r\n\r\nx")
+            .unwrap();
+        assert_eq!(slow.wait_for(sent, Duration::from_secs(10)), sent);
+        // The sender, and its connection, go away here: its call is in flight.
+    }
+    let stat = |name: &str| envoy.stat(&format!("cluster.slow.{name}"));
+    let idle = || (stat("upstream_rq_active") == Some(0)).then_some(());
+    assert!(
+        poll_until(Duration::from_secs(20), Duration::from_millis(50), idle).is_some(),
+        "the calls never ended: upstream_rq_active {:?}",
+        stat("upstream_rq_active")
+    );
+    let (answered, reset) = match harness::fanout_build() {
+        harness::Build::Wasm => (3, 0),
+        harness::Build::Native => (0, 3),
+    };
+    // (Envoy makes `upstream_rq_2xx` on the first 2xx.)
+    assert_eq!(
+        (
+            stat("upstream_rq_2xx").unwrap_or(0),
+            stat("upstream_cx_destroy_local_with_active_rq").unwrap_or(0)
+        ),
+        (answered, reset),
+        "(calls answered 2xx, connections closed with a call in flight)"
+    );
+    assert_eq!(slow.count(), 3, "{:#?}", slow.requests());
+}
+
 // ---------------------------------------------------------------------------------------
 // 12. A config with an error.
 
