@@ -188,6 +188,8 @@ IMAGE_TAG ?= $(VERSION)
 IMAGE_REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 IMAGE_SOURCE ?= $(shell git remote get-url origin 2>/dev/null)
 IMAGE_LICENSES := $(shell sed -n 's/^license = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)
+# The labels every image of the project carries (tools/oci-image.py's `annotations`).
+IMAGE_LABELS = --revision "$(IMAGE_REVISION)" --licenses "$(IMAGE_LICENSES)" --source "$(IMAGE_SOURCE)"
 TLS_VERIFY ?= true
 SKOPEO ?= skopeo
 .PHONY: image push skopeo
@@ -201,7 +203,7 @@ $(SKOPEO) copy --quiet --preserve-digests --dest-tls-verify=$(TLS_VERIFY) oci:$(
 endef
 image: build
 	$(PYTHON) tools/oci-image.py --wasm $(WASM) --out $(IMAGE_LAYOUT) --tag $(IMAGE_TAG) \
-	  --version $(VERSION) --revision "$(IMAGE_REVISION)" --licenses "$(IMAGE_LICENSES)" --source "$(IMAGE_SOURCE)"
+	  --version $(VERSION) $(IMAGE_LABELS)
 push: image skopeo
 	$(call push_image,$(IMAGE_LAYOUT),$(IMAGE_TAG))
 skopeo:
@@ -226,8 +228,7 @@ control-static:
 	  --target $(CONTROL_TARGET) --target-dir $(CONTROL_STATIC_DIR)
 image-control: control-static
 	$(PYTHON) tools/control-image.py --binary $(CONTROL_STATIC) --out $(CONTROL_IMAGE_LAYOUT) \
-	  --tag $(CONTROL_IMAGE_TAG) --version $(CONTROL_VERSION) --revision "$(IMAGE_REVISION)" \
-	  --licenses "$(IMAGE_LICENSES)" --source "$(IMAGE_SOURCE)"
+	  --tag $(CONTROL_IMAGE_TAG) --version $(CONTROL_VERSION) $(IMAGE_LABELS)
 push-control: image-control skopeo
 	$(call push_image,$(CONTROL_IMAGE_LAYOUT),$(CONTROL_IMAGE_TAG))
 # The native build's image (docs/native.md: "How a cluster gets the library"): one layer
@@ -241,8 +242,7 @@ NATIVE_IMAGE_TAG ?= $(VERSION)
 .PHONY: image-native push-native
 image-native: build-native
 	$(PYTHON) tools/native-image.py --library $(NATIVE_LIB) --out $(NATIVE_IMAGE_LAYOUT) \
-	  --tag $(NATIVE_IMAGE_TAG) --version $(VERSION) --revision "$(IMAGE_REVISION)" \
-	  --licenses "$(IMAGE_LICENSES)" --source "$(IMAGE_SOURCE)"
+	  --tag $(NATIVE_IMAGE_TAG) --version $(VERSION) $(IMAGE_LABELS)
 push-native: image-native skopeo
 	$(call push_image,$(NATIVE_IMAGE_LAYOUT),$(NATIVE_IMAGE_TAG))
 # Prometheus and promtool (Debian's `prometheus` package): `make test-rules` unit-tests the
