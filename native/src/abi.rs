@@ -106,6 +106,11 @@ impl ModuleBuffer {
     }
 }
 
+/// A call's timeout as the ABI takes it: whole milliseconds (saturating).
+fn millis(timeout: Duration) -> u64 {
+    u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// A header: the same layout whoever owns the bytes.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -535,7 +540,6 @@ impl Filter {
         body: &[u8],
         timeout: Duration,
     ) -> Result<u64, u32> {
-        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         with_headers(headers, |list| {
             let mut id: u64 = 0;
             // SAFETY: a live filter; every buffer is valid for the call (Envoy copies them);
@@ -548,7 +552,7 @@ impl Filter {
                     list.as_mut_ptr(),
                     list.len(),
                     ModuleBuffer::of(body),
-                    timeout_ms,
+                    millis(timeout),
                 )
             };
             started(result, id)
@@ -659,7 +663,6 @@ impl ConfigHandle {
         body: &[u8],
         timeout: Duration,
     ) -> Result<u64, u32> {
-        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         with_headers(headers, |list| {
             let mut id: u64 = 0;
             // SAFETY: a configuration Envoy holds, on the main thread; every buffer is valid
@@ -673,7 +676,7 @@ impl ConfigHandle {
                     list.len(),
                     ModuleBuffer::of(body),
                     true,
-                    timeout_ms,
+                    millis(timeout),
                 )
             };
             started(result, id)
