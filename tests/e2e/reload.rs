@@ -499,7 +499,7 @@ fn fifty_quick_swaps_leave_no_more_wasm_vms_and_no_memory_growth() {
     // the build as it is moves it by a few KB either way. Bound: 128 KiB.
     let bound = if wasm { 256 * 1024 } else { 128 * 1024 };
     let mut first = 5;
-    for (metrics, bound) in [(true, bound), (false, bound)] {
+    for metrics in [true, false] {
         let mem_before = envoy.heap_allocated();
         // Envoy's resident set: printed, not asserted (V8 and the allocator make it noisy).
         let rss_before = envoy.rss_kib();
