@@ -34,19 +34,11 @@ GROUP = f"root:x:0:\nfanout:x:{USER}:\n"
 PORTS = ("18000/tcp", "18001/tcp")
 
 
-def add_dir(tar, name):
-    info = tarfile.TarInfo(name)
-    info.type = tarfile.DIRTYPE
-    info.mode = 0o755
-    info.mtime = 0
-    tar.addfile(info)
-
-
 def layer_tar(binary: bytes) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for d in ("etc", "usr", "usr/local", "usr/local/bin"):
-            add_dir(tar, d)
+            oci.add_dir(tar, d)
         oci.add_file(tar, "etc/group", GROUP.encode(), 0o644)
         oci.add_file(tar, "etc/passwd", PASSWD.encode(), 0o644)
         oci.add_file(tar, BINARY_PATH, binary, 0o755)

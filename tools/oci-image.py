@@ -30,15 +30,26 @@ MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 PLUGIN_FILE = "plugin.wasm"
 
 
-def add_file(tar, name: str, data: bytes, mode: int) -> None:
-    """One file entry with nothing of this machine or this moment: owner 0, no names, mtime 0."""
+def entry(name: str, mode: int) -> tarfile.TarInfo:
+    """A tar entry with nothing of this machine or this moment: owner 0, no names, mtime 0."""
     info = tarfile.TarInfo(name)
-    info.size = len(data)
     info.mode = mode
     info.mtime = 0
     info.uid = info.gid = 0
     info.uname = info.gname = ""
+    return info
+
+
+def add_file(tar, name: str, data: bytes, mode: int) -> None:
+    info = entry(name, mode)
+    info.size = len(data)
     tar.addfile(info, io.BytesIO(data))
+
+
+def add_dir(tar, name: str) -> None:
+    info = entry(name, 0o755)
+    info.type = tarfile.DIRTYPE
+    tar.addfile(info)
 
 
 def one_file_tar(name: str, data: bytes, mode: int) -> bytes:
